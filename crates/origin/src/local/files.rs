@@ -1,0 +1,75 @@
+//! The open-file cache: regular files stay open between reads (no reopen per request, the
+//! lesson of seed 003), bounded in count and closed after an idle period.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// Bounded, idle-expiring map from handle id to an open file. Lock: one mutex, never held
+/// across an `open` system call.
+#[derive(Debug)]
+pub struct OpenFiles {
+    cap: usize,
+    idle: Duration,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    files: HashMap<u64, (Arc<File>, Instant)>,
+    last_sweep: Instant,
+}
+
+impl OpenFiles {
+    /// A cache of at most `cap` files, each closed after `idle` without use.
+    pub fn new(cap: usize, idle: Duration) -> Self {
+        OpenFiles {
+            cap: cap.max(1),
+            idle,
+            inner: Mutex::new(Inner { files: HashMap::new(), last_sweep: Instant::now() }),
+        }
+    }
+
+    /// The cached file for `id`, refreshing its idle timer.
+    pub fn get(&self, id: u64) -> Option<Arc<File>> {
+        let mut inner = self.inner.lock();
+        let now = Instant::now();
+        inner.files.get_mut(&id).map(|(f, t)| {
+            *t = now;
+            f.clone()
+        })
+    }
+
+    /// Caches `file` for `id` (keeping an existing entry if another thread won the race) and
+    /// returns the cached file.
+    pub fn insert(&self, id: u64, file: File) -> Arc<File> {
+        let mut inner = self.inner.lock();
+        let now = Instant::now();
+        if now.duration_since(inner.last_sweep) > self.idle / 4 || inner.files.len() >= self.cap {
+            let idle = self.idle;
+            inner.files.retain(|_, (_, t)| now.duration_since(*t) < idle);
+            inner.last_sweep = now;
+            while inner.files.len() >= self.cap {
+                let oldest = inner.files.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k);
+                match oldest {
+                    Some(k) => inner.files.remove(&k),
+                    None => break,
+                };
+            }
+        }
+        inner.files.entry(id).or_insert_with(|| (Arc::new(file), now)).0.clone()
+    }
+
+    /// Number of open files.
+    pub fn len(&self) -> usize {
+        self.inner.lock().files.len()
+    }
+
+    /// True when no file is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,104 @@
+//! The handle table: maps wire [`Handle`]s to `O_PATH` descriptors of exported objects.
+//!
+//! Holding an `O_PATH` descriptor pins the object's identity, so a handle keeps naming the
+//! same file across renames, and a deleted file is detected by its link count dropping to
+//! zero (answered as `Stale`). The table is bounded: beyond `cap` entries the oldest handles
+//! are forgotten, and clients holding them get `Stale` and resolve the name again.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use hoardfs_proto::{FileKind, Handle, WireError};
+use parking_lot::Mutex;
+
+/// One exported object known to the server.
+#[derive(Debug)]
+pub struct Node {
+    /// `O_PATH | O_NOFOLLOW` descriptor of the object.
+    pub fd: OwnedFd,
+    /// Kind at the time it was opened (kinds never change for a live inode).
+    pub kind: FileKind,
+    /// Device and inode numbers.
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+}
+
+/// Id of the export root in every epoch.
+pub const ROOT_ID: u64 = 1;
+
+/// Bounded map from handle ids to nodes. Lock: one mutex, never held across system calls.
+#[derive(Debug)]
+pub struct HandleTable {
+    epoch: u64,
+    cap: usize,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    by_id: HashMap<u64, Arc<Node>>,
+    by_inode: HashMap<(u64, u64), u64>,
+    order: VecDeque<u64>,
+    next_id: u64,
+}
+
+impl HandleTable {
+    /// A table whose root handle refers to `root`.
+    pub fn new(epoch: u64, cap: usize, root: Node) -> Self {
+        let mut by_id = HashMap::new();
+        let mut by_inode = HashMap::new();
+        by_inode.insert((root.dev, root.ino), ROOT_ID);
+        by_id.insert(ROOT_ID, Arc::new(root));
+        HandleTable {
+            epoch,
+            cap: cap.max(16),
+            inner: Mutex::new(Inner { by_id, by_inode, order: VecDeque::new(), next_id: ROOT_ID + 1 }),
+        }
+    }
+
+    /// Epoch of handles issued by this table.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The node a handle names, or `Stale`.
+    pub fn get(&self, h: Handle) -> Result<Arc<Node>, WireError> {
+        if h.epoch != self.epoch {
+            return Err(WireError::Stale);
+        }
+        self.inner.lock().by_id.get(&h.id).cloned().ok_or(WireError::Stale)
+    }
+
+    /// Registers a node (or finds the one already registered for the same inode) and
+    /// returns its handle.
+    pub fn insert(&self, node: Node) -> Handle {
+        let mut inner = self.inner.lock();
+        if let Some(&id) = inner.by_inode.get(&(node.dev, node.ino)) {
+            return Handle { epoch: self.epoch, id };
+        }
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.by_inode.insert((node.dev, node.ino), id);
+        inner.by_id.insert(id, Arc::new(node));
+        inner.order.push_back(id);
+        while inner.by_id.len() > self.cap {
+            let Some(old) = inner.order.pop_front() else { break };
+            if let Some(n) = inner.by_id.remove(&old) {
+                inner.by_inode.remove(&(n.dev, n.ino));
+            }
+        }
+        Handle { epoch: self.epoch, id }
+    }
+
+    /// Number of live handles.
+    pub fn len(&self) -> usize {
+        self.inner.lock().by_id.len()
+    }
+
+    /// True when only the root is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() <= 1
+    }
+}

@@ -1,0 +1,257 @@
+//! Thin, safe wrappers over the system calls the local export needs: `openat2` with
+//! `RESOLVE_BENEATH`, `fstatat`, re-opening `O_PATH` descriptors, `getdents`-style directory
+//! iteration, `readlinkat` and `fstatvfs`.
+
+use std::ffi::{CStr, CString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use hoardfs_proto::{Attr, FileKind, StatFs, Timestamp};
+
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// Opens `name` relative to `dir` with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`:
+/// the kernel refuses any resolution that would leave `dir` (`..`, absolute symlinks,
+/// races with renames), whatever the name contains.
+pub fn openat_beneath(dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+    };
+    loop {
+        // SAFETY: valid pointers for the duration of the call; the kernel validates `dir`.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir,
+                name.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: the kernel returned a fresh descriptor that we now own.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) && err.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(err);
+        }
+    }
+}
+
+/// Opens a directory path (the export root) as an `O_PATH` descriptor.
+pub fn open_root(path: &std::path::Path) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid C string.
+    let fd = unsafe {
+        libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fstat` of any descriptor, `O_PATH` ones included, without following symlinks.
+pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: empty path with AT_EMPTY_PATH stats `fd` itself.
+    let rc = unsafe {
+        libc::fstatat(fd, c"".as_ptr(), &mut st, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// Re-opens an `O_PATH` descriptor of a regular file for reading, through
+/// `/proc/self/fd` (the method virtiofsd uses); `proc_fd` is an open `/proc/self/fd`.
+pub fn reopen_read(proc_fd: RawFd, fd: RawFd) -> io::Result<File> {
+    let name = CString::new(fd.to_string()).expect("digits");
+    // SAFETY: valid C string; result checked.
+    let rfd = unsafe { libc::openat(proc_fd, name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if rfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { File::from_raw_fd(rfd) })
+}
+
+/// Opens `/proc/self/fd` for [`reopen_read`].
+pub fn open_proc_self_fd() -> io::Result<OwnedFd> {
+    // SAFETY: constant C string.
+    let fd = unsafe {
+        libc::open(c"/proc/self/fd".as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Target of the symlink open as `O_PATH|O_NOFOLLOW` at `fd`.
+pub fn readlink(fd: RawFd) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: buffer is valid for its length; empty path reads the link `fd` refers to.
+    let n = unsafe { libc::readlinkat(fd, c"".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// `fstatvfs` of a descriptor.
+pub fn statvfs(fd: RawFd) -> io::Result<StatFs> {
+    // SAFETY: zeroed statvfs is a valid out-parameter.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out-pointer.
+    if unsafe { libc::fstatvfs(fd, &mut s) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(StatFs {
+        blocks: s.f_blocks,
+        bfree: s.f_bfree,
+        bavail: s.f_bavail,
+        files: s.f_files,
+        ffree: s.f_ffree,
+        bsize: s.f_bsize as u32,
+        namelen: s.f_namemax as u32,
+        frsize: s.f_frsize as u32,
+    })
+}
+
+/// The object kind encoded in `st_mode`.
+pub fn kind_of(mode: libc::mode_t) -> FileKind {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileKind::Dir,
+        libc::S_IFLNK => FileKind::Symlink,
+        libc::S_IFIFO => FileKind::Fifo,
+        libc::S_IFSOCK => FileKind::Socket,
+        libc::S_IFCHR => FileKind::CharDev,
+        libc::S_IFBLK => FileKind::BlockDev,
+        _ => FileKind::File,
+    }
+}
+
+/// Change attribute of a file: a hash of the fields that change whenever its content or size
+/// does (size, mtime, ctime, inode). Linux does not expose i_version to user space; ctime
+/// has nanosecond (multigrain) resolution on the file systems this targets.
+pub fn version_of(st: &libc::stat) -> u64 {
+    let mut b = [0u8; 48];
+    b[0..8].copy_from_slice(&st.st_ino.to_le_bytes());
+    b[8..16].copy_from_slice(&(st.st_size as u64).to_le_bytes());
+    b[16..24].copy_from_slice(&(st.st_mtime as u64).to_le_bytes());
+    b[24..32].copy_from_slice(&(st.st_mtime_nsec as u64).to_le_bytes());
+    b[32..40].copy_from_slice(&(st.st_ctime as u64).to_le_bytes());
+    b[40..48].copy_from_slice(&(st.st_ctime_nsec as u64).to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&b)
+}
+
+/// Attributes for the wire from a `stat`; `file_id` is chosen by the caller.
+pub fn attr_of(st: &libc::stat, file_id: u64) -> Attr {
+    let ts = |s: i64, n: i64| Timestamp { secs: s, nanos: n as u32 };
+    Attr {
+        file_id,
+        version: version_of(st),
+        kind: kind_of(st.st_mode),
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        rdev: st.st_rdev,
+        blksize: st.st_blksize as u32,
+        atime: ts(st.st_atime, st.st_atime_nsec),
+        mtime: ts(st.st_mtime, st.st_mtime_nsec),
+        ctime: ts(st.st_ctime, st.st_ctime_nsec),
+    }
+}
+
+/// An open directory stream positioned by opaque cookies (`telldir` offsets).
+pub struct DirStream {
+    dir: *mut libc::DIR,
+}
+
+// SAFETY: the stream is used by one thread at a time (owned, not shared).
+unsafe impl Send for DirStream {}
+
+impl DirStream {
+    /// Opens directory `fd` (any descriptor, `O_PATH` included) for listing.
+    pub fn open(fd: RawFd) -> io::Result<DirStream> {
+        // SAFETY: "." relative to a directory fd; result checked.
+        let dfd = unsafe {
+            libc::openat(fd, c".".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        };
+        if dfd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: dfd is ours; fdopendir takes ownership on success.
+        let dir = unsafe { libc::fdopendir(dfd) };
+        if dir.is_null() {
+            let e = io::Error::last_os_error();
+            // SAFETY: fdopendir failed, so we still own dfd.
+            unsafe { libc::close(dfd) };
+            return Err(e);
+        }
+        Ok(DirStream { dir })
+    }
+
+    /// Positions the stream at a cookie returned by [`DirStream::next_entry`].
+    pub fn seek(&mut self, cookie: u64) {
+        // SAFETY: valid DIR*.
+        unsafe { libc::seekdir(self.dir, cookie as libc::c_long) }
+    }
+
+    /// Next entry name and the cookie of the position after it; `None` at the end.
+    pub fn next_entry(&mut self) -> io::Result<Option<(CString, u64)>> {
+        // SAFETY: errno is thread-local; reset so end-of-stream and error can be told apart.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: valid DIR*.
+        let ent = unsafe { libc::readdir64(self.dir) };
+        if ent.is_null() {
+            let e = io::Error::last_os_error();
+            return if e.raw_os_error() == Some(0) { Ok(None) } else { Err(e) };
+        }
+        // SAFETY: readdir returned a valid dirent whose d_name is NUL-terminated.
+        let (name, off) = unsafe { (CStr::from_ptr((*ent).d_name.as_ptr()).to_owned(), (*ent).d_off) };
+        Ok(Some((name, off as u64)))
+    }
+
+    /// Descriptor of the stream, for `openat2` of its entries.
+    pub fn fd(&self) -> RawFd {
+        // SAFETY: valid DIR*.
+        unsafe { libc::dirfd(self.dir) }
+    }
+}
+
+impl Drop for DirStream {
+    fn drop(&mut self) {
+        // SAFETY: valid DIR*, closed once.
+        unsafe { libc::closedir(self.dir) };
+    }
+}
+
+impl AsRawFd for DirStream {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd()
+    }
+}
