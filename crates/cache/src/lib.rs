@@ -65,7 +65,10 @@ pub enum CacheError {
 
 /// Attaches the path to an I/O error.
 pub(crate) fn io_at(path: &Path) -> impl FnOnce(io::Error) -> CacheError + '_ {
-    move |source| CacheError::Io { path: path.to_path_buf(), source }
+    move |source| CacheError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// An opened, locked cache directory.
@@ -133,13 +136,21 @@ impl CacheDir {
             .join(format!("{:032x}", key.export_id))
             .join(format!("{fan:02x}"));
         let base = format!("{:016x}", key.file_id);
-        (dir.join(format!("{base}.data")), dir.join(format!("{base}.meta")))
+        (
+            dir.join(format!("{base}.data")),
+            dir.join(format!("{base}.meta")),
+        )
     }
 
     /// Opens the cached object for `key` at origin `version` and `size`. Chunks cached for
     /// that same version are kept; anything else (other version, damaged record, missing or
     /// wrongly sized data file) is discarded and the object starts empty.
-    pub fn object(&self, key: ObjectKey, version: u64, size: u64) -> Result<CachedObject, CacheError> {
+    pub fn object(
+        &self,
+        key: ObjectKey,
+        version: u64,
+        size: u64,
+    ) -> Result<CachedObject, CacheError> {
         let (data, meta) = self.object_paths(&key);
         CachedObject::open(data, meta, key, version, size)
     }

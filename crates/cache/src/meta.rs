@@ -92,7 +92,14 @@ impl ObjectMeta {
     pub fn empty(key: ObjectKey, version: u64, size: u64) -> Self {
         let chunk_shift = chunk_shift_for(size);
         let n = size.div_ceil(1u64 << chunk_shift) as usize;
-        ObjectMeta { key, version, size, chunk_shift, present: vec![0; n.div_ceil(8)], crcs: vec![0; n] }
+        ObjectMeta {
+            key,
+            version,
+            size,
+            chunk_shift,
+            present: vec![0; n.div_ceil(8)],
+            crcs: vec![0; n],
+        }
     }
 
     /// Number of chunks.
@@ -216,7 +223,10 @@ mod tests {
     use super::*;
 
     fn sample() -> ObjectMeta {
-        let key = ObjectKey { export_id: 0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10, file_id: 42 };
+        let key = ObjectKey {
+            export_id: 0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10,
+            file_id: 42,
+        };
         let mut m = ObjectMeta::empty(key, 0xdead_beef, 3 * (1 << 20) + 5);
         m.set_present(0, 0x1111_2222);
         m.set_present(3, 0x3333_4444);
@@ -227,15 +237,29 @@ mod tests {
     /// handle old records instead of editing the expected bytes.
     #[test]
     fn golden_bytes() {
-        let hex: String = sample().encode().iter().map(|b| format!("{b:02x}")).collect();
+        let hex: String = sample()
+            .encode()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         assert_eq!(
             hex,
             concat!(
-                "4846534d45544100", "0100", "0000", "14000000",
-                "100f0e0d0c0b0a090807060504030201", "2a00000000000000",
-                "efbeadde00000000", "0500300000000000", "04000000", "00000000",
+                "4846534d45544100",
+                "0100",
+                "0000",
+                "14000000",
+                "100f0e0d0c0b0a090807060504030201",
+                "2a00000000000000",
+                "efbeadde00000000",
+                "0500300000000000",
+                "04000000",
+                "00000000",
                 "09",
-                "22221111", "00000000", "00000000", "44443333",
+                "22221111",
+                "00000000",
+                "00000000",
+                "44443333",
                 "3aa7707c"
             )
         );
@@ -249,9 +273,15 @@ mod tests {
         for i in 0..b.len() {
             let mut c = b.clone();
             c[i] ^= 0x40;
-            assert!(ObjectMeta::decode(&c).is_err(), "flip at byte {i} went unnoticed");
+            assert!(
+                ObjectMeta::decode(&c).is_err(),
+                "flip at byte {i} went unnoticed"
+            );
         }
-        assert_eq!(ObjectMeta::decode(&b[..b.len() - 1]), Err(MetaError::Length));
+        assert_eq!(
+            ObjectMeta::decode(&b[..b.len() - 1]),
+            Err(MetaError::Length)
+        );
     }
 
     #[test]
@@ -259,7 +289,14 @@ mod tests {
         assert_eq!(chunk_shift_for(0), 20);
         assert_eq!(chunk_shift_for(4096 << 20), 20);
         assert_eq!(chunk_shift_for((4096 << 20) + 1), 21);
-        let m = ObjectMeta::empty(ObjectKey { export_id: 1, file_id: 1 }, 1, 0);
+        let m = ObjectMeta::empty(
+            ObjectKey {
+                export_id: 1,
+                file_id: 1,
+            },
+            1,
+            0,
+        );
         assert!(m.is_complete());
         let m = sample();
         assert_eq!(m.chunks(), 4);

@@ -67,20 +67,47 @@ impl CachedObject {
             .open(&data_path)
             .map_err(io_at(&data_path))?;
         data.set_len(size).map_err(io_at(&data_path))?;
-        let meta_file = OpenOptions::new().read(true).write(true).open(&meta_path).map_err(io_at(&meta_path))?;
-        Ok(CachedObject { data_path, meta_path, data, meta_file, state: Mutex::new(State { meta, retired: false }) })
+        let meta_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&meta_path)
+            .map_err(io_at(&meta_path))?;
+        Ok(CachedObject {
+            data_path,
+            meta_path,
+            data,
+            meta_file,
+            state: Mutex::new(State {
+                meta,
+                retired: false,
+            }),
+        })
     }
 
     /// Opens an existing object if its record is intact and matches version and size.
-    fn load(data_path: &Path, meta_path: &Path, key: ObjectKey, version: u64, size: u64) -> Option<CachedObject> {
-        let meta_file = OpenOptions::new().read(true).write(true).open(meta_path).ok()?;
+    fn load(
+        data_path: &Path,
+        meta_path: &Path,
+        key: ObjectKey,
+        version: u64,
+        size: u64,
+    ) -> Option<CachedObject> {
+        let meta_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(meta_path)
+            .ok()?;
         let mut bytes = Vec::new();
         io::Read::read_to_end(&mut &meta_file, &mut bytes).ok()?;
         let meta = ObjectMeta::decode(&bytes).ok()?;
         if meta.key != key || meta.version != version || meta.size != size {
             return None;
         }
-        let data = OpenOptions::new().read(true).write(true).open(data_path).ok()?;
+        let data = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(data_path)
+            .ok()?;
         if data.metadata().ok()?.len() != size {
             return None;
         }
@@ -89,7 +116,10 @@ impl CachedObject {
             meta_path: meta_path.to_path_buf(),
             data,
             meta_file,
-            state: Mutex::new(State { meta, retired: false }),
+            state: Mutex::new(State {
+                meta,
+                retired: false,
+            }),
         })
     }
 
@@ -145,14 +175,24 @@ impl CachedObject {
                 return Ok(());
             }
             if i >= st.meta.chunks() {
-                return Err(CacheError::ChunkLength { chunk: i, got: bytes.len(), want: 0 });
+                return Err(CacheError::ChunkLength {
+                    chunk: i,
+                    got: bytes.len(),
+                    want: 0,
+                });
             }
             st.meta.chunk_range(i)
         };
         if bytes.len() as u64 != end - start {
-            return Err(CacheError::ChunkLength { chunk: i, got: bytes.len(), want: end - start });
+            return Err(CacheError::ChunkLength {
+                chunk: i,
+                got: bytes.len(),
+                want: end - start,
+            });
         }
-        self.data.write_all_at(bytes, start).map_err(io_at(&self.data_path))?;
+        self.data
+            .write_all_at(bytes, start)
+            .map_err(io_at(&self.data_path))?;
         let crc = crc32c::crc32c(bytes);
         let mut st = self.state.lock();
         if st.retired || st.meta.is_present(i) {
@@ -186,7 +226,10 @@ impl CachedObject {
     /// [`CachedObject::is_complete`].
     pub fn open_backing(&self) -> Result<File, CacheError> {
         let proc_path = format!("/proc/self/fd/{}", self.data.as_raw_fd());
-        OpenOptions::new().read(true).open(&proc_path).map_err(io_at(&self.data_path))
+        OpenOptions::new()
+            .read(true)
+            .open(&proc_path)
+            .map_err(io_at(&self.data_path))
     }
 
     /// Marks this object as replaced by a newer version: later writes through it are

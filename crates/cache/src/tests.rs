@@ -5,7 +5,10 @@ use super::*;
 const MIB: u64 = 1 << 20;
 
 fn key(id: u64) -> ObjectKey {
-    ObjectKey { export_id: 7, file_id: id }
+    ObjectKey {
+        export_id: 7,
+        file_id: id,
+    }
 }
 
 fn chunk(i: u64, len: u64) -> Vec<u8> {
@@ -75,7 +78,10 @@ fn wrong_chunk_length_is_refused() {
     let d = tempfile::tempdir().unwrap();
     let c = CacheDir::open(d.path()).unwrap();
     let o = c.object(key(4), 1, MIB + 10).unwrap();
-    assert!(matches!(o.write_chunk(1, &[0u8; 9]), Err(CacheError::ChunkLength { .. })));
+    assert!(matches!(
+        o.write_chunk(1, &[0u8; 9]),
+        Err(CacheError::ChunkLength { .. })
+    ));
     assert!(o.write_chunk(5, &[0u8; 9]).is_err());
     assert!(!o.has_chunk(1));
 }
@@ -84,9 +90,15 @@ fn wrong_chunk_length_is_refused() {
 fn second_client_is_locked_out_and_foreign_dirs_refused() {
     let d = tempfile::tempdir().unwrap();
     let _c = CacheDir::open(d.path()).unwrap();
-    assert!(matches!(CacheDir::open(d.path()), Err(CacheError::Locked(_))));
+    assert!(matches!(
+        CacheDir::open(d.path()),
+        Err(CacheError::Locked(_))
+    ));
     let other = tempfile::tempdir().unwrap();
     std::fs::write(other.path().join("precious.txt"), b"x").unwrap();
-    assert!(matches!(CacheDir::open(other.path()), Err(CacheError::Incompatible { .. })));
+    assert!(matches!(
+        CacheDir::open(other.path()),
+        Err(CacheError::Incompatible { .. })
+    ));
     assert!(other.path().join("precious.txt").exists());
 }

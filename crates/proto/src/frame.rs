@@ -28,9 +28,15 @@ pub struct Limits {
 
 impl Limits {
     /// What a server accepts from clients: small bodies, data only for writes.
-    pub const REQUEST: Limits = Limits { max_body: 64 << 10, max_data: 16 << 20 };
+    pub const REQUEST: Limits = Limits {
+        max_body: 64 << 10,
+        max_data: 16 << 20,
+    };
     /// What a client accepts from a server: directory pages can be large.
-    pub const RESPONSE: Limits = Limits { max_body: 16 << 20, max_data: 16 << 20 };
+    pub const RESPONSE: Limits = Limits {
+        max_body: 16 << 20,
+        max_data: 16 << 20,
+    };
 }
 
 /// Why an incoming frame was rejected.
@@ -74,7 +80,10 @@ impl FrameHeader {
         let body_len = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
         let data_len = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
         if body_len > limits.max_body || data_len > limits.max_data {
-            return Err(FrameError::TooLarge { body: body_len, data: data_len });
+            return Err(FrameError::TooLarge {
+                body: body_len,
+                data: data_len,
+            });
         }
         Ok(FrameHeader { body_len, data_len })
     }
@@ -99,7 +108,10 @@ pub fn decode_body<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, 
     let (msg, rest) =
         postcard::take_from_bytes(bytes).map_err(|e| FrameError::Malformed(e.to_string()))?;
     if !rest.is_empty() {
-        return Err(FrameError::Malformed(format!("{} trailing bytes", rest.len())));
+        return Err(FrameError::Malformed(format!(
+            "{} trailing bytes",
+            rest.len()
+        )));
     }
     Ok(msg)
 }
@@ -107,7 +119,11 @@ pub fn decode_body<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, 
 /// Writes one frame (header, body, data) with a single vectored write where possible.
 pub fn write_frame<W: Write>(w: &mut W, body: &[u8], data: &[u8]) -> io::Result<()> {
     let header = FrameHeader::encode(body.len(), data.len());
-    let mut bufs = [io::IoSlice::new(&header), io::IoSlice::new(body), io::IoSlice::new(data)];
+    let mut bufs = [
+        io::IoSlice::new(&header),
+        io::IoSlice::new(body),
+        io::IoSlice::new(data),
+    ];
     let mut slices: &mut [io::IoSlice<'_>] = &mut bufs;
     while !slices.is_empty() {
         let n = w.write_vectored(slices)?;
@@ -146,12 +162,24 @@ mod tests {
         let h = FrameHeader::encode(10, 20);
         assert_eq!(&h[..4], b"HFS1");
         let p = FrameHeader::parse(&h, Limits::REQUEST).unwrap();
-        assert_eq!(p, FrameHeader { body_len: 10, data_len: 20 });
+        assert_eq!(
+            p,
+            FrameHeader {
+                body_len: 10,
+                data_len: 20
+            }
+        );
         let big = FrameHeader::encode(1 << 30, 0);
-        assert!(matches!(FrameHeader::parse(&big, Limits::REQUEST), Err(FrameError::TooLarge { .. })));
+        assert!(matches!(
+            FrameHeader::parse(&big, Limits::REQUEST),
+            Err(FrameError::TooLarge { .. })
+        ));
         let mut bad = h;
         bad[0] = b'X';
-        assert!(matches!(FrameHeader::parse(&bad, Limits::REQUEST), Err(FrameError::BadMagic(_))));
+        assert!(matches!(
+            FrameHeader::parse(&bad, Limits::REQUEST),
+            Err(FrameError::BadMagic(_))
+        ));
     }
 
     #[test]

@@ -29,7 +29,10 @@ impl OpenFiles {
         OpenFiles {
             cap: cap.max(1),
             idle,
-            inner: Mutex::new(Inner { files: HashMap::new(), last_sweep: Instant::now() }),
+            inner: Mutex::new(Inner {
+                files: HashMap::new(),
+                last_sweep: Instant::now(),
+            }),
         }
     }
 
@@ -50,26 +53,27 @@ impl OpenFiles {
         let now = Instant::now();
         if now.duration_since(inner.last_sweep) > self.idle / 4 || inner.files.len() >= self.cap {
             let idle = self.idle;
-            inner.files.retain(|_, (_, t)| now.duration_since(*t) < idle);
+            inner
+                .files
+                .retain(|_, (_, t)| now.duration_since(*t) < idle);
             inner.last_sweep = now;
             while inner.files.len() >= self.cap {
-                let oldest = inner.files.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k);
+                let oldest = inner
+                    .files
+                    .iter()
+                    .min_by_key(|(_, (_, t))| *t)
+                    .map(|(k, _)| *k);
                 match oldest {
                     Some(k) => inner.files.remove(&k),
                     None => break,
                 };
             }
         }
-        inner.files.entry(id).or_insert_with(|| (Arc::new(file), now)).0.clone()
-    }
-
-    /// Number of open files.
-    pub fn len(&self) -> usize {
-        self.inner.lock().files.len()
-    }
-
-    /// True when no file is open.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        inner
+            .files
+            .entry(id)
+            .or_insert_with(|| (Arc::new(file), now))
+            .0
+            .clone()
     }
 }

@@ -54,7 +54,12 @@ impl HandleTable {
         HandleTable {
             epoch,
             cap: cap.max(16),
-            inner: Mutex::new(Inner { by_id, by_inode, order: VecDeque::new(), next_id: ROOT_ID + 1 }),
+            inner: Mutex::new(Inner {
+                by_id,
+                by_inode,
+                order: VecDeque::new(),
+                next_id: ROOT_ID + 1,
+            }),
         }
     }
 
@@ -68,7 +73,12 @@ impl HandleTable {
         if h.epoch != self.epoch {
             return Err(WireError::Stale);
         }
-        self.inner.lock().by_id.get(&h.id).cloned().ok_or(WireError::Stale)
+        self.inner
+            .lock()
+            .by_id
+            .get(&h.id)
+            .cloned()
+            .ok_or(WireError::Stale)
     }
 
     /// Registers a node (or finds the one already registered for the same inode) and
@@ -76,7 +86,10 @@ impl HandleTable {
     pub fn insert(&self, node: Node) -> Handle {
         let mut inner = self.inner.lock();
         if let Some(&id) = inner.by_inode.get(&(node.dev, node.ino)) {
-            return Handle { epoch: self.epoch, id };
+            return Handle {
+                epoch: self.epoch,
+                id,
+            };
         }
         let id = inner.next_id;
         inner.next_id += 1;
@@ -84,21 +97,16 @@ impl HandleTable {
         inner.by_id.insert(id, Arc::new(node));
         inner.order.push_back(id);
         while inner.by_id.len() > self.cap {
-            let Some(old) = inner.order.pop_front() else { break };
+            let Some(old) = inner.order.pop_front() else {
+                break;
+            };
             if let Some(n) = inner.by_id.remove(&old) {
                 inner.by_inode.remove(&(n.dev, n.ino));
             }
         }
-        Handle { epoch: self.epoch, id }
-    }
-
-    /// Number of live handles.
-    pub fn len(&self) -> usize {
-        self.inner.lock().by_id.len()
-    }
-
-    /// True when only the root is registered.
-    pub fn is_empty(&self) -> bool {
-        self.len() <= 1
+        Handle {
+            epoch: self.epoch,
+            id,
+        }
     }
 }

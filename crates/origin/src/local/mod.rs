@@ -110,7 +110,12 @@ impl LocalOrigin {
         let mut id_bytes = root_path.as_os_str().as_encoded_bytes().to_vec();
         id_bytes.extend_from_slice(&st.st_ino.to_le_bytes());
         let export_id = xxhash_rust::xxh3::xxh3_128(&id_bytes);
-        let node = Node { fd, kind: FileKind::Dir, dev: st.st_dev, ino: st.st_ino };
+        let node = Node {
+            fd,
+            kind: FileKind::Dir,
+            dev: st.st_dev,
+            ino: st.st_ino,
+        };
         let epoch = rand::random::<u64>() | 1;
         Ok(LocalOrigin {
             root_path,
@@ -160,7 +165,10 @@ impl LocalOrigin {
     }
 
     fn root_handle(&self) -> Handle {
-        Handle { epoch: self.handles.epoch(), id: ROOT_ID }
+        Handle {
+            epoch: self.handles.epoch(),
+            id: ROOT_ID,
+        }
     }
 
     /// Opens `name` under directory descriptor `dir` and registers it.
@@ -168,8 +176,12 @@ impl LocalOrigin {
         let fd = sys::openat_beneath(dir, name, libc::O_PATH | libc::O_NOFOLLOW).map_err(werr)?;
         let st = sys::fstat(fd.as_raw_fd()).map_err(werr)?;
         let attr = sys::attr_of(&st, self.file_id(&st));
-        let handle =
-            self.handles.insert(Node { fd, kind: attr.kind, dev: st.st_dev, ino: st.st_ino });
+        let handle = self.handles.insert(Node {
+            fd,
+            kind: attr.kind,
+            dev: st.st_dev,
+            ino: st.st_ino,
+        });
         Ok(Entry { handle, attr })
     }
 
@@ -187,7 +199,10 @@ impl Origin for LocalOrigin {
     fn info(&self) -> Result<OriginInfo> {
         Ok(OriginInfo {
             export_id: self.export_id,
-            root: Entry { handle: self.root_handle(), attr: self.getattr(self.root_handle())? },
+            root: Entry {
+                handle: self.root_handle(),
+                attr: self.getattr(self.root_handle())?,
+            },
             read_only: self.opts.read_only,
         })
     }
@@ -223,12 +238,18 @@ impl Origin for LocalOrigin {
         let mut resume = cookie;
         while let Some((name, off)) = stream.next_entry().map_err(werr)? {
             if entries.len() >= max {
-                return Ok(DirPage { entries, next: Some(resume) });
+                return Ok(DirPage {
+                    entries,
+                    next: Some(resume),
+                });
             }
             let bytes = name.as_bytes();
             if bytes != b"." && bytes != b".." {
                 match self.open_child(stream.fd(), &name) {
-                    Ok(entry) => entries.push(DirEntry { name: bytes.to_vec(), entry }),
+                    Ok(entry) => entries.push(DirEntry {
+                        name: bytes.to_vec(),
+                        entry,
+                    }),
                     // Removed between listing and opening: skip it, as a local `ls` would.
                     Err(crate::OriginError::Fs(WireError::NotFound)) => {}
                     Err(e) => return Err(e),
@@ -236,7 +257,10 @@ impl Origin for LocalOrigin {
             }
             resume = off;
         }
-        Ok(DirPage { entries, next: None })
+        Ok(DirPage {
+            entries,
+            next: None,
+        })
     }
 
     fn read(&self, handle: Handle, offset: u64, len: u32) -> Result<ReadReply> {
@@ -262,7 +286,10 @@ impl Origin for LocalOrigin {
             if v0 == v1 || attempt == 2 {
                 data.truncate(n);
                 self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
-                return Ok(ReadReply { data, version: if v0 == v1 { v0 } else { 0 } });
+                return Ok(ReadReply {
+                    data,
+                    version: if v0 == v1 { v0 } else { 0 },
+                });
             }
         }
         unreachable!("loop returns on its last attempt")

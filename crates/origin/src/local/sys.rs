@@ -57,7 +57,10 @@ pub fn open_root(path: &std::path::Path) -> io::Result<OwnedFd> {
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: valid C string.
     let fd = unsafe {
-        libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
     };
     if fd < 0 {
         return Err(io::Error::last_os_error());
@@ -72,7 +75,12 @@ pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: empty path with AT_EMPTY_PATH stats `fd` itself.
     let rc = unsafe {
-        libc::fstatat(fd, c"".as_ptr(), &mut st, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
+        libc::fstatat(
+            fd,
+            c"".as_ptr(),
+            &mut st,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
     };
     if rc < 0 {
         return Err(io::Error::last_os_error());
@@ -97,7 +105,10 @@ pub fn reopen_read(proc_fd: RawFd, fd: RawFd) -> io::Result<File> {
 pub fn open_proc_self_fd() -> io::Result<OwnedFd> {
     // SAFETY: constant C string.
     let fd = unsafe {
-        libc::open(c"/proc/self/fd".as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        libc::open(
+            c"/proc/self/fd".as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
     };
     if fd < 0 {
         return Err(io::Error::last_os_error());
@@ -167,7 +178,10 @@ pub fn version_of(st: &libc::stat) -> u64 {
 
 /// Attributes for the wire from a `stat`; `file_id` is chosen by the caller.
 pub fn attr_of(st: &libc::stat, file_id: u64) -> Attr {
-    let ts = |s: i64, n: i64| Timestamp { secs: s, nanos: n as u32 };
+    let ts = |s: i64, n: i64| Timestamp {
+        secs: s,
+        nanos: n as u32,
+    };
     Attr {
         file_id,
         version: version_of(st),
@@ -199,7 +213,11 @@ impl DirStream {
     pub fn open(fd: RawFd) -> io::Result<DirStream> {
         // SAFETY: "." relative to a directory fd; result checked.
         let dfd = unsafe {
-            libc::openat(fd, c".".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            libc::openat(
+                fd,
+                c".".as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
         };
         if dfd < 0 {
             return Err(io::Error::last_os_error());
@@ -229,10 +247,19 @@ impl DirStream {
         let ent = unsafe { libc::readdir64(self.dir) };
         if ent.is_null() {
             let e = io::Error::last_os_error();
-            return if e.raw_os_error() == Some(0) { Ok(None) } else { Err(e) };
+            return if e.raw_os_error() == Some(0) {
+                Ok(None)
+            } else {
+                Err(e)
+            };
         }
         // SAFETY: readdir returned a valid dirent whose d_name is NUL-terminated.
-        let (name, off) = unsafe { (CStr::from_ptr((*ent).d_name.as_ptr()).to_owned(), (*ent).d_off) };
+        let (name, off) = unsafe {
+            (
+                CStr::from_ptr((*ent).d_name.as_ptr()).to_owned(),
+                (*ent).d_off,
+            )
+        };
         Ok(Some((name, off as u64)))
     }
 

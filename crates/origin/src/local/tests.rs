@@ -46,7 +46,10 @@ fn dot_dot_and_slashes_are_refused() {
     for bad in [&b".."[..], b".", b"", b"a/b", b"../secret", b"x\0y"] {
         assert!(o.lookup(root, bad).is_err(), "{bad:?} must be refused");
     }
-    assert_eq!(o.lookup(root, &[b'x'; 256]), Err(WireError::NameTooLong.into()));
+    assert_eq!(
+        o.lookup(root, &[b'x'; 256]),
+        Err(WireError::NameTooLong.into())
+    );
 }
 
 #[test]
@@ -73,7 +76,10 @@ fn version_changes_with_content_and_deleted_is_stale() {
     assert_eq!(a.size, 12);
     std::fs::remove_file(d.path().join("export/a.txt")).unwrap();
     assert_eq!(o.getattr(e.handle), Err(WireError::Stale.into()));
-    let bogus = Handle { epoch: e.handle.epoch ^ 2, id: e.handle.id };
+    let bogus = Handle {
+        epoch: e.handle.epoch ^ 2,
+        id: e.handle.id,
+    };
     assert_eq!(o.getattr(bogus), Err(WireError::Stale.into()));
 }
 
@@ -89,7 +95,11 @@ fn readdir_pages_cover_every_entry_once() {
     loop {
         let p = o.readdir(root, cookie, 64).unwrap();
         pages += 1;
-        names.extend(p.entries.into_iter().map(|e| String::from_utf8(e.name).unwrap()));
+        names.extend(
+            p.entries
+                .into_iter()
+                .map(|e| String::from_utf8(e.name).unwrap()),
+        );
         match p.next {
             Some(c) => cookie = c,
             None => break,

@@ -1,0 +1,279 @@
+//! `hoardfs mount SOURCE MOUNTPOINT`: mount a hoardfs server or local directory through FUSE
+//! with a persistent disk cache. Runs until unmounted (`umount`, `fusermount3 -u`, SIGINT or
+//! SIGTERM); `--daemon` returns once the mount is ready.
+
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use clap::Args;
+use fuser::{Config, MountOption, SessionACL};
+use hoardfs_cache::CacheDir;
+use hoardfs_fs::{FsConfig, HoardFs};
+use hoardfs_fuse::FuseBridge;
+use hoardfs_origin::Origin;
+use hoardfs_origin::local::{LocalOptions, LocalOrigin};
+use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin};
+
+/// Options of `hoardfs mount`.
+#[derive(Args, Debug, Clone)]
+pub struct MountArgs {
+    /// `HOST:PORT` of a hoardfs server, or an absolute path to a local directory.
+    pub source: String,
+    /// Where to mount.
+    pub mountpoint: PathBuf,
+    /// Persistent cache directory (created if missing; one client at a time).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// File holding the server's shared secret.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Read through without a disk cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Return once the mount is ready, leaving the client running in the background.
+    #[arg(long)]
+    pub daemon: bool,
+    /// Seconds attributes, names and listings are trusted without asking the server.
+    #[arg(long, default_value_t = 1.0)]
+    pub attr_timeout: f64,
+    /// Seconds to wait for the server before failing an operation.
+    #[arg(long, default_value_t = 15.0)]
+    pub timeout: f64,
+    /// Serve fully cached files with daemon reads instead of FUSE passthrough.
+    #[arg(long)]
+    pub no_passthrough: bool,
+    /// Let users other than the mounting one access the mount (default when run as root).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Mount options, `-o key[=value],...`: cache_dir=, token_file=, no_cache, daemon,
+    /// attr_timeout=, timeout=, no_passthrough, allow_other, ro.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub options: Vec<String>,
+}
+
+impl MountArgs {
+    /// Folds `-o` options into the typed flags.
+    fn resolve(&self) -> Result<MountArgs, String> {
+        let mut a = self.clone();
+        for opt in self
+            .options
+            .iter()
+            .flat_map(|o| o.split(','))
+            .filter(|o| !o.is_empty())
+        {
+            let (k, v) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            let need = || v.ok_or_else(|| format!("mount option {k} needs a value"));
+            let num = || -> Result<f64, String> {
+                need()?
+                    .parse()
+                    .map_err(|_| format!("mount option {k}: not a number"))
+            };
+            match k {
+                "cache_dir" => a.cache_dir = Some(need()?.into()),
+                "token_file" => a.token_file = Some(need()?.into()),
+                "no_cache" => a.no_cache = true,
+                "daemon" => a.daemon = true,
+                "attr_timeout" => a.attr_timeout = num()?,
+                "timeout" => a.timeout = num()?,
+                "no_passthrough" => a.no_passthrough = true,
+                "allow_other" => a.allow_other = true,
+                "ro" | "rw" | "defaults" | "nodev" | "nosuid" | "noatime" => {}
+                _ => {
+                    return Err(format!(
+                        "unknown mount option {opt:?} (see hoardfs mount --help)"
+                    ));
+                }
+            }
+        }
+        if !(a.attr_timeout >= 0.0 && a.attr_timeout < 1e6) || !(a.timeout > 0.0 && a.timeout < 1e6)
+        {
+            return Err("timeouts must be positive numbers of seconds".into());
+        }
+        if a.cache_dir.is_none() && !a.no_cache {
+            return Err("--cache-dir DIR is required (or --no-cache to read through)".into());
+        }
+        Ok(a)
+    }
+}
+
+/// Write end of the pipe to the waiting parent, when daemonised.
+static READY_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// With `--daemon`, forks: the parent waits until the child reports the mount ready (exit
+/// 0) or failed (its message, exit 1). Must run before any thread is started.
+pub fn maybe_daemonize(args: &MountArgs) -> Result<(), String> {
+    let a = args.resolve()?;
+    if !a.daemon {
+        return Ok(());
+    }
+    let mut fds = [0i32; 2];
+    // SAFETY: plain pipe(2) into a local array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: single-threaded at this point (checked by the caller's ordering).
+    match unsafe { libc::fork() } {
+        -1 => Err(format!("fork: {}", std::io::Error::last_os_error())),
+        0 => {
+            // SAFETY: closing our copy of the read end; setsid detaches from the terminal.
+            unsafe {
+                libc::close(fds[0]);
+                libc::setsid();
+            }
+            READY_FD.store(fds[1], Ordering::SeqCst);
+            Ok(())
+        }
+        _child => {
+            // SAFETY: we own the write end's copy in the parent and close it here.
+            unsafe { libc::close(fds[1]) };
+            // SAFETY: the read end is ours.
+            let mut r = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fds[0]) });
+            let mut msg = String::new();
+            let _ = r.read_to_string(&mut msg);
+            if msg.trim() == "ok" {
+                std::process::exit(0);
+            }
+            let msg = if msg.is_empty() {
+                "mount process exited before the mount was ready".into()
+            } else {
+                msg
+            };
+            eprintln!("hoardfs: {}", msg.trim());
+            std::process::exit(1);
+        }
+    }
+}
+
+fn report_to_parent(msg: &str) {
+    let fd = READY_FD.swap(-1, Ordering::SeqCst);
+    if fd >= 0 {
+        // SAFETY: the fd was stored by maybe_daemonize and is used once.
+        let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let _ = f.write_all(msg.as_bytes());
+    }
+}
+
+/// Mounts and serves until unmounted.
+pub fn run(args: MountArgs) -> Result<(), String> {
+    let result = mount_and_serve(args);
+    if let Err(e) = &result {
+        report_to_parent(e);
+    }
+    result
+}
+
+fn open_origin(a: &MountArgs) -> Result<Arc<dyn Origin>, String> {
+    if a.source.starts_with('/') {
+        let o = LocalOrigin::new(Path::new(&a.source), LocalOptions::default())
+            .map_err(|e| format!("cannot use {} as a source: {e}", a.source))?;
+        return Ok(Arc::new(o));
+    }
+    let token = a
+        .token_file
+        .as_deref()
+        .map(crate::read_token)
+        .transpose()?
+        .unwrap_or_default();
+    let opts = RemoteOptions {
+        request_timeout: Duration::from_secs_f64(a.timeout),
+        connect_timeout: Duration::from_secs_f64(a.timeout.min(5.0)),
+        ..Default::default()
+    };
+    let o = RemoteOrigin::connect(&a.source, token, opts)
+        .map_err(|e| format!("cannot connect to hoardfs server {}: {e}", a.source))?;
+    Ok(Arc::new(o))
+}
+
+fn mount_and_serve(args: MountArgs) -> Result<(), String> {
+    let a = args.resolve()?;
+    if !a.mountpoint.is_dir() {
+        return Err(format!(
+            "mount point {} is not a directory",
+            a.mountpoint.display()
+        ));
+    }
+    let cache = match (&a.cache_dir, a.no_cache) {
+        (Some(dir), false) => Some(CacheDir::open(dir).map_err(|e| e.to_string())?),
+        _ => None,
+    };
+    let origin = open_origin(&a)?;
+    let config = FsConfig {
+        attr_ttl: Duration::from_secs_f64(a.attr_timeout),
+        dir_ttl: Duration::from_secs_f64(a.attr_timeout),
+        passthrough: !a.no_passthrough,
+        ..Default::default()
+    };
+    let fs = HoardFs::new(origin, cache, config).map_err(|e| format!("cannot start: {e}"))?;
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut cfg = Config::default();
+    cfg.mount_options = vec![
+        MountOption::FSName(format!("hoardfs:{}", a.source)),
+        MountOption::Subtype("hoardfs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+    ];
+    cfg.acl = if a.allow_other || root {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    cfg.n_threads = Some(8);
+    cfg.clone_fd = true;
+    let mut session = fuser::Session::new(FuseBridge::new(fs.clone()), &a.mountpoint, &cfg)
+        .map_err(|e| format!("cannot mount on {}: {e}", a.mountpoint.display()))?;
+    let mut unmounter = session.unmount_callable();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .map_err(|e| format!("signals: {e}"))?;
+    let mnt = a.mountpoint.clone();
+    std::thread::Builder::new()
+        .name("hoardfs-signals".into())
+        .spawn(move || {
+            if signals.forever().next().is_some() {
+                tracing::info!("signal received, unmounting {}", mnt.display());
+                if let Err(e) = unmounter.unmount() {
+                    eprintln!("hoardfs: unmount of {} failed: {e}", mnt.display());
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    println!(
+        "hoardfs: mounted {} on {}",
+        a.source,
+        a.mountpoint.display()
+    );
+    let _ = std::io::stdout().flush();
+    if READY_FD.load(Ordering::SeqCst) >= 0 {
+        report_to_parent("ok");
+        redirect_stdio_to_null();
+    }
+    session
+        .run()
+        .map_err(|e| format!("FUSE session ended with an error: {e}"))?;
+    fs.shutdown();
+    Ok(())
+}
+
+fn redirect_stdio_to_null() {
+    // SAFETY: opening /dev/null and dup2 onto stdin/stdout are async-signal-safe plain calls.
+    unsafe {
+        let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if fd >= 0 {
+            libc::dup2(fd, 0);
+            libc::dup2(fd, 1);
+            libc::close(fd);
+        }
+    }
+}

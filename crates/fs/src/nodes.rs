@@ -1,0 +1,208 @@
+//! The inode table: FUSE inode numbers ↔ origin objects, with cached attributes, the
+//! kernel's lookup counts, the names they were found under (to re-resolve a handle after a
+//! server restart) and per-file open state.
+//!
+//! Lock ordering: the table lock (`NodeTable::inner`) may be taken before a node's `state`
+//! lock, never the other way round. Neither is held across origin round trips.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hoardfs_cache::CachedObject;
+use hoardfs_origin::{Attr, DirEntry, FileKind, Handle};
+use parking_lot::{Mutex, RwLock};
+
+/// FUSE inode number.
+pub type Ino = u64;
+/// The root's inode number.
+pub const ROOT_INO: Ino = 1;
+
+/// Passthrough backing registration, opaque to this layer (a `fuser::BackingId`).
+pub type Backing = Arc<dyn std::any::Any + Send + Sync>;
+
+/// A directory listing snapshot.
+#[derive(Debug)]
+pub struct Listing {
+    /// Entries in origin order.
+    pub entries: Vec<DirEntry>,
+    /// When it was fetched.
+    pub fetched: Instant,
+}
+
+/// Mutable state of one node.
+pub struct NodeState {
+    /// Current origin handle.
+    pub handle: Handle,
+    /// Last attributes seen.
+    pub attr: Attr,
+    /// When `attr` was fetched.
+    pub attr_fetched: Instant,
+    /// Parent inode and the name this node was last found under.
+    pub parent: Ino,
+    /// Name within `parent`.
+    pub name: Vec<u8>,
+    /// Kernel lookup count.
+    pub lookups: u64,
+    /// Cached directory listing (directories only).
+    pub listing: Option<Arc<Listing>>,
+    /// Names seen in this directory (from lookups and listings), for offline lookups.
+    pub children: HashMap<Vec<u8>, Ino>,
+    /// The cached object for the current version (regular files, cache enabled).
+    pub object: Option<Arc<CachedObject>>,
+    /// Opens served by daemon reads with the page cache.
+    pub cached_opens: u32,
+    /// Opens served by daemon reads in direct-I/O mode.
+    pub direct_opens: u32,
+    /// Passthrough opens, and the version and backing they share.
+    pub passthrough_opens: u32,
+    /// Backing shared by passthrough opens, with the version it holds.
+    pub backing: Option<(u64, Backing)>,
+    /// Version of the last page-cached open, to decide whether kernel pages can be kept.
+    pub last_cached_version: Option<u64>,
+}
+
+/// One node.
+pub struct Node {
+    /// Inode number.
+    pub ino: Ino,
+    /// Kind (never changes).
+    pub kind: FileKind,
+    /// Mutable state.
+    pub state: Mutex<NodeState>,
+}
+
+impl Node {
+    /// Current handle.
+    pub fn handle(&self) -> Handle {
+        self.state.lock().handle
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    nodes: HashMap<Ino, Arc<Node>>,
+    by_file_id: HashMap<u64, Ino>,
+    next_ino: Ino,
+}
+
+/// All nodes the kernel knows.
+pub struct NodeTable {
+    inner: RwLock<Inner>,
+}
+
+impl NodeTable {
+    /// A table holding only the root.
+    pub fn new(root_handle: Handle, root_attr: Attr) -> Self {
+        let table = NodeTable {
+            inner: RwLock::new(Inner {
+                next_ino: ROOT_INO + 1,
+                ..Default::default()
+            }),
+        };
+        let root = Self::make(ROOT_INO, root_handle, root_attr, ROOT_INO, Vec::new());
+        root.state.lock().lookups = 1;
+        let mut inner = table.inner.write();
+        inner.by_file_id.insert(root_attr.file_id, ROOT_INO);
+        inner.nodes.insert(ROOT_INO, root);
+        drop(inner);
+        table
+    }
+
+    fn make(ino: Ino, handle: Handle, attr: Attr, parent: Ino, name: Vec<u8>) -> Arc<Node> {
+        Arc::new(Node {
+            ino,
+            kind: attr.kind,
+            state: Mutex::new(NodeState {
+                handle,
+                attr,
+                attr_fetched: Instant::now(),
+                parent,
+                name,
+                lookups: 0,
+                listing: None,
+                children: HashMap::new(),
+                object: None,
+                cached_opens: 0,
+                direct_opens: 0,
+                passthrough_opens: 0,
+                backing: None,
+                last_cached_version: None,
+            }),
+        })
+    }
+
+    /// The node for `ino`.
+    pub fn get(&self, ino: Ino) -> Option<Arc<Node>> {
+        self.inner.read().nodes.get(&ino).cloned()
+    }
+
+    /// Records that the kernel learned of (`parent`, `name`) → object, creating the node if
+    /// new, refreshing its handle and attributes, and counting one kernel lookup.
+    pub fn remember(&self, parent: Ino, name: &[u8], handle: Handle, attr: Attr) -> Arc<Node> {
+        let node = {
+            let mut inner = self.inner.write();
+            let existing = inner
+                .by_file_id
+                .get(&attr.file_id)
+                .and_then(|i| inner.nodes.get(i))
+                .cloned();
+            match existing {
+                Some(n) if n.kind == attr.kind => n,
+                _ => {
+                    let ino = inner.next_ino;
+                    inner.next_ino += 1;
+                    let n = Self::make(ino, handle, attr, parent, name.to_vec());
+                    inner.by_file_id.insert(attr.file_id, ino);
+                    inner.nodes.insert(ino, n.clone());
+                    n
+                }
+            }
+        };
+        {
+            let mut st = node.state.lock();
+            st.handle = handle;
+            st.attr = attr;
+            st.attr_fetched = Instant::now();
+            st.parent = parent;
+            st.name = name.to_vec();
+            st.lookups += 1;
+        }
+        if let Some(p) = self.get(parent) {
+            p.state.lock().children.insert(name.to_vec(), node.ino);
+        }
+        node
+    }
+
+    /// Drops `n` kernel lookups; forgets the node when none remain (never the root).
+    pub fn forget(&self, ino: Ino, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let mut inner = self.inner.write();
+        let Some(node) = inner.nodes.get(&ino).cloned() else {
+            return;
+        };
+        let mut st = node.state.lock();
+        st.lookups = st.lookups.saturating_sub(n);
+        let busy = st.cached_opens + st.direct_opens + st.passthrough_opens > 0;
+        if st.lookups == 0 && !busy {
+            let file_id = st.attr.file_id;
+            drop(st);
+            inner.nodes.remove(&ino);
+            if inner.by_file_id.get(&file_id) == Some(&ino) {
+                inner.by_file_id.remove(&file_id);
+            }
+        }
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.inner.read().nodes.len()
+    }
+
+    /// True when only the root is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() <= 1
+    }
+}

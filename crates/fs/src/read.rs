@@ -1,0 +1,442 @@
+//! Opens, reads and releases: the hit path, the miss path and readahead.
+//!
+//! An open checks the file's version with the origin (close-to-open) and picks a mode:
+//! *passthrough* when the cached object is complete (the kernel reads the cache file
+//! itself), *cached* daemon reads otherwise (the kernel page cache is kept across opens
+//! while the version is unchanged), or *direct* daemon reads when passthrough opens of an
+//! older version are still around (the kernel refuses to mix modes on one inode).
+//!
+//! Misses are fetched a whole chunk at a time; concurrent readers of the same chunk wait
+//! for one fetch (`inflight`), and a sequential reader has the next chunks fetched ahead of
+//! it by a small pool of threads, so several requests are in flight. Without a disk cache
+//! (`--no-cache`) fetched chunks live in a small in-memory ring instead.
+//!
+//! Lock ordering: `files`, `inflight` and `mem` are leaves (never held while taking another
+//! lock or doing I/O); a node's `state` lock is never held across origin or disk I/O except
+//! for creating the passthrough backing registration.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Weak};
+
+use hoardfs_cache::{CachedObject, ObjectKey, meta::chunk_shift_for};
+use hoardfs_origin::{FileKind, WireError};
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::nodes::{Backing, Ino, Node};
+use crate::stats::Stats;
+use crate::{FsConfig, FsError, FsResult, HoardFs};
+
+/// Kernel-visible file handle number.
+pub type FileHandle = u64;
+
+/// How an open is served.
+#[derive(Clone)]
+pub enum OpenMode {
+    /// The kernel reads the cache file directly through this backing registration.
+    Passthrough(Backing),
+    /// Daemon reads through the page cache; `keep_cache` keeps pages from earlier opens.
+    Cached {
+        /// Whether the kernel may keep the pages it already has.
+        keep_cache: bool,
+    },
+    /// Daemon reads without the page cache (coexists with passthrough opens).
+    Direct,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ModeKind {
+    Passthrough,
+    Cached,
+    Direct,
+}
+
+struct OpenFile {
+    node: Arc<Node>,
+    object: Option<Arc<CachedObject>>,
+    version: u64,
+    size: u64,
+    chunk_shift: u32,
+    mode: ModeKind,
+    /// Sequential detection: where the next read would start, and the highest chunk already
+    /// scheduled for readahead.
+    seq: Mutex<(u64, Option<u64>)>,
+}
+
+impl OpenFile {
+    fn chunks(&self) -> u64 {
+        self.size.div_ceil(1 << self.chunk_shift)
+    }
+    fn chunk_range(&self, c: u64) -> (u64, u64) {
+        let start = c << self.chunk_shift;
+        (start, (start + (1 << self.chunk_shift)).min(self.size))
+    }
+}
+
+type ChunkKey = (Ino, u64, u64);
+type FetchResult = FsResult<Arc<Vec<u8>>>;
+
+#[derive(Default)]
+struct Flight {
+    done: Mutex<Option<FetchResult>>,
+    cv: Condvar,
+}
+
+impl Flight {
+    fn wait(&self) -> FetchResult {
+        let mut g = self.done.lock();
+        while g.is_none() {
+            self.cv.wait(&mut g);
+        }
+        g.clone().expect("set before notify")
+    }
+    fn complete(&self, r: FetchResult) {
+        *self.done.lock() = Some(r);
+        self.cv.notify_all();
+    }
+}
+
+/// State of the read path shared by all opens.
+pub(crate) struct ReadEngine {
+    files: RwLock<HashMap<FileHandle, Arc<OpenFile>>>,
+    next_fh: AtomicU64,
+    inflight: Mutex<HashMap<ChunkKey, Arc<Flight>>>,
+    mem: Mutex<VecDeque<(ChunkKey, Arc<Vec<u8>>)>>,
+    mem_cap: usize,
+    readahead: u64,
+    prefetch: Mutex<Option<mpsc::Sender<(Arc<OpenFile>, u64)>>>,
+    passthrough_failed: std::sync::atomic::AtomicBool,
+}
+
+impl ReadEngine {
+    pub(crate) fn new(fs: Weak<HoardFs>, config: &FsConfig) -> Self {
+        let (tx, rx) = mpsc::channel::<(Arc<OpenFile>, u64)>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..config.fetch_threads.max(1) {
+            let (rx, fs) = (rx.clone(), fs.clone());
+            std::thread::Builder::new()
+                .name(format!("hoardfs-fetch-{i}"))
+                .spawn(move || {
+                    loop {
+                        let job = rx.lock().recv();
+                        let Ok((of, c)) = job else { return };
+                        let Some(fs) = fs.upgrade() else { return };
+                        if let Err(e) = fs.ensure_chunk(&of, c) {
+                            tracing::debug!("readahead of chunk {c} failed: {e}");
+                        }
+                    }
+                })
+                .expect("spawn fetch thread");
+        }
+        ReadEngine {
+            files: RwLock::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            inflight: Mutex::new(HashMap::new()),
+            mem: Mutex::new(VecDeque::new()),
+            mem_cap: (2 * config.readahead_chunks as usize + 8).max(16),
+            readahead: config.readahead_chunks,
+            prefetch: Mutex::new(Some(tx)),
+            passthrough_failed: false.into(),
+        }
+    }
+}
+
+impl HoardFs {
+    /// Opens `ino` for reading. `make_backing` registers a cache file with the kernel for
+    /// passthrough (called at most once per version while passthrough opens exist).
+    pub fn open(
+        &self,
+        ino: Ino,
+        write: bool,
+        make_backing: &dyn Fn(&File) -> std::io::Result<Backing>,
+    ) -> FsResult<(FileHandle, OpenMode)> {
+        if write {
+            return Err(FsError::ReadOnly);
+        }
+        let node = self.node(ino)?;
+        match node.kind {
+            FileKind::File => {}
+            FileKind::Dir => return Err(WireError::IsDir.into()),
+            _ => return Err(WireError::Invalid.into()),
+        }
+        let attr = self.refresh_attr(&node)?;
+        let object = self.object_for(&node, attr.file_id, attr.version, attr.size);
+        let engine = &self.reads;
+        let mut st = node.state.lock();
+        let complete = object.as_ref().is_some_and(|o| o.is_complete());
+        let passthrough_ok = self.config.passthrough
+            && complete
+            && !engine.passthrough_failed.load(Ordering::Relaxed)
+            && st.cached_opens == 0
+            && st.direct_opens == 0;
+        let mut mode = None;
+        if passthrough_ok {
+            match &st.backing {
+                Some((v, b)) if *v == attr.version => mode = Some(OpenMode::Passthrough(b.clone())),
+                Some(_) => {}
+                None => {
+                    let backing = object
+                        .as_ref()
+                        .expect("complete implies object")
+                        .open_backing()
+                        .map_err(FsError::from)
+                        .and_then(|f| make_backing(&f).map_err(|e| FsError::Cache(e.to_string())));
+                    match backing {
+                        Ok(b) => {
+                            st.backing = Some((attr.version, b.clone()));
+                            mode = Some(OpenMode::Passthrough(b));
+                        }
+                        Err(e) => {
+                            tracing::warn!("passthrough unavailable, using daemon reads: {e}");
+                            engine.passthrough_failed.store(true, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        }
+        let (mode, kind) = match mode {
+            Some(m) => {
+                st.passthrough_opens += 1;
+                Stats::add(&self.stats.passthrough_opens, 1);
+                (m, ModeKind::Passthrough)
+            }
+            None if st.passthrough_opens > 0 => {
+                st.direct_opens += 1;
+                Stats::add(&self.stats.daemon_opens, 1);
+                (OpenMode::Direct, ModeKind::Direct)
+            }
+            None => {
+                let keep_cache = st.last_cached_version == Some(attr.version);
+                st.last_cached_version = Some(attr.version);
+                st.cached_opens += 1;
+                Stats::add(&self.stats.daemon_opens, 1);
+                (OpenMode::Cached { keep_cache }, ModeKind::Cached)
+            }
+        };
+        drop(st);
+        let of = Arc::new(OpenFile {
+            node,
+            chunk_shift: object.as_ref().map_or_else(
+                || chunk_shift_for(attr.size),
+                |o| o.chunk_size().trailing_zeros(),
+            ),
+            object,
+            version: attr.version,
+            size: attr.size,
+            mode: kind,
+            seq: Mutex::new((0, None)),
+        });
+        let fh = engine.next_fh.fetch_add(1, Ordering::Relaxed);
+        engine.files.write().insert(fh, of);
+        Ok((fh, mode))
+    }
+
+    /// The cached object for this version of the file, replacing (retiring) an object of
+    /// another version. `None` without a cache, or if the cache cannot hold it.
+    fn object_for(
+        &self,
+        node: &Node,
+        file_id: u64,
+        version: u64,
+        size: u64,
+    ) -> Option<Arc<CachedObject>> {
+        let cache = self.cache.as_ref()?;
+        if let Some(o) = &node.state.lock().object {
+            if o.version() == version && o.size() == size {
+                return Some(o.clone());
+            }
+        }
+        let key = ObjectKey {
+            export_id: self.export_id,
+            file_id,
+        };
+        let fresh = match cache.object(key, version, size) {
+            Ok(o) => Arc::new(o),
+            Err(e) => {
+                tracing::warn!("cannot cache file {file_id:#x}: {e}");
+                Stats::add(&self.stats.cache_errors, 1);
+                return None;
+            }
+        };
+        let mut st = node.state.lock();
+        if let Some(old) = st.object.replace(fresh.clone()) {
+            old.retire();
+        }
+        Some(fresh)
+    }
+
+    /// Reads up to `size` bytes at `offset` through open file `fh`.
+    pub fn read(&self, fh: FileHandle, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let of = self
+            .reads
+            .files
+            .read()
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError::BadHandle)?;
+        Stats::add(&self.stats.reads, 1);
+        if offset >= of.size || size == 0 {
+            return Ok(Vec::new());
+        }
+        let end = (offset + size as u64).min(of.size);
+        let first = offset >> of.chunk_shift;
+        let last = (end - 1) >> of.chunk_shift;
+        self.schedule_readahead(&of, offset, end, last);
+        let mut out = vec![0u8; (end - offset) as usize];
+        for c in first..=last {
+            let (cs, ce) = of.chunk_range(c);
+            let (from, to) = (offset.max(cs), end.min(ce));
+            let dst = &mut out[(from - offset) as usize..(to - offset) as usize];
+            match self.ensure_chunk(&of, c)? {
+                None => {
+                    let obj = of.object.as_ref().expect("present implies object");
+                    let n = obj.read_at(dst, from)?;
+                    Stats::add(&self.stats.chunk_hits, 1);
+                    Stats::add(&self.stats.bytes_from_cache, n as u64);
+                }
+                Some(bytes) => {
+                    let lo = (from - cs) as usize;
+                    let avail = bytes.len().saturating_sub(lo).min(dst.len());
+                    dst[..avail].copy_from_slice(&bytes[lo..lo + avail]);
+                    if avail < dst.len() {
+                        // The file shrank while we read it: end the read there.
+                        out.truncate((from - offset) as usize + avail);
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn schedule_readahead(&self, of: &Arc<OpenFile>, offset: u64, end: u64, last: u64) {
+        let window = self.reads.readahead;
+        if window == 0 || of.mode == ModeKind::Passthrough {
+            return;
+        }
+        let (from, to) = {
+            let mut seq = of.seq.lock();
+            let sequential = offset == seq.0 || offset == 0;
+            seq.0 = end;
+            if !sequential {
+                return;
+            }
+            let from = seq.1.map_or(last + 1, |a| a.max(last) + 1);
+            let to = (last + window).min(of.chunks().saturating_sub(1));
+            if from > to {
+                return;
+            }
+            seq.1 = Some(to);
+            (from, to)
+        };
+        if let Some(tx) = &*self.reads.prefetch.lock() {
+            for c in from..=to {
+                let _ = tx.send((of.clone(), c));
+            }
+        }
+    }
+
+    /// Makes chunk `c` available: `None` if it is in the disk cache, otherwise its bytes
+    /// (fetched now, or by a concurrent fetch of the same chunk that we wait for).
+    fn ensure_chunk(&self, of: &OpenFile, c: u64) -> FsResult<Option<Arc<Vec<u8>>>> {
+        if of.object.as_ref().is_some_and(|o| o.has_chunk(c)) {
+            return Ok(None);
+        }
+        let key = (of.node.ino, of.version, c);
+        if of.object.is_none() {
+            let mem = self.reads.mem.lock();
+            if let Some((_, b)) = mem.iter().find(|(k, _)| *k == key) {
+                return Ok(Some(b.clone()));
+            }
+        }
+        let (flight, leader) = {
+            let mut m = self.reads.inflight.lock();
+            match m.get(&key) {
+                Some(f) => (f.clone(), false),
+                None => {
+                    let f = Arc::new(Flight::default());
+                    m.insert(key, f.clone());
+                    (f, true)
+                }
+            }
+        };
+        if !leader {
+            return flight.wait().map(Some);
+        }
+        let result = self.fetch_chunk(of, c).map(Arc::new);
+        if let (Ok(bytes), None) = (&result, &of.object) {
+            let mut mem = self.reads.mem.lock();
+            if mem.len() >= self.reads.mem_cap {
+                mem.pop_front();
+            }
+            mem.push_back((key, bytes.clone()));
+        }
+        self.reads.inflight.lock().remove(&key);
+        flight.complete(result.clone());
+        result.map(Some)
+    }
+
+    /// Fetches chunk `c` from the origin and stores it in the cache if it is exactly the
+    /// version this open is for.
+    fn fetch_chunk(&self, of: &OpenFile, c: u64) -> FsResult<Vec<u8>> {
+        const PIECE: u64 = 4 << 20;
+        let (start, end) = of.chunk_range(c);
+        let mut data = Vec::with_capacity((end - start) as usize);
+        let mut cacheable = true;
+        while (data.len() as u64) < end - start {
+            let pos = start + data.len() as u64;
+            let len = (end - pos).min(PIECE) as u32;
+            let r = self.with_handle(&of.node, |h| self.origin.read(h, pos, len))?;
+            cacheable &= r.version == of.version;
+            let short = (r.data.len() as u32) < len;
+            data.extend_from_slice(&r.data);
+            if short {
+                cacheable = false;
+                break;
+            }
+        }
+        Stats::add(&self.stats.chunk_fetches, 1);
+        Stats::add(&self.stats.bytes_from_network, data.len() as u64);
+        match &of.object {
+            Some(obj) if cacheable => {
+                if let Err(e) = obj.write_chunk(c, &data) {
+                    tracing::warn!("cache write failed, serving uncached: {e}");
+                    Stats::add(&self.stats.cache_errors, 1);
+                }
+            }
+            Some(_) => Stats::add(&self.stats.uncacheable_fetches, 1),
+            None => {}
+        }
+        Ok(data)
+    }
+
+    /// Closes open file `fh`.
+    pub fn release(&self, fh: FileHandle) {
+        let Some(of) = self.reads.files.write().remove(&fh) else {
+            return;
+        };
+        let mut st = of.node.state.lock();
+        match of.mode {
+            ModeKind::Passthrough => {
+                st.passthrough_opens -= 1;
+                if st.passthrough_opens == 0 {
+                    st.backing = None;
+                }
+            }
+            ModeKind::Cached => st.cached_opens -= 1,
+            ModeKind::Direct => st.direct_opens -= 1,
+        }
+        let idle = st.lookups == 0 && st.cached_opens + st.direct_opens + st.passthrough_opens == 0;
+        drop(st);
+        if idle {
+            self.nodes.forget(of.node.ino, 0);
+        }
+    }
+
+    /// Stops the readahead threads (at unmount).
+    pub fn shutdown(&self) {
+        self.reads.prefetch.lock().take();
+    }
+}

@@ -1,0 +1,72 @@
+//! Counters of one mount (what `hoardfs stats` will show).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Live counters, updated lock-free on the hot paths.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub(crate) reads: AtomicU64,
+    pub(crate) bytes_from_cache: AtomicU64,
+    pub(crate) bytes_from_network: AtomicU64,
+    pub(crate) chunk_hits: AtomicU64,
+    pub(crate) chunk_fetches: AtomicU64,
+    pub(crate) passthrough_opens: AtomicU64,
+    pub(crate) daemon_opens: AtomicU64,
+    pub(crate) version_checks: AtomicU64,
+    pub(crate) cache_errors: AtomicU64,
+    pub(crate) uncacheable_fetches: AtomicU64,
+}
+
+/// A copy of the counters at one instant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Daemon read requests served.
+    pub reads: u64,
+    /// Bytes served by the daemon from the disk cache (passthrough reads are not seen).
+    pub bytes_from_cache: u64,
+    /// File bytes fetched from the origin.
+    pub bytes_from_network: u64,
+    /// Chunks found in the cache by daemon reads.
+    pub chunk_hits: u64,
+    /// Chunks fetched from the origin.
+    pub chunk_fetches: u64,
+    /// Opens handed to the kernel in passthrough mode.
+    pub passthrough_opens: u64,
+    /// Opens served by daemon reads.
+    pub daemon_opens: u64,
+    /// Attribute/version round trips to the origin.
+    pub version_checks: u64,
+    /// Failures writing the disk cache (data was still served).
+    pub cache_errors: u64,
+    /// Fetched chunks not cached because the file changed during the fetch.
+    pub uncacheable_fetches: u64,
+    /// Whether the origin is reachable.
+    pub connected: bool,
+}
+
+impl Stats {
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn count_version_check(&self) {
+        Self::add(&self.version_checks, 1);
+    }
+
+    /// Copies the counters.
+    pub fn snapshot(&self, connected: bool) -> StatsSnapshot {
+        StatsSnapshot {
+            reads: self.reads.load(Relaxed),
+            bytes_from_cache: self.bytes_from_cache.load(Relaxed),
+            bytes_from_network: self.bytes_from_network.load(Relaxed),
+            chunk_hits: self.chunk_hits.load(Relaxed),
+            chunk_fetches: self.chunk_fetches.load(Relaxed),
+            passthrough_opens: self.passthrough_opens.load(Relaxed),
+            daemon_opens: self.daemon_opens.load(Relaxed),
+            version_checks: self.version_checks.load(Relaxed),
+            cache_errors: self.cache_errors.load(Relaxed),
+            uncacheable_fetches: self.uncacheable_fetches.load(Relaxed),
+            connected,
+        }
+    }
+}

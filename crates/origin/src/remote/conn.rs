@@ -1,0 +1,202 @@
+//! One multiplexed connection to a `hoardfs serve` process.
+//!
+//! A [`Conn`] owns a TCP stream. Callers write whole request frames under a mutex and then
+//! wait on a private channel; a single reader thread reads reply frames and hands each one to
+//! the caller registered under its request id. When the stream breaks (read or write error,
+//! malformed reply, or a reply timeout with no sign of life), the connection is marked dead
+//! and every waiting caller is woken with [`OriginError::Unreachable`] at once.
+
+use std::collections::HashMap;
+use std::io::{BufReader, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
+use std::thread;
+use std::time::Duration;
+
+use hoardfs_proto::frame::{self, Limits};
+use hoardfs_proto::{Op, Reply, Request, Response};
+use parking_lot::Mutex;
+
+use crate::{OriginError, Result};
+
+/// A decoded reply together with the frame's data section.
+pub(crate) type Answer = (Reply, Vec<u8>);
+
+/// Where a waiting caller is woken.
+type Waiter = SyncSender<Result<Answer>>;
+
+/// Capacity of the reader's buffer; larger data sections bypass it.
+const READ_BUF: usize = 64 << 10;
+
+/// State shared between callers and the reader thread.
+struct Shared {
+    /// Callers waiting for a reply, by request id. `None` once the connection is dead, so
+    /// that nobody can register after the final wake-up.
+    pending: Mutex<Option<HashMap<u64, Waiter>>>,
+    /// False once the connection is dead.
+    alive: AtomicBool,
+    /// Reply frames received so far (a sign of life).
+    frames_rx: AtomicU64,
+    /// Peer address, for messages.
+    peer: SocketAddr,
+}
+
+impl Shared {
+    /// Marks the connection dead and wakes every waiting caller with `Unreachable`.
+    fn kill(&self, reason: &str) {
+        let was_alive = self.alive.swap(false, Ordering::SeqCst);
+        let waiters = self.pending.lock().take();
+        if was_alive {
+            tracing::debug!(peer = %self.peer, "hoardfs connection lost: {reason}");
+        }
+        for (_, w) in waiters.into_iter().flatten() {
+            let _ = w.try_send(Err(OriginError::Unreachable(format!(
+                "connection to {} lost: {reason}",
+                self.peer
+            ))));
+        }
+    }
+}
+
+/// A live (or dead) connection; see the module docs.
+pub(crate) struct Conn {
+    writer: Mutex<TcpStream>,
+    /// Another handle on the socket, to shut it down without waiting for the writer lock.
+    ctl: TcpStream,
+    shared: Arc<Shared>,
+}
+
+impl Conn {
+    /// Connects to `addr` within `connect_timeout` and starts the reader thread. Writes
+    /// that block longer than `write_timeout` fail (and kill the connection).
+    pub(crate) fn open(
+        addr: SocketAddr,
+        connect_timeout: Duration,
+        write_timeout: Duration,
+    ) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect_timeout(&addr, connect_timeout)?;
+        stream.set_nodelay(true)?;
+        stream.set_write_timeout(Some(write_timeout.max(Duration::from_millis(1))))?;
+        let reader = stream.try_clone()?;
+        let ctl = stream.try_clone()?;
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Some(HashMap::new())),
+            alive: AtomicBool::new(true),
+            frames_rx: AtomicU64::new(0),
+            peer: addr,
+        });
+        let s = Arc::clone(&shared);
+        thread::Builder::new()
+            .name(format!("hoardfs-rx-{addr}"))
+            .spawn(move || reader_loop(reader, s))?;
+        Ok(Conn {
+            writer: Mutex::new(stream),
+            ctl,
+            shared,
+        })
+    }
+
+    /// Whether the connection is still believed usable.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.shared.alive.load(Ordering::SeqCst)
+    }
+
+    /// Marks the connection dead, waking all waiters, and shuts the socket down.
+    pub(crate) fn kill(&self, reason: &str) {
+        self.shared.kill(reason);
+        let _ = self.ctl.shutdown(Shutdown::Both);
+    }
+
+    /// Sends `op` as request `id` and waits up to `timeout` for the reply.
+    pub(crate) fn call(&self, id: u64, op: Op, timeout: Duration) -> Result<Answer> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        {
+            let mut pending = self.shared.pending.lock();
+            match pending.as_mut() {
+                Some(map) => {
+                    map.insert(id, tx);
+                }
+                None => return Err(self.dead_error()),
+            }
+        }
+        let body = frame::encode_body(&Request { id, op });
+        let rx_before = self.shared.frames_rx.load(Ordering::SeqCst);
+        let written = {
+            let mut w = self.writer.lock();
+            frame::write_frame(&mut *w, &body, &[]).and_then(|()| w.flush())
+        };
+        if let Err(e) = written {
+            self.forget(id);
+            self.kill(&format!("write failed: {e}"));
+            return Err(OriginError::Unreachable(format!(
+                "sending to {} failed: {e}",
+                self.shared.peer
+            )));
+        }
+        match rx.recv_timeout(timeout) {
+            Ok(answer) => answer,
+            Err(RecvTimeoutError::Timeout) => {
+                self.forget(id);
+                // Nothing at all arrived since we sent: the peer (or the path to it) is
+                // probably gone without a reset. Drop the connection so the next call
+                // reconnects instead of waiting out another timeout.
+                if self.shared.frames_rx.load(Ordering::SeqCst) == rx_before {
+                    self.kill(&format!("no reply within {timeout:?}"));
+                }
+                Err(OriginError::Timeout(timeout))
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(self.dead_error()),
+        }
+    }
+
+    fn forget(&self, id: u64) {
+        if let Some(map) = self.shared.pending.lock().as_mut() {
+            map.remove(&id);
+        }
+    }
+
+    fn dead_error(&self) -> OriginError {
+        OriginError::Unreachable(format!("connection to {} lost", self.shared.peer))
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // Unblocks the reader thread, which then exits.
+        let _ = self.ctl.shutdown(Shutdown::Both);
+        self.shared.kill("connection closed");
+    }
+}
+
+/// Reads reply frames until the stream fails, dispatching each to its waiter.
+fn reader_loop(stream: TcpStream, shared: Arc<Shared>) {
+    let mut r = BufReader::with_capacity(READ_BUF, stream);
+    let reason = loop {
+        let mut data = Vec::new();
+        let body = match frame::read_frame(&mut r, Limits::RESPONSE, &mut data) {
+            Ok(b) => b,
+            Err(e) => break e.to_string(),
+        };
+        let resp: Response = match frame::decode_body(&body) {
+            Ok(r) => r,
+            Err(e) => break format!("undecodable reply: {e}"),
+        };
+        shared.frames_rx.fetch_add(1, Ordering::SeqCst);
+        let waiter = shared
+            .pending
+            .lock()
+            .as_mut()
+            .and_then(|m| m.remove(&resp.id));
+        // No waiter: the caller timed out and left; the reply is dropped.
+        if let Some(w) = waiter {
+            let _ = w.try_send(
+                resp.result
+                    .map(|reply| (reply, data))
+                    .map_err(OriginError::Fs),
+            );
+        }
+    };
+    shared.kill(&reason);
+}

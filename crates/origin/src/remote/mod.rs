@@ -1,0 +1,337 @@
+//! [`RemoteOrigin`]: a `hoardfs serve` process reached over TCP.
+//!
+//! All callers share one multiplexed connection (module `conn`): each request carries an id,
+//! replies may come back in any order, and many requests can be in flight at once. A caller
+//! waits at most [`RemoteOptions::request_timeout`]. When the connection breaks, waiting
+//! callers fail with [`OriginError::Unreachable`] immediately, and the next call reconnects
+//! (and repeats the `Hello` handshake) by itself; while a reconnect failed less than
+//! [`RemoteOptions::reconnect_backoff`] ago, calls fail fast instead of hammering the server.
+//!
+//! A restarted server hands out handles with a new epoch; requests naming old handles are
+//! answered with [`WireError::Stale`] and the file-system layer re-resolves them by name.
+//! [`Origin::info`] always returns what the most recent handshake said.
+
+mod conn;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hoardfs_proto::{Handle, Op, PROTOCOL_VERSION, Reply, ServerCounters, WireError};
+use parking_lot::Mutex;
+
+use crate::{Attr, DirPage, Entry, Origin, OriginError, OriginInfo, ReadReply, Result, StatFs};
+use conn::{Answer, Conn};
+
+/// Timeouts and pacing of a [`RemoteOrigin`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteOptions {
+    /// Bound on establishing the TCP connection, and separately on the `Hello` reply.
+    pub connect_timeout: Duration,
+    /// Bound on waiting for the reply to one request.
+    pub request_timeout: Duration,
+    /// After a failed (re)connect, calls fail fast for this long before trying again.
+    pub reconnect_backoff: Duration,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        RemoteOptions {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(15),
+            reconnect_backoff: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Connection state, guarded by one mutex held only briefly.
+struct State {
+    /// The current connection, if one was established and not replaced.
+    conn: Option<Arc<Conn>>,
+    /// What the latest successful handshake said.
+    info: OriginInfo,
+    /// Number of successful handshakes so far.
+    generation: u64,
+    /// When and why the latest (re)connect attempt failed, if it did.
+    last_failure: Option<(Instant, OriginError)>,
+}
+
+/// Client side of the hoardfs protocol; see the module docs.
+pub struct RemoteOrigin {
+    addr: String,
+    token: Vec<u8>,
+    opts: RemoteOptions,
+    state: Mutex<State>,
+    /// Serialises reconnect attempts, so a burst of callers makes one attempt, not many.
+    connecting: Mutex<()>,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for RemoteOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteOrigin")
+            .field("addr", &self.addr)
+            .field("connected", &self.is_connected())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteOrigin {
+    /// Connects to `addr` (`HOST:PORT`) and performs the handshake with `token` (empty when
+    /// the server has none). A refused token yields `OriginError::Fs(WireError::AuthFailed)`.
+    pub fn connect(addr: &str, token: Vec<u8>, opts: RemoteOptions) -> Result<RemoteOrigin> {
+        let (conn, info) = handshake(addr, &token, &opts)?;
+        Ok(RemoteOrigin {
+            addr: addr.to_owned(),
+            token,
+            opts,
+            state: Mutex::new(State {
+                conn: Some(Arc::new(conn)),
+                info,
+                generation: 1,
+                last_failure: None,
+            }),
+            connecting: Mutex::new(()),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// The address this origin was given.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Number of successful handshakes (1 after [`RemoteOrigin::connect`], +1 per
+    /// reconnect). A change means the server may have restarted: compare
+    /// `info().root.handle.epoch` to see whether old handles went stale.
+    pub fn generation(&self) -> u64 {
+        self.state.lock().generation
+    }
+
+    /// The server's counters (its own plus its origin's).
+    pub fn counters(&self) -> Result<ServerCounters> {
+        match self.request(Op::Counters)? {
+            (Reply::Counters(c), d) if d.is_empty() => Ok(c),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The current connection, reconnecting if there is none (subject to the backoff).
+    fn conn(&self) -> Result<Arc<Conn>> {
+        if let Some(c) = self.live_conn() {
+            return Ok(c);
+        }
+        let _one_at_a_time = self.connecting.lock();
+        // Someone else may have reconnected (or failed) while we waited.
+        if let Some(c) = self.live_conn() {
+            return Ok(c);
+        }
+        if let Some((at, err)) = &self.state.lock().last_failure {
+            let ago = at.elapsed();
+            if ago < self.opts.reconnect_backoff {
+                return Err(OriginError::Unreachable(format!(
+                    "{}: last connection attempt {} ms ago failed: {err}",
+                    self.addr,
+                    ago.as_millis()
+                )));
+            }
+        }
+        match handshake(&self.addr, &self.token, &self.opts) {
+            Ok((conn, info)) => {
+                let conn = Arc::new(conn);
+                let mut st = self.state.lock();
+                if st.info.root.handle.epoch != info.root.handle.epoch {
+                    tracing::info!(addr = %self.addr, "server restarted; old handles are stale");
+                }
+                if st.info.export_id != info.export_id {
+                    tracing::warn!(addr = %self.addr, "server now exports a different tree");
+                }
+                st.conn = Some(Arc::clone(&conn));
+                st.info = info;
+                st.generation += 1;
+                st.last_failure = None;
+                tracing::debug!(addr = %self.addr, generation = st.generation, "reconnected");
+                Ok(conn)
+            }
+            Err(e) => {
+                let mut st = self.state.lock();
+                st.conn = None;
+                st.last_failure = Some((Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
+    }
+
+    fn live_conn(&self) -> Option<Arc<Conn>> {
+        self.state
+            .lock()
+            .conn
+            .as_ref()
+            .filter(|c| c.is_alive())
+            .cloned()
+    }
+
+    /// Sends one request on the current connection and waits for its reply.
+    fn request(&self, op: Op) -> Result<Answer> {
+        let conn = self.conn()?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        conn.call(id, op, self.opts.request_timeout)
+    }
+}
+
+impl Origin for RemoteOrigin {
+    fn info(&self) -> Result<OriginInfo> {
+        Ok(self.state.lock().info.clone())
+    }
+
+    fn lookup(&self, parent: Handle, name: &[u8]) -> Result<Entry> {
+        match self.request(Op::Lookup {
+            parent,
+            name: name.to_vec(),
+        })? {
+            (Reply::Entry(e), d) if d.is_empty() => Ok(e),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn getattr(&self, handle: Handle) -> Result<Attr> {
+        match self.request(Op::GetAttr { handle })? {
+            (Reply::Attr(a), d) if d.is_empty() => Ok(a),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn readdir(&self, dir: Handle, cookie: u64, max_entries: u32) -> Result<DirPage> {
+        match self.request(Op::ReadDir {
+            dir,
+            cookie,
+            max_entries,
+        })? {
+            (Reply::DirPage { entries, next }, d) if d.is_empty() => Ok(DirPage { entries, next }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn read(&self, handle: Handle, offset: u64, len: u32) -> Result<ReadReply> {
+        match self.request(Op::Read {
+            handle,
+            offset,
+            len,
+        })? {
+            (Reply::Data { len: got, version }, data) => {
+                if data.len() != got as usize || got > len {
+                    return Err(OriginError::Protocol(format!(
+                        "read reply announces {got} bytes (asked {len}) but carries {}",
+                        data.len()
+                    )));
+                }
+                Ok(ReadReply { data, version })
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn readlink(&self, handle: Handle) -> Result<Vec<u8>> {
+        match self.request(Op::ReadLink { handle })? {
+            (Reply::Link(target), d) if d.is_empty() => Ok(target),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn statfs(&self) -> Result<StatFs> {
+        match self.request(Op::StatFs)? {
+            (Reply::StatFs(s), d) if d.is_empty() => Ok(s),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn is_connected(&self) -> bool {
+        self.state
+            .lock()
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.is_alive())
+    }
+}
+
+/// Connects to the first reachable address of `addr` and performs the `Hello` handshake.
+fn handshake(addr: &str, token: &[u8], opts: &RemoteOptions) -> Result<(Conn, OriginInfo)> {
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| OriginError::Unreachable(format!("cannot resolve {addr}: {e}")))?
+        .collect();
+    let mut last_err = None;
+    let mut conn = None;
+    for a in addrs {
+        match Conn::open(a, opts.connect_timeout, opts.request_timeout) {
+            Ok(c) => {
+                conn = Some(c);
+                break;
+            }
+            Err(e) => last_err = Some(e),
+        }
+    }
+    let conn = conn.ok_or_else(|| {
+        OriginError::Unreachable(match last_err {
+            Some(e) => format!("cannot connect to {addr}: {e}"),
+            None => format!("{addr} resolves to no address"),
+        })
+    })?;
+    let hello = Op::Hello {
+        version: PROTOCOL_VERSION,
+        token: token.to_vec(),
+    };
+    let answer = conn.call(0, hello, opts.connect_timeout).inspect_err(|e| {
+        if *e == OriginError::Fs(WireError::AuthFailed) {
+            tracing::warn!(%addr, "server refused our token (check --token-file)");
+        }
+    })?;
+    match answer {
+        (
+            Reply::Hello {
+                version,
+                export_id,
+                root,
+                read_only,
+            },
+            d,
+        ) if d.is_empty() => {
+            if version != PROTOCOL_VERSION {
+                return Err(OriginError::Protocol(format!(
+                    "server at {addr} speaks protocol {version}, we speak {PROTOCOL_VERSION}"
+                )));
+            }
+            Ok((
+                conn,
+                OriginInfo {
+                    export_id,
+                    root,
+                    read_only,
+                },
+            ))
+        }
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// The error for a reply of the wrong kind (or with a stray data section).
+fn unexpected((reply, data): &Answer) -> OriginError {
+    let kind = match reply {
+        Reply::Hello { .. } => "Hello",
+        Reply::Entry(_) => "Entry",
+        Reply::Attr(_) => "Attr",
+        Reply::DirPage { .. } => "DirPage",
+        Reply::Data { .. } => "Data",
+        Reply::Link(_) => "Link",
+        Reply::StatFs(_) => "StatFs",
+        Reply::Counters(_) => "Counters",
+    };
+    OriginError::Protocol(format!(
+        "unexpected {kind} reply with {} data bytes",
+        data.len()
+    ))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,308 @@
+//! Unit tests of [`RemoteOrigin`] against a tiny in-test fake server (std threads only).
+
+use super::*;
+use hoardfs_proto::frame::{self, Limits};
+use hoardfs_proto::{Attr, FileKind, Request, Response, Timestamp};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::AtomicBool;
+use std::thread;
+
+type Writer = Arc<Mutex<TcpStream>>;
+/// Handles one non-Hello request; returns false to close the connection.
+type Handler = Arc<dyn Fn(Request, &Writer) -> bool + Send + Sync>;
+
+const EPOCH: u64 = 42;
+
+fn attr(file_id: u64, kind: FileKind) -> Attr {
+    Attr {
+        file_id,
+        version: 7,
+        kind,
+        perm: 0o755,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        blocks: 0,
+        rdev: 0,
+        blksize: 4096,
+        atime: Timestamp::default(),
+        mtime: Timestamp::default(),
+        ctime: Timestamp::default(),
+    }
+}
+
+fn root() -> Entry {
+    Entry {
+        handle: Handle {
+            epoch: EPOCH,
+            id: 1,
+        },
+        attr: attr(1, FileKind::Dir),
+    }
+}
+
+fn reply(w: &Writer, id: u64, result: std::result::Result<Reply, WireError>, data: &[u8]) {
+    let body = frame::encode_body(&Response { id, result });
+    let _ = frame::write_frame(&mut *w.lock(), &body, data);
+}
+
+/// A fake server: answers Hello (checking `token`), passes everything else to `handler`.
+struct Fake {
+    addr: String,
+    stop: Arc<AtomicBool>,
+}
+
+impl Fake {
+    fn start(token: &'static [u8], handler: Handler) -> Fake {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        thread::spawn(move || {
+            for s in l.incoming() {
+                if stop2.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(s) = s else { continue };
+                let h = Arc::clone(&handler);
+                thread::spawn(move || serve_conn(s, token, h));
+            }
+        });
+        Fake { addr, stop }
+    }
+
+    /// Stops accepting (the listener closes after one more connection attempt).
+    fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(&self.addr);
+    }
+}
+
+fn serve_conn(s: TcpStream, token: &[u8], h: Handler) {
+    let w: Writer = Arc::new(Mutex::new(s.try_clone().unwrap()));
+    let mut r = s;
+    let mut data = Vec::new();
+    while let Ok(body) = frame::read_frame(&mut r, Limits::REQUEST, &mut data) {
+        let req: Request = frame::decode_body(&body).unwrap();
+        match req.op {
+            Op::Hello { token: t, .. } => {
+                if t != token {
+                    reply(&w, req.id, Err(WireError::AuthFailed), &[]);
+                    return;
+                }
+                let hello = Reply::Hello {
+                    version: PROTOCOL_VERSION,
+                    export_id: 9,
+                    root: root(),
+                    read_only: true,
+                };
+                reply(&w, req.id, Ok(hello), &[]);
+            }
+            _ => {
+                if !h(req, &w) {
+                    let _ = w.lock().shutdown(std::net::Shutdown::Both);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn opts() -> RemoteOptions {
+    RemoteOptions {
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(5),
+        reconnect_backoff: Duration::from_millis(300),
+    }
+}
+
+/// Answers GetAttr and Read (data = `len` bytes of `b'x'`, replies after `offset` ms, so
+/// replies can overtake each other).
+fn echo_handler() -> Handler {
+    Arc::new(|req: Request, w: &Writer| {
+        match req.op {
+            Op::GetAttr { handle } => reply(
+                w,
+                req.id,
+                Ok(Reply::Attr(attr(handle.id, FileKind::File))),
+                &[],
+            ),
+            Op::Read { offset, len, .. } => {
+                let w = Arc::clone(w);
+                thread::spawn(move || {
+                    thread::sleep(Duration::from_millis(offset));
+                    let data = vec![b'x'; len as usize];
+                    reply(
+                        &w,
+                        req.id,
+                        Ok(Reply::Data {
+                            len,
+                            version: offset,
+                        }),
+                        &data,
+                    );
+                });
+            }
+            Op::StatFs => reply(w, req.id, Err(WireError::Io), &[]),
+            _ => reply(w, req.id, Ok(Reply::Link(b"short".to_vec())), b"stray"),
+        }
+        true
+    })
+}
+
+#[test]
+fn hello_and_simple_calls() {
+    let fake = Fake::start(b"secret", echo_handler());
+    let o = RemoteOrigin::connect(&fake.addr, b"secret".to_vec(), opts()).unwrap();
+    let info = o.info().unwrap();
+    assert_eq!(info.export_id, 9);
+    assert_eq!(info.root, root());
+    assert!(o.is_connected());
+    assert_eq!(
+        o.getattr(Handle {
+            epoch: EPOCH,
+            id: 5
+        })
+        .unwrap()
+        .file_id,
+        5
+    );
+    let r = o.read(root().handle, 0, 10).unwrap();
+    assert_eq!(r.data, vec![b'x'; 10]);
+    assert_eq!(o.statfs(), Err(OriginError::Fs(WireError::Io)));
+    // Wrong reply kind and a stray data section are protocol errors.
+    assert!(matches!(
+        o.readlink(root().handle),
+        Err(OriginError::Protocol(_))
+    ));
+    fake.stop();
+}
+
+#[test]
+fn wrong_token_is_auth_failed() {
+    let fake = Fake::start(b"secret", echo_handler());
+    let e = RemoteOrigin::connect(&fake.addr, b"nope".to_vec(), opts()).unwrap_err();
+    assert_eq!(e, OriginError::Fs(WireError::AuthFailed));
+    assert_eq!(e.to_string(), "authentication failed");
+    fake.stop();
+}
+
+#[test]
+fn out_of_order_replies_reach_the_right_callers() {
+    let fake = Fake::start(b"", echo_handler());
+    let o = Arc::new(RemoteOrigin::connect(&fake.addr, Vec::new(), opts()).unwrap());
+    let threads: Vec<_> = (0..16u64)
+        .map(|i| {
+            let o = Arc::clone(&o);
+            // Earlier threads get later replies.
+            thread::spawn(move || {
+                let r = o.read(root().handle, (16 - i) * 10, i as u32 + 1).unwrap();
+                assert_eq!(r.data.len(), i as usize + 1);
+                assert_eq!(r.version, (16 - i) * 10);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    fake.stop();
+}
+
+#[test]
+fn broken_connection_wakes_callers_and_next_call_reconnects() {
+    // Read never answers; ReadLink closes the connection.
+    let h: Handler = Arc::new(|req: Request, w: &Writer| match req.op {
+        Op::Read { .. } => true,
+        Op::ReadLink { .. } => false,
+        _ => {
+            reply(w, req.id, Ok(Reply::Attr(attr(3, FileKind::File))), &[]);
+            true
+        }
+    });
+    let fake = Fake::start(b"", h);
+    let mut o = opts();
+    o.request_timeout = Duration::from_secs(30);
+    let o = Arc::new(RemoteOrigin::connect(&fake.addr, Vec::new(), o).unwrap());
+    let waiter = {
+        let o = Arc::clone(&o);
+        thread::spawn(move || {
+            let t = Instant::now();
+            (o.read(root().handle, 0, 1), t.elapsed())
+        })
+    };
+    thread::sleep(Duration::from_millis(100));
+    assert!(matches!(
+        o.readlink(root().handle),
+        Err(OriginError::Unreachable(_))
+    ));
+    let (res, waited) = waiter.join().unwrap();
+    assert!(matches!(res, Err(OriginError::Unreachable(_))), "{res:?}");
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+    assert!(!o.is_connected());
+    assert_eq!(o.generation(), 1);
+    // The next call reconnects by itself.
+    assert_eq!(o.getattr(root().handle).unwrap().file_id, 3);
+    assert!(o.is_connected());
+    assert_eq!(o.generation(), 2);
+    fake.stop();
+}
+
+#[test]
+fn unreachable_server_fails_fast_within_backoff() {
+    let fake = Fake::start(b"", echo_handler());
+    let o = RemoteOrigin::connect(&fake.addr, Vec::new(), opts()).unwrap();
+    fake.stop();
+    // Drop the established connection by making the server side go away: stop() only
+    // stops accepting, so kill ours from the client side.
+    o.state.lock().conn.as_ref().unwrap().kill("test");
+    thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    assert!(matches!(
+        o.getattr(root().handle),
+        Err(OriginError::Unreachable(_))
+    ));
+    // Within the backoff: fails without trying.
+    let e = o.getattr(root().handle).unwrap_err();
+    assert!(e.to_string().contains("last connection attempt"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert!(!o.is_connected());
+}
+
+#[test]
+fn silent_server_times_out_and_drops_connection() {
+    let h: Handler = Arc::new(|_req: Request, _w: &Writer| true);
+    let fake = Fake::start(b"", h);
+    let mut op = opts();
+    op.request_timeout = Duration::from_millis(200);
+    let o = RemoteOrigin::connect(&fake.addr, Vec::new(), op).unwrap();
+    let e = o.getattr(root().handle).unwrap_err();
+    assert_eq!(e, OriginError::Timeout(Duration::from_millis(200)));
+    assert!(e.is_offline());
+    assert!(!o.is_connected());
+    fake.stop();
+}
+
+#[test]
+fn read_length_mismatch_is_protocol_error() {
+    let h: Handler = Arc::new(|req: Request, w: &Writer| {
+        reply(w, req.id, Ok(Reply::Data { len: 5, version: 1 }), b"abc");
+        true
+    });
+    let fake = Fake::start(b"", h);
+    let o = RemoteOrigin::connect(&fake.addr, Vec::new(), opts()).unwrap();
+    assert!(matches!(
+        o.read(root().handle, 0, 5),
+        Err(OriginError::Protocol(_))
+    ));
+    fake.stop();
+}
+
+#[test]
+fn connect_refused_is_unreachable() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    drop(l);
+    let e = RemoteOrigin::connect(&addr, Vec::new(), opts()).unwrap_err();
+    assert!(matches!(e, OriginError::Unreachable(_)), "{e:?}");
+}

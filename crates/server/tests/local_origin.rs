@@ -1,0 +1,122 @@
+//! Server over a real `LocalOrigin` on a temporary directory, reached with `RemoteOrigin`.
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::sync::Arc;
+use std::thread;
+
+use common::*;
+use hoardfs_origin::local::{LocalOptions, LocalOrigin};
+use hoardfs_origin::{FileKind, Origin, OriginError, WireError};
+
+fn tree() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    std::fs::write(p.join("hello.txt"), b"hello, world\n").unwrap();
+    std::fs::create_dir(p.join("sub")).unwrap();
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    std::fs::write(p.join("sub/big.bin"), &big).unwrap();
+    symlink("../hello.txt", p.join("sub/link")).unwrap();
+    for i in 0..50 {
+        std::fs::write(p.join(format!("sub/f{i:02}")), i.to_string()).unwrap();
+    }
+    dir
+}
+
+fn start(dir: &tempfile::TempDir) -> (Running, Arc<LocalOrigin>) {
+    let local = Arc::new(LocalOrigin::new(dir.path(), LocalOptions::default()).unwrap());
+    let l2 = Arc::clone(&local);
+    let srv = Running::start(
+        config(Some(b"t0k3n")),
+        Arc::clone(&local) as Arc<dyn Origin>,
+        Some(Arc::new(move || l2.counters())),
+    );
+    (srv, local)
+}
+
+#[test]
+fn browse_and_read_a_local_tree() {
+    let dir = tree();
+    let (srv, local) = start(&dir);
+    let o = srv.client(b"t0k3n").unwrap();
+    let info = o.info().unwrap();
+    assert_eq!(info, local.info().unwrap());
+    let root = info.root.handle;
+
+    let hello = o.lookup(root, b"hello.txt").unwrap();
+    assert_eq!(hello.attr.kind, FileKind::File);
+    assert_eq!(hello.attr.size, 13);
+    assert_eq!(o.getattr(hello.handle).unwrap().file_id, hello.attr.file_id);
+    assert_eq!(
+        o.read(hello.handle, 0, 100).unwrap().data,
+        b"hello, world\n"
+    );
+    assert_eq!(
+        o.lookup(root, b"missing"),
+        Err(OriginError::Fs(WireError::NotFound))
+    );
+    assert_eq!(
+        o.lookup(root, b".."),
+        Err(OriginError::Fs(WireError::Invalid))
+    );
+
+    let sub = o.lookup(root, b"sub").unwrap();
+    assert_eq!(sub.attr.kind, FileKind::Dir);
+    let mut names = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let page = o.readdir(sub.handle, cookie, 7).unwrap();
+        for e in &page.entries {
+            assert_eq!(
+                o.getattr(e.entry.handle).unwrap().file_id,
+                e.entry.attr.file_id
+            );
+        }
+        names.extend(page.entries.into_iter().map(|e| e.name));
+        match page.next {
+            Some(c) => cookie = c,
+            None => break,
+        }
+    }
+    names.sort();
+    assert_eq!(names.len(), 52);
+    assert!(names.contains(&b"big.bin".to_vec()) && names.contains(&b"link".to_vec()));
+
+    let link = o.lookup(sub.handle, b"link").unwrap();
+    assert_eq!(link.attr.kind, FileKind::Symlink);
+    assert_eq!(o.readlink(link.handle).unwrap(), b"../hello.txt");
+
+    // A large file in 1 MiB pieces, from several threads at once.
+    let big = o.lookup(sub.handle, b"big.bin").unwrap();
+    let expect = std::fs::read(dir.path().join("sub/big.bin")).unwrap();
+    let o = Arc::new(o);
+    let parts: Vec<_> = (0..3u64)
+        .map(|i| {
+            let o = Arc::clone(&o);
+            thread::spawn(move || o.read(big.handle, i << 20, 1 << 20).unwrap().data)
+        })
+        .collect();
+    let got: Vec<u8> = parts.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    assert_eq!(got, expect);
+
+    let sfs = o.statfs().unwrap();
+    assert!(sfs.bsize > 0);
+
+    let c = o.counters().unwrap();
+    assert_eq!(c.connections, 1);
+    assert!(c.reads >= 4, "{c:?}");
+    assert_eq!(c.bytes_read, 13 + expect.len() as u64);
+    assert_eq!(c.bad_frames, 0);
+}
+
+#[test]
+fn local_export_refuses_wrong_token() {
+    let dir = tree();
+    let (srv, _local) = start(&dir);
+    assert_eq!(
+        srv.client(b"guess").unwrap_err(),
+        OriginError::Fs(WireError::AuthFailed)
+    );
+    assert!(srv.client(b"t0k3n").is_ok());
+}
