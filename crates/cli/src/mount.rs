@@ -229,8 +229,11 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     };
     cfg.n_threads = Some(8);
     cfg.clone_fd = true;
-    let mut session = fuser::Session::new(FuseBridge::new(fs.clone()), &a.mountpoint, &cfg)
+    let notifier = Arc::new(std::sync::OnceLock::new());
+    let bridge = FuseBridge::new(fs.clone(), notifier.clone());
+    let mut session = fuser::Session::new(bridge, &a.mountpoint, &cfg)
         .map_err(|e| format!("cannot mount on {}: {e}", a.mountpoint.display()))?;
+    let _ = notifier.set(session.notifier());
     let mut unmounter = session.unmount_callable();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,

@@ -62,6 +62,13 @@ pub struct NodeState {
     pub last_cached_version: Option<u64>,
 }
 
+impl NodeState {
+    /// Whether any open file refers to this node.
+    pub fn is_open(&self) -> bool {
+        self.cached_opens + self.direct_opens + self.passthrough_opens > 0
+    }
+}
+
 /// One node.
 pub struct Node {
     /// Inode number.
@@ -79,10 +86,16 @@ impl Node {
     }
 }
 
+/// Nodes the kernel has forgotten are kept (their names and attributes answer lookups while
+/// the origin is unreachable) until the table holds more than this many nodes.
+const MAX_NODES: usize = 250_000;
+
 #[derive(Default)]
 struct Inner {
     nodes: HashMap<Ino, Arc<Node>>,
     by_file_id: HashMap<u64, Ino>,
+    /// Forgotten nodes, oldest first (entries may be stale: re-checked before removal).
+    idle: std::collections::VecDeque<Ino>,
     next_ino: Ino,
 }
 
@@ -174,7 +187,8 @@ impl NodeTable {
         node
     }
 
-    /// Drops `n` kernel lookups; forgets the node when none remain (never the root).
+    /// Drops `n` kernel lookups. A node nobody references any more is kept for offline use
+    /// and removed only when the table grows past its bound (never the root).
     pub fn forget(&self, ino: Ino, n: u64) {
         if ino == ROOT_INO {
             return;
@@ -183,15 +197,29 @@ impl NodeTable {
         let Some(node) = inner.nodes.get(&ino).cloned() else {
             return;
         };
-        let mut st = node.state.lock();
-        st.lookups = st.lookups.saturating_sub(n);
-        let busy = st.cached_opens + st.direct_opens + st.passthrough_opens > 0;
-        if st.lookups == 0 && !busy {
-            let file_id = st.attr.file_id;
-            drop(st);
-            inner.nodes.remove(&ino);
-            if inner.by_file_id.get(&file_id) == Some(&ino) {
-                inner.by_file_id.remove(&file_id);
+        {
+            let mut st = node.state.lock();
+            st.lookups = st.lookups.saturating_sub(n);
+            if st.lookups > 0 || st.is_open() {
+                return;
+            }
+        }
+        inner.idle.push_back(ino);
+        while inner.nodes.len() > MAX_NODES {
+            let Some(old) = inner.idle.pop_front() else {
+                break;
+            };
+            let Some(n) = inner.nodes.get(&old).cloned() else {
+                continue;
+            };
+            let st = n.state.lock();
+            if st.lookups == 0 && !st.is_open() {
+                let file_id = st.attr.file_id;
+                drop(st);
+                inner.nodes.remove(&old);
+                if inner.by_file_id.get(&file_id) == Some(&old) {
+                    inner.by_file_id.remove(&file_id);
+                }
             }
         }
     }

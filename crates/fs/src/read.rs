@@ -145,13 +145,14 @@ impl ReadEngine {
 
 impl HoardFs {
     /// Opens `ino` for reading. `make_backing` registers a cache file with the kernel for
-    /// passthrough (called at most once per version while passthrough opens exist).
+    /// passthrough (called at most once per version while passthrough opens exist). The
+    /// returned flag says the file changed since the kernel last saw its attributes.
     pub fn open(
         &self,
         ino: Ino,
         write: bool,
         make_backing: &dyn Fn(&File) -> std::io::Result<Backing>,
-    ) -> FsResult<(FileHandle, OpenMode)> {
+    ) -> FsResult<(FileHandle, OpenMode, bool)> {
         if write {
             return Err(FsError::ReadOnly);
         }
@@ -161,7 +162,10 @@ impl HoardFs {
             FileKind::Dir => return Err(WireError::IsDir.into()),
             _ => return Err(WireError::Invalid.into()),
         }
+        let before = node.state.lock().attr;
         let attr = self.refresh_attr(&node)?;
+        // The kernel may still hold the old size: the bridge invalidates its attributes.
+        let changed = before.version != attr.version || before.size != attr.size;
         let object = self.object_for(&node, attr.file_id, attr.version, attr.size);
         let engine = &self.reads;
         let mut st = node.state.lock();
@@ -230,7 +234,7 @@ impl HoardFs {
         });
         let fh = engine.next_fh.fetch_add(1, Ordering::Relaxed);
         engine.files.write().insert(fh, of);
-        Ok((fh, mode))
+        Ok((fh, mode, changed))
     }
 
     /// The cached object for this version of the file, replacing (retiring) an object of
@@ -428,7 +432,7 @@ impl HoardFs {
             ModeKind::Cached => st.cached_opens -= 1,
             ModeKind::Direct => st.direct_opens -= 1,
         }
-        let idle = st.lookups == 0 && st.cached_opens + st.direct_opens + st.passthrough_opens == 0;
+        let idle = st.lookups == 0 && !st.is_open();
         drop(st);
         if idle {
             self.nodes.forget(of.node.ino, 0);

@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
+    InitFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
 };
 use hoardfs_fs::{Backing, FsError, HoardFs, Ino, Listing, OpenMode};
@@ -24,17 +24,31 @@ pub struct FuseBridge {
     ttl: Duration,
     dirs: Mutex<HashMap<u64, Arc<Listing>>>,
     next_dir: AtomicU64,
+    notifier: Arc<OnceLock<Notifier>>,
 }
 
 impl FuseBridge {
     /// A bridge over `fs`; kernel entry/attribute timeouts are the fs attribute TTL.
-    pub fn new(fs: Arc<HoardFs>) -> Self {
+    /// `notifier` is filled in once the session exists; until then no invalidations are sent.
+    pub fn new(fs: Arc<HoardFs>, notifier: Arc<OnceLock<Notifier>>) -> Self {
         let ttl = fs.config().attr_ttl;
         FuseBridge {
             fs,
             ttl,
             dirs: Mutex::new(HashMap::new()),
             next_dir: AtomicU64::new(1),
+            notifier,
+        }
+    }
+
+    /// Tells the kernel its cached attributes of `ino` are out of date (close-to-open: a
+    /// file that changed must show its new size to the reader that just opened it).
+    fn invalidate_attrs(&self, ino: INodeNo) {
+        if let Some(n) = self.notifier.get() {
+            // Negative offset: attributes only; page-cache handling is decided by the open.
+            if let Err(e) = n.inval_inode(ino, -1, 0) {
+                tracing::debug!("inval_inode({}) failed: {e}", ino.0);
+            }
         }
     }
 }
@@ -158,25 +172,31 @@ impl Filesystem for FuseBridge {
         let make_backing = |f: &std::fs::File| -> std::io::Result<Backing> {
             Ok(Arc::new(reply.open_backing(f)?) as Backing)
         };
-        match self.fs.open(ino.0, write, &make_backing) {
-            Ok((fh, OpenMode::Passthrough(b))) => {
+        let (fh, mode, changed) = match self.fs.open(ino.0, write, &make_backing) {
+            Ok(r) => r,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        if changed {
+            self.invalidate_attrs(ino);
+        }
+        let fh = FileHandle(fh);
+        match mode {
+            OpenMode::Passthrough(b) => {
                 let id = b
                     .downcast_ref::<BackingId>()
                     .expect("backings are fuser BackingIds");
-                reply.opened_passthrough(FileHandle(fh), FopenFlags::FOPEN_NOFLUSH, id);
+                reply.opened_passthrough(fh, FopenFlags::FOPEN_NOFLUSH, id);
             }
-            Ok((fh, OpenMode::Cached { keep_cache })) => {
+            OpenMode::Cached { keep_cache } => {
                 let mut f = FopenFlags::FOPEN_NOFLUSH;
                 if keep_cache {
                     f |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
-                reply.opened(FileHandle(fh), f);
+                reply.opened(fh, f);
             }
-            Ok((fh, OpenMode::Direct)) => reply.opened(
-                FileHandle(fh),
-                FopenFlags::FOPEN_NOFLUSH | FopenFlags::FOPEN_DIRECT_IO,
-            ),
-            Err(e) => reply.error(errno(&e)),
+            OpenMode::Direct => {
+                reply.opened(fh, FopenFlags::FOPEN_NOFLUSH | FopenFlags::FOPEN_DIRECT_IO)
+            }
         }
     }
 
