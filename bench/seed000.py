@@ -96,7 +96,6 @@ def sftp_server_path():
     for p in r.stdout.split():
         if p.endswith("/sftp-server") and os.path.isfile(p) and os.access(p, os.X_OK):
             return p
-    return None
 
 
 def ensure_packages():
@@ -123,6 +122,8 @@ def rx_bytes():
 
 
 def setup_network(rate):
+    if sh(["ip", "-o", "addr", "show", "to", f"{CLI_IP}/24"]).stdout.strip():
+        raise RuntimeError(f"{CLI_IP}/24 is already used in the root namespace")
     for cmd in (["ip", "netns", "add", NS],
                 ["ip", "link", "add", VETH_ROOT, "type", "veth", "peer", "name", VETH_NS],
                 ["ip", "link", "set", VETH_NS, "netns", NS],
@@ -179,8 +180,7 @@ def clean_leftovers():
         sh(["ip", "netns", "del", NS], check=False)
     if os.path.exists(f"/sys/class/net/{VETH_ROOT}"):
         sh(["ip", "link", "del", VETH_ROOT], check=False)
-    for d in ("cache", "cache-none"):
-        shutil.rmtree(os.path.join(WORK, d), ignore_errors=True)
+    shutil.rmtree(os.path.join(WORK, "cache"), ignore_errors=True)
 
 
 # ---------------------------------------------------------------- processes and mounts
@@ -304,30 +304,29 @@ class Bench:
         if n != self.size:
             raise RuntimeError(f"raw link: received {n} bytes, expected {self.size}")
 
-    def hoard_mount(self, cache_dir, *extra):
+    def hoard_mount(self, *opts):
         mnt = os.path.join(WORK, "mnt-hoardfs")
-        return self.mount([self.args.binary, "mount", f"{SRV_IP}:{HOARD_PORT}", mnt,
-                           "--cache-dir", cache_dir, *extra], mnt, "hoardfs-mount")
+        return self.mount([self.args.binary, "mount", f"{SRV_IP}:{HOARD_PORT}", mnt, *opts],
+                          mnt, "hoardfs-mount")
 
     def measure_hoardfs(self):
-        none_dir, cache = os.path.join(WORK, "cache-none"), os.path.join(WORK, "cache")
-        for d in (none_dir, cache):
-            shutil.rmtree(d, ignore_errors=True)
-            os.makedirs(d)
-        mnt = self.hoard_mount(none_dir, "--no-cache")
+        cache = os.path.join(WORK, "cache")
+        shutil.rmtree(cache, ignore_errors=True)
+        os.makedirs(cache)
+        mnt = self.hoard_mount("--no-cache")
         path = os.path.join(mnt, "data.bin")
         drop_caches()
         self.read("None", path, count_net=True)
         self.unmount(mnt)
 
-        self.hoard_mount(cache)
+        self.hoard_mount("--cache-dir", cache)
         drop_caches()
         self.read("COLD", path, count_net=True)
         self.verify(path)
         self.unmount(mnt)
 
         rx0 = rx_bytes()  # HOT traffic counts from before the mount to the end of the read
-        self.hoard_mount(cache)
+        self.hoard_mount("--cache-dir", cache)
         drop_caches()
         self.read("HOT", path)
         self.rows["HOT"].net_bytes.append(rx_bytes() - rx0)

@@ -31,11 +31,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Daemonising forks, which must happen before any thread exists (logging included).
-    if let Command::Mount(args) = &cli.command {
-        if let Err(e) = mount::maybe_daemonize(args) {
-            eprintln!("hoardfs: {e}");
-            return ExitCode::FAILURE;
-        }
+    if let Command::Mount(args) = &cli.command
+        && let Err(e) = mount::maybe_daemonize(args)
+    {
+        eprintln!("hoardfs: {e}");
+        return ExitCode::FAILURE;
     }
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -92,8 +92,8 @@ impl MountArgs {
                 }
             }
         }
-        if !(a.attr_timeout >= 0.0 && a.attr_timeout < 1e6) || !(a.timeout > 0.0 && a.timeout < 1e6)
-        {
+        let valid = |x: f64, min: f64| x >= min && x < 1e6;
+        if !valid(a.attr_timeout, 0.0) || !valid(a.timeout, 0.001) {
             return Err("timeouts must be positive numbers of seconds".into());
         }
         if a.cache_dir.is_none() && !a.no_cache {

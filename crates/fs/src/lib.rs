@@ -210,10 +210,10 @@ impl HoardFs {
         if node.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
-        if let Some(l) = &node.state.lock().listing {
-            if l.fetched.elapsed() < self.config.dir_ttl {
-                return Ok(l.clone());
-            }
+        if let Some(l) = &node.state.lock().listing
+            && l.fetched.elapsed() < self.config.dir_ttl
+        {
+            return Ok(l.clone());
         }
         let mut entries = Vec::new();
         let mut cookie = 0;

@@ -76,6 +76,8 @@ impl OpenFile {
 }
 
 type ChunkKey = (Ino, u64, u64);
+/// A readahead job: fetch this chunk of this open file.
+type PrefetchJob = (Arc<OpenFile>, u64);
 type FetchResult = FsResult<Arc<Vec<u8>>>;
 
 #[derive(Default)]
@@ -106,13 +108,13 @@ pub(crate) struct ReadEngine {
     mem: Mutex<VecDeque<(ChunkKey, Arc<Vec<u8>>)>>,
     mem_cap: usize,
     readahead: u64,
-    prefetch: Mutex<Option<mpsc::Sender<(Arc<OpenFile>, u64)>>>,
+    prefetch: Mutex<Option<mpsc::Sender<PrefetchJob>>>,
     passthrough_failed: std::sync::atomic::AtomicBool,
 }
 
 impl ReadEngine {
     pub(crate) fn new(fs: Weak<HoardFs>, config: &FsConfig) -> Self {
-        let (tx, rx) = mpsc::channel::<(Arc<OpenFile>, u64)>();
+        let (tx, rx) = mpsc::channel::<PrefetchJob>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..config.fetch_threads.max(1) {
             let (rx, fs) = (rx.clone(), fs.clone());
@@ -247,10 +249,11 @@ impl HoardFs {
         size: u64,
     ) -> Option<Arc<CachedObject>> {
         let cache = self.cache.as_ref()?;
-        if let Some(o) = &node.state.lock().object {
-            if o.version() == version && o.size() == size {
-                return Some(o.clone());
-            }
+        if let Some(o) = &node.state.lock().object
+            && o.version() == version
+            && o.size() == size
+        {
+            return Some(o.clone());
         }
         let key = ObjectKey {
             export_id: self.export_id,

@@ -127,12 +127,13 @@ impl Filesystem for FuseBridge {
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS;
         let _ = config.add_capabilities(want & config.capabilities());
+        // Passthrough needs a stacking depth of at least 1 (FUSE-FACTS.md); 2 lets the
+        // cache directory itself live on a stacked file system such as overlayfs.
         if self.fs.config().passthrough
             && config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH)
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
         {
-            if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok() {
-                let _ = config.set_max_stack_depth(2);
-            }
+            let _ = config.set_max_stack_depth(2);
         }
         let _ = config.set_max_readahead(1 << 20);
         Ok(())
