@@ -100,6 +100,13 @@ impl CacheDir {
                         why: "directory is not empty and has no superblock".into(),
                     });
                 }
+                // A new cache: cached bytes keep no per-file permissions, so only the
+                // cache's owner may read them.
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    fs::set_permissions(&root, fs::Permissions::from_mode(0o700))
+                        .map_err(io_at(&root))?;
+                }
                 let tmp = root.join(".HOARDFS-CACHE.tmp");
                 let mut f = File::create(&tmp).map_err(io_at(&tmp))?;
                 f.write_all(SUPERBLOCK.as_bytes()).map_err(io_at(&tmp))?;

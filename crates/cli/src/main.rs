@@ -70,3 +70,16 @@ pub fn read_token(path: &std::path::Path) -> Result<Vec<u8>, String> {
     }
     Ok(t)
 }
+
+/// Handles, cached open files and cache objects are descriptors: allow as many as the hard
+/// limit permits.
+pub fn raise_fd_limit() {
+    // SAFETY: plain getrlimit/setrlimit on a local struct.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}

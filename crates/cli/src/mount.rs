@@ -193,6 +193,7 @@ fn open_origin(a: &MountArgs) -> Result<Arc<dyn Origin>, String> {
 
 fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     let a = args.resolve()?;
+    crate::raise_fd_limit();
     if !a.mountpoint.is_dir() {
         return Err(format!(
             "mount point {} is not a directory",

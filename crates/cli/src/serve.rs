@@ -53,7 +53,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         LocalOrigin::new(&a.dir, opts)
             .map_err(|e| format!("cannot export {}: {e}", a.dir.display()))?,
     );
-    raise_fd_limit();
+    crate::raise_fd_limit();
     let mut cfg = ServerConfig::new(a.listen);
     cfg.token = token;
     cfg.read_only = true;
@@ -69,16 +69,4 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         let _ = out.flush();
     })
     .map_err(|e| format!("cannot serve on {}: {e}", a.listen))
-}
-
-/// Handles and cached open files are descriptors: allow as many as the hard limit.
-fn raise_fd_limit() {
-    // SAFETY: plain getrlimit/setrlimit on a local struct.
-    unsafe {
-        let mut r: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        }
-    }
 }

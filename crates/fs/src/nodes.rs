@@ -203,6 +203,8 @@ impl NodeTable {
             if st.lookups > 0 || st.is_open() {
                 return;
             }
+            // Release the cache files' descriptors; the object reopens on the next open.
+            st.object = None;
         }
         inner.idle.push_back(ino);
         while inner.nodes.len() > MAX_NODES {

@@ -12,8 +12,8 @@
 //! (`--no-cache`) fetched chunks live in a small in-memory ring instead.
 //!
 //! Lock ordering: `files`, `inflight` and `mem` are leaves (never held while taking another
-//! lock or doing I/O); a node's `state` lock is never held across origin or disk I/O except
-//! for creating the passthrough backing registration.
+//! lock or doing I/O); a node's `state` lock is never held across origin I/O, and across
+//! disk I/O only to create that node's cached object or passthrough backing registration.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -249,7 +249,10 @@ impl HoardFs {
         size: u64,
     ) -> Option<Arc<CachedObject>> {
         let cache = self.cache.as_ref()?;
-        if let Some(o) = &node.state.lock().object
+        // Held across the object's creation so that two opens of a changed file cannot
+        // both replace its data file (one would then write into a file the other deleted).
+        let mut st = node.state.lock();
+        if let Some(o) = &st.object
             && o.version() == version
             && o.size() == size
         {
@@ -267,7 +270,6 @@ impl HoardFs {
                 return None;
             }
         };
-        let mut st = node.state.lock();
         if let Some(old) = st.object.replace(fresh.clone()) {
             old.retire();
         }

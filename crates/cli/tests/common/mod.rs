@@ -166,7 +166,7 @@ impl Mount {
         let st = Command::new("umount").arg(&self.path).status().unwrap();
         assert!(st.success(), "umount {} failed", self.path.display());
         if let Some(mut c) = self.child.take() {
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let deadline = Instant::now() + Duration::from_secs(30);
             while c.try_wait().unwrap().is_none() {
                 assert!(
                     Instant::now() < deadline,
