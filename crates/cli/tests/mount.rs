@@ -91,13 +91,7 @@ fn cache_survives_remount_and_kill9_without_refetching() {
     // Clean remount, page cache dropped: everything is served from the disk cache.
     let m = Mount::start(&srv.addr, &mnt, &args).unwrap();
     drop_caches();
-    for f in &files {
-        assert_eq!(
-            hash_file(&m.p(f)),
-            hash_file(&exp.join(f)),
-            "{f} differs after remount"
-        );
-    }
+    assert_tree_matches(&m, &exp, &files, "after remount");
     assert_eq!(
         srv.counters().bytes_read,
         after_fill,
@@ -108,13 +102,7 @@ fn cache_survives_remount_and_kill9_without_refetching() {
     m.kill9();
     let m = Mount::start(&srv.addr, &mnt, &args).unwrap();
     drop_caches();
-    for f in &files {
-        assert_eq!(
-            hash_file(&m.p(f)),
-            hash_file(&exp.join(f)),
-            "{f} differs after kill -9"
-        );
-    }
+    assert_tree_matches(&m, &exp, &files, "after kill -9");
     assert_eq!(
         srv.counters().bytes_read,
         after_fill,
@@ -353,4 +341,15 @@ fn walk_sizes(p: &std::path::Path) -> u64 {
             .sum()
         })
         .unwrap_or(0)
+}
+
+/// Every file of `files` reads the same through the mount as on the server.
+fn assert_tree_matches(m: &Mount, exp: &std::path::Path, files: &[String], when: &str) {
+    for f in files {
+        assert_eq!(
+            hash_file(&m.p(f)),
+            hash_file(&exp.join(f)),
+            "{f} differs {when}"
+        );
+    }
 }
