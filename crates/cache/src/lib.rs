@@ -15,6 +15,8 @@
 
 pub mod meta;
 mod object;
+pub mod ranges;
+mod write;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};

@@ -14,24 +14,29 @@ use std::path::{Path, PathBuf};
 use parking_lot::Mutex;
 
 use crate::meta::{ObjectKey, ObjectMeta};
+use crate::ranges::RangeSet;
 use crate::{CacheError, io_at};
 
 /// An open cached object. Shared by all readers of the file; chunk writes are serialised
 /// on the record lock (held only for the in-memory update and one small `pwrite`).
 #[derive(Debug)]
 pub struct CachedObject {
-    data_path: PathBuf,
-    meta_path: PathBuf,
-    data: File,
-    meta_file: File,
-    state: Mutex<State>,
+    pub(crate) data_path: PathBuf,
+    pub(crate) meta_path: PathBuf,
+    pub(crate) data: File,
+    pub(crate) meta_file: File,
+    pub(crate) state: Mutex<State>,
 }
 
 #[derive(Debug)]
-struct State {
-    meta: ObjectMeta,
+pub(crate) struct State {
+    pub(crate) meta: ObjectMeta,
     /// Set when a newer version replaced this object: its writes are then ignored.
-    retired: bool,
+    pub(crate) retired: bool,
+    /// Byte ranges of absent chunks whose bytes in the data file are known to be right for
+    /// `meta.version` (written through this client); in memory only, so a crash forgets
+    /// them and the chunks are fetched again.
+    pub(crate) known: RangeSet,
 }
 
 impl CachedObject {
@@ -80,6 +85,7 @@ impl CachedObject {
             state: Mutex::new(State {
                 meta,
                 retired: false,
+                known: RangeSet::default(),
             }),
         })
     }
@@ -119,6 +125,7 @@ impl CachedObject {
             state: Mutex::new(State {
                 meta,
                 retired: false,
+                known: RangeSet::default(),
             }),
         })
     }
@@ -165,24 +172,25 @@ impl CachedObject {
             .sum()
     }
 
-    /// Stores chunk `i` (exactly the chunk's length) and records it as present.
-    pub fn write_chunk(&self, i: u64, bytes: &[u8]) -> Result<(), CacheError> {
-        let (start, end) = {
-            let st = self.state.lock();
-            // Present chunks are immutable (a complete object may be a passthrough backing
-            // file), and a retired object's file belongs to an older version.
-            if st.retired || st.meta.is_present(i) {
-                return Ok(());
-            }
-            if i >= st.meta.chunks() {
-                return Err(CacheError::ChunkLength {
-                    chunk: i,
-                    got: bytes.len(),
-                    want: 0,
-                });
-            }
-            st.meta.chunk_range(i)
-        };
+    /// Stores chunk `i` (exactly the chunk's length) fetched at origin `version`, and
+    /// records it as present. Ignored when the object no longer holds that version.
+    pub fn write_chunk(&self, i: u64, bytes: &[u8], version: u64) -> Result<(), CacheError> {
+        // The lock is held across the data write: a write through this client
+        // (`apply_write`) must never be overwritten by bytes fetched for an older version.
+        let mut st = self.state.lock();
+        // Present chunks are only changed by writes through this client, and a retired
+        // object's file belongs to an older version.
+        if st.retired || st.meta.is_present(i) || st.meta.version != version {
+            return Ok(());
+        }
+        if i >= st.meta.chunks() {
+            return Err(CacheError::ChunkLength {
+                chunk: i,
+                got: bytes.len(),
+                want: 0,
+            });
+        }
+        let (start, end) = st.meta.chunk_range(i);
         if bytes.len() as u64 != end - start {
             return Err(CacheError::ChunkLength {
                 chunk: i,
@@ -193,12 +201,8 @@ impl CachedObject {
         self.data
             .write_all_at(bytes, start)
             .map_err(io_at(&self.data_path))?;
-        let crc = crc32c::crc32c(bytes);
-        let mut st = self.state.lock();
-        if st.retired || st.meta.is_present(i) {
-            return Ok(());
-        }
-        st.meta.set_present(i, crc);
+        st.known.remove(start, end);
+        st.meta.set_present(i, crc32c::crc32c(bytes));
         let record = st.meta.encode();
         if let Err(e) = self.meta_file.write_all_at(&record, 0) {
             st.meta.clear(i);

@@ -22,8 +22,8 @@ fn chunks_persist_across_reopen_of_same_version() {
     {
         let c = CacheDir::open(d.path()).unwrap();
         let o = c.object(key(1), 5, size).unwrap();
-        o.write_chunk(0, &chunk(0, MIB)).unwrap();
-        o.write_chunk(2, &chunk(2, 100)).unwrap();
+        o.write_chunk(0, &chunk(0, MIB), 5).unwrap();
+        o.write_chunk(2, &chunk(2, 100), 5).unwrap();
         assert!(!o.is_complete());
     }
     let c = CacheDir::open(d.path()).unwrap();
@@ -32,7 +32,7 @@ fn chunks_persist_across_reopen_of_same_version() {
     let mut buf = vec![0u8; 100];
     o.read_at(&mut buf, 2 * MIB).unwrap();
     assert_eq!(buf, chunk(2, 100));
-    o.write_chunk(1, &chunk(1, MIB)).unwrap();
+    o.write_chunk(1, &chunk(1, MIB), 5).unwrap();
     assert!(o.is_complete());
     assert_eq!(o.bytes_present(), size);
     assert_eq!(c.peek(&key(1)).unwrap().version, 5);
@@ -43,13 +43,13 @@ fn new_version_discards_old_chunks() {
     let d = tempfile::tempdir().unwrap();
     let c = CacheDir::open(d.path()).unwrap();
     let old = c.object(key(1), 5, MIB).unwrap();
-    old.write_chunk(0, &chunk(0, MIB)).unwrap();
+    old.write_chunk(0, &chunk(0, MIB), 5).unwrap();
     let backing = old.open_backing().unwrap();
     old.retire();
     let new = c.object(key(1), 6, MIB).unwrap();
     assert!(!new.has_chunk(0));
     // A write through the retired object must not mark the new one present.
-    old.write_chunk(0, &chunk(9, MIB)).unwrap();
+    old.write_chunk(0, &chunk(9, MIB), 5).unwrap();
     drop(new);
     assert!(!c.object(key(1), 6, MIB).unwrap().has_chunk(0));
     // A reader of the old data file (passthrough) still sees the old bytes.
@@ -63,7 +63,7 @@ fn damaged_record_means_nothing_cached() {
     let d = tempfile::tempdir().unwrap();
     let c = CacheDir::open(d.path()).unwrap();
     let o = c.object(key(3), 1, MIB).unwrap();
-    o.write_chunk(0, &chunk(0, MIB)).unwrap();
+    o.write_chunk(0, &chunk(0, MIB), 1).unwrap();
     let (_, meta) = c.object_paths(&key(3));
     let mut b = std::fs::read(&meta).unwrap();
     let n = b.len();
@@ -79,10 +79,10 @@ fn wrong_chunk_length_is_refused() {
     let c = CacheDir::open(d.path()).unwrap();
     let o = c.object(key(4), 1, MIB + 10).unwrap();
     assert!(matches!(
-        o.write_chunk(1, &[0u8; 9]),
+        o.write_chunk(1, &[0u8; 9], 1),
         Err(CacheError::ChunkLength { .. })
     ));
-    assert!(o.write_chunk(5, &[0u8; 9]).is_err());
+    assert!(o.write_chunk(5, &[0u8; 9], 1).is_err());
     assert!(!o.has_chunk(1));
 }
 
@@ -101,4 +101,80 @@ fn second_client_is_locked_out_and_foreign_dirs_refused() {
         Err(CacheError::Incompatible { .. })
     ));
     assert!(other.path().join("precious.txt").exists());
+}
+
+/// Reads the whole data of an object through `read_at`.
+fn contents(o: &CachedObject) -> Vec<u8> {
+    let mut buf = vec![0u8; o.size() as usize];
+    o.read_at(&mut buf, 0).unwrap();
+    buf
+}
+
+#[test]
+fn writes_through_the_client_keep_the_object_in_step() {
+    let d = tempfile::tempdir().unwrap();
+    let c = CacheDir::open(d.path()).unwrap();
+    let mut model = chunk(0, MIB);
+    model.extend(chunk(1, 500));
+    let o = c.object(key(5), 10, MIB + 500).unwrap();
+    o.write_chunk(0, &model[..MIB as usize], 10).unwrap();
+    o.write_chunk(1, &model[MIB as usize..], 10).unwrap();
+    assert!(o.is_complete());
+    // A small write into a present chunk: still complete, right bytes, new version.
+    assert!(o.apply_write(10, 100, b"hello", 11, MIB + 500).unwrap());
+    model[100..105].copy_from_slice(b"hello");
+    assert!(o.is_complete());
+    assert_eq!(o.version(), 11);
+    assert_eq!(contents(&o), model);
+    // An appending write that grows the file past a chunk boundary.
+    let tail = chunk(7, MIB as usize as u64);
+    assert!(
+        o.apply_write(11, MIB + 500, &tail, 12, 2 * MIB + 500)
+            .unwrap()
+    );
+    model.extend_from_slice(&tail);
+    assert!(o.is_complete());
+    assert_eq!(contents(&o), model);
+    // A write that leaves a gap: the gap reads as zeros, as on the origin.
+    assert!(o.apply_write(12, 3 * MIB, b"z", 13, 3 * MIB + 1).unwrap());
+    model.resize(3 * MIB as usize, 0);
+    model.push(b'z');
+    assert!(o.is_complete());
+    assert_eq!(contents(&o), model);
+    // Checksums were recomputed: the record survives a reopen with every chunk present.
+    drop(o);
+    let o = c.object(key(5), 13, 3 * MIB + 1).unwrap();
+    assert!(o.is_complete());
+    assert_eq!(contents(&o), model);
+    let meta = c.peek(&key(5)).unwrap();
+    for i in 0..meta.chunks() {
+        let (a, b) = meta.chunk_range(i);
+        assert_eq!(
+            meta.crcs[i as usize],
+            crc32c::crc32c(&model[a as usize..b as usize])
+        );
+    }
+}
+
+#[test]
+fn writes_after_a_foreign_change_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let c = CacheDir::open(d.path()).unwrap();
+    let o = c.object(key(6), 10, MIB).unwrap();
+    o.write_chunk(0, &chunk(0, MIB), 10).unwrap();
+    // The origin was at version 20 before our write: somebody else changed it.
+    assert!(!o.apply_write(20, 0, b"x", 21, MIB).unwrap());
+    assert_eq!(o.version(), 10);
+    assert_eq!(contents(&o), chunk(0, MIB));
+    // A partial write into an absent chunk leaves it absent until fetched whole, and a
+    // fetch made for the older version is not stored over the newer bytes.
+    let p = c.object(key(7), 1, 2 * MIB).unwrap();
+    assert!(p.apply_write(1, 10, b"abc", 2, 2 * MIB).unwrap());
+    assert!(!p.has_chunk(0));
+    p.write_chunk(0, &chunk(0, MIB), 1).unwrap();
+    assert!(!p.has_chunk(0));
+    let mut fresh = chunk(0, MIB);
+    fresh[10..13].copy_from_slice(b"abc");
+    p.write_chunk(0, &fresh, 2).unwrap();
+    assert!(p.has_chunk(0));
 }

@@ -37,9 +37,17 @@ pub struct MountArgs {
     /// Return once the mount is ready, leaving the client running in the background.
     #[arg(long)]
     pub daemon: bool,
-    /// Seconds attributes, names and listings are trusted without asking the server.
+    /// Seconds attributes, names and listings are trusted without asking the server when
+    /// it holds no callback for them (local-directory sources, after a lost connection).
     #[arg(long, default_value_t = 1.0)]
     pub attr_timeout: f64,
+    /// Seconds attributes, names and listings are trusted at most while the server holds
+    /// a callback for them (it reports every change; this bounds the damage of a lost one).
+    #[arg(long, default_value_t = 600.0)]
+    pub callback_timeout: f64,
+    /// Mount read-only (also implied by a read-only server).
+    #[arg(long)]
+    pub read_only: bool,
     /// Seconds to wait for the server before failing an operation.
     #[arg(long, default_value_t = 15.0)]
     pub timeout: f64,
@@ -50,7 +58,7 @@ pub struct MountArgs {
     #[arg(long)]
     pub allow_other: bool,
     /// Mount options, `-o key[=value],...`: cache_dir=, token_file=, no_cache, daemon,
-    /// attr_timeout=, timeout=, no_passthrough, allow_other, ro.
+    /// attr_timeout=, callback_timeout=, timeout=, no_passthrough, allow_other, ro.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
 }
@@ -81,10 +89,12 @@ impl MountArgs {
                 "no_cache" => a.no_cache = true,
                 "daemon" => a.daemon = true,
                 "attr_timeout" => a.attr_timeout = num()?,
+                "callback_timeout" => a.callback_timeout = num()?,
+                "ro" => a.read_only = true,
                 "timeout" => a.timeout = num()?,
                 "no_passthrough" => a.no_passthrough = true,
                 "allow_other" => a.allow_other = true,
-                "ro" | "rw" | "defaults" | "nodev" | "nosuid" | "noatime" => {}
+                "rw" | "defaults" | "nodev" | "nosuid" | "noatime" => {}
                 _ => {
                     return Err(format!(
                         "unknown mount option {opt:?} (see hoardfs mount --help)"
@@ -93,7 +103,10 @@ impl MountArgs {
             }
         }
         let valid = |x: f64, min: f64| x >= min && x < 1e6;
-        if !valid(a.attr_timeout, 0.0) || !valid(a.timeout, 0.001) {
+        if !valid(a.attr_timeout, 0.0)
+            || !valid(a.callback_timeout, 0.0)
+            || !valid(a.timeout, 0.001)
+        {
             return Err("timeouts must be positive numbers of seconds".into());
         }
         if a.cache_dir.is_none() && !a.no_cache {
@@ -207,6 +220,8 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     let origin = open_origin(&a)?;
     let config = FsConfig {
         attr_ttl: Duration::from_secs_f64(a.attr_timeout),
+        callback_ttl: Duration::from_secs_f64(a.callback_timeout),
+        read_only: a.read_only,
         dir_ttl: Duration::from_secs_f64(a.attr_timeout),
         passthrough: !a.no_passthrough,
         ..Default::default()
@@ -218,8 +233,13 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     cfg.mount_options = vec![
         MountOption::FSName(format!("hoardfs:{}", a.source)),
         MountOption::Subtype("hoardfs".into()),
+        // The kernel checks permissions against the server's uid/gid/mode.
         MountOption::DefaultPermissions,
-        MountOption::RO,
+        if fs.is_read_only() {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
         MountOption::NoDev,
         MountOption::NoSuid,
     ];
@@ -235,6 +255,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     let mut session = fuser::Session::new(bridge, &a.mountpoint, &cfg)
         .map_err(|e| format!("cannot mount on {}: {e}", a.mountpoint.display()))?;
     let _ = notifier.set(session.notifier());
+    fs.set_notifier(Arc::new(hoardfs_fuse::FuseNotifier(session.notifier())));
     let mut unmounter = session.unmount_callable();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,

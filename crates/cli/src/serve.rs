@@ -19,7 +19,7 @@ pub struct ServeArgs {
     /// File holding the shared secret clients must present.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
-    /// Refuse all modifications (the only mode until writes are implemented).
+    /// Refuse all modifications (EROFS for clients).
     #[arg(long)]
     pub read_only: bool,
     /// Allow listening on a non-loopback address without a token.
@@ -45,7 +45,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         return Err(format!("{} is not a directory", a.dir.display()));
     }
     let opts = LocalOptions {
-        read_only: true,
+        read_only: a.read_only,
         max_open_files: a.max_open_files,
         ..Default::default()
     };
@@ -56,7 +56,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     crate::raise_fd_limit();
     let mut cfg = ServerConfig::new(a.listen);
     cfg.token = token;
-    cfg.read_only = true;
+    cfg.read_only = a.read_only;
     let counters = {
         let o = origin.clone();
         Arc::new(move || o.counters()) as hoardfs_server::OriginCounters

@@ -3,34 +3,47 @@
 //! FUSE; the `hoardfs-fuse` crate is a thin bridge over [`HoardFs`], and tests can drive it
 //! directly.
 //!
-//! Consistency (doc/SEMANTICS.md): close-to-open. Every open asks the origin for the file's
-//! version (one round trip) and drops cached data of other versions; attributes, names and
-//! listings are cached for short, configurable TTLs. When the origin is unreachable, cached
+//! Consistency (doc/SEMANTICS.md): close-to-open, with callbacks. An open validates the
+//! file's version (a round trip, unless the origin holds a callback for it) and drops cached
+//! data of other versions; writes go through to the origin before they return. With an
+//! origin that reports changes (module `callbacks`), attributes, names and listings are
+//! trusted until a break; otherwise for short TTLs. When the origin is unreachable, cached
 //! attributes, names and data are served and everything else fails fast.
 
+mod callbacks;
 mod error;
+mod namespace;
 pub mod nodes;
 mod read;
 mod stats;
+mod write;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use hoardfs_cache::CacheDir;
 use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, StatFs, WireError};
 
+pub use callbacks::KernelNotifier;
 pub use error::{FsError, FsResult};
+pub use namespace::NewEntry;
 pub use nodes::{Backing, Ino, Listing, Node, ROOT_INO};
-pub use read::{FileHandle, OpenMode};
+pub use read::{Access, FileHandle, OpenMode};
 pub use stats::{Stats, StatsSnapshot};
 
-use nodes::NodeTable;
+use callbacks::BreakLog;
+use nodes::{NodeState, NodeTable};
 
 /// Tunables of a mount.
 #[derive(Debug, Clone)]
 pub struct FsConfig {
-    /// How long attributes and names are trusted without asking the origin.
+    /// How long attributes and names are trusted without asking the origin (when the
+    /// origin holds no callback for them).
     pub attr_ttl: Duration,
+    /// How long attributes and names under a valid callback are trusted at most.
+    pub callback_ttl: Duration,
+    /// Refuse every modification.
+    pub read_only: bool,
     /// How long a directory listing is reused.
     pub dir_ttl: Duration,
     /// Hand fully cached files to the kernel (FUSE passthrough).
@@ -45,6 +58,8 @@ impl Default for FsConfig {
     fn default() -> Self {
         FsConfig {
             attr_ttl: Duration::from_secs(1),
+            callback_ttl: Duration::from_secs(600),
+            read_only: false,
             dir_ttl: Duration::from_secs(1),
             passthrough: true,
             readahead_chunks: 8,
@@ -62,6 +77,11 @@ pub struct HoardFs {
     nodes: NodeTable,
     reads: read::ReadEngine,
     stats: Arc<Stats>,
+    /// Whether the origin reports changes (callbacks) at all.
+    callbacks: bool,
+    breaks: Arc<BreakLog>,
+    notifier: OnceLock<Arc<dyn KernelNotifier>>,
+    read_only: bool,
 }
 
 impl HoardFs {
@@ -73,15 +93,94 @@ impl HoardFs {
     ) -> FsResult<Arc<HoardFs>> {
         let info = origin.info()?;
         let stats = Arc::new(Stats::default());
-        Ok(Arc::new_cyclic(|weak| HoardFs {
+        let breaks = Arc::new(BreakLog::default());
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<hoardfs_origin::Break>>();
+        let log = breaks.clone();
+        let callbacks = origin.subscribe(Arc::new(move |b| {
+            log.record(&b);
+            let _ = tx.send(b);
+        }));
+        let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
             export_id: info.export_id,
             reads: read::ReadEngine::new(weak.clone(), &config),
             origin,
             cache,
+            read_only: config.read_only || info.read_only,
             config,
             stats,
-        }))
+            callbacks,
+            breaks,
+            notifier: OnceLock::new(),
+        });
+        let weak = Arc::downgrade(&fs);
+        std::thread::Builder::new()
+            .name("hoardfs-callbacks".into())
+            .spawn(move || {
+                while let Ok(b) = rx.recv() {
+                    let Some(fs) = weak.upgrade() else { return };
+                    fs.apply_breaks(b);
+                }
+            })
+            .map_err(|e| FsError::Cache(format!("cannot start the callback thread: {e}")))?;
+        Ok(fs)
+    }
+
+    /// Where kernel invalidations go (set once by the FUSE bridge when the session exists).
+    pub fn set_notifier(&self, n: Arc<dyn KernelNotifier>) {
+        let _ = self.notifier.set(n);
+    }
+
+    /// Whether the mount refuses modifications.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Whether the origin holds callbacks (changes are pushed, TTLs can be long).
+    pub fn has_callbacks(&self) -> bool {
+        self.callbacks
+    }
+
+    /// How long the kernel may keep what a node's state says.
+    fn ttl_of(&self, st: &NodeState) -> Duration {
+        if st.callback {
+            self.config.callback_ttl
+        } else {
+            self.config.attr_ttl
+        }
+    }
+
+    /// Whether a node's attributes can be used without asking the origin.
+    fn attr_fresh(&self, st: &NodeState) -> bool {
+        let age = st.attr_fetched.elapsed();
+        !st.expired
+            && (age < self.config.attr_ttl || (st.callback && age < self.config.callback_ttl))
+    }
+
+    /// Whether attributes fetched after break number `since` come with a callback.
+    fn grant(&self, file_id: u64, since: u64) -> bool {
+        self.callbacks && !self.breaks.broken_since(file_id, since)
+    }
+
+    /// Stores fresh attributes of `node` (fetched after break number `since`).
+    fn install_attr(&self, node: &Node, attr: Attr, since: u64) -> Duration {
+        let mut st = node.state.lock();
+        if node.kind == FileKind::Dir && st.attr.version != attr.version {
+            st.listing = None;
+        }
+        st.attr = attr;
+        st.attr_fetched = Instant::now();
+        st.callback = self.grant(attr.file_id, since);
+        st.expired = false;
+        self.ttl_of(&st)
+    }
+
+    fn check_writable(&self) -> FsResult<()> {
+        if self.read_only {
+            Err(FsError::ReadOnly)
+        } else {
+            Ok(())
+        }
     }
 
     /// Mount configuration.
@@ -139,19 +238,23 @@ impl HoardFs {
         st.handle = e.handle;
         st.attr = e.attr;
         st.attr_fetched = Instant::now();
+        st.callback = false;
         Ok(e.handle)
     }
 
-    /// Resolves `name` in directory `parent`; counts one kernel lookup on success.
-    pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<(Ino, Attr)> {
+    /// Resolves `name` in directory `parent`; counts one kernel lookup on success. Returns
+    /// the node, its attributes and how long the kernel may cache them.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<(Ino, Attr, Duration)> {
         let dir = self.node(parent)?;
         if dir.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
+        let since = self.breaks.seq();
+        let dir_id = dir.state.lock().attr.file_id;
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
             Ok(e) => {
-                let n = self.nodes.remember(parent, name, e.handle, e.attr);
-                Ok((n.ino, e.attr))
+                let n = self.remember(parent, name, &e, dir_id, since);
+                Ok((n.0, e.attr, n.1))
             }
             Err(FsError::Offline(why)) => {
                 // Serve the name from what we saw while connected.
@@ -161,7 +264,7 @@ impl HoardFs {
                     .ok_or(FsError::Offline(why))?;
                 let mut st = node.state.lock();
                 st.lookups += 1;
-                Ok((node.ino, st.attr))
+                Ok((node.ino, st.attr, self.config.attr_ttl))
             }
             Err(e) => {
                 if e == FsError::Origin(WireError::NotFound) {
@@ -177,29 +280,42 @@ impl HoardFs {
         self.nodes.forget(ino, n);
     }
 
-    /// Attributes of `ino`, from cache while younger than the TTL.
-    pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+    /// Records (`parent`, `name`) → `e` learned after break number `since`; the callback
+    /// needs both the entry's object and the directory (`dir_id`) unbroken since then.
+    fn remember(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        e: &hoardfs_origin::Entry,
+        dir_id: u64,
+        since: u64,
+    ) -> (Ino, Duration) {
+        let grant = |a: &Attr| self.grant(a.file_id, since) && self.grant(dir_id, since);
+        let n = self.nodes.remember(parent, name, e.handle, e.attr, grant);
+        let ttl = self.ttl_of(&n.state.lock());
+        (n.ino, ttl)
+    }
+
+    /// Attributes of `ino` and how long the kernel may cache them: from memory while under
+    /// a callback or younger than the TTL, otherwise from the origin.
+    pub fn getattr(&self, ino: Ino) -> FsResult<(Attr, Duration)> {
         let node = self.node(ino)?;
         {
             let st = node.state.lock();
-            if st.attr_fetched.elapsed() < self.config.attr_ttl {
-                return Ok(st.attr);
+            if self.attr_fresh(&st) {
+                return Ok((st.attr, self.ttl_of(&st)));
             }
         }
         self.refresh_attr(&node)
     }
 
     /// Fresh attributes from the origin (cached ones if it is unreachable).
-    fn refresh_attr(&self, node: &Node) -> FsResult<Attr> {
+    fn refresh_attr(&self, node: &Node) -> FsResult<(Attr, Duration)> {
         self.stats.count_version_check();
+        let since = self.breaks.seq();
         match self.with_handle(node, |h| self.origin.getattr(h)) {
-            Ok(a) => {
-                let mut st = node.state.lock();
-                st.attr = a;
-                st.attr_fetched = Instant::now();
-                Ok(a)
-            }
-            Err(FsError::Offline(_)) => Ok(node.state.lock().attr),
+            Ok(a) => Ok((a, self.install_attr(node, a, since))),
+            Err(FsError::Offline(_)) => Ok((node.state.lock().attr, self.config.attr_ttl)),
             Err(e) => Err(e),
         }
     }
@@ -210,11 +326,16 @@ impl HoardFs {
         if node.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
-        if let Some(l) = &node.state.lock().listing
-            && l.fetched.elapsed() < self.config.dir_ttl
         {
-            return Ok(l.clone());
+            let st = node.state.lock();
+            if let Some(l) = &st.listing
+                && (l.fetched.elapsed() < self.config.dir_ttl
+                    || (st.callback && l.fetched.elapsed() < self.config.callback_ttl))
+            {
+                return Ok(l.clone());
+            }
         }
+        let since = self.breaks.seq();
         let mut entries = Vec::new();
         let mut cookie = 0;
         let fetched = self.with_handle(&node, |h| {
@@ -233,6 +354,7 @@ impl HoardFs {
             Ok(()) => Arc::new(Listing {
                 entries,
                 fetched: Instant::now(),
+                since,
             }),
             Err(FsError::Offline(why)) => {
                 return node
@@ -248,16 +370,22 @@ impl HoardFs {
             listing.entries.iter().map(|e| e.name.as_slice()).collect();
         let mut st = node.state.lock();
         st.children.retain(|n, _| names.contains(n.as_slice()));
-        st.listing = Some(listing.clone());
+        // Kept only if no break for the directory overtook it (checked under the lock the
+        // break handler takes to drop listings).
+        if self.grant(st.attr.file_id, since) || !self.callbacks {
+            st.listing = Some(listing.clone());
+        }
         Ok(listing)
     }
 
     /// Records that a listing entry was handed to the kernel with its attributes
-    /// (readdirplus), counting one kernel lookup.
-    pub fn remember_entry(&self, dir: Ino, e: &DirEntry) -> Ino {
-        self.nodes
-            .remember(dir, &e.name, e.entry.handle, e.entry.attr)
-            .ino
+    /// (readdirplus), counting one kernel lookup; returns its node and kernel TTL.
+    pub fn remember_entry(&self, dir: Ino, listing: &Listing, e: &DirEntry) -> (Ino, Duration) {
+        let dir_id = self
+            .nodes
+            .get(dir)
+            .map_or(0, |d| d.state.lock().attr.file_id);
+        self.remember(dir, &e.name, &e.entry, dir_id, listing.since)
     }
 
     /// Attributes of `ino` as last seen, without any round trip (for `.` and `..`).

@@ -28,6 +28,8 @@ pub struct Listing {
     pub entries: Vec<DirEntry>,
     /// When it was fetched.
     pub fetched: Instant,
+    /// Break number before it was fetched (for callback grants of its entries).
+    pub since: u64,
 }
 
 /// Mutable state of one node.
@@ -38,6 +40,10 @@ pub struct NodeState {
     pub attr: Attr,
     /// When `attr` was fetched.
     pub attr_fetched: Instant,
+    /// The origin promised to report changes to `attr` (and, for directories, to names).
+    pub callback: bool,
+    /// `attr` is known to be out of date (whatever its age).
+    pub expired: bool,
     /// Parent inode and the name this node was last found under.
     pub parent: Ino,
     /// Name within `parent`.
@@ -130,6 +136,8 @@ impl NodeTable {
                 handle,
                 attr,
                 attr_fetched: Instant::now(),
+                callback: false,
+                expired: false,
                 parent,
                 name,
                 lookups: 0,
@@ -150,9 +158,32 @@ impl NodeTable {
         self.inner.read().nodes.get(&ino).cloned()
     }
 
+    /// The node of origin object `file_id`, if known.
+    pub fn by_file_id(&self, file_id: u64) -> Option<Arc<Node>> {
+        let inner = self.inner.read();
+        inner
+            .by_file_id
+            .get(&file_id)
+            .and_then(|i| inner.nodes.get(i))
+            .cloned()
+    }
+
+    /// Every node.
+    pub fn all(&self) -> Vec<Arc<Node>> {
+        self.inner.read().nodes.values().cloned().collect()
+    }
+
     /// Records that the kernel learned of (`parent`, `name`) → object, creating the node if
-    /// new, refreshing its handle and attributes, and counting one kernel lookup.
-    pub fn remember(&self, parent: Ino, name: &[u8], handle: Handle, attr: Attr) -> Arc<Node> {
+    /// new, refreshing its handle and attributes, and counting one kernel lookup. `grant`
+    /// decides, under the node's lock, whether the attributes come with a callback.
+    pub fn remember(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        handle: Handle,
+        attr: Attr,
+        grant: impl FnOnce(&Attr) -> bool,
+    ) -> Arc<Node> {
         let node = {
             let mut inner = self.inner.write();
             let existing = inner
@@ -175,8 +206,13 @@ impl NodeTable {
         {
             let mut st = node.state.lock();
             st.handle = handle;
+            if st.attr.version != attr.version || st.attr.size != attr.size {
+                st.listing = None;
+            }
             st.attr = attr;
             st.attr_fetched = Instant::now();
+            st.callback = grant(&attr);
+            st.expired = false;
             st.parent = parent;
             st.name = name.to_vec();
             st.lookups += 1;

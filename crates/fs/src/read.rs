@@ -53,19 +53,51 @@ enum ModeKind {
     Direct,
 }
 
-struct OpenFile {
-    node: Arc<Node>,
-    object: Option<Arc<CachedObject>>,
-    version: u64,
-    size: u64,
-    chunk_shift: u32,
+/// What an open asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Access {
+    /// Opened for writing.
+    pub write: bool,
+    /// Writes append at the origin's end of file (`O_APPEND`).
+    pub append: bool,
+}
+
+pub(crate) struct OpenFile {
+    pub(crate) node: Arc<Node>,
     mode: ModeKind,
+    pub(crate) access: Access,
     /// Sequential detection: where the next read would start, and the highest chunk already
     /// scheduled for readahead.
     seq: Mutex<(u64, Option<u64>)>,
 }
 
-impl OpenFile {
+/// The current state of a file as reads see it: its cached object (which writes through
+/// this client move forward in place) or, without one, its last known version and size.
+struct View {
+    object: Option<Arc<CachedObject>>,
+    version: u64,
+    size: u64,
+    chunk_shift: u32,
+}
+
+impl View {
+    fn of(node: &Node) -> View {
+        let st = node.state.lock();
+        match &st.object {
+            Some(o) => View {
+                object: Some(o.clone()),
+                version: o.version(),
+                size: o.size(),
+                chunk_shift: o.chunk_size().trailing_zeros(),
+            },
+            None => View {
+                object: None,
+                version: st.attr.version,
+                size: st.attr.size,
+                chunk_shift: chunk_shift_for(st.attr.size),
+            },
+        }
+    }
     fn chunks(&self) -> u64 {
         self.size.div_ceil(1 << self.chunk_shift)
     }
@@ -102,7 +134,7 @@ impl Flight {
 
 /// State of the read path shared by all opens.
 pub(crate) struct ReadEngine {
-    files: RwLock<HashMap<FileHandle, Arc<OpenFile>>>,
+    pub(crate) files: RwLock<HashMap<FileHandle, Arc<OpenFile>>>,
     next_fh: AtomicU64,
     inflight: Mutex<HashMap<ChunkKey, Arc<Flight>>>,
     mem: Mutex<VecDeque<(ChunkKey, Arc<Vec<u8>>)>>,
@@ -125,7 +157,11 @@ impl ReadEngine {
                         let job = rx.lock().recv();
                         let Ok((of, c)) = job else { return };
                         let Some(fs) = fs.upgrade() else { return };
-                        if let Err(e) = fs.ensure_chunk(&of, c) {
+                        let view = View::of(&of.node);
+                        if c >= view.chunks() {
+                            continue;
+                        }
+                        if let Err(e) = fs.ensure_chunk(&of, &view, c) {
                             tracing::debug!("readahead of chunk {c} failed: {e}");
                         }
                     }
@@ -146,17 +182,17 @@ impl ReadEngine {
 }
 
 impl HoardFs {
-    /// Opens `ino` for reading. `make_backing` registers a cache file with the kernel for
-    /// passthrough (called at most once per version while passthrough opens exist). The
-    /// returned flag says the file changed since the kernel last saw its attributes.
+    /// Opens `ino`. `make_backing` registers a cache file with the kernel for passthrough
+    /// (called at most once per version while passthrough opens exist). The returned flag
+    /// says the file changed since the kernel last saw its attributes.
     pub fn open(
         &self,
         ino: Ino,
-        write: bool,
+        access: Access,
         make_backing: &dyn Fn(&File) -> std::io::Result<Backing>,
     ) -> FsResult<(FileHandle, OpenMode, bool)> {
-        if write {
-            return Err(FsError::ReadOnly);
+        if access.write {
+            self.check_writable()?;
         }
         let node = self.node(ino)?;
         match node.kind {
@@ -164,15 +200,37 @@ impl HoardFs {
             FileKind::Dir => return Err(WireError::IsDir.into()),
             _ => return Err(WireError::Invalid.into()),
         }
-        let before = node.state.lock().attr;
-        let attr = self.refresh_attr(&node)?;
+        let (before, valid) = {
+            let st = node.state.lock();
+            (st.attr, st.callback && self.attr_fresh(&st))
+        };
+        // Close-to-open: the version is checked with the origin unless it holds a callback.
+        let attr = if valid {
+            before
+        } else {
+            self.refresh_attr(&node)?.0
+        };
         // The kernel may still hold the old size: the bridge invalidates its attributes.
         let changed = before.version != attr.version || before.size != attr.size;
+        Ok(self.open_node(node, attr, access, changed, make_backing))
+    }
+
+    /// Opens `node` at `attr`'s version (the second half of `open`, shared with `create`).
+    pub(crate) fn open_node(
+        &self,
+        node: Arc<Node>,
+        attr: hoardfs_origin::Attr,
+        access: Access,
+        changed: bool,
+        make_backing: &dyn Fn(&File) -> std::io::Result<Backing>,
+    ) -> (FileHandle, OpenMode, bool) {
         let object = self.object_for(&node, attr.file_id, attr.version, attr.size);
         let engine = &self.reads;
         let mut st = node.state.lock();
         let complete = object.as_ref().is_some_and(|o| o.is_complete());
-        let passthrough_ok = self.config.passthrough
+        // Files open for writing are never handed to the kernel: the daemon must see writes.
+        let passthrough_ok = !access.write
+            && self.config.passthrough
             && complete
             && !engine.passthrough_failed.load(Ordering::Relaxed)
             && st.cached_opens == 0
@@ -208,7 +266,9 @@ impl HoardFs {
                 Stats::add(&self.stats.passthrough_opens, 1);
                 (m, ModeKind::Passthrough)
             }
-            None if st.passthrough_opens > 0 => {
+            // Appends go to the origin's end of file, which the kernel's page cache cannot
+            // know: no page cache for them.
+            None if st.passthrough_opens > 0 || access.append => {
                 st.direct_opens += 1;
                 Stats::add(&self.stats.daemon_opens, 1);
                 (OpenMode::Direct, ModeKind::Direct)
@@ -224,19 +284,13 @@ impl HoardFs {
         drop(st);
         let of = Arc::new(OpenFile {
             node,
-            chunk_shift: object.as_ref().map_or_else(
-                || chunk_shift_for(attr.size),
-                |o| o.chunk_size().trailing_zeros(),
-            ),
-            object,
-            version: attr.version,
-            size: attr.size,
             mode: kind,
+            access,
             seq: Mutex::new((0, None)),
         });
         let fh = engine.next_fh.fetch_add(1, Ordering::Relaxed);
         engine.files.write().insert(fh, of);
-        Ok((fh, mode, changed))
+        (fh, mode, changed)
     }
 
     /// The cached object for this version of the file, replacing (retiring) an object of
@@ -276,31 +330,36 @@ impl HoardFs {
         Some(fresh)
     }
 
-    /// Reads up to `size` bytes at `offset` through open file `fh`.
-    pub fn read(&self, fh: FileHandle, offset: u64, size: u32) -> FsResult<Vec<u8>> {
-        let of = self
-            .reads
+    /// The open file behind kernel handle `fh`.
+    pub(crate) fn open_file(&self, fh: FileHandle) -> FsResult<Arc<OpenFile>> {
+        self.reads
             .files
             .read()
             .get(&fh)
             .cloned()
-            .ok_or(FsError::BadHandle)?;
+            .ok_or(FsError::BadHandle)
+    }
+
+    /// Reads up to `size` bytes at `offset` through open file `fh`.
+    pub fn read(&self, fh: FileHandle, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let of = self.open_file(fh)?;
         Stats::add(&self.stats.reads, 1);
-        if offset >= of.size || size == 0 {
+        let view = View::of(&of.node);
+        if offset >= view.size || size == 0 {
             return Ok(Vec::new());
         }
-        let end = (offset + size as u64).min(of.size);
-        let first = offset >> of.chunk_shift;
-        let last = (end - 1) >> of.chunk_shift;
-        self.schedule_readahead(&of, offset, end, last);
+        let end = (offset + size as u64).min(view.size);
+        let first = offset >> view.chunk_shift;
+        let last = (end - 1) >> view.chunk_shift;
+        self.schedule_readahead(&of, &view, offset, end, last);
         let mut out = vec![0u8; (end - offset) as usize];
         for c in first..=last {
-            let (cs, ce) = of.chunk_range(c);
+            let (cs, ce) = view.chunk_range(c);
             let (from, to) = (offset.max(cs), end.min(ce));
             let dst = &mut out[(from - offset) as usize..(to - offset) as usize];
-            match self.ensure_chunk(&of, c)? {
+            match self.ensure_chunk(&of, &view, c)? {
                 None => {
-                    let obj = of.object.as_ref().expect("present implies object");
+                    let obj = view.object.as_ref().expect("present implies object");
                     let n = obj.read_at(dst, from)?;
                     Stats::add(&self.stats.chunk_hits, 1);
                     Stats::add(&self.stats.bytes_from_cache, n as u64);
@@ -320,7 +379,14 @@ impl HoardFs {
         Ok(out)
     }
 
-    fn schedule_readahead(&self, of: &Arc<OpenFile>, offset: u64, end: u64, last: u64) {
+    fn schedule_readahead(
+        &self,
+        of: &Arc<OpenFile>,
+        view: &View,
+        offset: u64,
+        end: u64,
+        last: u64,
+    ) {
         let window = self.reads.readahead;
         if window == 0 || of.mode == ModeKind::Passthrough {
             return;
@@ -333,7 +399,7 @@ impl HoardFs {
                 return;
             }
             let from = seq.1.map_or(last + 1, |a| a.max(last) + 1);
-            let to = (last + window).min(of.chunks().saturating_sub(1));
+            let to = (last + window).min(view.chunks().saturating_sub(1));
             if from > to {
                 return;
             }
@@ -349,12 +415,12 @@ impl HoardFs {
 
     /// Makes chunk `c` available: `None` if it is in the disk cache, otherwise its bytes
     /// (fetched now, or by a concurrent fetch of the same chunk that we wait for).
-    fn ensure_chunk(&self, of: &OpenFile, c: u64) -> FsResult<Option<Arc<Vec<u8>>>> {
-        if of.object.as_ref().is_some_and(|o| o.has_chunk(c)) {
+    fn ensure_chunk(&self, of: &OpenFile, view: &View, c: u64) -> FsResult<Option<Arc<Vec<u8>>>> {
+        if view.object.as_ref().is_some_and(|o| o.has_chunk(c)) {
             return Ok(None);
         }
-        let key = (of.node.ino, of.version, c);
-        if of.object.is_none() {
+        let key = (of.node.ino, view.version, c);
+        if view.object.is_none() {
             let mem = self.reads.mem.lock();
             if let Some((_, b)) = mem.iter().find(|(k, _)| *k == key) {
                 return Ok(Some(b.clone()));
@@ -374,8 +440,8 @@ impl HoardFs {
         if !leader {
             return flight.wait().map(Some);
         }
-        let result = self.fetch_chunk(of, c).map(Arc::new);
-        if let (Ok(bytes), None) = (&result, &of.object) {
+        let result = self.fetch_chunk(of, view, c).map(Arc::new);
+        if let (Ok(bytes), None) = (&result, &view.object) {
             let mut mem = self.reads.mem.lock();
             if mem.len() >= self.reads.mem_cap {
                 mem.pop_front();
@@ -389,16 +455,16 @@ impl HoardFs {
 
     /// Fetches chunk `c` from the origin and stores it in the cache if it is exactly the
     /// version this open is for.
-    fn fetch_chunk(&self, of: &OpenFile, c: u64) -> FsResult<Vec<u8>> {
+    fn fetch_chunk(&self, of: &OpenFile, view: &View, c: u64) -> FsResult<Vec<u8>> {
         const PIECE: u64 = 4 << 20;
-        let (start, end) = of.chunk_range(c);
+        let (start, end) = view.chunk_range(c);
         let mut data = Vec::with_capacity((end - start) as usize);
         let mut cacheable = true;
         while (data.len() as u64) < end - start {
             let pos = start + data.len() as u64;
             let len = (end - pos).min(PIECE) as u32;
             let r = self.with_handle(&of.node, |h| self.origin.read(h, pos, len))?;
-            cacheable &= r.version == of.version;
+            cacheable &= r.version == view.version;
             let short = (r.data.len() as u32) < len;
             data.extend_from_slice(&r.data);
             if short {
@@ -408,9 +474,9 @@ impl HoardFs {
         }
         Stats::add(&self.stats.chunk_fetches, 1);
         Stats::add(&self.stats.bytes_from_network, data.len() as u64);
-        match &of.object {
+        match &view.object {
             Some(obj) if cacheable => {
-                if let Err(e) = obj.write_chunk(c, &data) {
+                if let Err(e) = obj.write_chunk(c, &data, view.version) {
                     tracing::warn!("cache write failed, serving uncached: {e}");
                     Stats::add(&self.stats.cache_errors, 1);
                 }

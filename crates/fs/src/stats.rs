@@ -15,6 +15,8 @@ pub struct Stats {
     pub(crate) version_checks: AtomicU64,
     pub(crate) cache_errors: AtomicU64,
     pub(crate) uncacheable_fetches: AtomicU64,
+    pub(crate) writes: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
 }
 
 /// A copy of the counters at one instant.
@@ -40,6 +42,10 @@ pub struct StatsSnapshot {
     pub cache_errors: u64,
     /// Fetched chunks not cached because the file changed during the fetch.
     pub uncacheable_fetches: u64,
+    /// Write requests sent to the origin.
+    pub writes: u64,
+    /// Bytes written through to the origin.
+    pub bytes_written: u64,
     /// Whether the origin is reachable.
     pub connected: bool,
 }
@@ -66,6 +72,8 @@ impl Stats {
             version_checks: self.version_checks.load(Relaxed),
             cache_errors: self.cache_errors.load(Relaxed),
             uncacheable_fetches: self.uncacheable_fetches.load(Relaxed),
+            writes: self.writes.load(Relaxed),
+            bytes_written: self.bytes_written.load(Relaxed),
             connected,
         }
     }

@@ -1,6 +1,11 @@
 //! The FUSE bridge: translates kernel requests (via upstream `fuser`) into calls on
 //! [`HoardFs`] and its typed results into replies and errno values. No file-system logic
-//! lives here; this is the only place errno numbers appear.
+//! lives here; this is the only place errno numbers appear. Modifying operations are
+//! translated in module `modify`.
+
+mod modify;
+
+use modify::{access, open_flags};
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -10,31 +15,55 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
-    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use hoardfs_fs::{Backing, FsError, HoardFs, Ino, Listing, OpenMode};
+use hoardfs_fs::{Backing, FsError, HoardFs, Ino, KernelNotifier, Listing};
 use hoardfs_origin::{Attr, FileKind, Timestamp, WireError};
 use parking_lot::Mutex;
+
+/// Kernel invalidations through a fuser [`Notifier`] (for [`HoardFs::set_notifier`]).
+pub struct FuseNotifier(pub Notifier);
+
+impl KernelNotifier for FuseNotifier {
+    fn inval_inode(&self, ino: Ino) {
+        // Offset 0, length 0: attributes and every cached page.
+        if let Err(e) = self.0.inval_inode(INodeNo(ino), 0, 0) {
+            tracing::debug!("inval_inode({ino}) failed: {e}");
+        }
+    }
+    fn inval_attr(&self, ino: Ino) {
+        // Negative offset: attributes only.
+        if let Err(e) = self.0.inval_inode(INodeNo(ino), -1, 0) {
+            tracing::debug!("inval_inode({ino}, attrs) failed: {e}");
+        }
+    }
+    fn inval_entry(&self, parent: Ino, name: &[u8]) {
+        if let Err(e) = self.0.inval_entry(INodeNo(parent), OsStr::from_bytes(name)) {
+            tracing::debug!(
+                "inval_entry({parent}, {:?}) failed: {e}",
+                OsStr::from_bytes(name)
+            );
+        }
+    }
+}
 
 /// The `fuser::Filesystem` implementation.
 pub struct FuseBridge {
     fs: Arc<HoardFs>,
-    ttl: Duration,
     dirs: Mutex<HashMap<u64, Arc<Listing>>>,
     next_dir: AtomicU64,
     notifier: Arc<OnceLock<Notifier>>,
 }
 
 impl FuseBridge {
-    /// A bridge over `fs`; kernel entry/attribute timeouts are the fs attribute TTL.
-    /// `notifier` is filled in once the session exists; until then no invalidations are sent.
+    /// A bridge over `fs`. `notifier` is filled in once the session exists; until then no
+    /// invalidations are sent.
     pub fn new(fs: Arc<HoardFs>, notifier: Arc<OnceLock<Notifier>>) -> Self {
-        let ttl = fs.config().attr_ttl;
         FuseBridge {
             fs,
-            ttl,
             dirs: Mutex::new(HashMap::new()),
             next_dir: AtomicU64::new(1),
             notifier,
@@ -70,6 +99,16 @@ pub fn errno(e: &FsError) -> Errno {
             WireError::Unsupported => Errno::EOPNOTSUPP,
             WireError::Busy => Errno::EAGAIN,
             WireError::Protocol | WireError::Io => Errno::EIO,
+            WireError::Exists => Errno::EEXIST,
+            WireError::NotEmpty => Errno::ENOTEMPTY,
+            WireError::NoData => Errno::ENODATA,
+            WireError::Range => Errno::ERANGE,
+            WireError::QuotaExceeded => Errno::EDQUOT,
+            WireError::NotPermitted => Errno::EPERM,
+            WireError::CrossDevice => Errno::EXDEV,
+            WireError::TooBig => Errno::EFBIG,
+            WireError::InUse => Errno::EBUSY,
+            WireError::TooManyLinks => Errno::EMLINK,
         },
         FsError::Offline(_) => Errno::EIO,
         FsError::Protocol(_) | FsError::Cache(_) => Errno::EIO,
@@ -136,6 +175,8 @@ impl Filesystem for FuseBridge {
             let _ = config.set_max_stack_depth(2);
         }
         let _ = config.set_max_readahead(1 << 20);
+        // Writes reach the daemon (and the origin) in pieces of up to 1 MiB.
+        let _ = config.set_max_write(1 << 20);
         Ok(())
     }
 
@@ -145,7 +186,7 @@ impl Filesystem for FuseBridge {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(parent.0, name.as_bytes()) {
-            Ok((ino, a)) => reply.entry(&self.ttl, &fuse_attr(ino, &a), Generation(0)),
+            Ok((ino, a, ttl)) => reply.entry(&ttl, &fuse_attr(ino, &a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -156,7 +197,7 @@ impl Filesystem for FuseBridge {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&self.ttl, &fuse_attr(ino.0, &a)),
+            Ok((a, ttl)) => reply.attr(&ttl, &fuse_attr(ino.0, &a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -169,35 +210,20 @@ impl Filesystem for FuseBridge {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let write = flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
         let make_backing = |f: &std::fs::File| -> std::io::Result<Backing> {
             Ok(Arc::new(reply.open_backing(f)?) as Backing)
         };
-        let (fh, mode, changed) = match self.fs.open(ino.0, write, &make_backing) {
+        let access = access(flags.0);
+        let (fh, mode, changed) = match self.fs.open(ino.0, access, &make_backing) {
             Ok(r) => r,
             Err(e) => return reply.error(errno(&e)),
         };
         if changed {
             self.invalidate_attrs(ino);
         }
-        let fh = FileHandle(fh);
-        match mode {
-            OpenMode::Passthrough(b) => {
-                let id = b
-                    .downcast_ref::<BackingId>()
-                    .expect("backings are fuser BackingIds");
-                reply.opened_passthrough(fh, FopenFlags::FOPEN_NOFLUSH, id);
-            }
-            OpenMode::Cached { keep_cache } => {
-                let mut f = FopenFlags::FOPEN_NOFLUSH;
-                if keep_cache {
-                    f |= FopenFlags::FOPEN_KEEP_CACHE;
-                }
-                reply.opened(fh, f);
-            }
-            OpenMode::Direct => {
-                reply.opened(fh, FopenFlags::FOPEN_NOFLUSH | FopenFlags::FOPEN_DIRECT_IO)
-            }
+        match open_flags(&mode, access.write) {
+            (f, Some(id)) => reply.opened_passthrough(FileHandle(fh), f, id),
+            (f, None) => reply.opened(FileHandle(fh), f),
         }
     }
 
@@ -320,7 +346,7 @@ impl Filesystem for FuseBridge {
                         INodeNo(dino),
                         i as u64 + 1,
                         if i == 0 { "." } else { ".." },
-                        &self.ttl,
+                        &Duration::ZERO,
                         &fuse_attr(dino, &a),
                         Generation(0),
                     ),
@@ -328,12 +354,12 @@ impl Filesystem for FuseBridge {
                 }
             } else {
                 let e = &listing.entries[i - 2];
-                let child = self.fs.remember_entry(ino.0, e);
+                let (child, ttl) = self.fs.remember_entry(ino.0, &listing, e);
                 let full = reply.add(
                     INodeNo(child),
                     i as u64 + 1,
                     OsStr::from_bytes(&e.name),
-                    &self.ttl,
+                    &ttl,
                     &fuse_attr(child, &e.entry.attr),
                     Generation(0),
                 );
@@ -371,24 +397,200 @@ impl Filesystem for FuseBridge {
         }
     }
 
-    fn getxattr(
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.do_getxattr(ino, name, size, reply);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.do_listxattr(ino, size, reply);
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        self.do_setxattr(ino, name, value, flags, reply);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.do_removexattr(ino, name, reply);
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = hoardfs_origin::SetAttrs {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(modify::time_set),
+            mtime: mtime.map(modify::time_set),
+        };
+        self.do_setattr(ino, &set, reply);
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        self.do_create(req, parent, name, mode, flags, reply);
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.fs.mknod(
+            parent.0,
+            name.as_bytes(),
+            mode,
+            rdev as u64,
+            modify::owner(req),
+        );
+        modify::reply_entry(r, reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .fs
+            .mkdir(parent.0, name.as_bytes(), mode, modify::owner(req));
+        modify::reply_entry(r, reply);
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        let target = target.as_os_str().as_bytes();
+        let r = self
+            .fs
+            .symlink(parent.0, link_name.as_bytes(), target, modify::owner(req));
+        modify::reply_entry(r, reply);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        modify::reply_entry(self.fs.link(ino.0, newparent.0, newname.as_bytes()), reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        modify::reply_empty(self.fs.unlink(parent.0, name.as_bytes()), reply);
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        modify::reply_empty(self.fs.rmdir(parent.0, name.as_bytes()), reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.fs.rename(
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.bits(),
+        );
+        modify::reply_empty(r, reply);
+    }
+
+    fn write(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: fuser::ReplyXattr,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
     ) {
-        // Extended attributes are not exported yet: "no such attribute" for every name.
-        reply.error(Errno::ENODATA);
+        match self.fs.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        if size == 0 {
-            reply.size(0)
-        } else {
-            reply.data(&[])
-        }
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        modify::reply_empty(self.fs.fsync(ino.0, datasync), reply);
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        modify::reply_empty(self.fs.fsync(ino.0, datasync), reply);
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {

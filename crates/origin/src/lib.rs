@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 pub use hoardfs_proto::{
-    Attr, DirEntry, Entry, FileKind, Handle, ServerCounters, StatFs, Timestamp, WireError,
+    Attr, Break, DirEntry, Entry, FileKind, Handle, Owner, RENAME_EXCHANGE, RENAME_NOREPLACE,
+    ServerCounters, SetAttrs, StatFs, TimeSet, Timestamp, WireError,
 };
 
 pub mod local;
@@ -72,7 +73,32 @@ pub struct DirPage {
     pub next: Option<u64>,
 }
 
+/// Outcome of [`Origin::write`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteReply {
+    /// Bytes written.
+    pub written: u32,
+    /// Where they went (the end of file for appends).
+    pub offset: u64,
+    /// Change attribute just before the write (taken under the origin's per-file write
+    /// lock, so "cache at `pre_version` + this write" is exactly `attr.version`).
+    pub pre_version: u64,
+    /// Attributes just after the write.
+    pub attr: Attr,
+}
+
+/// Receives callback breaks. Called on the origin's own thread, in order with replies:
+/// it must be quick and must not call back into the origin.
+pub type BreakSink = std::sync::Arc<dyn Fn(Vec<Break>) + Send + Sync>;
+
+fn read_only<T>() -> Result<T> {
+    Err(OriginError::Fs(WireError::ReadOnly))
+}
+
 /// The authoritative source of files. Implementations are shared by many threads.
+///
+/// Modifying operations default to `ReadOnly`, so read-only origins implement only the
+/// read side.
 pub trait Origin: Send + Sync + 'static {
     /// Identity and root of the export. May contact the origin.
     fn info(&self) -> Result<OriginInfo>;
@@ -91,5 +117,111 @@ pub trait Origin: Send + Sync + 'static {
     /// Whether the origin is currently believed reachable (no network traffic).
     fn is_connected(&self) -> bool {
         true
+    }
+
+    /// Starts delivering callback breaks to `sink`: afterwards, every change to an object
+    /// whose attributes or names this origin has returned is reported (a lost connection
+    /// is reported as [`Break::All`]). Returns false if the origin cannot promise that, in
+    /// which case callers must revalidate by time.
+    fn subscribe(&self, sink: BreakSink) -> bool {
+        let _ = sink;
+        false
+    }
+
+    /// Creates a regular file; `exclusive` fails with `Exists` if the name is taken.
+    fn create(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        owner: Owner,
+    ) -> Result<Entry> {
+        let _ = (parent, name, mode, exclusive, owner);
+        read_only()
+    }
+    /// Creates a special file; `mode` includes the file type bits.
+    fn mknod(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        owner: Owner,
+    ) -> Result<Entry> {
+        let _ = (parent, name, mode, rdev, owner);
+        read_only()
+    }
+    /// Creates a directory.
+    fn mkdir(&self, parent: Handle, name: &[u8], mode: u32, owner: Owner) -> Result<Entry> {
+        let _ = (parent, name, mode, owner);
+        read_only()
+    }
+    /// Creates a symbolic link.
+    fn symlink(&self, parent: Handle, name: &[u8], target: &[u8], owner: Owner) -> Result<Entry> {
+        let _ = (parent, name, target, owner);
+        read_only()
+    }
+    /// Creates a hard link to `handle` as `parent/name`.
+    fn link(&self, handle: Handle, parent: Handle, name: &[u8]) -> Result<Entry> {
+        let _ = (handle, parent, name);
+        read_only()
+    }
+    /// Removes a non-directory.
+    fn unlink(&self, parent: Handle, name: &[u8]) -> Result<()> {
+        let _ = (parent, name);
+        read_only()
+    }
+    /// Removes an empty directory.
+    fn rmdir(&self, parent: Handle, name: &[u8]) -> Result<()> {
+        let _ = (parent, name);
+        read_only()
+    }
+    /// Renames with `renameat2` semantics (`flags`: [`RENAME_NOREPLACE`], [`RENAME_EXCHANGE`]).
+    fn rename(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        new_parent: Handle,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        let _ = (parent, name, new_parent, new_name, flags);
+        read_only()
+    }
+    /// Changes attributes and returns the new ones.
+    fn setattr(&self, handle: Handle, set: &SetAttrs) -> Result<Attr> {
+        let _ = (handle, set);
+        read_only()
+    }
+    /// Writes `data` at `offset`, or at the end of file when `append`.
+    fn write(&self, handle: Handle, offset: u64, data: &[u8], append: bool) -> Result<WriteReply> {
+        let _ = (handle, offset, data, append);
+        read_only()
+    }
+    /// Makes the object's written data (and with `!datasync` its metadata) durable.
+    fn fsync(&self, handle: Handle, datasync: bool) -> Result<()> {
+        let _ = (handle, datasync);
+        Ok(())
+    }
+    /// Value of an extended attribute.
+    fn getxattr(&self, handle: Handle, name: &[u8]) -> Result<Vec<u8>> {
+        let _ = (handle, name);
+        Err(OriginError::Fs(WireError::NoData))
+    }
+    /// Names of the extended attributes, each followed by a NUL.
+    fn listxattr(&self, handle: Handle) -> Result<Vec<u8>> {
+        let _ = handle;
+        Ok(Vec::new())
+    }
+    /// Sets an extended attribute (`flags`: 1 = create only, 2 = replace only).
+    fn setxattr(&self, handle: Handle, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        let _ = (handle, name, value, flags);
+        read_only()
+    }
+    /// Removes an extended attribute.
+    fn removexattr(&self, handle: Handle, name: &[u8]) -> Result<()> {
+        let _ = (handle, name);
+        read_only()
     }
 }

@@ -1,7 +1,8 @@
 //! The hoardfs wire format, shared by the server and every client.
 //!
 //! A connection carries length-delimited [`frame`]s in both directions. Each frame holds a
-//! small postcard-encoded *body* (a [`msg::Request`] or [`msg::Response`]) and an optional raw
+//! small postcard-encoded *body* (a [`msg::Request`] from a client, a [`msg::ServerMessage`] —
+//! a reply or unsolicited callback breaks — from a server) and an optional raw
 //! *data* section, so that file contents travel without re-encoding and can be written
 //! straight from or into buffers. Requests carry a client-chosen id; replies carry the same id
 //! and may come back in any order, so many requests can be in flight on one connection.
@@ -15,10 +16,13 @@ pub use frame::{FrameError, FrameHeader, Limits};
 pub use msg::*;
 
 /// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Default TCP port of `hoardfs serve`.
 pub const DEFAULT_PORT: u16 = 7070;
 
 /// Largest read a client may ask for in one request.
 pub const MAX_READ_LEN: u32 = 8 << 20;
+
+/// Largest write (and extended attribute value) a request may carry.
+pub const MAX_WRITE_LEN: u32 = 8 << 20;

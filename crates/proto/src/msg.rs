@@ -133,6 +133,12 @@ pub struct ServerCounters {
     pub opens: u64,
     /// Connections closed because of a malformed, oversized or unauthenticated frame.
     pub bad_frames: u64,
+    /// Write requests handled.
+    pub writes: u64,
+    /// Bytes written by clients.
+    pub bytes_written: u64,
+    /// Callback breaks sent to clients.
+    pub breaks_sent: u64,
 }
 
 /// One request. `id` is echoed in the matching [`Response`].
@@ -194,6 +200,216 @@ pub enum Op {
     StatFs,
     /// The server's counters.
     Counters,
+    /// Creates a regular file (`O_CREAT`, plus `O_EXCL` when `exclusive`).
+    Create {
+        /// Directory.
+        parent: Handle,
+        /// New name.
+        name: Vec<u8>,
+        /// Permission bits (after the client's umask).
+        mode: u32,
+        /// Fail with `Exists` if the name exists.
+        exclusive: bool,
+        /// Owner of the new file.
+        owner: Owner,
+    },
+    /// Creates a special file (fifo, socket, device) or regular file; `mode` includes the
+    /// type bits.
+    MkNod {
+        /// Directory.
+        parent: Handle,
+        /// New name.
+        name: Vec<u8>,
+        /// Type and permission bits.
+        mode: u32,
+        /// Device number for devices.
+        rdev: u64,
+        /// Owner of the new object.
+        owner: Owner,
+    },
+    /// Creates a directory.
+    MkDir {
+        /// Directory.
+        parent: Handle,
+        /// New name.
+        name: Vec<u8>,
+        /// Permission bits.
+        mode: u32,
+        /// Owner of the new directory.
+        owner: Owner,
+    },
+    /// Creates a symbolic link `name` → `target`.
+    Symlink {
+        /// Directory.
+        parent: Handle,
+        /// New name.
+        name: Vec<u8>,
+        /// Link target (stored, never resolved by the server).
+        target: Vec<u8>,
+        /// Owner of the link.
+        owner: Owner,
+    },
+    /// Creates a hard link to `handle` named `name` in `parent`.
+    Link {
+        /// Existing non-directory.
+        handle: Handle,
+        /// Directory of the new name.
+        parent: Handle,
+        /// New name.
+        name: Vec<u8>,
+    },
+    /// Removes a non-directory name.
+    Unlink {
+        /// Directory.
+        parent: Handle,
+        /// Name to remove.
+        name: Vec<u8>,
+    },
+    /// Removes an empty directory.
+    RmDir {
+        /// Directory.
+        parent: Handle,
+        /// Name to remove.
+        name: Vec<u8>,
+    },
+    /// Renames `parent/name` to `new_parent/new_name` (`renameat2` semantics).
+    Rename {
+        /// Source directory.
+        parent: Handle,
+        /// Source name.
+        name: Vec<u8>,
+        /// Target directory.
+        new_parent: Handle,
+        /// Target name.
+        new_name: Vec<u8>,
+        /// [`RENAME_NOREPLACE`] and/or [`RENAME_EXCHANGE`], or 0.
+        flags: u32,
+    },
+    /// Changes attributes; the reply carries the new ones.
+    SetAttr {
+        /// Object.
+        handle: Handle,
+        /// What to change.
+        set: SetAttrs,
+    },
+    /// Writes the frame's data section at `offset` (or at end of file when `append`).
+    Write {
+        /// Regular file.
+        handle: Handle,
+        /// Byte offset (ignored when `append`).
+        offset: u64,
+        /// Append atomically at the server's end of file.
+        append: bool,
+    },
+    /// Makes written data durable on the server's disk.
+    Fsync {
+        /// Object.
+        handle: Handle,
+        /// Data only (`fdatasync`).
+        datasync: bool,
+    },
+    /// Value of one extended attribute.
+    GetXattr {
+        /// Object.
+        handle: Handle,
+        /// Attribute name (e.g. `user.foo`).
+        name: Vec<u8>,
+    },
+    /// Names of the object's extended attributes, each NUL-terminated.
+    ListXattr {
+        /// Object.
+        handle: Handle,
+    },
+    /// Sets an extended attribute to the frame's data section.
+    SetXattr {
+        /// Object.
+        handle: Handle,
+        /// Attribute name.
+        name: Vec<u8>,
+        /// `XATTR_CREATE` (1) / `XATTR_REPLACE` (2) or 0.
+        flags: u32,
+    },
+    /// Removes an extended attribute.
+    RemoveXattr {
+        /// Object.
+        handle: Handle,
+        /// Attribute name.
+        name: Vec<u8>,
+    },
+}
+
+/// `renameat2` flag: fail with `Exists` instead of replacing the target.
+pub const RENAME_NOREPLACE: u32 = 1;
+/// `renameat2` flag: atomically swap source and target.
+pub const RENAME_EXCHANGE: u32 = 2;
+
+/// Identity a new object is created with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Owner {
+    /// User id of the creating process.
+    pub uid: u32,
+    /// Group id of the creating process.
+    pub gid: u32,
+}
+
+/// A new access or modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TimeSet {
+    /// The server's current time.
+    Now,
+    /// This time.
+    At(Timestamp),
+}
+
+/// Attribute changes of a [`Op::SetAttr`]; `None` fields are left alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct SetAttrs {
+    /// New permission bits.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size (truncate or extend with zeros).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<TimeSet>,
+    /// New modification time.
+    pub mtime: Option<TimeSet>,
+}
+
+/// A callback break: the server tells a client that something it may cache has changed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Break {
+    /// Attributes (and possibly content) of `file_id` changed; `version` is the change
+    /// attribute after the change, so a client that already has it can ignore the break.
+    Attr {
+        /// Object.
+        file_id: u64,
+        /// Its version after the change.
+        version: u64,
+    },
+    /// Name `name` in directory `dir_id` was created, removed or replaced; `file_id` is
+    /// what it names now (`None`: nothing).
+    Entry {
+        /// Directory.
+        dir_id: u64,
+        /// Name within it.
+        name: Vec<u8>,
+        /// Object the name refers to now.
+        file_id: Option<u64>,
+    },
+    /// Every callback is broken (the server lost track, e.g. its change queue overflowed).
+    All,
+}
+
+/// Every frame a server sends: a reply to a request, or callback breaks nobody asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerMessage {
+    /// Reply to one request.
+    Response(Response),
+    /// Callback breaks.
+    Breaks(Vec<Break>),
 }
 
 /// Reply to one [`Request`].
@@ -245,6 +461,26 @@ pub enum Reply {
     StatFs(StatFs),
     /// Server counters.
     Counters(ServerCounters),
+    /// Success without a value.
+    Done,
+    /// Result of a write: bytes written, the version just before it and the attributes
+    /// just after it (taken together under the server's per-file write lock, so a client
+    /// whose cache held `pre_version` knows its cache plus this write equals `attr.version`).
+    Written {
+        /// Bytes written.
+        len: u32,
+        /// Offset the bytes went to (differs from the request's for appends).
+        offset: u64,
+        /// Change attribute just before the write.
+        pre_version: u64,
+        /// Attributes just after the write.
+        attr: Attr,
+    },
+    /// Extended attribute value or name list (in the data section).
+    Xattr {
+        /// Bytes in the data section.
+        len: u32,
+    },
 }
 
 /// Typed failure reasons. Mapped to errno only at the FUSE boundary.
@@ -295,4 +531,34 @@ pub enum WireError {
     /// I/O error on the server's disk.
     #[error("input/output error")]
     Io,
+    /// The name already exists.
+    #[error("file exists")]
+    Exists,
+    /// Directory not empty.
+    #[error("directory not empty")]
+    NotEmpty,
+    /// No such extended attribute.
+    #[error("no data available")]
+    NoData,
+    /// A value does not fit (extended attribute size).
+    #[error("result out of range")]
+    Range,
+    /// Disk quota exceeded on the server.
+    #[error("disk quota exceeded")]
+    QuotaExceeded,
+    /// Operation not permitted (as opposed to permission denied).
+    #[error("operation not permitted")]
+    NotPermitted,
+    /// Rename or link across file systems inside the export.
+    #[error("invalid cross-device link")]
+    CrossDevice,
+    /// File too large.
+    #[error("file too large")]
+    TooBig,
+    /// Object busy (e.g. a mount point).
+    #[error("device or resource busy")]
+    InUse,
+    /// Too many hard links.
+    #[error("too many links")]
+    TooManyLinks,
 }

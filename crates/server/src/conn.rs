@@ -11,17 +11,20 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hoardfs_origin::OriginError;
 use hoardfs_proto::frame::{self, FrameError, FrameHeader, HEADER_LEN, Limits};
-use hoardfs_proto::{MAX_READ_LEN, Op, PROTOCOL_VERSION, Reply, Request, Response, WireError};
+use hoardfs_proto::{
+    MAX_WRITE_LEN, Op, PROTOCOL_VERSION, Reply, Request, Response, ServerMessage, WireError,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
+use crate::callbacks::ConnId;
 use crate::{Shared, Stats};
 
 /// How long a new connection may take to send its `Hello`.
@@ -31,36 +34,41 @@ const HELLO_LIMITS: Limits = Limits {
     max_body: 4096,
     max_data: 0,
 };
-/// Upper bound on entries in one directory page, so replies stay well under the client's
-/// body limit whatever the client asks for.
-const MAX_DIR_PAGE: u32 = 8192;
 /// Socket buffer sizes of the reader and writer.
 const IO_BUF: usize = 64 << 10;
 /// How long a refused peer gets to receive the error reply before the socket closes.
 const REFUSAL_LINGER: Duration = Duration::from_secs(5);
 
-/// An encoded reply frame waiting for the writer.
-struct Outgoing {
+/// An encoded frame waiting for the writer.
+pub(crate) struct Outgoing {
     body: Vec<u8>,
     data: Vec<u8>,
+    /// A callback-break frame (counted in the connection's pending breaks until written).
+    is_break: bool,
 }
 
 impl Outgoing {
     /// Encodes a reply; a body the client would reject as too large becomes `Io`.
-    fn new(id: u64, result: Result<Reply, WireError>, data: Vec<u8>) -> Outgoing {
-        let body = frame::encode_body(&Response { id, result });
-        if body.len() > Limits::RESPONSE.max_body as usize {
-            tracing::warn!(id, len = body.len(), "reply too large for the wire");
-            let body = frame::encode_body(&Response {
-                id,
-                result: Err(WireError::Io),
-            });
-            return Outgoing {
-                body,
-                data: Vec::new(),
-            };
+    pub(crate) fn new(id: u64, result: Result<Reply, WireError>, data: Vec<u8>) -> Outgoing {
+        let msg = ServerMessage::Response(Response { id, result });
+        let out = Outgoing {
+            data,
+            ..Outgoing::message(&msg, false)
+        };
+        if out.body.len() > Limits::RESPONSE.max_body as usize {
+            tracing::warn!(id, len = out.body.len(), "reply too large for the wire");
+            return Outgoing::new(id, Err(WireError::Io), Vec::new());
         }
-        Outgoing { body, data }
+        out
+    }
+
+    /// Encodes any server message without a data section.
+    pub(crate) fn message(msg: &ServerMessage, is_break: bool) -> Outgoing {
+        Outgoing {
+            body: frame::encode_body(msg),
+            data: Vec::new(),
+            is_break,
+        }
     }
 }
 
@@ -95,12 +103,24 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
     let (rd, wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(IO_BUF, rd);
     let max_in_flight = shared.cfg.max_in_flight_per_conn.max(1);
-    // Room for every in-flight reply plus inline ones, so senders never wait on the writer
-    // for long.
-    let (tx, rx) = mpsc::channel(max_in_flight + 4);
+    // Unbounded, but replies are bounded by the in-flight permits and break frames by the
+    // callback registry's per-connection limit.
+    let (tx, rx) = mpsc::unbounded_channel();
+    let pending_breaks = Arc::new(AtomicUsize::new(0));
     // Aborted if this task is (server shutdown), so the socket closes with it.
-    let mut writer = AbortOnDrop(tokio::spawn(write_loop(wr, rx)));
-    let end = read_loop(&mut rd, &tx, peer, &shared, max_in_flight).await;
+    let mut writer = AbortOnDrop(tokio::spawn(write_loop(wr, rx, pending_breaks.clone())));
+    let mut conn_id = None;
+    let end = read_loop(&mut rd, &tx, peer, &shared, max_in_flight, || {
+        let id = shared
+            .callbacks
+            .add_conn(tx.clone(), pending_breaks.clone());
+        conn_id = Some(id);
+        id
+    })
+    .await;
+    if let Some(id) = conn_id {
+        shared.callbacks.remove_conn(id);
+    }
     match end {
         End::Closed(err) => {
             match err {
@@ -120,7 +140,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
             if bad {
                 Stats::bump(&shared.stats.bad_frames);
             }
-            let _ = tx.send(reply).await;
+            let _ = tx.send(reply);
             drop(tx);
             let _ = tokio::time::timeout(REFUSAL_LINGER, &mut writer.0).await;
         }
@@ -130,10 +150,11 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
 /// Reads and dispatches frames until the connection ends.
 async fn read_loop<R: AsyncRead + Unpin>(
     rd: &mut R,
-    tx: &mpsc::Sender<Outgoing>,
+    tx: &mpsc::UnboundedSender<Outgoing>,
     peer: SocketAddr,
     shared: &Arc<Shared>,
     max_in_flight: usize,
+    register: impl FnOnce() -> ConnId,
 ) -> End {
     // Handshake.
     let first = match tokio::time::timeout(HELLO_TIMEOUT, read_frame(rd, HELLO_LIMITS)).await {
@@ -169,11 +190,17 @@ async fn read_loop<R: AsyncRead + Unpin>(
             bad: true,
         };
     }
+    let conn = register();
+    let seq_before = shared.callbacks.seq();
     let origin = Arc::clone(&shared.origin);
     let info = match tokio::task::spawn_blocking(move || origin.info()).await {
         Ok(Ok(info)) => info,
         Ok(Err(e)) => {
-            let reply = Outgoing::new(req.id, Err(wire_error(e.clone())), Vec::new());
+            let reply = Outgoing::new(
+                req.id,
+                Err(crate::handle::wire_error(e.clone())),
+                Vec::new(),
+            );
             return End::Refuse {
                 reason: format!("origin unavailable: {e}"),
                 reply,
@@ -189,18 +216,28 @@ async fn read_loop<R: AsyncRead + Unpin>(
             };
         }
     };
+    let root_id = info.root.attr.file_id;
     let hello = Reply::Hello {
         version: PROTOCOL_VERSION,
         export_id: info.export_id,
         root: info.root,
         read_only: shared.cfg.read_only || info.read_only,
     };
+    let raced = shared.callbacks.register(conn, &[root_id], seq_before);
     if tx
         .send(Outgoing::new(req.id, Ok(hello), Vec::new()))
-        .await
         .is_err()
     {
         return End::Closed(None);
+    }
+    if raced {
+        shared.callbacks.send_to(
+            conn,
+            vec![hoardfs_proto::Break::Attr {
+                file_id: root_id,
+                version: 0,
+            }],
+        );
     }
     tracing::debug!(%peer, "client authenticated");
 
@@ -222,16 +259,22 @@ async fn read_loop<R: AsyncRead + Unpin>(
         };
         Stats::bump(&shared.stats.requests);
         let Request { id, op } = req;
-        if matches!(op, Op::Hello { .. }) || !data.is_empty() {
-            // A second hello, or data on a request that takes none (no write ops yet).
+        let takes_data = matches!(op, Op::Write { .. } | Op::SetXattr { .. });
+        if matches!(op, Op::Hello { .. }) || (!data.is_empty() && !takes_data) {
+            // A second hello, or data on a request that takes none.
             let err = if data.is_empty() {
                 WireError::Protocol
             } else {
                 WireError::Invalid
             };
+            if tx.send(Outgoing::new(id, Err(err), Vec::new())).is_err() {
+                return End::Closed(None);
+            }
+            continue;
+        }
+        if data.len() > MAX_WRITE_LEN as usize {
             if tx
-                .send(Outgoing::new(id, Err(err), Vec::new()))
-                .await
+                .send(Outgoing::new(id, Err(WireError::TooBig), Vec::new()))
                 .is_err()
             {
                 return End::Closed(None);
@@ -241,15 +284,20 @@ async fn read_loop<R: AsyncRead + Unpin>(
         let shared = Arc::clone(shared);
         let tx = tx.clone();
         tokio::spawn(async move {
-            let out = match tokio::task::spawn_blocking(move || handle(&shared, id, op)).await {
-                Ok(out) => out,
+            let req = crate::handle::Req { conn, id, op, data };
+            let out = tokio::task::spawn_blocking(move || crate::handle::handle(&shared, req));
+            match out.await {
+                // Fails only when the writer is gone (connection closing): nothing to do.
+                Ok(frames) => {
+                    for f in frames {
+                        let _ = tx.send(f);
+                    }
+                }
                 Err(e) => {
                     tracing::error!(id, "request handler panicked: {e}");
-                    Outgoing::new(id, Err(WireError::Io), Vec::new())
+                    let _ = tx.send(Outgoing::new(id, Err(WireError::Io), Vec::new()));
                 }
-            };
-            // Fails only when the writer is gone (connection closing): nothing to do.
-            let _ = tx.send(out).await;
+            }
             drop(permit);
         });
     }
@@ -283,64 +331,6 @@ async fn read_frame<R: AsyncRead + Unpin>(
     Ok(Some((body, data)))
 }
 
-/// Runs one request against the origin (on the blocking pool) and encodes the reply.
-fn handle(shared: &Shared, id: u64, op: Op) -> Outgoing {
-    let origin = &*shared.origin;
-    let result = match op {
-        Op::Lookup { parent, name } => origin.lookup(parent, &name).map(Reply::Entry),
-        Op::GetAttr { handle } => origin.getattr(handle).map(Reply::Attr),
-        Op::ReadDir {
-            dir,
-            cookie,
-            max_entries,
-        } => origin
-            .readdir(dir, cookie, max_entries.clamp(1, MAX_DIR_PAGE))
-            .map(|p| Reply::DirPage {
-                entries: p.entries,
-                next: p.next,
-            }),
-        Op::Read {
-            handle,
-            offset,
-            len,
-        } => {
-            if len > MAX_READ_LEN {
-                return Outgoing::new(id, Err(WireError::Invalid), Vec::new());
-            }
-            // Zero-copy would go here: instead of reading into a buffer, hand the writer an
-            // (open file, offset, len) and let it sendfile(2)/splice(2) straight from the
-            // page cache into the socket after the header and body.
-            return match origin.read(handle, offset, len) {
-                Ok(mut r) => {
-                    r.data.truncate(len as usize);
-                    let reply = Reply::Data {
-                        len: r.data.len() as u32,
-                        version: r.version,
-                    };
-                    Outgoing::new(id, Ok(reply), r.data)
-                }
-                Err(e) => Outgoing::new(id, Err(wire_error(e)), Vec::new()),
-            };
-        }
-        Op::ReadLink { handle } => origin.readlink(handle).map(Reply::Link),
-        Op::StatFs => origin.statfs().map(Reply::StatFs),
-        Op::Counters => Ok(Reply::Counters(shared.counters())),
-        Op::Hello { .. } => Err(OriginError::Fs(WireError::Protocol)),
-    };
-    Outgoing::new(id, result.map_err(wire_error), Vec::new())
-}
-
-/// What to tell a client when the origin failed.
-fn wire_error(e: OriginError) -> WireError {
-    match e {
-        OriginError::Fs(w) => w,
-        other => {
-            tracing::warn!("origin failure: {other}");
-            WireError::Io
-        }
-    }
-}
-
 /// Compares secrets without an early exit on the first differing byte.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -350,19 +340,30 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Writes queued replies, flushing whenever the queue runs dry.
-async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>) -> io::Result<()> {
+async fn write_loop(
+    wr: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    pending_breaks: Arc<AtomicUsize>,
+) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(IO_BUF, wr);
     while let Some(first) = rx.recv().await {
-        write_one(&mut w, &first).await?;
+        write_one(&mut w, &first, &pending_breaks).await?;
         while let Ok(next) = rx.try_recv() {
-            write_one(&mut w, &next).await?;
+            write_one(&mut w, &next, &pending_breaks).await?;
         }
         w.flush().await?;
     }
     w.shutdown().await
 }
 
-async fn write_one(w: &mut BufWriter<OwnedWriteHalf>, out: &Outgoing) -> io::Result<()> {
+async fn write_one(
+    w: &mut BufWriter<OwnedWriteHalf>,
+    out: &Outgoing,
+    pending_breaks: &AtomicUsize,
+) -> io::Result<()> {
+    if out.is_break {
+        pending_breaks.fetch_sub(1, Ordering::Relaxed);
+    }
     w.write_all(&FrameHeader::encode(out.body.len(), out.data.len()))
         .await?;
     w.write_all(&out.body).await?;

@@ -9,7 +9,9 @@
 //!
 //! The CLI uses [`run_blocking`]; tests and embedders use [`Server`] directly.
 
+mod callbacks;
 mod conn;
+mod handle;
 
 use std::future::Future;
 use std::io;
@@ -70,6 +72,7 @@ pub struct Stats {
     connections: AtomicU64,
     requests: AtomicU64,
     bad_frames: AtomicU64,
+    callbacks: Arc<callbacks::Callbacks>,
 }
 
 impl Stats {
@@ -79,6 +82,7 @@ impl Stats {
             connections: self.connections.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             bad_frames: self.bad_frames.load(Ordering::Relaxed),
+            breaks_sent: self.callbacks.sent(),
             ..ServerCounters::default()
         }
     }
@@ -94,6 +98,7 @@ pub(crate) struct Shared {
     pub(crate) cfg: ServerConfig,
     pub(crate) stats: Arc<Stats>,
     pub(crate) origin_counters: Option<OriginCounters>,
+    pub(crate) callbacks: Arc<callbacks::Callbacks>,
 }
 
 impl Shared {
@@ -110,6 +115,8 @@ fn merge(stats: &Stats, origin: Option<&OriginCounters>) -> ServerCounters {
         reads: o.reads,
         bytes_read: o.bytes_read,
         opens: o.opens,
+        writes: o.writes,
+        bytes_written: o.bytes_written,
         ..own
     }
 }
@@ -173,11 +180,17 @@ impl Server {
 
     /// Serves until `shutdown` completes, then closes every connection.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
+        let callbacks = Arc::clone(&self.stats.callbacks);
+        let sink = Arc::clone(&callbacks);
+        if !self.origin.subscribe(Arc::new(move |b| sink.changed(b))) {
+            tracing::warn!("the origin cannot report changes: clients will revalidate by time");
+        }
         let shared = Arc::new(Shared {
             origin: self.origin,
             cfg: self.cfg,
             stats: self.stats,
             origin_counters: self.origin_counters,
+            callbacks,
         });
         let mut conns = JoinSet::new();
         tokio::pin!(shutdown);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use hoardfs_origin::{FileKind, Origin, OriginError, WireError};
 use hoardfs_proto::frame::{self, FrameHeader, Limits};
-use hoardfs_proto::{MAX_READ_LEN, Op, PROTOCOL_VERSION, Reply, Request, Response};
+use hoardfs_proto::{MAX_READ_LEN, Op, PROTOCOL_VERSION, Reply, Request, Response, ServerMessage};
 
 fn fake() -> Arc<FakeOrigin> {
     Arc::new(FakeOrigin::new())
@@ -132,13 +132,13 @@ fn wrong_version_is_refused() {
     frame::write_frame(&mut s, &frame::encode_body(&hello), &[]).unwrap();
     let mut data = Vec::new();
     let body = frame::read_frame(&mut s, Limits::RESPONSE, &mut data).unwrap();
-    let resp: Response = frame::decode_body(&body).unwrap();
+    let resp: ServerMessage = frame::decode_body(&body).unwrap();
     assert_eq!(
         resp,
-        Response {
+        ServerMessage::Response(Response {
             id: 9,
             result: Err(WireError::Protocol)
-        }
+        })
     );
     assert!(closed(&mut s));
 }
@@ -177,8 +177,17 @@ fn raw(addr: std::net::SocketAddr, authenticate: bool, bytes: &[u8]) -> TcpStrea
         s.write_all(&frame_bytes(&hello, &[])).unwrap();
         let mut data = Vec::new();
         let body = frame::read_frame(&mut s, Limits::RESPONSE, &mut data).unwrap();
-        let resp: Response = frame::decode_body(&body).unwrap();
-        assert!(matches!(resp.result, Ok(Reply::Hello { .. })), "{resp:?}");
+        let resp: ServerMessage = frame::decode_body(&body).unwrap();
+        assert!(
+            matches!(
+                &resp,
+                ServerMessage::Response(Response {
+                    result: Ok(Reply::Hello { .. }),
+                    ..
+                })
+            ),
+            "{resp:?}"
+        );
     }
     // The server may close before reading everything; that is fine.
     let _ = s.write_all(bytes);

@@ -1,9 +1,10 @@
 //! The handle table: maps wire [`Handle`]s to `O_PATH` descriptors of exported objects.
 //!
 //! Holding an `O_PATH` descriptor pins the object's identity, so a handle keeps naming the
-//! same file across renames, and a deleted file is detected by its link count dropping to
-//! zero (answered as `Stale`). The table is bounded: beyond `cap` entries the oldest handles
-//! are forgotten, and clients holding them get `Stale` and resolve the name again.
+//! same file across renames, and a deleted file stays readable and writable through it (it
+//! reports a link count of zero), as a local open file would. The table is bounded: beyond
+//! `cap` entries the oldest handles are forgotten, and clients holding them get `Stale` and
+//! resolve the name again.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
@@ -82,19 +83,23 @@ impl HandleTable {
     }
 
     /// Registers a node (or finds the one already registered for the same inode) and
-    /// returns its handle.
-    pub fn insert(&self, node: Node) -> Handle {
+    /// returns its handle and the registered node.
+    pub fn insert(&self, node: Node) -> (Handle, Arc<Node>) {
         let mut inner = self.inner.lock();
-        if let Some(&id) = inner.by_inode.get(&(node.dev, node.ino)) {
-            return Handle {
+        if let Some(&id) = inner.by_inode.get(&(node.dev, node.ino))
+            && let Some(existing) = inner.by_id.get(&id)
+        {
+            let h = Handle {
                 epoch: self.epoch,
                 id,
             };
+            return (h, existing.clone());
         }
         let id = inner.next_id;
         inner.next_id += 1;
+        let node = Arc::new(node);
         inner.by_inode.insert((node.dev, node.ino), id);
-        inner.by_id.insert(id, Arc::new(node));
+        inner.by_id.insert(id, node.clone());
         inner.order.push_back(id);
         while inner.by_id.len() > self.cap {
             let Some(old) = inner.order.pop_front() else {
@@ -104,9 +109,21 @@ impl HandleTable {
                 inner.by_inode.remove(&(n.dev, n.ino));
             }
         }
-        Handle {
+        let h = Handle {
             epoch: self.epoch,
             id,
-        }
+        };
+        (h, node)
+    }
+
+    /// Every directory currently registered (a snapshot; the lock is released on return).
+    pub fn dirs(&self) -> Vec<Arc<Node>> {
+        self.inner
+            .lock()
+            .by_id
+            .values()
+            .filter(|n| n.kind == FileKind::Dir)
+            .cloned()
+            .collect()
     }
 }

@@ -6,10 +6,21 @@
 //! Confinement is enforced by the kernel, not by string checks: every name is resolved with
 //! `openat2(RESOLVE_BENEATH)` relative to its parent's descriptor and never follows symlinks
 //! (symlinks are returned as objects; their targets are only read, never resolved here).
+//! Modifications use the `*at` system calls relative to the parent's descriptor
+//! (`namespace`), attribute and data changes go through the object's own descriptor
+//! (`write`, `xattr`), and callbacks come from inotify (`watch`).
+//!
+//! This module owns the [`LocalOrigin`] value, the read side and the [`Origin`] impl, which
+//! delegates modifications to those modules.
 
 mod files;
 mod handles;
+mod namespace;
 pub mod sys;
+mod sys_write;
+mod watch;
+mod write;
+mod xattr;
 
 use std::ffi::CString;
 use std::fs::File;
@@ -17,13 +28,15 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use hoardfs_proto::{Attr, DirEntry, Entry, FileKind, Handle, ServerCounters, StatFs, WireError};
+use hoardfs_proto::{
+    Attr, DirEntry, Entry, FileKind, Handle, Owner, ServerCounters, SetAttrs, StatFs, WireError,
+};
 
-use crate::{DirPage, Origin, OriginInfo, ReadReply, Result};
+use crate::{BreakSink, DirPage, Origin, OriginInfo, ReadReply, Result, WriteReply};
 use files::OpenFiles;
 use handles::{HandleTable, Node, ROOT_ID};
 
@@ -34,9 +47,9 @@ pub struct LocalOptions {
     pub read_only: bool,
     /// Most handles remembered at once.
     pub max_handles: usize,
-    /// Most files kept open for reading.
+    /// Most files kept open for reading (and, separately, as many for writing).
     pub max_open_files: usize,
-    /// Close a cached open file after this long without reads.
+    /// Close a cached open file after this long without reads or writes.
     pub open_file_idle: Duration,
 }
 
@@ -60,34 +73,60 @@ pub struct LocalOrigin {
     opts: LocalOptions,
     handles: HandleTable,
     files: OpenFiles,
+    wfiles: OpenFiles,
+    locks: write::WriteLocks,
     proc_fd: OwnedFd,
     reads: AtomicU64,
     bytes_read: AtomicU64,
     opens: AtomicU64,
+    writes: AtomicU64,
+    bytes_written: AtomicU64,
+    watch: OnceLock<watch::Subscription>,
 }
 
-/// Maps an OS error to the wire's typed error set.
+/// Maps an OS error to the wire's typed error set. `EXDEV` becomes `Access` (what `openat2`
+/// answers when a resolution would escape the export); rename and link map it to
+/// `CrossDevice` themselves.
 pub fn wire_error(e: &io::Error) -> WireError {
     match e.raw_os_error() {
         Some(libc::ENOENT) => WireError::NotFound,
-        Some(libc::EACCES | libc::EPERM) => WireError::Access,
+        Some(libc::EACCES) => WireError::Access,
+        Some(libc::EPERM) => WireError::NotPermitted,
         Some(libc::ENOTDIR) => WireError::NotDir,
         Some(libc::EISDIR) => WireError::IsDir,
         Some(libc::ENAMETOOLONG) => WireError::NameTooLong,
         Some(libc::ELOOP) => WireError::Loop,
-        // openat2 answers EXDEV when a resolution would escape the export.
         Some(libc::EXDEV) => WireError::Access,
         Some(libc::EROFS) => WireError::ReadOnly,
-        Some(libc::ENOSPC | libc::EDQUOT) => WireError::NoSpace,
+        Some(libc::ENOSPC) => WireError::NoSpace,
+        Some(libc::EDQUOT) => WireError::QuotaExceeded,
         Some(libc::ESTALE) => WireError::Stale,
         Some(libc::EINVAL) => WireError::Invalid,
         Some(libc::EOPNOTSUPP | libc::ENOSYS) => WireError::Unsupported,
+        Some(libc::EEXIST) => WireError::Exists,
+        Some(libc::ENOTEMPTY) => WireError::NotEmpty,
+        Some(libc::ENODATA) => WireError::NoData,
+        // E2BIG: an extended attribute value or name list larger than the kernel allows.
+        Some(libc::ERANGE | libc::E2BIG) => WireError::Range,
+        Some(libc::EFBIG) => WireError::TooBig,
+        Some(libc::EBUSY | libc::ETXTBSY) => WireError::InUse,
+        Some(libc::EMLINK) => WireError::TooManyLinks,
         _ => WireError::Io,
     }
 }
 
 fn werr(e: io::Error) -> crate::OriginError {
     crate::OriginError::Fs(wire_error(&e))
+}
+
+/// A stable file id: the inode number, mixed with the device for objects on other file
+/// systems mounted inside the export (`root_dev` is the export root's device).
+fn file_id_of(root_dev: u64, dev: u64, ino: u64) -> u64 {
+    if dev == root_dev {
+        ino
+    } else {
+        ino ^ dev.rotate_left(40)
+    }
 }
 
 /// Checks that `name` is one plain path component and returns it as a C string.
@@ -123,11 +162,16 @@ impl LocalOrigin {
             export_id,
             handles: HandleTable::new(epoch, opts.max_handles, node),
             files: OpenFiles::new(opts.max_open_files, opts.open_file_idle),
+            wfiles: OpenFiles::new(opts.max_open_files, opts.open_file_idle),
+            locks: write::WriteLocks::new(),
             proc_fd: sys::open_proc_self_fd()?,
             opts,
             reads: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             opens: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            watch: OnceLock::new(),
         })
     }
 
@@ -136,12 +180,15 @@ impl LocalOrigin {
         &self.root_path
     }
 
-    /// Read-side counters (reads, bytes_read, opens); connection counters stay zero.
+    /// Data counters (reads, bytes_read, opens, writes, bytes_written); connection and
+    /// break counters stay zero.
     pub fn counters(&self) -> ServerCounters {
         ServerCounters {
             reads: self.reads.load(Ordering::Relaxed),
             bytes_read: self.bytes_read.load(Ordering::Relaxed),
             opens: self.opens.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
             ..Default::default()
         }
     }
@@ -149,13 +196,27 @@ impl LocalOrigin {
     /// A stable file id: the inode number, mixed with the device for objects on other file
     /// systems mounted inside the export.
     fn file_id(&self, st: &libc::stat) -> u64 {
-        if st.st_dev == self.root_dev {
-            st.st_ino
-        } else {
-            st.st_ino ^ st.st_dev.rotate_left(40)
-        }
+        file_id_of(self.root_dev, st.st_dev, st.st_ino)
     }
 
+    /// `ReadOnly` when the export refuses modifications.
+    fn check_writable(&self) -> Result<()> {
+        if self.opts.read_only {
+            return Err(WireError::ReadOnly.into());
+        }
+        Ok(())
+    }
+
+    /// The directory node `h` names (`NotDir` for anything else).
+    fn dir_node(&self, h: Handle) -> Result<Arc<Node>> {
+        let dir = self.handles.get(h)?;
+        if dir.kind != FileKind::Dir {
+            return Err(WireError::NotDir.into());
+        }
+        Ok(dir)
+    }
+
+    /// A directory with no links left (removed) lists as `Stale`.
     fn live_stat(&self, node: &Node) -> Result<libc::stat> {
         let st = sys::fstat(node.fd.as_raw_fd()).map_err(werr)?;
         if st.st_nlink == 0 {
@@ -175,14 +236,25 @@ impl LocalOrigin {
     fn open_child(&self, dir: i32, name: &CString) -> Result<Entry> {
         let fd = sys::openat_beneath(dir, name, libc::O_PATH | libc::O_NOFOLLOW).map_err(werr)?;
         let st = sys::fstat(fd.as_raw_fd()).map_err(werr)?;
-        let attr = sys::attr_of(&st, self.file_id(&st));
-        let handle = self.handles.insert(Node {
+        Ok(self.register(fd, &st))
+    }
+
+    /// Registers the object open (`O_PATH`) at `fd`, whose `stat` is `st`, in the handle
+    /// table; a directory also gets an inotify watch once [`Origin::subscribe`] was called.
+    fn register(&self, fd: OwnedFd, st: &libc::stat) -> Entry {
+        let attr = sys::attr_of(st, self.file_id(st));
+        let (handle, node) = self.handles.insert(Node {
             fd,
             kind: attr.kind,
             dev: st.st_dev,
             ino: st.st_ino,
         });
-        Ok(Entry { handle, attr })
+        if attr.kind == FileKind::Dir
+            && let Some(sub) = self.watch.get()
+        {
+            sub.watch_dir(&node);
+        }
+        Entry { handle, attr }
     }
 
     fn open_file(&self, id: u64, node: &Node) -> Result<Arc<File>> {
@@ -218,7 +290,7 @@ impl Origin for LocalOrigin {
 
     fn getattr(&self, handle: Handle) -> Result<Attr> {
         let node = self.handles.get(handle)?;
-        let st = self.live_stat(&node)?;
+        let st = sys::fstat(node.fd.as_raw_fd()).map_err(werr)?;
         Ok(sys::attr_of(&st, self.file_id(&st)))
     }
 
@@ -277,9 +349,6 @@ impl Origin for LocalOrigin {
         // meanwhile, try again, and after three tries label it 0 ("unstable, do not cache").
         for attempt in 0..3 {
             let before = sys::fstat(file.as_raw_fd()).map_err(werr)?;
-            if before.st_nlink == 0 {
-                return Err(WireError::Stale.into());
-            }
             let n = read_full(&file, &mut data, offset).map_err(werr)?;
             let after = sys::fstat(file.as_raw_fd()).map_err(werr)?;
             let (v0, v1) = (sys::version_of(&before), sys::version_of(&after));
@@ -306,6 +375,91 @@ impl Origin for LocalOrigin {
     fn statfs(&self) -> Result<StatFs> {
         let root = self.handles.get(self.root_handle())?;
         sys::statvfs(root.fd.as_raw_fd()).map_err(werr)
+    }
+
+    fn subscribe(&self, sink: BreakSink) -> bool {
+        self.subscribe_inotify(sink)
+    }
+
+    fn create(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        owner: Owner,
+    ) -> Result<Entry> {
+        self.create_file(parent, name, mode, exclusive, owner)
+    }
+
+    fn mknod(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        owner: Owner,
+    ) -> Result<Entry> {
+        self.make_node(parent, name, mode, rdev, owner)
+    }
+
+    fn mkdir(&self, parent: Handle, name: &[u8], mode: u32, owner: Owner) -> Result<Entry> {
+        self.make_dir(parent, name, mode, owner)
+    }
+
+    fn symlink(&self, parent: Handle, name: &[u8], target: &[u8], owner: Owner) -> Result<Entry> {
+        self.make_symlink(parent, name, target, owner)
+    }
+
+    fn link(&self, handle: Handle, parent: Handle, name: &[u8]) -> Result<Entry> {
+        self.make_link(handle, parent, name)
+    }
+
+    fn unlink(&self, parent: Handle, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, false)
+    }
+
+    fn rmdir(&self, parent: Handle, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, true)
+    }
+
+    fn rename(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        new_parent: Handle,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        self.rename_entry(parent, name, new_parent, new_name, flags)
+    }
+
+    fn setattr(&self, handle: Handle, set: &SetAttrs) -> Result<Attr> {
+        self.set_attrs(handle, set)
+    }
+
+    fn write(&self, handle: Handle, offset: u64, data: &[u8], append: bool) -> Result<WriteReply> {
+        self.write_data(handle, offset, data, append)
+    }
+
+    fn fsync(&self, handle: Handle, datasync: bool) -> Result<()> {
+        self.sync(handle, datasync)
+    }
+
+    fn getxattr(&self, handle: Handle, name: &[u8]) -> Result<Vec<u8>> {
+        self.get_xattr(handle, name)
+    }
+
+    fn listxattr(&self, handle: Handle) -> Result<Vec<u8>> {
+        self.list_xattr(handle)
+    }
+
+    fn setxattr(&self, handle: Handle, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        self.set_xattr(handle, name, value, flags)
+    }
+
+    fn removexattr(&self, handle: Handle, name: &[u8]) -> Result<()> {
+        self.remove_xattr(handle, name)
     }
 }
 

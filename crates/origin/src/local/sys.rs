@@ -1,6 +1,6 @@
-//! Thin, safe wrappers over the system calls the local export needs: `openat2` with
-//! `RESOLVE_BENEATH`, `fstatat`, re-opening `O_PATH` descriptors, `getdents`-style directory
-//! iteration, `readlinkat` and `fstatvfs`.
+//! Thin, safe wrappers over the read-side system calls the local export needs: `openat2`
+//! with `RESOLVE_BENEATH`, `fstatat`, re-opening `O_PATH` descriptors, `getdents`-style
+//! directory iteration, `readlinkat` and `fstatvfs`. Modifying calls live in `sys_write`.
 
 use std::ffi::{CStr, CString};
 use std::fs::File;
@@ -23,9 +23,15 @@ struct OpenHow {
 /// the kernel refuses any resolution that would leave `dir` (`..`, absolute symlinks,
 /// races with renames), whatever the name contains.
 pub fn openat_beneath(dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
+    openat_beneath_mode(dir, name, flags, 0)
+}
+
+/// [`openat_beneath`] with a creation `mode` (used with `O_CREAT`; the process umask
+/// applies).
+pub fn openat_beneath_mode(dir: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     let how = OpenHow {
         flags: (flags | libc::O_CLOEXEC) as u64,
-        mode: 0,
+        mode: u64::from(mode),
         resolve: RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
     };
     loop {
@@ -88,17 +94,45 @@ pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     Ok(st)
 }
 
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: the object `name` names in `dir`, not followed.
+pub fn fstatat(dir: RawFd, name: &CStr) -> io::Result<libc::stat> {
+    // SAFETY: zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out-pointer; the kernel validates `dir`.
+    let rc = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
 /// Re-opens an `O_PATH` descriptor of a regular file for reading, through
 /// `/proc/self/fd` (the method virtiofsd uses); `proc_fd` is an open `/proc/self/fd`.
 pub fn reopen_read(proc_fd: RawFd, fd: RawFd) -> io::Result<File> {
-    let name = CString::new(fd.to_string()).expect("digits");
+    reopen(proc_fd, fd, libc::O_RDONLY)
+}
+
+/// Re-opens descriptor `fd` with `flags` (e.g. `O_RDWR`, `O_PATH`) through `/proc/self/fd`;
+/// the result names the same inode even if its name changed meanwhile.
+pub fn reopen(proc_fd: RawFd, fd: RawFd, flags: i32) -> io::Result<File> {
+    let name = fd_name(fd);
     // SAFETY: valid C string; result checked.
-    let rfd = unsafe { libc::openat(proc_fd, name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    let rfd = unsafe { libc::openat(proc_fd, name.as_ptr(), flags | libc::O_CLOEXEC) };
     if rfd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: fresh descriptor.
     Ok(unsafe { File::from_raw_fd(rfd) })
+}
+
+/// The name of descriptor `fd` inside `/proc/self/fd` (its decimal number).
+pub fn fd_name(fd: RawFd) -> CString {
+    CString::new(fd.to_string()).expect("digits")
+}
+
+/// The absolute path `/proc/self/fd/N` of descriptor `fd`, for calls without an `*at` form.
+pub fn fd_path(fd: RawFd) -> CString {
+    CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL")
 }
 
 /// Opens `/proc/self/fd` for [`reopen_read`].

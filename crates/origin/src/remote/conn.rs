@@ -16,10 +16,13 @@ use std::thread;
 use std::time::Duration;
 
 use hoardfs_proto::frame::{self, Limits};
-use hoardfs_proto::{Op, Reply, Request, Response};
+use hoardfs_proto::{Break, Op, Reply, Request, ServerMessage};
 use parking_lot::Mutex;
 
-use crate::{OriginError, Result};
+use crate::{BreakSink, OriginError, Result};
+
+/// Where callback breaks go; shared by every connection of one origin, set by `subscribe`.
+pub(crate) type SinkSlot = Arc<Mutex<Option<BreakSink>>>;
 
 /// A decoded reply together with the frame's data section.
 pub(crate) type Answer = (Reply, Vec<u8>);
@@ -41,6 +44,8 @@ struct Shared {
     frames_rx: AtomicU64,
     /// Peer address, for messages.
     peer: SocketAddr,
+    /// Receiver of callback breaks (and of `Break::All` when this connection dies).
+    sink: SinkSlot,
 }
 
 impl Shared {
@@ -50,12 +55,23 @@ impl Shared {
         let waiters = self.pending.lock().take();
         if was_alive {
             tracing::debug!(peer = %self.peer, "hoardfs connection lost: {reason}");
+            // Callbacks were promised on this connection only: presume them all broken.
+            self.deliver(vec![Break::All]);
         }
         for (_, w) in waiters.into_iter().flatten() {
             let _ = w.try_send(Err(OriginError::Unreachable(format!(
                 "connection to {} lost: {reason}",
                 self.peer
             ))));
+        }
+    }
+}
+
+impl Shared {
+    fn deliver(&self, breaks: Vec<Break>) {
+        let sink = self.sink.lock().clone();
+        if let Some(sink) = sink {
+            sink(breaks);
         }
     }
 }
@@ -75,6 +91,7 @@ impl Conn {
         addr: SocketAddr,
         connect_timeout: Duration,
         write_timeout: Duration,
+        sink: SinkSlot,
     ) -> std::io::Result<Conn> {
         let stream = TcpStream::connect_timeout(&addr, connect_timeout)?;
         stream.set_nodelay(true)?;
@@ -86,6 +103,7 @@ impl Conn {
             alive: AtomicBool::new(true),
             frames_rx: AtomicU64::new(0),
             peer: addr,
+            sink,
         });
         let s = Arc::clone(&shared);
         thread::Builder::new()
@@ -111,6 +129,17 @@ impl Conn {
 
     /// Sends `op` as request `id` and waits up to `timeout` for the reply.
     pub(crate) fn call(&self, id: u64, op: Op, timeout: Duration) -> Result<Answer> {
+        self.call_with_data(id, op, &[], timeout)
+    }
+
+    /// Like [`Conn::call`], with a data section (write payloads, xattr values).
+    pub(crate) fn call_with_data(
+        &self,
+        id: u64,
+        op: Op,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<Answer> {
         let (tx, rx) = mpsc::sync_channel(1);
         {
             let mut pending = self.shared.pending.lock();
@@ -125,7 +154,7 @@ impl Conn {
         let rx_before = self.shared.frames_rx.load(Ordering::SeqCst);
         let written = {
             let mut w = self.writer.lock();
-            frame::write_frame(&mut *w, &body, &[]).and_then(|()| w.flush())
+            frame::write_frame(&mut *w, &body, data).and_then(|()| w.flush())
         };
         if let Err(e) = written {
             self.forget(id);
@@ -179,11 +208,20 @@ fn reader_loop(stream: TcpStream, shared: Arc<Shared>) {
             Ok(b) => b,
             Err(e) => break e.to_string(),
         };
-        let resp: Response = match frame::decode_body(&body) {
+        let msg: ServerMessage = match frame::decode_body(&body) {
             Ok(r) => r,
             Err(e) => break format!("undecodable reply: {e}"),
         };
         shared.frames_rx.fetch_add(1, Ordering::SeqCst);
+        let resp = match msg {
+            ServerMessage::Response(r) => r,
+            ServerMessage::Breaks(b) => {
+                // Delivered here, in order with replies, so a caller can tell whether a
+                // break arrived before the reply it is about to act on.
+                shared.deliver(b);
+                continue;
+            }
+        };
         let waiter = shared
             .pending
             .lock()

@@ -18,11 +18,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use hoardfs_proto::{Handle, Op, PROTOCOL_VERSION, Reply, ServerCounters, WireError};
+use hoardfs_proto::{
+    Handle, MAX_WRITE_LEN, Op, Owner, PROTOCOL_VERSION, Reply, ServerCounters, SetAttrs, WireError,
+};
 use parking_lot::Mutex;
 
-use crate::{Attr, DirPage, Entry, Origin, OriginError, OriginInfo, ReadReply, Result, StatFs};
-use conn::{Answer, Conn};
+use crate::{
+    Attr, BreakSink, DirPage, Entry, Origin, OriginError, OriginInfo, ReadReply, Result, StatFs,
+    WriteReply,
+};
+use conn::{Answer, Conn, SinkSlot};
 
 /// Timeouts and pacing of a [`RemoteOrigin`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +71,7 @@ pub struct RemoteOrigin {
     /// Serialises reconnect attempts, so a burst of callers makes one attempt, not many.
     connecting: Mutex<()>,
     next_id: AtomicU64,
+    sink: SinkSlot,
 }
 
 impl std::fmt::Debug for RemoteOrigin {
@@ -81,8 +87,10 @@ impl RemoteOrigin {
     /// Connects to `addr` (`HOST:PORT`) and performs the handshake with `token` (empty when
     /// the server has none). A refused token yields `OriginError::Fs(WireError::AuthFailed)`.
     pub fn connect(addr: &str, token: Vec<u8>, opts: RemoteOptions) -> Result<RemoteOrigin> {
-        let (conn, info) = handshake(addr, &token, &opts)?;
+        let sink = SinkSlot::default();
+        let (conn, info) = handshake(addr, &token, &opts, &sink)?;
         Ok(RemoteOrigin {
+            sink,
             addr: addr.to_owned(),
             token,
             opts,
@@ -137,7 +145,7 @@ impl RemoteOrigin {
                 )));
             }
         }
-        match handshake(&self.addr, &self.token, &self.opts) {
+        match handshake(&self.addr, &self.token, &self.opts, &self.sink) {
             Ok((conn, info)) => {
                 let conn = Arc::new(conn);
                 let mut st = self.state.lock();
@@ -174,9 +182,38 @@ impl RemoteOrigin {
 
     /// Sends one request on the current connection and waits for its reply.
     fn request(&self, op: Op) -> Result<Answer> {
+        self.request_with_data(op, &[])
+    }
+
+    /// Sends one request with a data section.
+    fn request_with_data(&self, op: Op, data: &[u8]) -> Result<Answer> {
         let conn = self.conn()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        conn.call(id, op, self.opts.request_timeout)
+        conn.call_with_data(id, op, data, self.opts.request_timeout)
+    }
+
+    /// A request whose reply is an `Entry`.
+    fn entry(&self, op: Op) -> Result<Entry> {
+        match self.request(op)? {
+            (Reply::Entry(e), d) if d.is_empty() => Ok(e),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A request whose reply is `Done`.
+    fn done(&self, op: Op, data: &[u8]) -> Result<()> {
+        match self.request_with_data(op, data)? {
+            (Reply::Done, d) if d.is_empty() => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A request whose reply is `Xattr` bytes.
+    fn xattr(&self, op: Op) -> Result<Vec<u8>> {
+        match self.request(op)? {
+            (Reply::Xattr { len }, d) if d.len() == len as usize => Ok(d),
+            other => Err(unexpected(&other)),
+        }
     }
 }
 
@@ -253,10 +290,175 @@ impl Origin for RemoteOrigin {
             .as_ref()
             .is_some_and(|c| c.is_alive())
     }
+
+    fn subscribe(&self, sink: BreakSink) -> bool {
+        *self.sink.lock() = Some(sink);
+        true
+    }
+
+    fn create(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        owner: Owner,
+    ) -> Result<Entry> {
+        self.entry(Op::Create {
+            parent,
+            name: name.to_vec(),
+            mode,
+            exclusive,
+            owner,
+        })
+    }
+
+    fn mknod(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        owner: Owner,
+    ) -> Result<Entry> {
+        self.entry(Op::MkNod {
+            parent,
+            name: name.to_vec(),
+            mode,
+            rdev,
+            owner,
+        })
+    }
+
+    fn mkdir(&self, parent: Handle, name: &[u8], mode: u32, owner: Owner) -> Result<Entry> {
+        self.entry(Op::MkDir {
+            parent,
+            name: name.to_vec(),
+            mode,
+            owner,
+        })
+    }
+
+    fn symlink(&self, parent: Handle, name: &[u8], target: &[u8], owner: Owner) -> Result<Entry> {
+        self.entry(Op::Symlink {
+            parent,
+            name: name.to_vec(),
+            target: target.to_vec(),
+            owner,
+        })
+    }
+
+    fn link(&self, handle: Handle, parent: Handle, name: &[u8]) -> Result<Entry> {
+        self.entry(Op::Link {
+            handle,
+            parent,
+            name: name.to_vec(),
+        })
+    }
+
+    fn unlink(&self, parent: Handle, name: &[u8]) -> Result<()> {
+        let name = name.to_vec();
+        self.done(Op::Unlink { parent, name }, &[])
+    }
+
+    fn rmdir(&self, parent: Handle, name: &[u8]) -> Result<()> {
+        let name = name.to_vec();
+        self.done(Op::RmDir { parent, name }, &[])
+    }
+
+    fn rename(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        new_parent: Handle,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        let op = Op::Rename {
+            parent,
+            name: name.to_vec(),
+            new_parent,
+            new_name: new_name.to_vec(),
+            flags,
+        };
+        self.done(op, &[])
+    }
+
+    fn setattr(&self, handle: Handle, set: &SetAttrs) -> Result<Attr> {
+        match self.request(Op::SetAttr { handle, set: *set })? {
+            (Reply::Attr(a), d) if d.is_empty() => Ok(a),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn write(&self, handle: Handle, offset: u64, data: &[u8], append: bool) -> Result<WriteReply> {
+        if data.len() > MAX_WRITE_LEN as usize {
+            return Err(OriginError::Fs(WireError::Invalid));
+        }
+        let op = Op::Write {
+            handle,
+            offset,
+            append,
+        };
+        match self.request_with_data(op, data)? {
+            (
+                Reply::Written {
+                    len,
+                    offset,
+                    pre_version,
+                    attr,
+                },
+                d,
+            ) if d.is_empty() && len as usize <= data.len() => Ok(WriteReply {
+                written: len,
+                offset,
+                pre_version,
+                attr,
+            }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn fsync(&self, handle: Handle, datasync: bool) -> Result<()> {
+        self.done(Op::Fsync { handle, datasync }, &[])
+    }
+
+    fn getxattr(&self, handle: Handle, name: &[u8]) -> Result<Vec<u8>> {
+        self.xattr(Op::GetXattr {
+            handle,
+            name: name.to_vec(),
+        })
+    }
+
+    fn listxattr(&self, handle: Handle) -> Result<Vec<u8>> {
+        self.xattr(Op::ListXattr { handle })
+    }
+
+    fn setxattr(&self, handle: Handle, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        if value.len() > MAX_WRITE_LEN as usize {
+            return Err(OriginError::Fs(WireError::TooBig));
+        }
+        let op = Op::SetXattr {
+            handle,
+            name: name.to_vec(),
+            flags,
+        };
+        self.done(op, value)
+    }
+
+    fn removexattr(&self, handle: Handle, name: &[u8]) -> Result<()> {
+        let name = name.to_vec();
+        self.done(Op::RemoveXattr { handle, name }, &[])
+    }
 }
 
 /// Connects to the first reachable address of `addr` and performs the `Hello` handshake.
-fn handshake(addr: &str, token: &[u8], opts: &RemoteOptions) -> Result<(Conn, OriginInfo)> {
+fn handshake(
+    addr: &str,
+    token: &[u8],
+    opts: &RemoteOptions,
+    sink: &SinkSlot,
+) -> Result<(Conn, OriginInfo)> {
     let addrs: Vec<SocketAddr> = addr
         .to_socket_addrs()
         .map_err(|e| OriginError::Unreachable(format!("cannot resolve {addr}: {e}")))?
@@ -264,7 +466,7 @@ fn handshake(addr: &str, token: &[u8], opts: &RemoteOptions) -> Result<(Conn, Or
     let mut last_err = None;
     let mut conn = None;
     for a in addrs {
-        match Conn::open(a, opts.connect_timeout, opts.request_timeout) {
+        match Conn::open(a, opts.connect_timeout, opts.request_timeout, sink.clone()) {
             Ok(c) => {
                 conn = Some(c);
                 break;
@@ -326,6 +528,9 @@ fn unexpected((reply, data): &Answer) -> OriginError {
         Reply::Link(_) => "Link",
         Reply::StatFs(_) => "StatFs",
         Reply::Counters(_) => "Counters",
+        Reply::Done => "Done",
+        Reply::Written { .. } => "Written",
+        Reply::Xattr { .. } => "Xattr",
     };
     OriginError::Protocol(format!(
         "unexpected {kind} reply with {} data bytes",

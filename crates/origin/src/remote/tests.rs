@@ -2,7 +2,7 @@
 
 use super::*;
 use hoardfs_proto::frame::{self, Limits};
-use hoardfs_proto::{Attr, FileKind, Request, Response, Timestamp};
+use hoardfs_proto::{Attr, FileKind, Request, Response, ServerMessage, Timestamp};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::AtomicBool;
 use std::thread;
@@ -43,7 +43,7 @@ fn root() -> Entry {
 }
 
 fn reply(w: &Writer, id: u64, result: std::result::Result<Reply, WireError>, data: &[u8]) {
-    let body = frame::encode_body(&Response { id, result });
+    let body = frame::encode_body(&ServerMessage::Response(Response { id, result }));
     let _ = frame::write_frame(&mut *w.lock(), &body, data);
 }
 

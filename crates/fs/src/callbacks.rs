@@ -1,0 +1,221 @@
+//! Callbacks on the client: which cached attributes and names the origin has promised to
+//! report changes to, and what happens when it does (a *break*).
+//!
+//! While a node holds a valid callback, its attributes are answered from memory and opens
+//! skip the version round trip; the kernel is given long timeouts and is told explicitly
+//! (through a [`KernelNotifier`]) when a break arrives. Breaks are handled on a dedicated
+//! thread, never on the origin's reader thread: a kernel invalidation may wait for a
+//! directory lock held by a request that itself waits for the reader.
+//!
+//! Race rule: a reply may be overtaken by a break for the same object (the server sends
+//! breaks as changes happen). The [`BreakLog`] numbers breaks as they arrive; a caller notes
+//! the number before sending a request and grants the callback only if no break for that
+//! object arrived since (checked under the node's lock, which the break handler also takes,
+//! so a break handled after the check clears what the check granted).
+
+use std::collections::{HashMap, VecDeque};
+
+use hoardfs_origin::Break;
+use parking_lot::Mutex;
+
+use crate::HoardFs;
+use crate::nodes::Ino;
+
+/// Tells the kernel to drop what it cached (implemented by the FUSE bridge).
+pub trait KernelNotifier: Send + Sync {
+    /// Attributes (and, for files, page-cache data) of `ino` are out of date.
+    fn inval_inode(&self, ino: Ino);
+    /// Only the attributes of `ino` are out of date.
+    fn inval_attr(&self, ino: Ino);
+    /// The dentry `name` in directory `parent` is out of date.
+    fn inval_entry(&self, parent: Ino, name: &[u8]);
+}
+
+/// Breaks remembered individually; older ones are summarised by a horizon.
+const LOG_CAP: usize = 1 << 16;
+
+/// Numbered record of recent breaks; see the module docs. Lock: a leaf.
+#[derive(Default)]
+pub(crate) struct BreakLog {
+    inner: Mutex<LogInner>,
+}
+
+#[derive(Default)]
+struct LogInner {
+    seq: u64,
+    /// Sequence number of the last `Break::All`.
+    all_at: u64,
+    /// Latest break per object.
+    recent: HashMap<u64, u64>,
+    order: VecDeque<(u64, u64)>,
+    /// Breaks at or below this number were forgotten: treat them as touching everything.
+    horizon: u64,
+}
+
+impl BreakLog {
+    /// Number of breaks received so far.
+    pub(crate) fn seq(&self) -> u64 {
+        self.inner.lock().seq
+    }
+
+    /// Records breaks as they arrive (on the origin's thread, in order with replies).
+    pub(crate) fn record(&self, breaks: &[Break]) {
+        let mut g = self.inner.lock();
+        g.seq += 1;
+        let seq = g.seq;
+        for b in breaks {
+            match b {
+                Break::Attr { file_id, .. } => g.note(*file_id, seq),
+                Break::Entry {
+                    dir_id, file_id, ..
+                } => {
+                    g.note(*dir_id, seq);
+                    if let Some(f) = file_id {
+                        g.note(*f, seq);
+                    }
+                }
+                Break::All => g.all_at = seq,
+            }
+        }
+    }
+
+    /// Whether a break touching `file_id` arrived after `since`.
+    pub(crate) fn broken_since(&self, file_id: u64, since: u64) -> bool {
+        let g = self.inner.lock();
+        g.all_at > since || g.horizon > since || g.recent.get(&file_id).is_some_and(|&s| s > since)
+    }
+}
+
+impl LogInner {
+    fn note(&mut self, file_id: u64, seq: u64) {
+        self.recent.insert(file_id, seq);
+        self.order.push_back((file_id, seq));
+        while self.order.len() > LOG_CAP {
+            let Some((f, s)) = self.order.pop_front() else {
+                break;
+            };
+            self.horizon = self.horizon.max(s);
+            if self.recent.get(&f) == Some(&s) {
+                self.recent.remove(&f);
+            }
+        }
+    }
+}
+
+impl HoardFs {
+    /// Handles breaks (on the callback thread): clears callbacks and tells the kernel.
+    pub(crate) fn apply_breaks(&self, breaks: Vec<Break>) {
+        let notifier = self.notifier.get();
+        for b in breaks {
+            match b {
+                Break::Attr { file_id, version } => {
+                    let Some(node) = self.nodes.by_file_id(file_id) else {
+                        continue;
+                    };
+                    {
+                        let mut st = node.state.lock();
+                        if st.callback && st.attr.version == version {
+                            // Already known (typically our own change coming back).
+                            continue;
+                        }
+                        st.callback = false;
+                        st.expired = true;
+                        st.listing = None;
+                    }
+                    if let Some(n) = notifier {
+                        n.inval_inode(node.ino);
+                    }
+                }
+                Break::Entry {
+                    dir_id,
+                    name,
+                    file_id,
+                } => {
+                    let Some(dir) = self.nodes.by_file_id(dir_id) else {
+                        continue;
+                    };
+                    let child = dir.state.lock().children.get(&name).copied();
+                    let known = child
+                        .and_then(|c| self.nodes.get(c))
+                        .map(|c| c.state.lock().attr.file_id);
+                    if known == file_id {
+                        continue;
+                    }
+                    {
+                        let mut st = dir.state.lock();
+                        st.children.remove(&name);
+                        st.listing = None;
+                        st.expired = true;
+                    }
+                    if let Some(n) = notifier {
+                        n.inval_entry(dir.ino, &name);
+                    }
+                }
+                Break::All => {
+                    let nodes = self.nodes.all();
+                    for node in &nodes {
+                        let mut st = node.state.lock();
+                        st.callback = false;
+                        st.expired = true;
+                        st.listing = None;
+                    }
+                    if let Some(n) = notifier {
+                        for node in &nodes {
+                            n.inval_inode(node.ino);
+                            let (parent, name) = {
+                                let st = node.state.lock();
+                                (st.parent, st.name.clone())
+                            };
+                            if !name.is_empty() {
+                                n.inval_entry(parent, &name);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BreakLog;
+    use hoardfs_origin::Break;
+
+    #[test]
+    fn log_tells_which_replies_were_overtaken() {
+        let log = BreakLog::default();
+        let before = log.seq();
+        log.record(&[Break::Attr {
+            file_id: 7,
+            version: 1,
+        }]);
+        assert!(log.broken_since(7, before));
+        assert!(!log.broken_since(8, before));
+        assert!(!log.broken_since(7, log.seq()));
+        let before = log.seq();
+        log.record(&[Break::Entry {
+            dir_id: 1,
+            name: b"x".to_vec(),
+            file_id: Some(9),
+        }]);
+        assert!(log.broken_since(1, before) && log.broken_since(9, before));
+        let before = log.seq();
+        log.record(&[Break::All]);
+        assert!(log.broken_since(12345, before));
+    }
+
+    #[test]
+    fn forgotten_breaks_count_as_touching_everything() {
+        let log = BreakLog::default();
+        let before = log.seq();
+        for i in 0..(super::LOG_CAP as u64 + 10) {
+            log.record(&[Break::Attr {
+                file_id: i,
+                version: 0,
+            }]);
+        }
+        assert!(log.broken_since(u64::MAX, before));
+        assert!(!log.broken_since(u64::MAX, log.seq()));
+    }
+}

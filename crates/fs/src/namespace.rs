@@ -1,0 +1,199 @@
+//! Namespace operations: create, mknod, mkdir, symlink, link, unlink, rmdir, rename.
+//!
+//! Each one is a single origin round trip; afterwards the node table is updated the way
+//! the kernel updates its dentries (names move, disappear or appear), the directories'
+//! listings are dropped and their attributes expire (their mtime changed). The origin's
+//! callback break for the change comes back to this client too and is recognised as
+//! already known (see `callbacks`).
+
+use std::fs::File;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hoardfs_origin::{Attr, Entry, FileKind, Owner, RENAME_EXCHANGE, SetAttrs, WireError};
+
+use crate::nodes::{Backing, Ino, Node};
+use crate::read::{Access, FileHandle, OpenMode};
+use crate::{FsResult, HoardFs};
+
+/// A new name: its node, attributes and how long the kernel may cache them.
+pub type NewEntry = (Ino, Attr, Duration);
+
+impl HoardFs {
+    /// The directory node `parent` and its origin file id.
+    fn dir(&self, parent: Ino) -> FsResult<(Arc<Node>, u64)> {
+        let dir = self.node(parent)?;
+        if dir.kind != FileKind::Dir {
+            return Err(WireError::NotDir.into());
+        }
+        let id = dir.state.lock().attr.file_id;
+        Ok((dir, id))
+    }
+
+    /// Runs a creating operation in `parent` and records the new name.
+    fn make(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        op: impl FnMut(hoardfs_origin::Handle) -> Result<Entry, hoardfs_origin::OriginError>,
+    ) -> FsResult<NewEntry> {
+        self.check_writable()?;
+        let (dir, dir_id) = self.dir(parent)?;
+        let since = self.breaks.seq();
+        let e = self.with_handle(&dir, op)?;
+        let (ino, ttl) = self.remember(parent, name, &e, dir_id, since);
+        self.dir_changed(&dir);
+        Ok((ino, e.attr, ttl))
+    }
+
+    /// A directory's content changed through this client.
+    fn dir_changed(&self, dir: &Node) {
+        let mut st = dir.state.lock();
+        st.listing = None;
+        st.expired = true;
+        st.callback = false;
+    }
+
+    /// Creates (or with `!exclusive` opens an existing) regular file and opens it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        truncate: bool,
+        access: Access,
+        owner: Owner,
+        make_backing: &dyn Fn(&File) -> std::io::Result<Backing>,
+    ) -> FsResult<(NewEntry, FileHandle, OpenMode)> {
+        let (ino, mut attr, mut ttl) = self.make(parent, name, |h| {
+            self.origin.create(h, name, mode, exclusive, owner)
+        })?;
+        if truncate && attr.size > 0 {
+            let set = SetAttrs {
+                size: Some(0),
+                ..Default::default()
+            };
+            (attr, ttl) = self.setattr(ino, &set)?;
+        }
+        let node = self.node(ino)?;
+        let (fh, mode, _) = self.open_node(node, attr, access, false, make_backing);
+        Ok(((ino, attr, ttl), fh, mode))
+    }
+
+    /// Creates a special file (fifo, socket, device; `mode` includes the type bits).
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        owner: Owner,
+    ) -> FsResult<NewEntry> {
+        self.make(parent, name, |h| {
+            self.origin.mknod(h, name, mode, rdev, owner)
+        })
+    }
+
+    /// Creates a directory.
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> FsResult<NewEntry> {
+        self.make(parent, name, |h| self.origin.mkdir(h, name, mode, owner))
+    }
+
+    /// Creates a symbolic link `name` → `target`.
+    pub fn symlink(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        owner: Owner,
+    ) -> FsResult<NewEntry> {
+        self.make(parent, name, |h| {
+            self.origin.symlink(h, name, target, owner)
+        })
+    }
+
+    /// Creates hard link `parent/name` to `ino`.
+    pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<NewEntry> {
+        let node = self.node(ino)?;
+        let target = node.handle();
+        self.make(parent, name, |h| self.origin.link(target, h, name))
+    }
+
+    /// Removes a non-directory name.
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        self.remove(parent, name, false)
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        self.remove(parent, name, true)
+    }
+
+    fn remove(&self, parent: Ino, name: &[u8], dir_wanted: bool) -> FsResult<()> {
+        self.check_writable()?;
+        let (dir, _) = self.dir(parent)?;
+        self.with_handle(&dir, |h| {
+            if dir_wanted {
+                self.origin.rmdir(h, name)
+            } else {
+                self.origin.unlink(h, name)
+            }
+        })?;
+        let child = dir.state.lock().children.remove(name);
+        if let Some(child) = child.and_then(|c| self.nodes.get(c)) {
+            // Its link count changed.
+            self.expire_attr(&child);
+        }
+        self.dir_changed(&dir);
+        Ok(())
+    }
+
+    /// Renames `parent/name` to `new_parent/new_name` (`flags`: NOREPLACE, EXCHANGE).
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
+        self.check_writable()?;
+        let (dir, _) = self.dir(parent)?;
+        let (new_dir, _) = self.dir(new_parent)?;
+        let target = new_dir.handle();
+        self.with_handle(&dir, |h| {
+            self.origin.rename(h, name, target, new_name, flags)
+        })?;
+        let moved = dir.state.lock().children.remove(name);
+        let replaced = new_dir.state.lock().children.remove(new_name);
+        if let Some(m) = moved {
+            new_dir.state.lock().children.insert(new_name.to_vec(), m);
+            if let Some(n) = self.nodes.get(m) {
+                let mut st = n.state.lock();
+                st.parent = new_parent;
+                st.name = new_name.to_vec();
+            }
+        }
+        if let Some(r) = replaced {
+            if flags & RENAME_EXCHANGE != 0 {
+                dir.state.lock().children.insert(name.to_vec(), r);
+                if let Some(n) = self.nodes.get(r) {
+                    let mut st = n.state.lock();
+                    st.parent = parent;
+                    st.name = name.to_vec();
+                }
+            }
+            if let Some(n) = self.nodes.get(r) {
+                self.expire_attr(&n);
+            }
+        }
+        if let Some(n) = moved.and_then(|m| self.nodes.get(m)) {
+            self.expire_attr(&n);
+        }
+        self.dir_changed(&dir);
+        self.dir_changed(&new_dir);
+        Ok(())
+    }
+}

@@ -1,0 +1,175 @@
+//! Writes, attribute changes, fsync and extended attributes.
+//!
+//! Writes go through: each one reaches the origin before it returns, so nothing is lost at
+//! `close()` and every error (`ENOSPC`, `EDQUOT`, `EACCES`...) reaches the writer at the
+//! `write()` it belongs to. The written bytes also land in the cached object when the
+//! origin says nobody else changed the file in between (the object then moves to the new
+//! version in place), so reading them back is a cache hit; otherwise the object is replaced
+//! by an empty one for the new version.
+//!
+//! Lock ordering: as in `read`, a node's `state` lock is held across disk I/O only to
+//! replace or update that node's cached object (never across origin round trips).
+
+use std::sync::Arc;
+
+use hoardfs_cache::{CachedObject, ObjectKey};
+use hoardfs_origin::{Attr, SetAttrs};
+
+use crate::nodes::{Ino, Node};
+use crate::read::FileHandle;
+use crate::stats::Stats;
+use crate::{FsError, FsResult, HoardFs};
+
+impl HoardFs {
+    /// Writes `data` at `offset` through open file `fh`; returns the bytes written.
+    pub fn write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32> {
+        self.check_writable()?;
+        let of = self.open_file(fh)?;
+        if !of.access.write {
+            return Err(FsError::BadHandle);
+        }
+        let node = &of.node;
+        let since = self.breaks.seq();
+        let append = of.access.append;
+        let w = self.with_handle(node, |h| self.origin.write(h, offset, data, append))?;
+        Stats::add(&self.stats.writes, 1);
+        Stats::add(&self.stats.bytes_written, w.written as u64);
+        self.follow_write(node, &w, &data[..w.written as usize]);
+        self.install_attr(node, w.attr, since);
+        if append && let Some(n) = self.notifier.get() {
+            // The kernel guessed the offset from a size that may be stale.
+            n.inval_attr(node.ino);
+        }
+        Ok(w.written)
+    }
+
+    /// Moves the node's cached object along with a write made through this client.
+    fn follow_write(&self, node: &Node, w: &hoardfs_origin::WriteReply, data: &[u8]) {
+        let Some(cache) = self.cache.as_ref() else {
+            return;
+        };
+        let mut st = node.state.lock();
+        let followed = match &st.object {
+            Some(o) => o.apply_write(w.pre_version, w.offset, data, w.attr.version, w.attr.size),
+            None => Ok(false),
+        };
+        match followed {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!("cache update after a write failed: {e}");
+                Stats::add(&self.stats.cache_errors, 1);
+            }
+        }
+        // Somebody else changed the file too (or there was no object): start an empty
+        // object for the new version, holding at least what we just wrote.
+        let key = ObjectKey {
+            export_id: self.export_id,
+            file_id: w.attr.file_id,
+        };
+        match cache.object(key, w.attr.version, w.attr.size) {
+            Ok(fresh) => {
+                let fresh = Arc::new(fresh);
+                let v = w.attr.version;
+                if let Err(e) = fresh.apply_write(v, w.offset, data, v, w.attr.size) {
+                    tracing::warn!("cache update after a write failed: {e}");
+                }
+                if let Some(old) = st.object.replace(fresh) {
+                    old.retire();
+                }
+            }
+            Err(e) => {
+                tracing::warn!("cannot cache file {:#x}: {e}", w.attr.file_id);
+                Stats::add(&self.stats.cache_errors, 1);
+                if let Some(old) = st.object.take() {
+                    old.retire();
+                }
+            }
+        }
+    }
+
+    /// Replaces the node's cached object by one for `attr` if it holds another version
+    /// (after a change whose effect on the content this client cannot reproduce).
+    fn reset_object(&self, node: &Node, attr: &Attr) {
+        let Some(cache) = self.cache.as_ref() else {
+            return;
+        };
+        let mut st = node.state.lock();
+        let Some(old) = st.object.as_ref() else {
+            return;
+        };
+        if old.version() == attr.version && old.size() == attr.size {
+            return;
+        }
+        let key = ObjectKey {
+            export_id: self.export_id,
+            file_id: attr.file_id,
+        };
+        let fresh: Option<Arc<CachedObject>> = match cache.object(key, attr.version, attr.size) {
+            Ok(o) => Some(Arc::new(o)),
+            Err(e) => {
+                tracing::warn!("cannot cache file {:#x}: {e}", attr.file_id);
+                None
+            }
+        };
+        if let Some(old) = std::mem::replace(&mut st.object, fresh) {
+            old.retire();
+        }
+    }
+
+    /// Changes attributes of `ino` (chmod, chown, truncate, utimens); returns the new ones
+    /// and how long the kernel may cache them.
+    pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<(Attr, std::time::Duration)> {
+        self.check_writable()?;
+        let node = self.node(ino)?;
+        let since = self.breaks.seq();
+        let attr = self.with_handle(&node, |h| self.origin.setattr(h, set))?;
+        if node.kind == hoardfs_origin::FileKind::File {
+            self.reset_object(&node, &attr);
+        }
+        Ok((attr, self.install_attr(&node, attr, since)))
+    }
+
+    /// Makes `ino`'s data (and with `!datasync` its metadata) durable on the origin.
+    pub fn fsync(&self, ino: Ino, datasync: bool) -> FsResult<()> {
+        let node = self.node(ino)?;
+        self.with_handle(&node, |h| self.origin.fsync(h, datasync))
+    }
+
+    /// Value of extended attribute `name`.
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
+        let node = self.node(ino)?;
+        self.with_handle(&node, |h| self.origin.getxattr(h, name))
+    }
+
+    /// Extended attribute names, each NUL-terminated.
+    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        let node = self.node(ino)?;
+        self.with_handle(&node, |h| self.origin.listxattr(h))
+    }
+
+    /// Sets extended attribute `name` (`flags`: 1 create only, 2 replace only).
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> FsResult<()> {
+        self.check_writable()?;
+        let node = self.node(ino)?;
+        self.with_handle(&node, |h| self.origin.setxattr(h, name, value, flags))?;
+        self.expire_attr(&node);
+        Ok(())
+    }
+
+    /// Removes extended attribute `name`.
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
+        self.check_writable()?;
+        let node = self.node(ino)?;
+        self.with_handle(&node, |h| self.origin.removexattr(h, name))?;
+        self.expire_attr(&node);
+        Ok(())
+    }
+
+    /// Forgets a node's attributes (the next getattr asks the origin).
+    pub(crate) fn expire_attr(&self, node: &Node) {
+        let mut st = node.state.lock();
+        st.callback = false;
+        st.expired = true;
+    }
+}

@@ -1,0 +1,274 @@
+//! Namespace changes of the local export: create, mknod, mkdir, symlink, link, unlink,
+//! rmdir and rename.
+//!
+//! Every name is checked with [`check_name`] and used with an `*at` system call relative to
+//! the parent's `O_PATH` descriptor, so nothing outside the export can be reached. New
+//! objects get exactly the requested permission bits (the client already applied its umask;
+//! the server's umask is undone) and, when the server runs as root, the requesting owner
+//! (the group of a set-group-id parent directory wins, as the kernel would choose it).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use hoardfs_proto::{Entry, FileKind, Handle, Owner, RENAME_EXCHANGE, RENAME_NOREPLACE, WireError};
+
+use super::handles::Node;
+use super::{LocalOrigin, check_name, sys, sys_write, werr, wire_error};
+use crate::{OriginError, Result};
+
+/// Maps an error of `rename`/`link`, where `EXDEV` means "different file systems".
+fn werr_xdev(e: std::io::Error) -> OriginError {
+    if e.raw_os_error() == Some(libc::EXDEV) {
+        WireError::CrossDevice.into()
+    } else {
+        OriginError::Fs(wire_error(&e))
+    }
+}
+
+/// `O_PATH | O_NOFOLLOW` descriptor of `dir/name`.
+fn open_path(dir: &Node, name: &std::ffi::CStr) -> std::io::Result<OwnedFd> {
+    sys::openat_beneath(dir.fd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW)
+}
+
+impl LocalOrigin {
+    /// [`crate::Origin::create`]: `O_CREAT | O_EXCL` first, so the origin knows whether it
+    /// created the file (only then are owner and mode applied); a non-exclusive create of an
+    /// existing name returns the existing object.
+    pub(super) fn create_file(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        owner: Owner,
+    ) -> Result<Entry> {
+        self.check_writable()?;
+        let name = check_name(name)?;
+        let dir = self.dir_node(parent)?;
+        let perm = mode & 0o7777;
+        let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_NOFOLLOW;
+        loop {
+            match sys::openat_beneath_mode(dir.fd.as_raw_fd(), &name, flags, perm) {
+                Ok(rw) => {
+                    let path = sys::reopen(self.proc_fd.as_raw_fd(), rw.as_raw_fd(), libc::O_PATH)
+                        .map_err(werr)?;
+                    let entry = self.adopt(&dir, &name, path.into(), owner, Some(perm))?;
+                    // The first write will not need to reopen the file.
+                    self.wfiles.insert(entry.handle.id, rw.into());
+                    return Ok(entry);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) && !exclusive => {
+                    match open_path(&dir, &name) {
+                        Ok(fd) => {
+                            let st = sys::fstat(fd.as_raw_fd()).map_err(werr)?;
+                            return match sys::kind_of(st.st_mode) {
+                                FileKind::Dir => Err(WireError::IsDir.into()),
+                                FileKind::Symlink => Err(WireError::Loop.into()),
+                                _ => Ok(self.register(fd, &st)),
+                            };
+                        }
+                        // Removed in between: try to create it again.
+                        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                        Err(e) => return Err(werr(e)),
+                    }
+                }
+                Err(e) => return Err(werr(e)),
+            }
+        }
+    }
+
+    /// [`crate::Origin::mknod`]: fifos, sockets, devices and regular files.
+    pub(super) fn make_node(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        owner: Owner,
+    ) -> Result<Entry> {
+        self.check_writable()?;
+        let name = check_name(name)?;
+        let dir = self.dir_node(parent)?;
+        let kind = match mode & libc::S_IFMT {
+            0 => libc::S_IFREG,
+            k
+            @ (libc::S_IFREG | libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFCHR | libc::S_IFBLK) => k,
+            _ => return Err(WireError::Invalid.into()),
+        };
+        let perm = mode & 0o7777;
+        sys_write::mknodat(dir.fd.as_raw_fd(), &name, kind | perm, rdev).map_err(werr)?;
+        let fd = open_path(&dir, &name).map_err(werr)?;
+        self.adopt(&dir, &name, fd, owner, Some(perm))
+    }
+
+    /// [`crate::Origin::mkdir`].
+    pub(super) fn make_dir(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        mode: u32,
+        owner: Owner,
+    ) -> Result<Entry> {
+        self.check_writable()?;
+        let name = check_name(name)?;
+        let dir = self.dir_node(parent)?;
+        let perm = mode & 0o7777;
+        sys_write::mkdirat(dir.fd.as_raw_fd(), &name, perm).map_err(werr)?;
+        let fd = sys::openat_beneath(
+            dir.fd.as_raw_fd(),
+            &name,
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY,
+        )
+        .map_err(werr)?;
+        self.adopt(&dir, &name, fd, owner, Some(perm))
+    }
+
+    /// [`crate::Origin::symlink`]: the target is stored as given, never resolved.
+    pub(super) fn make_symlink(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        target: &[u8],
+        owner: Owner,
+    ) -> Result<Entry> {
+        self.check_writable()?;
+        let name = check_name(name)?;
+        let target = std::ffi::CString::new(target).map_err(|_| WireError::Invalid)?;
+        let dir = self.dir_node(parent)?;
+        sys_write::symlinkat(&target, dir.fd.as_raw_fd(), &name).map_err(werr)?;
+        let fd = open_path(&dir, &name).map_err(werr)?;
+        self.adopt(&dir, &name, fd, owner, None)
+    }
+
+    /// [`crate::Origin::link`]: links the object the handle pins (not whatever its old name
+    /// names now); directories cannot be linked.
+    pub(super) fn make_link(&self, handle: Handle, parent: Handle, name: &[u8]) -> Result<Entry> {
+        self.check_writable()?;
+        let name = check_name(name)?;
+        let node = self.handles.get(handle)?;
+        if node.kind == FileKind::Dir {
+            return Err(WireError::NotPermitted.into());
+        }
+        let dir = self.dir_node(parent)?;
+        sys_write::link_fd(node.fd.as_raw_fd(), dir.fd.as_raw_fd(), &name).map_err(werr_xdev)?;
+        let fd = open_path(&dir, &name).map_err(werr)?;
+        let st = sys::fstat(fd.as_raw_fd()).map_err(werr)?;
+        Ok(self.register(fd, &st))
+    }
+
+    /// [`crate::Origin::unlink`] (`dir` false) and [`crate::Origin::rmdir`] (`dir` true).
+    /// Handles of the removed object stay usable while the table holds them.
+    pub(super) fn remove(&self, parent: Handle, name: &[u8], dir: bool) -> Result<()> {
+        self.check_writable()?;
+        let name = check_name(name)?;
+        let parent = self.dir_node(parent)?;
+        let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
+        sys_write::unlinkat(parent.fd.as_raw_fd(), &name, flags).map_err(werr)
+    }
+
+    /// [`crate::Origin::rename`] with `renameat2` semantics.
+    pub(super) fn rename_entry(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        new_parent: Handle,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        self.check_writable()?;
+        let name = check_name(name)?;
+        let new_name = check_name(new_name)?;
+        let both = RENAME_NOREPLACE | RENAME_EXCHANGE;
+        if flags & !both != 0 || flags == both {
+            return Err(WireError::Invalid.into());
+        }
+        let from = self.dir_node(parent)?;
+        let to = self.dir_node(new_parent)?;
+        sys_write::renameat2(
+            from.fd.as_raw_fd(),
+            &name,
+            to.fd.as_raw_fd(),
+            &new_name,
+            flags,
+        )
+        .map_err(werr_xdev)
+    }
+
+    /// Finishes a new object `dir/name` open (`O_PATH`) at `fd`: gives it to `owner` when
+    /// running as root, restores the exact permission bits `perm` (none for symlinks) and
+    /// registers it. If that fails, the object is removed again and the error returned.
+    fn adopt(
+        &self,
+        dir: &Node,
+        name: &std::ffi::CStr,
+        fd: OwnedFd,
+        owner: Owner,
+        perm: Option<u32>,
+    ) -> Result<Entry> {
+        match self.apply_owner_and_mode(dir, &fd, owner, perm) {
+            Ok(st) => Ok(self.register(fd, &st)),
+            Err(e) => {
+                // Remove the half-made object, unless its name was taken over meanwhile.
+                if let (Ok(st), Ok(now)) = (
+                    sys::fstat(fd.as_raw_fd()),
+                    sys::fstatat(dir.fd.as_raw_fd(), name),
+                ) && (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
+                {
+                    let flags = if sys::kind_of(st.st_mode) == FileKind::Dir {
+                        libc::AT_REMOVEDIR
+                    } else {
+                        0
+                    };
+                    let _ = sys_write::unlinkat(dir.fd.as_raw_fd(), name, flags);
+                }
+                tracing::warn!(error = %e, "could not set owner or mode of a new object");
+                Err(werr(e))
+            }
+        }
+    }
+
+    /// The ownership and mode part of [`LocalOrigin::adopt`]; returns the final `stat`.
+    fn apply_owner_and_mode(
+        &self,
+        dir: &Node,
+        fd: &OwnedFd,
+        owner: Owner,
+        perm: Option<u32>,
+    ) -> std::io::Result<libc::stat> {
+        let mut st = sys::fstat(fd.as_raw_fd())?;
+        let parent = sys::fstat(dir.fd.as_raw_fd())?;
+        let parent_sgid = parent.st_mode & libc::S_ISGID != 0;
+        let mut changed = false;
+        if sys_write::is_root() {
+            let gid = if parent_sgid {
+                parent.st_gid
+            } else {
+                owner.gid
+            };
+            if st.st_uid != owner.uid || st.st_gid != gid {
+                sys_write::fchown(fd.as_raw_fd(), Some(owner.uid), Some(gid))?;
+                changed = true;
+            }
+        }
+        if let Some(perm) = perm {
+            // chown may have cleared set-id bits; a new directory in a set-group-id
+            // directory keeps the bit the kernel gave it.
+            if changed {
+                st = sys::fstat(fd.as_raw_fd())?;
+            }
+            let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+            let want = if is_dir && parent_sgid {
+                perm | libc::S_ISGID
+            } else {
+                perm
+            };
+            if st.st_mode & 0o7777 != want {
+                sys_write::fchmod(self.proc_fd.as_raw_fd(), fd.as_raw_fd(), want)?;
+                changed = true;
+            }
+        }
+        if changed {
+            st = sys::fstat(fd.as_raw_fd())?;
+        }
+        Ok(st)
+    }
+}

@@ -1,0 +1,160 @@
+//! The callback registry: which connection has been told about which object, and the
+//! fan-out of breaks when objects change.
+//!
+//! Every reply that carries attributes (lookups, getattr, listings, creates, writes)
+//! registers a callback for its objects on the requesting connection. The origin reports
+//! changes (for a local export: inotify on every directory handed out, which also sees
+//! changes made by processes on the server) and each change is sent, as a
+//! [`Break`], to every connection holding a callback on the object — for a name change, on
+//! its directory. Registrations last until the connection closes: a client may keep names
+//! in the kernel's dentry cache as long as it likes, so it must keep hearing about them.
+//!
+//! Race rule: a reply computed while a change was being reported may reflect the state
+//! before the change while its registration came too late to receive the break. Each
+//! request therefore notes the change sequence number before asking the origin and, if it
+//! moved by the time the registration is in place, follows its reply with a conservative
+//! break for the objects in it (see [`Callbacks::settle`]).
+//!
+//! Bounds: a connection holds at most [`MAX_CALLBACKS_PER_CONN`] callbacks and at most
+//! [`MAX_PENDING_BREAKS`] unsent break frames; beyond either it gets one [`Break::All`] and its
+//! registrations are dropped (the client then revalidates everything it caches).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use hoardfs_proto::{Break, ServerMessage};
+use parking_lot::Mutex;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::conn::Outgoing;
+
+/// Most objects one connection may hold callbacks on.
+pub(crate) const MAX_CALLBACKS_PER_CONN: usize = 1 << 20;
+/// Most break frames queued for one connection before it is told to revalidate everything.
+pub(crate) const MAX_PENDING_BREAKS: usize = 4096;
+
+/// Identifies one connection in the registry.
+pub(crate) type ConnId = u64;
+
+struct ConnCallbacks {
+    tx: UnboundedSender<Outgoing>,
+    files: HashSet<u64>,
+    /// Break frames queued but not yet written (decremented by the writer).
+    pending: Arc<AtomicUsize>,
+}
+
+/// The registry; see the module docs. Lock: one mutex, a leaf (nothing else is locked or
+/// awaited while it is held; sends are unbounded and never block).
+#[derive(Default)]
+pub struct Callbacks {
+    seq: AtomicU64,
+    conns: Mutex<HashMap<ConnId, ConnCallbacks>>,
+    next_conn: AtomicU64,
+    sent: AtomicU64,
+}
+
+impl std::fmt::Debug for Callbacks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Callbacks")
+            .field("seq", &self.seq)
+            .field("sent", &self.sent)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Callbacks {
+    /// Adds a connection whose frames go to `tx`; `pending` counts its queued break frames.
+    pub(crate) fn add_conn(
+        &self,
+        tx: UnboundedSender<Outgoing>,
+        pending: Arc<AtomicUsize>,
+    ) -> ConnId {
+        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        self.conns.lock().insert(
+            id,
+            ConnCallbacks {
+                tx,
+                files: HashSet::new(),
+                pending,
+            },
+        );
+        id
+    }
+
+    /// Forgets a closed connection.
+    pub(crate) fn remove_conn(&self, id: ConnId) {
+        self.conns.lock().remove(&id);
+    }
+
+    /// The current change sequence number (read before asking the origin).
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq.load(Ordering::SeqCst)
+    }
+
+    /// Breaks sent so far.
+    pub(crate) fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Registers callbacks on `files` for `conn`. Returns true when a change was reported
+    /// since `seq_before` (the caller must then follow its reply with a conservative break).
+    pub(crate) fn register(&self, conn: ConnId, files: &[u64], seq_before: u64) -> bool {
+        if !files.is_empty() {
+            let mut conns = self.conns.lock();
+            if let Some(c) = conns.get_mut(&conn) {
+                c.files.extend(files.iter().copied());
+                if c.files.len() > MAX_CALLBACKS_PER_CONN {
+                    tracing::warn!(conn, "too many callbacks on one connection: breaking all");
+                    c.files.clear();
+                    self.send(c, vec![Break::All]);
+                }
+            }
+        }
+        self.seq.load(Ordering::SeqCst) != seq_before
+    }
+
+    /// Sends `breaks` to `conn` only (the conservative follow-up of a racing reply).
+    pub(crate) fn send_to(&self, conn: ConnId, breaks: Vec<Break>) {
+        if breaks.is_empty() {
+            return;
+        }
+        if let Some(c) = self.conns.lock().get_mut(&conn) {
+            self.send(c, breaks);
+        }
+    }
+
+    /// The origin reported `breaks`: send each to the connections holding a callback on it.
+    pub(crate) fn changed(&self, breaks: Vec<Break>) {
+        // Bumped before the scan: a request that read the old number and registers after
+        // the scan sees the new number and sends its own conservative break.
+        self.seq.fetch_add(1, Ordering::SeqCst);
+        let mut conns = self.conns.lock();
+        for c in conns.values_mut() {
+            let mine: Vec<Break> = breaks
+                .iter()
+                .filter(|b| match b {
+                    Break::Attr { file_id, .. } => c.files.contains(file_id),
+                    Break::Entry { dir_id, .. } => c.files.contains(dir_id),
+                    Break::All => true,
+                })
+                .cloned()
+                .collect();
+            if !mine.is_empty() {
+                self.send(c, mine);
+            }
+        }
+    }
+
+    fn send(&self, c: &mut ConnCallbacks, mut breaks: Vec<Break>) {
+        if c.pending.load(Ordering::Relaxed) >= MAX_PENDING_BREAKS {
+            // The client does not keep up: make it revalidate everything instead.
+            c.files.clear();
+            breaks = vec![Break::All];
+        }
+        c.pending.fetch_add(1, Ordering::Relaxed);
+        self.sent.fetch_add(breaks.len() as u64, Ordering::Relaxed);
+        let _ =
+            c.tx.send(Outgoing::message(&ServerMessage::Breaks(breaks), true));
+    }
+}

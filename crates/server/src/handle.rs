@@ -1,0 +1,262 @@
+//! Request handlers: run one request against the origin (on the blocking pool), encode the
+//! reply, and register callbacks for the objects the reply tells the client about.
+
+use hoardfs_origin::{Origin, OriginError};
+use hoardfs_proto::{Break, MAX_READ_LEN, Op, Reply, WireError};
+
+use crate::Shared;
+use crate::callbacks::ConnId;
+use crate::conn::Outgoing;
+
+/// One decoded request.
+pub(crate) struct Req {
+    /// Connection it came from.
+    pub(crate) conn: ConnId,
+    /// Request id.
+    pub(crate) id: u64,
+    /// Operation.
+    pub(crate) op: Op,
+    /// Data section (write payload, xattr value).
+    pub(crate) data: Vec<u8>,
+}
+
+/// Whether `op` modifies the export.
+fn modifies(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Create { .. }
+            | Op::MkNod { .. }
+            | Op::MkDir { .. }
+            | Op::Symlink { .. }
+            | Op::Link { .. }
+            | Op::Unlink { .. }
+            | Op::RmDir { .. }
+            | Op::Rename { .. }
+            | Op::SetAttr { .. }
+            | Op::Write { .. }
+            | Op::SetXattr { .. }
+            | Op::RemoveXattr { .. }
+    )
+}
+
+/// Runs a request and returns the frames to send: the reply, possibly followed by a
+/// conservative callback break (see `callbacks`).
+pub(crate) fn handle(shared: &Shared, req: Req) -> Vec<Outgoing> {
+    let Req { conn, id, op, data } = req;
+    if shared.cfg.read_only && modifies(&op) {
+        return vec![Outgoing::new(id, Err(WireError::ReadOnly), Vec::new())];
+    }
+    let origin = &*shared.origin;
+    let seq_before = shared.callbacks.seq();
+    // Context for a conservative break on a race: the directory and name a reply is about.
+    let dir_ctx = match &op {
+        Op::Lookup { parent, name } => Some((*parent, name.clone())),
+        Op::ReadDir { dir, .. } => Some((*dir, Vec::new())),
+        _ => None,
+    };
+    let (result, out_data) = run(shared, origin, op, data);
+    let result = result.map_err(wire_error);
+    let files = match &result {
+        Ok(r) => files_in(r),
+        Err(_) => Vec::new(),
+    };
+    let reply = Outgoing::new(id, result.clone(), out_data);
+    let raced = shared.callbacks.register(conn, &files, seq_before);
+    if raced && let Ok(r) = &result {
+        // Something changed while this reply was computed: it may be out of date, and the
+        // break for that change may have missed our registration. Break it ourselves.
+        let mut breaks: Vec<Break> = files
+            .iter()
+            .map(|&file_id| Break::Attr {
+                file_id,
+                version: 0,
+            })
+            .collect();
+        if let Some((dir, name)) = dir_ctx
+            && let Ok(dattr) = origin.getattr(dir)
+        {
+            breaks.push(Break::Attr {
+                file_id: dattr.file_id,
+                version: 0,
+            });
+            let names: Vec<Vec<u8>> = match r {
+                Reply::DirPage { entries, .. } => entries.iter().map(|e| e.name.clone()).collect(),
+                _ => vec![name],
+            };
+            breaks.extend(names.into_iter().map(|name| Break::Entry {
+                dir_id: dattr.file_id,
+                name,
+                file_id: None,
+            }));
+        }
+        shared.callbacks.send_to(conn, breaks);
+    }
+    vec![reply]
+}
+
+/// File ids a reply tells the client about (each gets a callback).
+fn files_in(r: &Reply) -> Vec<u64> {
+    match r {
+        Reply::Entry(e) => vec![e.attr.file_id],
+        Reply::Attr(a) => vec![a.file_id],
+        Reply::Written { attr, .. } => vec![attr.file_id],
+        Reply::DirPage { entries, .. } => entries.iter().map(|e| e.entry.attr.file_id).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Calls the origin; returns the reply and its data section.
+fn run(
+    shared: &Shared,
+    origin: &dyn Origin,
+    op: Op,
+    data: Vec<u8>,
+) -> (Result<Reply, OriginError>, Vec<u8>) {
+    let none = Vec::new;
+    let done = |r: Result<(), OriginError>| (r.map(|()| Reply::Done), Vec::new());
+    match op {
+        Op::Lookup { parent, name } => (origin.lookup(parent, &name).map(Reply::Entry), none()),
+        Op::GetAttr { handle } => (origin.getattr(handle).map(Reply::Attr), none()),
+        Op::ReadDir {
+            dir,
+            cookie,
+            max_entries,
+        } => {
+            let page = origin.readdir(dir, cookie, max_entries.clamp(1, MAX_DIR_PAGE));
+            let reply = page.map(|p| Reply::DirPage {
+                entries: p.entries,
+                next: p.next,
+            });
+            (reply, none())
+        }
+        Op::Read {
+            handle,
+            offset,
+            len,
+        } => {
+            if len > MAX_READ_LEN {
+                return (Err(WireError::Invalid.into()), none());
+            }
+            // Zero-copy would go here: instead of reading into a buffer, hand the writer an
+            // (open file, offset, len) and let it sendfile(2) from the page cache.
+            match origin.read(handle, offset, len) {
+                Ok(mut r) => {
+                    r.data.truncate(len as usize);
+                    let reply = Reply::Data {
+                        len: r.data.len() as u32,
+                        version: r.version,
+                    };
+                    (Ok(reply), r.data)
+                }
+                Err(e) => (Err(e), none()),
+            }
+        }
+        Op::ReadLink { handle } => (origin.readlink(handle).map(Reply::Link), none()),
+        Op::StatFs => (origin.statfs().map(Reply::StatFs), none()),
+        Op::Counters => (Ok(Reply::Counters(shared.counters())), none()),
+        Op::Hello { .. } => (Err(WireError::Protocol.into()), none()),
+        Op::Create {
+            parent,
+            name,
+            mode,
+            exclusive,
+            owner,
+        } => {
+            let e = origin.create(parent, &name, mode, exclusive, owner);
+            (e.map(Reply::Entry), none())
+        }
+        Op::MkNod {
+            parent,
+            name,
+            mode,
+            rdev,
+            owner,
+        } => {
+            let e = origin.mknod(parent, &name, mode, rdev, owner);
+            (e.map(Reply::Entry), none())
+        }
+        Op::MkDir {
+            parent,
+            name,
+            mode,
+            owner,
+        } => (
+            origin.mkdir(parent, &name, mode, owner).map(Reply::Entry),
+            none(),
+        ),
+        Op::Symlink {
+            parent,
+            name,
+            target,
+            owner,
+        } => {
+            let e = origin.symlink(parent, &name, &target, owner);
+            (e.map(Reply::Entry), none())
+        }
+        Op::Link {
+            handle,
+            parent,
+            name,
+        } => (origin.link(handle, parent, &name).map(Reply::Entry), none()),
+        Op::Unlink { parent, name } => done(origin.unlink(parent, &name)),
+        Op::RmDir { parent, name } => done(origin.rmdir(parent, &name)),
+        Op::Rename {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            flags,
+        } => done(origin.rename(parent, &name, new_parent, &new_name, flags)),
+        Op::SetAttr { handle, set } => (origin.setattr(handle, &set).map(Reply::Attr), none()),
+        Op::Write {
+            handle,
+            offset,
+            append,
+        } => {
+            let r = origin.write(handle, offset, &data, append);
+            let reply = r.map(|w| Reply::Written {
+                len: w.written,
+                offset: w.offset,
+                pre_version: w.pre_version,
+                attr: w.attr,
+            });
+            (reply, none())
+        }
+        Op::Fsync { handle, datasync } => done(origin.fsync(handle, datasync)),
+        Op::GetXattr { handle, name } => xattr(origin.getxattr(handle, &name)),
+        Op::ListXattr { handle } => xattr(origin.listxattr(handle)),
+        Op::SetXattr {
+            handle,
+            name,
+            flags,
+        } => done(origin.setxattr(handle, &name, &data, flags)),
+        Op::RemoveXattr { handle, name } => done(origin.removexattr(handle, &name)),
+    }
+}
+
+fn xattr(r: Result<Vec<u8>, OriginError>) -> (Result<Reply, OriginError>, Vec<u8>) {
+    match r {
+        Ok(v) => (
+            Ok(Reply::Xattr {
+                len: v.len() as u32,
+            }),
+            v,
+        ),
+        Err(e) => (Err(e), Vec::new()),
+    }
+}
+
+/// Upper bound on entries in one directory page, so replies stay well under the client's
+/// body limit whatever the client asks for.
+const MAX_DIR_PAGE: u32 = 8192;
+
+/// What to tell a client when the origin failed.
+pub(crate) fn wire_error(e: OriginError) -> WireError {
+    match e {
+        OriginError::Fs(w) => w,
+        other => {
+            tracing::warn!("origin failure: {other}");
+            WireError::Io
+        }
+    }
+}
