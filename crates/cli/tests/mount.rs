@@ -175,7 +175,10 @@ fn a_change_on_the_server_is_seen_after_its_callback_break() {
 fn eventually(cond: impl Fn() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while !cond() {
-        assert!(std::time::Instant::now() < deadline, "change not seen within 5 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "change not seen within 5 s"
+        );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }

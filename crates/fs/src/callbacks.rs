@@ -114,7 +114,7 @@ impl HoardFs {
                     };
                     {
                         let mut st = node.state.lock();
-                        if st.callback && st.attr.version == version {
+                        if st.callback && hoardfs_proto::change_id(&st.attr) == version {
                             // Already known (typically our own change coming back).
                             continue;
                         }
@@ -134,12 +134,25 @@ impl HoardFs {
                     let Some(dir) = self.nodes.by_file_id(dir_id) else {
                         continue;
                     };
-                    let child = dir.state.lock().children.get(&name).copied();
-                    let known = child
-                        .and_then(|c| self.nodes.get(c))
-                        .map(|c| c.state.lock().attr.file_id);
+                    let child = dir
+                        .state
+                        .lock()
+                        .children
+                        .get(&name)
+                        .and_then(|c| self.nodes.get(*c));
+                    let known = child.as_ref().map(|c| c.state.lock().attr.file_id);
                     if known == file_id {
                         continue;
+                    }
+                    if let Some(c) = &child {
+                        // The object lost this name: its link count (and ctime) changed.
+                        let mut st = c.state.lock();
+                        st.callback = false;
+                        st.expired = true;
+                        drop(st);
+                        if let Some(n) = notifier {
+                            n.inval_attr(c.ino);
+                        }
                     }
                     {
                         let mut st = dir.state.lock();

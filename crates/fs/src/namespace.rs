@@ -134,6 +134,9 @@ impl HoardFs {
     fn remove(&self, parent: Ino, name: &[u8], dir_wanted: bool) -> FsResult<()> {
         self.check_writable()?;
         let (dir, _) = self.dir(parent)?;
+        // Looked up before the round trip: the break for this very change may be handled
+        // (and drop the name) before the reply is.
+        let child = dir.state.lock().children.get(name).copied();
         self.with_handle(&dir, |h| {
             if dir_wanted {
                 self.origin.rmdir(h, name)
@@ -141,7 +144,7 @@ impl HoardFs {
                 self.origin.unlink(h, name)
             }
         })?;
-        let child = dir.state.lock().children.remove(name);
+        dir.state.lock().children.remove(name);
         if let Some(child) = child.and_then(|c| self.nodes.get(c)) {
             // Its link count changed.
             self.expire_attr(&child);
@@ -163,11 +166,14 @@ impl HoardFs {
         let (dir, _) = self.dir(parent)?;
         let (new_dir, _) = self.dir(new_parent)?;
         let target = new_dir.handle();
+        // Looked up before the round trip (see `remove`).
+        let moved = dir.state.lock().children.get(name).copied();
+        let replaced = new_dir.state.lock().children.get(new_name).copied();
         self.with_handle(&dir, |h| {
             self.origin.rename(h, name, target, new_name, flags)
         })?;
-        let moved = dir.state.lock().children.remove(name);
-        let replaced = new_dir.state.lock().children.remove(new_name);
+        dir.state.lock().children.remove(name);
+        new_dir.state.lock().children.remove(new_name);
         if let Some(m) = moved {
             new_dir.state.lock().children.insert(new_name.to_vec(), m);
             if let Some(n) = self.nodes.get(m) {

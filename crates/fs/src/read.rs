@@ -269,6 +269,16 @@ impl HoardFs {
             // Appends go to the origin's end of file, which the kernel's page cache cannot
             // know: no page cache for them.
             None if st.passthrough_opens > 0 || access.append => {
+                if st.passthrough_opens > 0 {
+                    // The kernel refuses any non-passthrough open of an inode open in
+                    // passthrough (EIO): a newer version cannot be opened on this client
+                    // until the old descriptors close (doc/SEMANTICS.md).
+                    tracing::warn!(
+                        "file {:#x} changed while open in passthrough on this client: \
+                         new opens fail until the old ones close",
+                        attr.file_id
+                    );
+                }
                 st.direct_opens += 1;
                 Stats::add(&self.stats.daemon_opens, 1);
                 (OpenMode::Direct, ModeKind::Direct)

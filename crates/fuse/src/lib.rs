@@ -216,7 +216,10 @@ impl Filesystem for FuseBridge {
         let access = access(flags.0);
         let (fh, mode, changed) = match self.fs.open(ino.0, access, &make_backing) {
             Ok(r) => r,
-            Err(e) => return reply.error(errno(&e)),
+            Err(e) => {
+                tracing::debug!("open of inode {} failed: {e}", ino.0);
+                return reply.error(errno(&e));
+            }
         };
         if changed {
             self.invalidate_attrs(ino);

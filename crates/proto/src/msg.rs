@@ -378,15 +378,41 @@ pub struct SetAttrs {
     pub mtime: Option<TimeSet>,
 }
 
+/// Identifies one state of all of an object's attributes (content version, size, times,
+/// mode, owner, link count): a [`Break::Attr`] carries it so that a client already holding
+/// exactly these attributes (typically after its own change) can ignore the break.
+pub fn change_id(a: &Attr) -> u64 {
+    let fields = [
+        a.file_id,
+        a.version,
+        a.size,
+        a.mtime.secs as u64,
+        a.mtime.nanos as u64,
+        a.ctime.secs as u64,
+        a.ctime.nanos as u64,
+        ((a.perm as u64) << 32) | a.nlink as u64,
+        ((a.uid as u64) << 32) | a.gid as u64,
+    ];
+    // FNV-1a over the little-endian bytes: stable, dependency-free, not cryptographic.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for f in fields {
+        for b in f.to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h | 1
+}
+
 /// A callback break: the server tells a client that something it may cache has changed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Break {
-    /// Attributes (and possibly content) of `file_id` changed; `version` is the change
-    /// attribute after the change, so a client that already has it can ignore the break.
+    /// Attributes (and possibly content) of `file_id` changed; `version` is the
+    /// [`change_id`] of its attributes after the change (0: unknown), so a client that
+    /// already has them can ignore the break.
     Attr {
         /// Object.
         file_id: u64,
-        /// Its version after the change.
+        /// [`change_id`] after the change, or 0.
         version: u64,
     },
     /// Name `name` in directory `dir_id` was created, removed or replaced; `file_id` is

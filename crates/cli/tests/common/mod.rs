@@ -246,3 +246,295 @@ pub fn make_tree(root: &Path) -> Vec<String> {
     std::os::unix::fs::symlink("dir0/sub/f1.txt", root.join("link-rel")).unwrap();
     files
 }
+
+// ------------------------------------------------------------------ helpers for writes
+
+/// A scratch directory on a real disk file system (not /tmp, which may be tmpfs; caches and
+/// exports must behave like the disks they will live on).
+pub fn scratch() -> tempfile::TempDir {
+    std::fs::create_dir_all("/var/tmp/hoardfs-tests").unwrap();
+    tempfile::tempdir_in("/var/tmp/hoardfs-tests").unwrap()
+}
+
+/// Polls `cond` every 5 ms until it holds or `timeout` passes; true if it held. The
+/// condition is always evaluated once more at the deadline.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return cond();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The bound used when polling for something that should happen "promptly" (callbacks:
+/// target 100 ms). Generous, but far below the 60 s attribute timeout the observers use.
+pub const PROMPTLY: Duration = Duration::from_secs(5);
+
+/// Panics with `what` and the last observed state unless `cond` holds within [`PROMPTLY`].
+/// `cond` returns `Ok(())` when satisfied, `Err(description of what it saw)` otherwise.
+#[track_caller]
+pub fn assert_soon(what: &str, mut cond: impl FnMut() -> Result<(), String>) {
+    let started = Instant::now();
+    let mut last = String::new();
+    let ok = wait_until(PROMPTLY, || match cond() {
+        Ok(()) => true,
+        Err(e) => {
+            last = e;
+            false
+        }
+    });
+    assert!(
+        ok,
+        "{what}: not true after {:?}; last seen: {last}",
+        started.elapsed()
+    );
+}
+
+impl Server {
+    /// Serves `dir` on an ephemeral loopback port with extra `args` (e.g. `--read-only`).
+    pub fn start_args(dir: &Path, args: &[&str]) -> Server {
+        let mut cmd = Command::new(bin());
+        cmd.arg("serve")
+            .arg(dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args);
+        let (child, line) = spawn_until_line(cmd, "hoardfs: serving").expect("server starts");
+        let addr = line.rsplit(' ').next().expect("address").to_string();
+        Server {
+            child: Some(child),
+            addr,
+            dir: dir.to_path_buf(),
+            token: Vec::new(),
+        }
+    }
+}
+
+impl Mount {
+    /// Mounts `addr` at `mnt` with the persistent cache `cache` and `extra` flags.
+    pub fn with_cache(addr: &str, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount {
+        let mut args = vec!["--cache-dir", cache.to_str().expect("utf-8 cache path")];
+        args.extend_from_slice(extra);
+        Mount::start(addr, mnt, &args)
+            .unwrap_or_else(|e| panic!("mount {addr} on {}: {e}", mnt.display()))
+    }
+}
+
+/// The errno of a failed result; panics (naming `what`) if it succeeded.
+#[track_caller]
+pub fn errno<T: std::fmt::Debug>(what: &str, r: std::io::Result<T>) -> i32 {
+    match r {
+        Ok(v) => panic!("{what}: expected an error, got Ok({v:?})"),
+        Err(e) => e
+            .raw_os_error()
+            .unwrap_or_else(|| panic!("{what}: error without errno: {e}")),
+    }
+}
+
+/// Asserts that `r` failed with `want` (an errno such as `libc::EEXIST`).
+#[track_caller]
+pub fn assert_errno<T: std::fmt::Debug>(what: &str, r: std::io::Result<T>, want: i32) {
+    let got = errno(what, r);
+    assert_eq!(
+        got,
+        want,
+        "{what}: expected {}, got {}",
+        std::io::Error::from_raw_os_error(want),
+        std::io::Error::from_raw_os_error(got)
+    );
+}
+
+/// `Ok(())` if `p` does not exist (`lstat` says `ENOENT`), else a description.
+pub fn gone(p: &Path) -> Result<(), String> {
+    match std::fs::symlink_metadata(p) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        Err(e) => Err(format!("{}: {e} (want ENOENT)", p.display())),
+        Ok(md) => Err(format!("{} still exists ({} bytes)", p.display(), md.len())),
+    }
+}
+
+/// `Ok(())` if stat of `p` gives size `want.len()` and reading it gives `want`.
+pub fn has_content(p: &Path, want: &[u8]) -> Result<(), String> {
+    let md = std::fs::metadata(p).map_err(|e| format!("stat {}: {e}", p.display()))?;
+    if md.len() != want.len() as u64 {
+        return Err(format!(
+            "stat {} says {} bytes, want {}",
+            p.display(),
+            md.len(),
+            want.len()
+        ));
+    }
+    let got = std::fs::read(p).map_err(|e| format!("read {}: {e}", p.display()))?;
+    match first_diff(&got, want) {
+        None => Ok(()),
+        Some(off) => Err(format!(
+            "{}: content differs at byte {off} (read {} bytes, want {})",
+            p.display(),
+            got.len(),
+            want.len()
+        )),
+    }
+}
+
+/// Sorted names in directory `p` (as raw bytes).
+pub fn list(p: &Path) -> std::io::Result<Vec<Vec<u8>>> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut v = std::fs::read_dir(p)?
+        .map(|e| e.map(|e| e.file_name().as_bytes().to_vec()))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    v.sort();
+    Ok(v)
+}
+
+/// The first offset where `a` and `b` differ (the shorter length if one is a prefix).
+pub fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
+    if a == b {
+        return None; // memcmp: fast even in debug builds
+    }
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or((a.len() != b.len()).then_some(a.len().min(b.len())))
+}
+
+/// Asserts `got == want` byte for byte, reporting the first differing offset (not a dump).
+#[track_caller]
+pub fn assert_bytes_eq(what: &str, got: &[u8], want: &[u8]) {
+    if let Some(off) = first_diff(got, want) {
+        let show = |v: &[u8]| format!("{:02x?}", &v[off.min(v.len())..(off + 16).min(v.len())]);
+        panic!(
+            "{what}: differs at byte {off} (got {} bytes, want {}); got {} want {}",
+            got.len(),
+            want.len(),
+            show(got),
+            show(want)
+        );
+    }
+}
+
+/// A NUL-terminated copy of a path for libc calls.
+pub fn cpath(p: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path without NUL")
+}
+
+fn cvt(rc: libc::c_int) -> std::io::Result<()> {
+    if rc == -1 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `renameat2(AT_FDCWD, from, AT_FDCWD, to, flags)` (`libc::RENAME_NOREPLACE`,
+/// `libc::RENAME_EXCHANGE`).
+pub fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> std::io::Result<()> {
+    let (f, t) = (cpath(from), cpath(to));
+    // SAFETY: both strings are valid and NUL-terminated for the duration of the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            flags,
+        )
+    };
+    cvt(rc as libc::c_int)
+}
+
+/// `setxattr(path, name, value, 0)`.
+pub fn set_xattr(p: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    let (cp, cn) = (cpath(p), std::ffi::CString::new(name).unwrap());
+    // SAFETY: valid C strings and a valid buffer of value.len() bytes.
+    cvt(unsafe {
+        libc::setxattr(
+            cp.as_ptr(),
+            cn.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    })
+}
+
+/// `getxattr(path, name)`: the value.
+pub fn get_xattr(p: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+    let (cp, cn) = (cpath(p), std::ffi::CString::new(name).unwrap());
+    let mut buf = vec![0u8; 64 << 10];
+    // SAFETY: valid C strings; buf has buf.len() writable bytes.
+    let n = unsafe { libc::getxattr(cp.as_ptr(), cn.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// `listxattr(path)`: the names, sorted.
+pub fn list_xattr(p: &Path) -> std::io::Result<Vec<String>> {
+    let cp = cpath(p);
+    let mut buf = vec![0u8; 64 << 10];
+    // SAFETY: valid C string; buf has buf.len() writable bytes.
+    let n = unsafe { libc::listxattr(cp.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut names: Vec<String> = buf[..n as usize]
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// `removexattr(path, name)`.
+pub fn remove_xattr(p: &Path, name: &str) -> std::io::Result<()> {
+    let (cp, cn) = (cpath(p), std::ffi::CString::new(name).unwrap());
+    // SAFETY: valid C strings.
+    cvt(unsafe { libc::removexattr(cp.as_ptr(), cn.as_ptr()) })
+}
+
+/// `close(fd)` with its result (std's `File` drop ignores errors of close, where a
+/// write-through file system reports late write failures).
+pub fn close_checked(f: std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let fd = f.into_raw_fd();
+    // SAFETY: fd was owned by `f` and is closed exactly once here.
+    cvt(unsafe { libc::close(fd) })
+}
+
+/// A size-limited tmpfs mounted over a directory (a small disk that fills up), lazily
+/// unmounted on drop.
+pub struct Tmpfs {
+    /// The mount point.
+    pub path: PathBuf,
+}
+
+impl Tmpfs {
+    /// `mount -t tmpfs -o size=SIZE tmpfs DIR` (`size` as mount(8) takes it, e.g. `4m`).
+    pub fn mount(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("run mount");
+        assert!(st.success(), "mount tmpfs on {} failed", dir.display());
+        Tmpfs {
+            path: dir.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}

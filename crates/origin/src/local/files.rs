@@ -46,6 +46,12 @@ impl OpenFiles {
         })
     }
 
+    /// Closes the cached file of `id`, if any (its object was deleted: keeping it open
+    /// would keep its disk space allocated).
+    pub fn remove(&self, id: u64) {
+        self.inner.lock().files.remove(&id);
+    }
+
     /// Caches `file` for `id` (keeping an existing entry if another thread won the race) and
     /// returns the cached file.
     pub fn insert(&self, id: u64, file: File) -> Arc<File> {

@@ -116,6 +116,14 @@ impl HandleTable {
         (h, node)
     }
 
+    /// Forgets the handle of inode (`dev`, `ino`); returns its id if it had one.
+    pub fn remove_inode(&self, dev: u64, ino: u64) -> Option<u64> {
+        let mut inner = self.inner.lock();
+        let id = inner.by_inode.remove(&(dev, ino))?;
+        inner.by_id.remove(&id);
+        Some(id)
+    }
+
     /// Every directory currently registered (a snapshot; the lock is released on return).
     pub fn dirs(&self) -> Vec<Arc<Node>> {
         self.inner

@@ -162,7 +162,26 @@ impl LocalOrigin {
         let name = check_name(name)?;
         let parent = self.dir_node(parent)?;
         let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
-        sys_write::unlinkat(parent.fd.as_raw_fd(), &name, flags).map_err(werr)
+        let victim = sys::fstatat(parent.fd.as_raw_fd(), &name).ok();
+        sys_write::unlinkat(parent.fd.as_raw_fd(), &name, flags).map_err(werr)?;
+        if let Some(v) = victim {
+            self.release_if_deleted(&v);
+        }
+        Ok(())
+    }
+
+    /// After a name of `victim` went away: if that was its last link, closes every
+    /// descriptor the export holds on it (handle, cached open files), so that its disk
+    /// space is freed now rather than when the caches expire. Later requests naming it get
+    /// `Stale`.
+    fn release_if_deleted(&self, victim: &libc::stat) {
+        if victim.st_nlink > 1 && victim.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return;
+        }
+        if let Some(id) = self.handles.remove_inode(victim.st_dev, victim.st_ino) {
+            self.files.remove(id);
+            self.wfiles.remove(id);
+        }
     }
 
     /// [`crate::Origin::rename`] with `renameat2` semantics.
@@ -183,6 +202,11 @@ impl LocalOrigin {
         }
         let from = self.dir_node(parent)?;
         let to = self.dir_node(new_parent)?;
+        let replaced = if flags & RENAME_EXCHANGE == 0 {
+            sys::fstatat(to.fd.as_raw_fd(), &new_name).ok()
+        } else {
+            None
+        };
         sys_write::renameat2(
             from.fd.as_raw_fd(),
             &name,
@@ -190,7 +214,14 @@ impl LocalOrigin {
             &new_name,
             flags,
         )
-        .map_err(werr_xdev)
+        .map_err(werr_xdev)?;
+        if let Some(v) = replaced
+            && let Ok(moved) = sys::fstatat(to.fd.as_raw_fd(), &new_name)
+            && (moved.st_dev, moved.st_ino) != (v.st_dev, v.st_ino)
+        {
+            self.release_if_deleted(&v);
+        }
+        Ok(())
     }
 
     /// Finishes a new object `dir/name` open (`O_PATH`) at `fd`: gives it to `owner` when

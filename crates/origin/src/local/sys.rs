@@ -196,17 +196,17 @@ pub fn kind_of(mode: libc::mode_t) -> FileKind {
     }
 }
 
-/// Change attribute of a file: a hash of the fields that change whenever its content or size
-/// does (size, mtime, ctime, inode). Linux does not expose i_version to user space; ctime
-/// has nanosecond (multigrain) resolution on the file systems this targets.
+/// Content version of a file: a hash of the fields that change whenever its content or
+/// size does (inode, size, mtime). Linux does not expose i_version to user space; mtime has
+/// nanosecond (multigrain) resolution on the file systems this targets. ctime is left out
+/// on purpose: renames, links, chmod and chown change it but not the content, and must not
+/// throw cached data away (see doc/SEMANTICS.md for what this misses).
 pub fn version_of(st: &libc::stat) -> u64 {
-    let mut b = [0u8; 48];
+    let mut b = [0u8; 32];
     b[0..8].copy_from_slice(&st.st_ino.to_le_bytes());
     b[8..16].copy_from_slice(&(st.st_size as u64).to_le_bytes());
     b[16..24].copy_from_slice(&(st.st_mtime as u64).to_le_bytes());
     b[24..32].copy_from_slice(&(st.st_mtime_nsec as u64).to_le_bytes());
-    b[32..40].copy_from_slice(&(st.st_ctime as u64).to_le_bytes());
-    b[40..48].copy_from_slice(&(st.st_ctime_nsec as u64).to_le_bytes());
     xxhash_rust::xxh3::xxh3_64(&b)
 }
 

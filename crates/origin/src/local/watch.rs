@@ -230,9 +230,10 @@ impl Watcher {
     }
 
     fn attr_break(&self, st: &libc::stat) -> Break {
+        let file_id = file_id_of(self.root_dev, st.st_dev, st.st_ino);
         Break::Attr {
-            file_id: file_id_of(self.root_dev, st.st_dev, st.st_ino),
-            version: sys::version_of(st),
+            file_id,
+            version: hoardfs_proto::change_id(&sys::attr_of(st, file_id)),
         }
     }
 
