@@ -61,11 +61,21 @@ fn write_refuses_non_files() {
 }
 
 #[test]
-fn unlinked_but_held_files_keep_working() {
+fn unlink_through_the_origin_releases_the_file() {
     let (_d, o, root, path) = writable();
     let a = o.lookup(root, b"a.txt").unwrap().handle;
+    assert_eq!(o.read(a, 0, 10).unwrap().data, b"hello");
     o.unlink(root, b"a.txt").unwrap();
     assert!(!path.join("a.txt").exists());
+    // Its descriptors were closed (so its space is freed): the handle is stale.
+    assert_eq!(err(o.read(a, 0, 10)), WireError::Stale);
+}
+
+#[test]
+fn files_deleted_behind_the_origins_back_keep_working_while_held() {
+    let (_d, o, root, path) = writable();
+    let a = o.lookup(root, b"a.txt").unwrap().handle;
+    std::fs::remove_file(path.join("a.txt")).unwrap();
     assert_eq!(o.read(a, 0, 10).unwrap().data, b"hello");
     let w = o.write(a, 5, b" again", false).unwrap();
     assert_eq!(w.attr.nlink, 0);

@@ -53,7 +53,7 @@ fn modification_behind_the_origins_back_breaks_attr() {
     expect(&rx, "the modified file", |b| {
         *b == Break::Attr {
             file_id: a.attr.file_id,
-            version: now.version,
+            version: hoardfs_proto::change_id(&now),
         }
     });
 }
@@ -79,7 +79,7 @@ fn names_in_watched_directories_break_entries() {
             file_id: Some(new_id),
         }
     });
-    let dir_now = o.getattr(early.handle).unwrap().version;
+    let dir_now = hoardfs_proto::change_id(&o.getattr(early.handle).unwrap());
     expect(&rx, "the directory's attributes", |b| {
         *b == Break::Attr {
             file_id: early.attr.file_id,
@@ -146,7 +146,7 @@ fn breaks_of_one_batch_are_deduplicated() {
     for i in 0..50 {
         std::fs::write(path.join("a.txt"), format!("v{i}")).unwrap();
     }
-    let want = o.getattr(a.handle).unwrap().version;
+    let want = hoardfs_proto::change_id(&o.getattr(a.handle).unwrap());
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
         let batch = rx
