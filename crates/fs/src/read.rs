@@ -305,7 +305,7 @@ impl HoardFs {
 
     /// The cached object for this version of the file, replacing (retiring) an object of
     /// another version. `None` without a cache, or if the cache cannot hold it.
-    fn object_for(
+    pub(crate) fn object_for(
         &self,
         node: &Node,
         file_id: u64,

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use hoardfs_cache::{CachedObject, ObjectKey};
+use hoardfs_cache::ObjectKey;
 use hoardfs_origin::{Attr, SetAttrs};
 
 use crate::nodes::{Ino, Node};
@@ -88,32 +88,11 @@ impl HoardFs {
         }
     }
 
-    /// Replaces the node's cached object by one for `attr` if it holds another version
-    /// (after a change whose effect on the content this client cannot reproduce).
+    /// Moves the node's cached object (if it has one) to `attr`'s version, after a change
+    /// whose effect on the content this client cannot reproduce (e.g. a truncate).
     fn reset_object(&self, node: &Node, attr: &Attr) {
-        let Some(cache) = self.cache.as_ref() else {
-            return;
-        };
-        let mut st = node.state.lock();
-        let Some(old) = st.object.as_ref() else {
-            return;
-        };
-        if old.version() == attr.version && old.size() == attr.size {
-            return;
-        }
-        let key = ObjectKey {
-            export_id: self.export_id,
-            file_id: attr.file_id,
-        };
-        let fresh: Option<Arc<CachedObject>> = match cache.object(key, attr.version, attr.size) {
-            Ok(o) => Some(Arc::new(o)),
-            Err(e) => {
-                tracing::warn!("cannot cache file {:#x}: {e}", attr.file_id);
-                None
-            }
-        };
-        if let Some(old) = std::mem::replace(&mut st.object, fresh) {
-            old.retire();
+        if node.state.lock().object.is_some() {
+            self.object_for(node, attr.file_id, attr.version, attr.size);
         }
     }
 
