@@ -6,25 +6,42 @@
 //! CACHE-DIR/
 //!   HOARDFS-CACHE                 superblock: layout version; refused if unknown
 //!   lock                          flock()ed by the client using the directory
+//!   index                         one slot per object: size, pin, epoch (index.rs)
 //!   objects/<export-id>/<xx>/<file-id>.data   the file's bytes at their own offsets
 //!   objects/<export-id>/<xx>/<file-id>.meta   presence bitmap, CRCs, version (meta.rs)
 //! ```
 //! The data file has the origin file's exact size (sparse where absent), so a complete one
 //! can be handed to the kernel for FUSE passthrough. Presence is never inferred from holes:
 //! only the record says what is there, and the record is written after the data.
+//!
+//! Module map: `store` (index, eviction, reservations, lock order), `policy` (S3-FIFO),
+//! `quota` (limits and free-space thresholds), `object` (one object's files), `write`
+//! (writes through this client), `recover` (orphan adoption and the scrub).
 
+pub mod index;
 pub mod meta;
 mod object;
+pub mod policy;
+pub mod quota;
 pub mod ranges;
+mod recover;
+mod store;
 mod write;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use meta::{ObjectKey, ObjectMeta};
-pub use object::CachedObject;
+pub use object::{CachedObject, OpenHold};
+pub use policy::Tracked;
+pub use quota::{Limits, Space, SpaceProbe, Usage, statvfs_probe};
+pub use recover::VerifyReport;
+pub use store::EvictError;
+
+use store::Store;
 
 /// Superblock contents written by this build.
 const SUPERBLOCK: &str = "hoardfs cache directory\nlayout 1\n";
@@ -73,16 +90,56 @@ pub(crate) fn io_at(path: &Path) -> impl FnOnce(io::Error) -> CacheError + '_ {
     }
 }
 
+/// Paths of an object's data file and record under cache root `root`.
+pub(crate) fn object_paths(root: &Path, key: &ObjectKey) -> (PathBuf, PathBuf) {
+    let fan = xxhash_rust::xxh3::xxh3_64(&key.file_id.to_le_bytes()) & 0xff;
+    let dir = root
+        .join("objects")
+        .join(format!("{:032x}", key.export_id))
+        .join(format!("{fan:02x}"));
+    let base = format!("{:016x}", key.file_id);
+    (
+        dir.join(format!("{base}.data")),
+        dir.join(format!("{base}.meta")),
+    )
+}
+
+/// One object as listed by [`CacheDir::entries`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryInfo {
+    /// Which object.
+    pub key: ObjectKey,
+    /// Bytes it occupies.
+    pub bytes: u64,
+    /// Pinned, open count, priority.
+    pub tracked: Tracked,
+}
+
 /// An opened, locked cache directory.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct CacheDir {
-    root: PathBuf,
-    _lock: File,
+    store: Arc<Store>,
 }
 
 impl CacheDir {
-    /// Opens (creating if needed) the cache at `root` and locks it for this process.
+    /// Opens (creating if needed) the cache at `root` with default limits.
     pub fn open(root: &Path) -> Result<CacheDir, CacheError> {
+        Self::open_with(root, Limits::default(), None)
+    }
+
+    /// Opens (creating if needed) the cache at `root` and locks it for this process.
+    /// `probe` reads the cache file system's free space (default: `statvfs`). Startup reads
+    /// the index only; after an unclean stop, objects are verified on first use and files
+    /// missing from the index are adopted in the background.
+    pub fn open_with(
+        root: &Path,
+        limits: Limits,
+        probe: Option<SpaceProbe>,
+    ) -> Result<CacheDir, CacheError> {
+        limits.validate().map_err(|why| CacheError::Incompatible {
+            path: root.to_path_buf(),
+            why,
+        })?;
         fs::create_dir_all(root).map_err(io_at(root))?;
         let root = root.canonicalize().map_err(io_at(root))?;
         let sb = root.join(SUPERBLOCK_NAME);
@@ -128,48 +185,123 @@ impl CacheDir {
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             return Err(CacheError::Locked(root));
         }
-        Ok(CacheDir { root, _lock: lock })
+        let root: PathBuf = root;
+        let index_path = root.join("index");
+        let had_index = index_path.exists();
+        let (index, loaded) = match index::IndexFile::open(&index_path) {
+            Ok(x) => x,
+            Err(e) => {
+                // The index is an aid, not the authority: start a new one and let recovery
+                // adopt what is on disk (verified before use).
+                tracing::warn!("{e}; rebuilding the cache index");
+                fs::remove_file(&index_path).map_err(io_at(&index_path))?;
+                let (i, mut l) = index::IndexFile::open(&index_path)?;
+                l.clean = false;
+                (i, l)
+            }
+        };
+        // Objects without an index (a cache from before the index existed) are orphans.
+        let clean = loaded.clean && (had_index || !root.join("objects").exists());
+        let probe = probe.unwrap_or_else(|| statvfs_probe(&root));
+        let store = Store::new(root, lock, index, loaded, clean, limits, probe)?;
+        store.start_culler();
+        if !clean {
+            recover::start_adoption(&store);
+        }
+        Ok(CacheDir { store })
     }
 
     /// The cache directory.
     pub fn path(&self) -> &Path {
-        &self.root
+        self.store.root()
     }
 
     /// Paths of an object's data file and record.
     pub fn object_paths(&self, key: &ObjectKey) -> (PathBuf, PathBuf) {
-        let fan = xxhash_rust::xxh3::xxh3_64(&key.file_id.to_le_bytes()) & 0xff;
-        let dir = self
-            .root
-            .join("objects")
-            .join(format!("{:032x}", key.export_id))
-            .join(format!("{fan:02x}"));
-        let base = format!("{:016x}", key.file_id);
-        (
-            dir.join(format!("{base}.data")),
-            dir.join(format!("{base}.meta")),
-        )
+        object_paths(self.store.root(), key)
     }
 
     /// Opens the cached object for `key` at origin `version` and `size`. Chunks cached for
-    /// that same version are kept; anything else (other version, damaged record, missing or
-    /// wrongly sized data file) is discarded and the object starts empty.
+    /// that same version are kept (verified first if the object was last checked before an
+    /// unclean stop); anything else (other version, damaged record, missing or wrongly
+    /// sized data file) is discarded and the object starts empty. One object per key is in
+    /// memory at a time: a second call for the same version returns the same object.
     pub fn object(
         &self,
         key: ObjectKey,
         version: u64,
         size: u64,
-    ) -> Result<CachedObject, CacheError> {
-        let (data, meta) = self.object_paths(&key);
-        CachedObject::open(data, meta, key, version, size)
+    ) -> Result<Arc<CachedObject>, CacheError> {
+        let store = &self.store;
+        let _files = store.shard(&key).lock();
+        if let Some(o) = store.live(&key)
+            && o.version() == version
+            && o.size() == size
+            && !o.is_retired()
+        {
+            return Ok(o);
+        }
+        let verify = store.needs_verify(&key);
+        let obj = Arc::new(CachedObject::open(store, key, version, size, verify)?);
+        store.register(key, obj.allocated(), Some(&obj));
+        Ok(obj)
     }
 
-    /// Reads an object's record without opening it, e.g. to serve it while the origin is
-    /// unreachable. `None` if absent or damaged.
+    /// Reads an object's record without opening it. `None` if absent or damaged.
     pub fn peek(&self, key: &ObjectKey) -> Option<ObjectMeta> {
         let (_, meta) = self.object_paths(key);
         let m = ObjectMeta::decode(&fs::read(meta).ok()?).ok()?;
         (m.key == *key).then_some(m)
+    }
+
+    /// Occupancy, limits and counters.
+    pub fn usage(&self) -> Usage {
+        self.store.usage()
+    }
+
+    /// Every object in the index.
+    pub fn entries(&self) -> Vec<EntryInfo> {
+        self.store
+            .entries()
+            .into_iter()
+            .map(|(key, bytes, tracked)| EntryInfo {
+                key,
+                bytes,
+                tracked,
+            })
+            .collect()
+    }
+
+    /// Pins (keeps from eviction, with a hoard priority) or unpins an object.
+    pub fn pin(&self, key: ObjectKey, pinned: bool, priority: u16) {
+        self.store.pin(key, pinned, priority)
+    }
+
+    /// Evicts an object now; returns the bytes freed.
+    pub fn evict(&self, key: &ObjectKey) -> Result<u64, EvictError> {
+        self.store.evict(key)
+    }
+
+    /// Checks every cached chunk against its checksum, dropping bad ones. `progress` is
+    /// called with (objects done, objects total).
+    pub fn verify(&self, progress: &dyn Fn(u64, u64)) -> VerifyReport {
+        recover::scrub(&self.store, progress)
+    }
+
+    /// Runs one round of free-space culling now (it also runs in the background).
+    pub fn cull_now(&self) -> u64 {
+        self.store.cull(usize::MAX)
+    }
+
+    /// Whether the previous client stopped without closing the cache in order.
+    pub fn recovered(&self) -> bool {
+        self.store.recovered
+    }
+
+    /// Orderly shutdown: syncs the cache and marks its index clean. Nothing new is cached
+    /// afterwards. Also done when the last reference is dropped.
+    pub fn close(&self) -> Result<(), CacheError> {
+        self.store.close()
     }
 }
 

@@ -148,9 +148,14 @@ impl ObjectMeta {
         self.present_count() == self.chunks()
     }
 
+    /// Length of the encoded record.
+    pub fn encoded_len(&self) -> usize {
+        FIXED + self.present.len() + 4 * self.crcs.len() + 4
+    }
+
     /// Encodes the record.
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(FIXED + self.present.len() + 4 * self.crcs.len() + 4);
+        let mut b = Vec::with_capacity(self.encoded_len());
         b.extend_from_slice(&MAGIC);
         b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         b.extend_from_slice(&0u16.to_le_bytes());

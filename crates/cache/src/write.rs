@@ -31,6 +31,27 @@ impl CachedObject {
         post_version: u64,
         post_size: u64,
     ) -> Result<bool, CacheError> {
+        // Room for the written bytes (and the file's growth) is reserved first; without
+        // room the caller replaces the object (an empty one costs nothing).
+        let growth = post_size.saturating_sub(self.size());
+        let want = (data.len() as u64 + growth).div_ceil(4096) * 4096;
+        if !self.store.reserve(want) {
+            return Ok(false);
+        }
+        let r = self.apply_write_reserved(pre_version, offset, data, post_version, post_size);
+        let delta = r.as_ref().map_or(0, |(_, d)| *d);
+        self.store.settle(&self.key, want, delta);
+        r.map(|(applied, _)| applied)
+    }
+
+    fn apply_write_reserved(
+        &self,
+        pre_version: u64,
+        offset: u64,
+        data: &[u8],
+        post_version: u64,
+        post_size: u64,
+    ) -> Result<(bool, i64), CacheError> {
         let mut st = self.state.lock();
         let end = offset + data.len() as u64;
         if st.retired
@@ -39,7 +60,7 @@ impl CachedObject {
             || post_size < end
             || chunk_shift_for(post_size) != st.meta.chunk_shift
         {
-            return Ok(false);
+            return Ok((false, 0));
         }
         let r = self.apply_locked(&mut st, offset, data, post_version, post_size);
         if r.is_err() {
@@ -48,7 +69,8 @@ impl CachedObject {
             st.meta = ObjectMeta::empty(st.meta.key, 0, st.meta.size);
             let _ = self.meta_file.write_all_at(&st.meta.encode(), 0);
         }
-        r.map(|()| true)
+        let delta = self.recharge(&mut st);
+        r.map(|()| (true, delta))
     }
 
     fn apply_locked(

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 
-use hoardfs_cache::{CachedObject, ObjectKey, meta::chunk_shift_for};
+use hoardfs_cache::{CachedObject, ObjectKey, OpenHold, meta::chunk_shift_for};
 use hoardfs_origin::{FileKind, WireError};
 use parking_lot::{Condvar, Mutex, RwLock};
 
@@ -66,6 +66,8 @@ pub(crate) struct OpenFile {
     pub(crate) node: Arc<Node>,
     mode: ModeKind,
     pub(crate) access: Access,
+    /// Keeps the object this open started with from eviction until release.
+    _hold: Option<OpenHold>,
     /// Sequential detection: where the next read would start, and the highest chunk already
     /// scheduled for readahead.
     seq: Mutex<(u64, Option<u64>)>,
@@ -296,6 +298,7 @@ impl HoardFs {
             node,
             mode: kind,
             access,
+            _hold: object.as_ref().map(|o| o.hold_open()),
             seq: Mutex::new((0, None)),
         });
         let fh = engine.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -327,14 +330,16 @@ impl HoardFs {
             file_id,
         };
         let fresh = match cache.object(key, version, size) {
-            Ok(o) => Arc::new(o),
+            Ok(o) => o,
             Err(e) => {
                 tracing::warn!("cannot cache file {file_id:#x}: {e}");
                 Stats::add(&self.stats.cache_errors, 1);
                 return None;
             }
         };
-        if let Some(old) = st.object.replace(fresh.clone()) {
+        if let Some(old) = st.object.replace(fresh.clone())
+            && !Arc::ptr_eq(&old, &fresh)
+        {
             old.retire();
         }
         Some(fresh)
@@ -367,13 +372,28 @@ impl HoardFs {
             let (cs, ce) = view.chunk_range(c);
             let (from, to) = (offset.max(cs), end.min(ce));
             let dst = &mut out[(from - offset) as usize..(to - offset) as usize];
-            match self.ensure_chunk(&of, &view, c)? {
-                None => {
-                    let obj = view.object.as_ref().expect("present implies object");
-                    let n = obj.read_at(dst, from)?;
-                    Stats::add(&self.stats.chunk_hits, 1);
-                    Stats::add(&self.stats.bytes_from_cache, n as u64);
+            let (mut fetched, mut hit) = (None, false);
+            for _ in 0..3 {
+                match self.ensure_chunk(&of, &view, c)? {
+                    None => {
+                        let obj = view.object.as_ref().expect("present implies object");
+                        // False when an eviction or verification dropped the chunk meanwhile.
+                        if obj.read_chunk_at(c, dst, from)? {
+                            hit = true;
+                            Stats::add(&self.stats.chunk_hits, 1);
+                            Stats::add(&self.stats.bytes_from_cache, dst.len() as u64);
+                            break;
+                        }
+                    }
+                    Some(bytes) => {
+                        fetched = Some(bytes);
+                        break;
+                    }
                 }
+            }
+            match fetched {
+                None if hit => {}
+                None => return Err(FsError::Cache("cached chunk kept disappearing".into())),
                 Some(bytes) => {
                     let lo = (from - cs) as usize;
                     let avail = bytes.len().saturating_sub(lo).min(dst.len());
@@ -520,8 +540,13 @@ impl HoardFs {
         }
     }
 
-    /// Stops the readahead threads (at unmount).
+    /// Stops the readahead threads and closes the disk cache in order (at unmount).
     pub fn shutdown(&self) {
         self.reads.prefetch.lock().take();
+        if let Some(c) = &self.cache
+            && let Err(e) = c.close()
+        {
+            tracing::warn!("{e}; the cache will be verified on next use");
+        }
     }
 }

@@ -69,12 +69,13 @@ impl HoardFs {
         };
         match cache.object(key, w.attr.version, w.attr.size) {
             Ok(fresh) => {
-                let fresh = Arc::new(fresh);
                 let v = w.attr.version;
                 if let Err(e) = fresh.apply_write(v, w.offset, data, v, w.attr.size) {
                     tracing::warn!("cache update after a write failed: {e}");
                 }
-                if let Some(old) = st.object.replace(fresh) {
+                if let Some(old) = st.object.replace(fresh.clone())
+                    && !Arc::ptr_eq(&old, &fresh)
+                {
                     old.retire();
                 }
             }

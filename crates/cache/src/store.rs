@@ -1,0 +1,524 @@
+//! The store behind a [`crate::CacheDir`]: the object index, the eviction queues, space
+//! reservations, and the objects currently in memory. Objects keep an `Arc` to it.
+//!
+//! Lock ordering: `shards[k]` (one object's files) → `quota` → an object's `state`.
+//! The quota lock is held while an evicted object's files are removed or emptied, so
+//! accounting and files never disagree; it is never taken while holding an object's state
+//! lock, and the evictor only `try_lock`s a shard (so it cannot wait on a shard holder that
+//! waits for the quota lock). No `Arc<CachedObject>` is dropped under the quota lock,
+//! because dropping the last one takes that lock.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::index::{IndexFile, SlotRecord};
+use crate::meta::ObjectKey;
+use crate::object::CachedObject;
+use crate::policy::{Policy, Tracked};
+use crate::quota::{Counters, Limits, SpaceProbe, Usage, cull_target, shortfall};
+use crate::{CacheError, object_paths};
+
+const SHARDS: usize = 64;
+
+/// The quota lock's contents.
+#[derive(Default)]
+pub(crate) struct Quota {
+    pub(crate) policy: Policy,
+    free_slots: Vec<u32>,
+    next_slot: u32,
+    pub(crate) reserved: u64,
+    /// Objects in memory (not necessarily open).
+    pub(crate) live: HashMap<ObjectKey, Weak<CachedObject>>,
+}
+
+impl Quota {
+    fn slot(&mut self) -> u32 {
+        self.free_slots.pop().unwrap_or_else(|| {
+            self.next_slot += 1;
+            self.next_slot - 1
+        })
+    }
+}
+
+/// Shared state of one open cache directory.
+pub(crate) struct Store {
+    pub(crate) root: PathBuf,
+    pub(crate) _lock: File,
+    index: IndexFile,
+    pub(crate) quota: Mutex<Quota>,
+    pub(crate) limits: Limits,
+    probe: SpaceProbe,
+    /// Crash epoch of this run: objects last verified in an older epoch are verified on load.
+    pub(crate) epoch: u32,
+    pub(crate) recovered: bool,
+    shards: Vec<Mutex<()>>,
+    pub(crate) counters: Counters,
+    closed: AtomicBool,
+    /// Wakes the culler early (a reservation saw the free space fall below `cull`).
+    cull_wake: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("root", &self.root).finish()
+    }
+}
+
+impl Store {
+    /// Builds the store from the index; `clean` says the previous run ended in order.
+    pub(crate) fn new(
+        root: PathBuf,
+        lock: File,
+        index: IndexFile,
+        loaded: crate::index::Loaded,
+        clean: bool,
+        limits: Limits,
+        probe: SpaceProbe,
+    ) -> Result<Arc<Store>, CacheError> {
+        let epoch = if clean {
+            loaded.epoch
+        } else {
+            loaded.epoch + 1
+        };
+        // From here on a crash is an unclean stop.
+        index.write_header(false, epoch)?;
+        index.sync()?;
+        let mut q = Quota {
+            free_slots: loaded.free,
+            next_slot: loaded.slots,
+            ..Quota::default()
+        };
+        for (slot, r) in loaded.records {
+            let info = Tracked {
+                slot,
+                pinned: r.pinned,
+                opens: 0,
+                epoch: r.epoch,
+                priority: r.priority,
+            };
+            if q.policy.get(&r.key).is_some() {
+                // A duplicate (possible only after a torn write): keep the first.
+                q.free_slots.push(slot);
+                continue;
+            }
+            q.policy.insert(r.key, r.bytes, info, true);
+        }
+        Ok(Arc::new(Store {
+            root,
+            _lock: lock,
+            index,
+            quota: Mutex::new(q),
+            limits,
+            probe,
+            epoch,
+            recovered: !clean,
+            shards: (0..SHARDS).map(|_| Mutex::new(())).collect(),
+            counters: Counters::default(),
+            closed: AtomicBool::new(false),
+            cull_wake: Arc::new((Mutex::new(false), Condvar::new())),
+        }))
+    }
+
+    /// The lock serialising creation and removal of one object's files.
+    pub(crate) fn shard(&self, key: &ObjectKey) -> &Mutex<()> {
+        let h = xxhash_rust::xxh3::xxh3_64(&key.file_id.to_le_bytes()) as usize;
+        &self.shards[h % SHARDS]
+    }
+
+    fn persist(&self, q: &Quota, key: &ObjectKey) {
+        let Some(e) = q.policy.get(key) else { return };
+        let r = SlotRecord {
+            key: *key,
+            bytes: e.bytes,
+            pinned: e.info.pinned,
+            epoch: e.info.epoch,
+            priority: e.info.priority,
+        };
+        if let Err(e) = self.index.write_slot(e.info.slot, &r) {
+            tracing::warn!("cannot update the cache index: {e}");
+        }
+    }
+
+    /// Whether an object must be verified when loaded (unknown, or last checked before a crash).
+    pub(crate) fn needs_verify(&self, key: &ObjectKey) -> bool {
+        self.quota
+            .lock()
+            .policy
+            .get(key)
+            .is_none_or(|e| e.info.epoch < self.epoch)
+    }
+
+    /// Makes `key` tracked (if it is not) at `bytes`, verified in this epoch.
+    pub(crate) fn register(&self, key: ObjectKey, bytes: u64, obj: Option<&Arc<CachedObject>>) {
+        let mut q = self.quota.lock();
+        if let Some(o) = obj {
+            q.live.insert(key, Arc::downgrade(o));
+        }
+        if q.policy.get(&key).is_none() {
+            let slot = q.slot();
+            let info = Tracked {
+                slot,
+                epoch: self.epoch,
+                ..Tracked::default()
+            };
+            q.policy.insert(key, bytes, info, false);
+        } else {
+            q.policy.resize(&key, bytes);
+            q.policy.info_mut(&key).expect("tracked").epoch = self.epoch;
+        }
+        self.persist(&q, &key);
+    }
+
+    /// Tracks an orphan found on disk: epoch 0, so it is verified on first use.
+    pub(crate) fn adopt(&self, key: ObjectKey, bytes: u64) {
+        let mut q = self.quota.lock();
+        if q.policy.get(&key).is_some() {
+            return;
+        }
+        let slot = q.slot();
+        let info = Tracked {
+            slot,
+            ..Tracked::default()
+        };
+        q.policy.insert(key, bytes, info, true);
+        self.persist(&q, &key);
+    }
+
+    /// Records that `key`'s chunks were verified in this epoch.
+    pub(crate) fn mark_verified(&self, key: &ObjectKey) {
+        let mut q = self.quota.lock();
+        if let Some(t) = q.policy.info_mut(key) {
+            t.epoch = self.epoch;
+            self.persist(&q, key);
+        }
+    }
+
+    /// Forgets the in-memory object `ptr` of `key` (called when it is dropped).
+    pub(crate) fn unregister(&self, key: &ObjectKey, ptr: *const CachedObject) {
+        let mut q = self.quota.lock();
+        if q.live.get(key).is_some_and(|w| w.as_ptr() == ptr) {
+            q.live.remove(key);
+        }
+    }
+
+    /// The in-memory object of `key`, if any.
+    pub(crate) fn live(&self, key: &ObjectKey) -> Option<Arc<CachedObject>> {
+        let w = self.quota.lock().live.get(key).cloned();
+        w.and_then(|w| w.upgrade())
+    }
+
+    /// Reserves room for `bytes` more, evicting as needed. False: no room can be made (the
+    /// caller serves the data uncached).
+    pub(crate) fn reserve(&self, bytes: u64) -> bool {
+        if self.closed.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut dropped = Vec::new();
+        let mut q = self.quota.lock();
+        let mut tries = q.policy.len() + 16;
+        let ok = loop {
+            let used = q.policy.total_bytes() + q.reserved;
+            let space = (self.probe)();
+            if let Some(s) = space
+                && s.bytes_avail < s.bytes_total / 100 * self.limits.bcull as u64
+            {
+                self.wake_culler();
+            }
+            let (need, _) = shortfall(&self.limits, used, bytes, 0, space);
+            if need == 0 {
+                q.reserved += bytes;
+                break true;
+            }
+            if tries == 0 || self.evict_one(&mut q, &mut dropped).is_none() {
+                break false;
+            }
+            tries -= 1;
+        };
+        drop(q);
+        drop(dropped);
+        if !ok {
+            Counters::add(&self.counters.refused_chunks, 1);
+            Counters::add(&self.counters.refused_bytes, bytes);
+        }
+        ok
+    }
+
+    /// Ends a reservation of `reserved` bytes; the object `key` grew by `delta` bytes.
+    pub(crate) fn settle(&self, key: &ObjectKey, reserved: u64, delta: i64) {
+        let mut q = self.quota.lock();
+        q.reserved -= reserved;
+        if let Some(e) = q.policy.get(key) {
+            let bytes = e.bytes.saturating_add_signed(delta);
+            q.policy.resize(key, bytes);
+            self.persist(&q, key);
+        }
+    }
+
+    /// Evicts the policy's next victim. Returns bytes and inodes freed; `None` if nothing
+    /// can be evicted.
+    fn evict_one(&self, q: &mut Quota, dropped: &mut Vec<Arc<CachedObject>>) -> Option<(u64, u64)> {
+        let key = q.policy.victim(|t| !t.pinned && t.opens == 0)?;
+        match self.evict_key(q, &key, dropped) {
+            Some(freed) => Some(freed),
+            None => {
+                // Being opened right now: not a victim this time.
+                q.policy.restart(&key);
+                Some((0, 0))
+            }
+        }
+    }
+
+    /// Evicts `key`: an object in memory (not open: the caller checked) is emptied in
+    /// place, any other has its files removed. `None` if its files are busy (being opened).
+    fn evict_key(
+        &self,
+        q: &mut Quota,
+        key: &ObjectKey,
+        dropped: &mut Vec<Arc<CachedObject>>,
+    ) -> Option<(u64, u64)> {
+        let live = q.live.get(key).and_then(Weak::upgrade);
+        if let Some(obj) = live {
+            let freed = obj.empty_in_place();
+            let e = q.policy.get(key).expect("victim is tracked");
+            let left = e.bytes.saturating_sub(freed);
+            q.policy.resize(key, left);
+            q.policy.restart(key);
+            self.persist(q, key);
+            dropped.push(obj);
+            Counters::add(&self.counters.evictions, 1);
+            Counters::add(&self.counters.evicted_bytes, freed);
+            return Some((freed, 0));
+        }
+        let _files = self.shard(key).try_lock()?;
+        let (data, meta) = object_paths(&self.root, key);
+        for p in [&data, &meta] {
+            if let Err(e) = std::fs::remove_file(p)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!("cannot evict {}: {e}", p.display());
+            }
+        }
+        let e = q.policy.remove(key, true).expect("victim is tracked");
+        q.free_slots.push(e.info.slot);
+        if let Err(err) = self.index.clear_slot(e.info.slot) {
+            tracing::warn!("cannot update the cache index: {err}");
+        }
+        Counters::add(&self.counters.evictions, 1);
+        Counters::add(&self.counters.evicted_bytes, e.bytes);
+        Some((e.bytes, 2))
+    }
+
+    /// Evicts `key` now (`hoardfs cache evict`). Returns the bytes freed.
+    pub(crate) fn evict(&self, key: &ObjectKey) -> Result<u64, EvictError> {
+        let mut dropped = Vec::new();
+        let mut q = self.quota.lock();
+        let Some(e) = q.policy.get(key) else {
+            return Err(EvictError::NotCached);
+        };
+        if e.info.pinned {
+            return Err(EvictError::Pinned);
+        }
+        if e.info.opens > 0 {
+            return Err(EvictError::Open);
+        }
+        let r = self.evict_key(&mut q, key, &mut dropped);
+        drop(q);
+        drop(dropped);
+        r.map(|(b, _)| b).ok_or(EvictError::Busy)
+    }
+
+    /// An open file starts (`delta` 1) or stops (-1) holding `key`; opening counts as an
+    /// access for the eviction policy.
+    pub(crate) fn hold(&self, key: &ObjectKey, open: bool) {
+        let mut q = self.quota.lock();
+        if open {
+            q.policy.touch(key);
+        }
+        if let Some(t) = q.policy.info_mut(key) {
+            t.opens = if open {
+                t.opens + 1
+            } else {
+                t.opens.saturating_sub(1)
+            };
+        }
+    }
+
+    /// Pins or unpins `key` (tracking it, with nothing cached yet, if needed).
+    pub(crate) fn pin(&self, key: ObjectKey, pinned: bool, priority: u16) {
+        let mut q = self.quota.lock();
+        if q.policy.get(&key).is_none() {
+            if !pinned {
+                return;
+            }
+            let slot = q.slot();
+            let info = Tracked {
+                slot,
+                epoch: self.epoch,
+                ..Tracked::default()
+            };
+            q.policy.insert(key, 0, info, false);
+        }
+        let t = q.policy.info_mut(&key).expect("tracked");
+        t.pinned = pinned;
+        t.priority = if pinned { priority } else { 0 };
+        self.persist(&q, &key);
+    }
+
+    /// Occupancy, limits and counters.
+    pub(crate) fn usage(&self) -> Usage {
+        let q = self.quota.lock();
+        let mut u = Usage {
+            objects: q.policy.len() as u64,
+            bytes: q.policy.total_bytes(),
+            reserved: q.reserved,
+            limits: self.limits,
+            recovered: self.recovered,
+            ..Usage::default()
+        };
+        for (_, e) in q.policy.iter() {
+            if e.info.pinned {
+                u.pinned_objects += 1;
+                u.pinned_bytes += e.bytes;
+            }
+            u.open_objects += u64::from(e.info.opens > 0);
+        }
+        drop(q);
+        u.space = (self.probe)();
+        let c = &self.counters;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        u.evictions = get(&c.evictions);
+        u.evicted_bytes = get(&c.evicted_bytes);
+        u.checksum_failures = get(&c.checksum_failures);
+        u.chunks_verified = get(&c.chunks_verified);
+        u.refused_chunks = get(&c.refused_chunks);
+        u.refused_bytes = get(&c.refused_bytes);
+        u.orphans_adopted = get(&c.orphans_adopted);
+        u
+    }
+
+    /// Every tracked object: key, bytes, pinned, open, priority.
+    pub(crate) fn entries(&self) -> Vec<(ObjectKey, u64, Tracked)> {
+        let q = self.quota.lock();
+        q.policy
+            .iter()
+            .map(|(k, e)| (*k, e.bytes, e.info))
+            .collect()
+    }
+
+    fn wake_culler(&self) {
+        let (m, cv) = &*self.cull_wake;
+        *m.lock() = true;
+        cv.notify_one();
+    }
+
+    /// One round of background culling: below the `cull` thresholds, evict until the `run`
+    /// thresholds are free again (at most `batch` objects per lock hold).
+    pub(crate) fn cull(&self, batch: usize) -> u64 {
+        let mut evicted = 0;
+        loop {
+            let (bytes, files) = cull_target(&self.limits, (self.probe)());
+            if bytes == 0 && files == 0 {
+                return evicted;
+            }
+            let mut dropped = Vec::new();
+            let mut q = self.quota.lock();
+            let (mut fb, mut ff) = (0, 0);
+            let mut n = 0;
+            while (fb < bytes || ff < files) && n < batch {
+                match self.evict_one(&mut q, &mut dropped) {
+                    Some((b, f)) => {
+                        fb += b;
+                        ff += f;
+                        n += 1;
+                    }
+                    None => break,
+                }
+            }
+            drop(q);
+            drop(dropped);
+            evicted += n as u64;
+            if n < batch {
+                return evicted;
+            }
+        }
+    }
+
+    /// Runs the culler until the store is dropped.
+    pub(crate) fn start_culler(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let wake = self.cull_wake.clone();
+        let _ = std::thread::Builder::new()
+            .name("hoardfs-culler".into())
+            .spawn(move || {
+                loop {
+                    // The store is only borrowed while culling, so it can be dropped
+                    // (and closed in order) while this thread sleeps.
+                    match weak.upgrade() {
+                        Some(s) => s.cull(256),
+                        None => return,
+                    };
+                    let (m, cv) = &*wake;
+                    let mut woken = m.lock();
+                    if !*woken {
+                        cv.wait_for(&mut woken, Duration::from_secs(1));
+                    }
+                    *woken = false;
+                }
+            });
+    }
+
+    /// Orderly shutdown: syncs the cache file system and marks the index clean.
+    pub(crate) fn close(&self) -> Result<(), CacheError> {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        // Chunk writes that reserved room before the close finish first (bounded wait).
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while self.quota.lock().reserved > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let dir = File::open(&self.root).map_err(crate::io_at(&self.root))?;
+        // SAFETY: valid fd.
+        if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } != 0 {
+            return Err(crate::io_at(&self.root)(std::io::Error::last_os_error()));
+        }
+        self.index.write_header(true, self.epoch)?;
+        self.index.sync()
+    }
+
+    /// The cache directory.
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::warn!("cache not closed in order (it will be verified on next use): {e}");
+        }
+    }
+}
+
+/// Why an explicit eviction was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum EvictError {
+    /// Nothing of it is cached.
+    #[error("not cached")]
+    NotCached,
+    /// It is pinned (unpin it first).
+    #[error("pinned (unpin it first)")]
+    Pinned,
+    /// A file is open on it.
+    #[error("in use by an open file")]
+    Open,
+    /// Its files are being opened right now.
+    #[error("busy, try again")]
+    Busy,
+}

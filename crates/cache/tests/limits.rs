@@ -1,0 +1,233 @@
+//! Size limits, free-space thresholds, pinning and eviction of a real cache directory.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hoardfs_cache::{CacheDir, Limits, ObjectKey, Space};
+
+const MIB: u64 = 1 << 20;
+
+fn key(id: u64) -> ObjectKey {
+    ObjectKey {
+        export_id: 9,
+        file_id: id,
+    }
+}
+
+fn chunk(id: u64, c: u64, len: u64) -> Vec<u8> {
+    (0..len).map(|j| (id * 131 + c * 7 + j) as u8).collect()
+}
+
+/// Bytes the files under `dir` occupy on disk (allocated blocks), like `du`.
+fn du(dir: &Path) -> u64 {
+    let mut total = 0;
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    for e in rd.flatten() {
+        let md = e.metadata().unwrap();
+        if md.is_dir() {
+            total += du(&e.path());
+        } else {
+            total += md.blocks() * 512;
+        }
+    }
+    total
+}
+
+/// Fills object `id` (`size` bytes) chunk by chunk; returns how many chunks were stored.
+fn fill(c: &CacheDir, id: u64, size: u64) -> u64 {
+    let o = c.object(key(id), 1, size).unwrap();
+    let mut stored = 0;
+    for i in 0..size.div_ceil(MIB) {
+        let len = MIB.min(size - i * MIB);
+        stored += u64::from(o.write_chunk(i, &chunk(id, i, len), 1).unwrap());
+    }
+    stored
+}
+
+#[test]
+fn reading_three_times_the_limit_never_exceeds_it_and_pinned_and_open_objects_survive() {
+    let d = tempfile::tempdir().unwrap();
+    let limit = 8 * MIB;
+    let limits = Limits {
+        max_bytes: Some(limit),
+        ..Limits::default()
+    };
+    let c = CacheDir::open_with(d.path(), limits, None).unwrap();
+    c.pin(key(1), true, 5);
+    assert_eq!(fill(&c, 1, 2 * MIB), 2);
+    let open = c.object(key(2), 1, MIB).unwrap();
+    let hold = open.hold_open();
+    assert_eq!(fill(&c, 2, MIB), 1);
+    // 24 MiB of other files, each read once (3x the limit).
+    for id in 100..124 {
+        fill(&c, id, MIB);
+        let u = c.usage();
+        assert!(u.bytes <= limit, "usage {} over the limit", u.bytes);
+        let on_disk = du(&d.path().join("objects"));
+        assert!(on_disk <= limit, "{on_disk} bytes on disk over the limit");
+    }
+    let u = c.usage();
+    assert!(u.evictions >= 16, "{u:?}");
+    assert_eq!(u.pinned_objects, 1);
+    assert_eq!(u.open_objects, 1);
+    let pinned = c.object(key(1), 1, 2 * MIB).unwrap();
+    assert!(pinned.is_complete(), "the pinned object was evicted");
+    assert!(open.is_complete(), "the open object was evicted");
+    drop(hold);
+    // Pinned and open data alone over the limit: new data is refused, not an error.
+    let big = c.object(key(3), 1, 7 * MIB).unwrap();
+    let _h = big.hold_open();
+    let stored = fill(&c, 3, 7 * MIB);
+    assert!(stored < 7, "stored {stored} chunks");
+    assert!(c.usage().refused_chunks > 0);
+    assert!(c.usage().bytes <= limit);
+}
+
+#[test]
+fn a_scan_of_cold_files_keeps_the_hot_set() {
+    let d = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        max_bytes: Some(40 * MIB),
+        ..Limits::default()
+    };
+    let c = CacheDir::open_with(d.path(), limits, None).unwrap();
+    // Ten hot files, each opened three times.
+    for id in 0..10 {
+        fill(&c, id, MIB);
+        let o = c.object(key(id), 1, MIB).unwrap();
+        for _ in 0..3 {
+            drop(o.hold_open());
+        }
+    }
+    // A scan of 100 files opened once each.
+    for id in 1000..1100 {
+        let o = c.object(key(id), 1, MIB).unwrap();
+        let _h = o.hold_open();
+        o.write_chunk(0, &chunk(id, 0, MIB), 1).unwrap();
+    }
+    for id in 0..10 {
+        assert!(
+            c.object(key(id), 1, MIB).unwrap().is_complete(),
+            "hot file {id} was flushed by the scan"
+        );
+    }
+}
+
+#[test]
+fn free_space_thresholds_stop_caching_and_cull_back_to_run() {
+    let d = tempfile::tempdir().unwrap();
+    // A fake 100 MiB file system: what the cache occupies plus `foreign` bytes are used.
+    let foreign = Arc::new(AtomicU64::new(0));
+    let (f, root) = (foreign.clone(), d.path().to_path_buf());
+    let probe = Box::new(move || {
+        let used = du(&root.join("objects")) + f.load(Ordering::SeqCst);
+        Some(Space {
+            bytes_total: 100 * MIB,
+            bytes_avail: (100 * MIB).saturating_sub(used),
+            files_total: 1 << 20,
+            files_avail: 1 << 19,
+        })
+    });
+    let c = CacheDir::open_with(d.path(), Limits::default(), Some(probe)).unwrap();
+    for id in 0..20 {
+        assert_eq!(fill(&c, id, MIB), 1);
+    }
+    // Someone else fills the disk to 95%: below bcull (7%), culling frees up to brun (10%).
+    foreign.store(75 * MIB, Ordering::SeqCst);
+    assert!(c.cull_now() > 0);
+    let avail = 100 * MIB - du(&d.path().join("objects")) - 75 * MIB;
+    assert!(avail >= 10 * MIB, "only {avail} bytes free after culling");
+    // Nearly full (above bstop only through our own data): caching evicts old objects.
+    foreign.store(96 * MIB, Ordering::SeqCst);
+    c.pin(key(500), true, 0);
+    let stored = fill(&c, 500, 4 * MIB);
+    assert!(stored < 4);
+    assert!(c.usage().refused_chunks > 0);
+    let avail = (100 * MIB).saturating_sub(du(&d.path().join("objects")) + 96 * MIB);
+    assert!(
+        avail >= 3 * MIB - MIB,
+        "cache ate into the stop reserve: {avail}"
+    );
+}
+
+#[test]
+fn explicit_evict_respects_pins_and_opens() {
+    let d = tempfile::tempdir().unwrap();
+    let c = CacheDir::open(d.path()).unwrap();
+    fill(&c, 1, MIB);
+    fill(&c, 2, MIB);
+    c.pin(key(2), true, 0);
+    assert!(c.evict(&key(2)).is_err());
+    let o = c.object(key(1), 1, MIB).unwrap();
+    let h = o.hold_open();
+    assert!(c.evict(&key(1)).is_err());
+    drop(h);
+    assert!(c.evict(&key(1)).unwrap() >= MIB);
+    // The object in memory was emptied in place, and daemon reads notice.
+    assert!(!o.has_chunk(0));
+    let mut buf = vec![0u8; 10];
+    assert!(!o.read_chunk_at(0, &mut buf, 0).unwrap());
+    c.pin(key(2), false, 0);
+    drop(o);
+    assert!(c.evict(&key(2)).is_ok());
+    assert_eq!(c.usage().objects, 1);
+    assert!(c.entries().iter().all(|e| e.key == key(1)));
+}
+
+#[test]
+fn scrub_drops_corrupt_chunks_and_they_are_refetched_not_served() {
+    let d = tempfile::tempdir().unwrap();
+    let c = CacheDir::open(d.path()).unwrap();
+    fill(&c, 1, 3 * MIB);
+    fill(&c, 2, MIB);
+    let live = c.object(key(2), 1, MIB).unwrap();
+    // Flip a byte of object 1 (not in memory) and of object 2 (in memory).
+    for id in [1, 2] {
+        let (data, _) = c.object_paths(&key(id));
+        let f = std::fs::OpenOptions::new().write(true).open(data).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"X", MIB / 2).unwrap();
+    }
+    let r = c.verify(&|_, _| {});
+    assert_eq!((r.objects, r.chunks, r.bad_chunks), (2, 4, 2));
+    assert!(!live.has_chunk(0));
+    let o = c.object(key(1), 1, 3 * MIB).unwrap();
+    assert!(!o.has_chunk(0) && o.has_chunk(1) && o.has_chunk(2));
+    assert_eq!(c.usage().checksum_failures, 2);
+    assert!(o.write_chunk(0, &chunk(1, 0, MIB), 1).unwrap());
+    let mut buf = vec![0u8; MIB as usize];
+    assert!(o.read_chunk_at(0, &mut buf, 0).unwrap());
+    assert_eq!(buf, chunk(1, 0, MIB));
+}
+
+#[test]
+fn index_survives_restart_and_a_damaged_index_is_rebuilt() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let c = CacheDir::open(d.path()).unwrap();
+        fill(&c, 1, 2 * MIB);
+        fill(&c, 2, MIB);
+        c.pin(key(2), true, 3);
+    }
+    let c = CacheDir::open(d.path()).unwrap();
+    assert!(!c.recovered());
+    let u = c.usage();
+    assert_eq!((u.objects, u.pinned_objects), (2, 1));
+    assert!(u.bytes >= 3 * MIB);
+    drop(c);
+    // Destroy the index: the objects are adopted back (and verified before use).
+    std::fs::write(d.path().join("index"), b"garbage").unwrap();
+    let c = CacheDir::open(d.path()).unwrap();
+    assert!(c.recovered());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while c.usage().objects < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(c.usage().objects, 2);
+    assert_eq!(c.usage().orphans_adopted, 2);
+    assert!(c.object(key(1), 1, 2 * MIB).unwrap().is_complete());
+    assert!(c.usage().chunks_verified >= 2);
+}
