@@ -1,9 +1,15 @@
 //! The `hoardfs` command: `serve` exports a directory, `mount` mounts one through FUSE with
 //! a persistent disk cache, `demo` shows both end to end on a generated tree.
 
+mod cachedir;
+mod control;
 mod demo;
+mod hoard;
+mod metrics;
 mod mount;
+mod prefetch;
 mod serve;
+mod tools;
 
 use std::process::ExitCode;
 
@@ -26,6 +32,17 @@ enum Command {
     /// Serve a generated sample tree, mount it with a temporary cache and print cold/hot
     /// read times (needs root and /dev/fuse).
     Demo(demo::DemoArgs),
+    /// Counters of a running mount: hits, misses, bytes, evictions, usage, connection.
+    Stats(tools::StatsArgs),
+    /// Inspect, evict from or verify a mount's cache or a cache directory.
+    #[command(subcommand)]
+    Cache(tools::CacheCommand),
+    /// Fetch files (recursively) into the cache of their mount, with progress.
+    Prefetch(prefetch::PrefetchArgs),
+    /// Keep files (recursively) from eviction, and fetch them unless --no-fetch.
+    Pin(prefetch::PrefetchArgs),
+    /// Let pinned files be evicted again.
+    Unpin(prefetch::UnpinArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +65,11 @@ fn main() -> ExitCode {
         Command::Serve(a) => serve::run(a),
         Command::Mount(a) => mount::run(a),
         Command::Demo(a) => demo::run(a),
+        Command::Stats(a) => tools::stats(a),
+        Command::Cache(c) => tools::cache(c),
+        Command::Prefetch(a) => prefetch::run(a, false),
+        Command::Pin(a) => prefetch::run(a, true),
+        Command::Unpin(a) => prefetch::unpin(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Args;
 use fuser::{Config, MountOption, SessionACL};
-use hoardfs_cache::CacheDir;
+use hoardfs_cache::{CacheDir, Limits};
 use hoardfs_fs::{FsConfig, HoardFs};
 use hoardfs_fuse::FuseBridge;
 use hoardfs_origin::Origin;
@@ -57,8 +57,37 @@ pub struct MountArgs {
     /// Let users other than the mounting one access the mount (default when run as root).
     #[arg(long)]
     pub allow_other: bool,
+    /// Upper bound of the disk cache (allocated blocks plus records), e.g. `50G`, `512M`.
+    /// Default: none; the free-space thresholds alone bound it.
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
+    /// Culling stops when this % of the cache file system's blocks is free.
+    #[arg(long, default_value_t = 10)]
+    pub brun: u8,
+    /// Culling starts when less than this % of blocks is free.
+    #[arg(long, default_value_t = 7)]
+    pub bcull: u8,
+    /// Nothing new is cached while less than this % of blocks is free.
+    #[arg(long, default_value_t = 3)]
+    pub bstop: u8,
+    /// As --brun, for inodes.
+    #[arg(long, default_value_t = 10)]
+    pub frun: u8,
+    /// As --bcull, for inodes.
+    #[arg(long, default_value_t = 7)]
+    pub fcull: u8,
+    /// As --bstop, for inodes.
+    #[arg(long, default_value_t = 3)]
+    pub fstop: u8,
+    /// Hoard file: paths or globs (one per line, optional priority) to pin and fetch.
+    #[arg(long)]
+    pub hoard_file: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9477).
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
     /// Mount options, `-o key[=value],...`: cache_dir=, token_file=, no_cache, daemon,
-    /// attr_timeout=, callback_timeout=, timeout=, no_passthrough, allow_other, ro.
+    /// attr_timeout=, callback_timeout=, timeout=, no_passthrough, allow_other, ro,
+    /// cache_size=, hoard_file=.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
 }
@@ -94,6 +123,8 @@ impl MountArgs {
                 "timeout" => a.timeout = num()?,
                 "no_passthrough" => a.no_passthrough = true,
                 "allow_other" => a.allow_other = true,
+                "cache_size" => a.cache_size = Some(parse_size(need()?)?),
+                "hoard_file" => a.hoard_file = Some(need()?.into()),
                 "rw" | "defaults" | "nodev" | "nosuid" | "noatime" => {}
                 _ => {
                     return Err(format!(
@@ -114,6 +145,32 @@ impl MountArgs {
         }
         Ok(a)
     }
+}
+
+/// Parses a byte size: a number with an optional K/M/G/T suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().trim_end_matches(['B', 'b']).trim_end_matches('i');
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("{s:?}: unknown size suffix")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 50G, 512M, 1048576)"))?;
+    if n.is_nan() || n <= 0.0 {
+        return Err(format!("{s:?}: the size must be positive"));
+    }
+    Ok((n * mult as f64) as u64)
 }
 
 /// Write end of the pipe to the waiting parent, when daemonised.
@@ -213,8 +270,28 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
             a.mountpoint.display()
         ));
     }
+    let limits = Limits {
+        max_bytes: a.cache_size,
+        brun: a.brun,
+        bcull: a.bcull,
+        bstop: a.bstop,
+        frun: a.frun,
+        fcull: a.fcull,
+        fstop: a.fstop,
+    };
+    limits.validate()?;
+    let hoard = match &a.hoard_file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| format!("cannot read hoard file {}: {e}", p.display()))?;
+            crate::hoard::parse(&text)?
+        }
+        None => Vec::new(),
+    };
     let cache = match (&a.cache_dir, a.no_cache) {
-        (Some(dir), false) => Some(CacheDir::open(dir).map_err(|e| e.to_string())?),
+        (Some(dir), false) => {
+            Some(CacheDir::open_with(dir, limits, None).map_err(|e| e.to_string())?)
+        }
         _ => None,
     };
     let origin = open_origin(&a)?;
@@ -227,6 +304,15 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         ..Default::default()
     };
     let fs = HoardFs::new(origin, cache, config).map_err(|e| format!("cannot start: {e}"))?;
+    // Canonicalised before the mount exists: afterwards the path would be served by us.
+    let info = crate::control::MountInfo {
+        source: a.source.clone(),
+        mountpoint: a
+            .mountpoint
+            .canonicalize()
+            .map_err(|e| format!("mount point {}: {e}", a.mountpoint.display()))?,
+    };
+    let _control = crate::control::start(fs.clone(), info.clone())?;
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let mut cfg = Config::default();
@@ -256,6 +342,12 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot mount on {}: {e}", a.mountpoint.display()))?;
     let _ = notifier.set(session.notifier());
     fs.set_notifier(Arc::new(hoardfs_fuse::FuseNotifier(session.notifier())));
+    if let Some(addr) = &a.metrics_listen {
+        crate::metrics::start(addr, fs.clone(), info.clone())?;
+    }
+    if !hoard.is_empty() {
+        crate::hoard::start(fs.clone(), info.mountpoint.clone(), hoard);
+    }
     let mut unmounter = session.unmount_callable();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,

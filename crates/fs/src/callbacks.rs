@@ -167,10 +167,10 @@ impl HoardFs {
                 Break::All => {
                     let nodes = self.nodes.all();
                     for node in &nodes {
+                        // Listings stay (expired) so they can be served while offline.
                         let mut st = node.state.lock();
                         st.callback = false;
                         st.expired = true;
-                        st.listing = None;
                     }
                     if let Some(n) = notifier {
                         for node in &nodes {

@@ -12,6 +12,7 @@
 
 mod callbacks;
 mod error;
+mod manage;
 mod namespace;
 pub mod nodes;
 mod read;
@@ -26,6 +27,7 @@ use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, Stat
 
 pub use callbacks::KernelNotifier;
 pub use error::{FsError, FsResult};
+pub use manage::{CachedEntry, Prefetched};
 pub use namespace::NewEntry;
 pub use nodes::{Backing, Ino, Listing, Node, ROOT_INO};
 pub use read::{Access, FileHandle, OpenMode};
@@ -329,6 +331,7 @@ impl HoardFs {
         {
             let st = node.state.lock();
             if let Some(l) = &st.listing
+                && !st.expired
                 && (l.fetched.elapsed() < self.config.dir_ttl
                     || (st.callback && l.fetched.elapsed() < self.config.callback_ttl))
             {

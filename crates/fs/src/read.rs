@@ -75,15 +75,15 @@ pub(crate) struct OpenFile {
 
 /// The current state of a file as reads see it: its cached object (which writes through
 /// this client move forward in place) or, without one, its last known version and size.
-struct View {
-    object: Option<Arc<CachedObject>>,
+pub(crate) struct View {
+    pub(crate) object: Option<Arc<CachedObject>>,
     version: u64,
     size: u64,
     chunk_shift: u32,
 }
 
 impl View {
-    fn of(node: &Node) -> View {
+    pub(crate) fn of(node: &Node) -> View {
         let st = node.state.lock();
         match &st.object {
             Some(o) => View {
@@ -100,7 +100,7 @@ impl View {
             },
         }
     }
-    fn chunks(&self) -> u64 {
+    pub(crate) fn chunks(&self) -> u64 {
         self.size.div_ceil(1 << self.chunk_shift)
     }
     fn chunk_range(&self, c: u64) -> (u64, u64) {
@@ -163,7 +163,7 @@ impl ReadEngine {
                         if c >= view.chunks() {
                             continue;
                         }
-                        if let Err(e) = fs.ensure_chunk(&of, &view, c) {
+                        if let Err(e) = fs.ensure_chunk(&of.node, &view, c) {
                             tracing::debug!("readahead of chunk {c} failed: {e}");
                         }
                     }
@@ -374,7 +374,7 @@ impl HoardFs {
             let dst = &mut out[(from - offset) as usize..(to - offset) as usize];
             let (mut fetched, mut hit) = (None, false);
             for _ in 0..3 {
-                match self.ensure_chunk(&of, &view, c)? {
+                match self.ensure_chunk(&of.node, &view, c)? {
                     None => {
                         let obj = view.object.as_ref().expect("present implies object");
                         // False when an eviction or verification dropped the chunk meanwhile.
@@ -445,11 +445,16 @@ impl HoardFs {
 
     /// Makes chunk `c` available: `None` if it is in the disk cache, otherwise its bytes
     /// (fetched now, or by a concurrent fetch of the same chunk that we wait for).
-    fn ensure_chunk(&self, of: &OpenFile, view: &View, c: u64) -> FsResult<Option<Arc<Vec<u8>>>> {
+    pub(crate) fn ensure_chunk(
+        &self,
+        node: &Node,
+        view: &View,
+        c: u64,
+    ) -> FsResult<Option<Arc<Vec<u8>>>> {
         if view.object.as_ref().is_some_and(|o| o.has_chunk(c)) {
             return Ok(None);
         }
-        let key = (of.node.ino, view.version, c);
+        let key = (node.ino, view.version, c);
         if view.object.is_none() {
             let mem = self.reads.mem.lock();
             if let Some((_, b)) = mem.iter().find(|(k, _)| *k == key) {
@@ -470,7 +475,7 @@ impl HoardFs {
         if !leader {
             return flight.wait().map(Some);
         }
-        let result = self.fetch_chunk(of, view, c).map(Arc::new);
+        let result = self.fetch_chunk(node, view, c).map(Arc::new);
         if let (Ok(bytes), None) = (&result, &view.object) {
             let mut mem = self.reads.mem.lock();
             if mem.len() >= self.reads.mem_cap {
@@ -485,7 +490,7 @@ impl HoardFs {
 
     /// Fetches chunk `c` from the origin and stores it in the cache if it is exactly the
     /// version this open is for.
-    fn fetch_chunk(&self, of: &OpenFile, view: &View, c: u64) -> FsResult<Vec<u8>> {
+    fn fetch_chunk(&self, node: &Node, view: &View, c: u64) -> FsResult<Vec<u8>> {
         const PIECE: u64 = 4 << 20;
         let (start, end) = view.chunk_range(c);
         let mut data = Vec::with_capacity((end - start) as usize);
@@ -493,7 +498,7 @@ impl HoardFs {
         while (data.len() as u64) < end - start {
             let pos = start + data.len() as u64;
             let len = (end - pos).min(PIECE) as u32;
-            let r = self.with_handle(&of.node, |h| self.origin.read(h, pos, len))?;
+            let r = self.with_handle(node, |h| self.origin.read(h, pos, len))?;
             cacheable &= r.version == view.version;
             let short = (r.data.len() as u32) < len;
             data.extend_from_slice(&r.data);

@@ -300,10 +300,15 @@ pub fn assert_soon(what: &str, mut cond: impl FnMut() -> Result<(), String>) {
 impl Server {
     /// Serves `dir` on an ephemeral loopback port with extra `args` (e.g. `--read-only`).
     pub fn start_args(dir: &Path, args: &[&str]) -> Server {
+        Self::start_at(dir, "127.0.0.1:0", args)
+    }
+
+    /// Serves `dir` on `addr` (e.g. the address of a server that was killed).
+    pub fn start_at(dir: &Path, addr: &str, args: &[&str]) -> Server {
         let mut cmd = Command::new(bin());
         cmd.arg("serve")
             .arg(dir)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", addr])
             .args(args);
         let (child, line) = spawn_until_line(cmd, "hoardfs: serving").expect("server starts");
         let addr = line.rsplit(' ').next().expect("address").to_string();

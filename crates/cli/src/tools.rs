@@ -1,0 +1,307 @@
+//! `hoardfs stats`, `cache`, `prefetch`, `pin` and `unpin`: clients of a mount's control
+//! socket (found from the mount point through /proc/self/mountinfo), and of a cache
+//! directory directly when no client is using it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+use crate::control::socket_path;
+
+/// A connection to a mount's control socket.
+pub struct Control {
+    out: UnixStream,
+    input: BufReader<UnixStream>,
+}
+
+impl Control {
+    /// Connects to the mount at `mountpoint`.
+    pub fn connect(mountpoint: &Path) -> Result<Control, String> {
+        let path = socket_path(mountpoint);
+        let s = UnixStream::connect(&path).map_err(|e| {
+            format!(
+                "cannot reach the hoardfs client of {} ({}): {e}",
+                mountpoint.display(),
+                path.display()
+            )
+        })?;
+        let input = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
+        Ok(Control { out: s, input })
+    }
+
+    /// Sends one request; returns the reply or its error message.
+    pub fn call(&mut self, req: Value) -> Result<Value, String> {
+        writeln!(self.out, "{req}").map_err(|e| format!("control socket: {e}"))?;
+        let mut line = String::new();
+        self.input
+            .read_line(&mut line)
+            .map_err(|e| format!("control socket: {e}"))?;
+        if line.is_empty() {
+            return Err("the hoardfs client closed the control socket".into());
+        }
+        let v: Value = serde_json::from_str(&line).map_err(|e| format!("bad reply: {e}"))?;
+        if v["ok"] == json!(true) {
+            Ok(v)
+        } else {
+            Err(v["error"].as_str().unwrap_or("request failed").to_string())
+        }
+    }
+}
+
+/// Mount point of the hoardfs mount holding `path` (which must exist).
+pub fn mount_of(path: &Path) -> Result<PathBuf, String> {
+    let canon = path
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+    let mut best: Option<PathBuf> = None;
+    for line in info.lines() {
+        // id parent major:minor root mountpoint options ... - fstype source superopts
+        let f: Vec<&str> = line.split(' ').collect();
+        let Some(dash) = f.iter().position(|x| *x == "-") else {
+            continue;
+        };
+        // Our mounts are "fuse.hoardfs", or "fuse" with source "hoardfs:SOURCE".
+        let fstype = f.get(dash + 1).copied().unwrap_or("");
+        let source = f.get(dash + 2).copied().unwrap_or("");
+        let ours = fstype == "fuse.hoardfs" || (fstype == "fuse" && source.starts_with("hoardfs:"));
+        if !ours || f.len() < 5 {
+            continue;
+        }
+        let mp = PathBuf::from(unescape(f[4]));
+        if canon.starts_with(&mp)
+            && best
+                .as_ref()
+                .is_none_or(|b| mp.as_os_str().len() > b.as_os_str().len())
+        {
+            best = Some(mp);
+        }
+    }
+    best.ok_or_else(|| format!("{} is not on a hoardfs mount", path.display()))
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+            let v = u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("0"), 8);
+            if let Ok(v) = v {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Human-readable byte count.
+pub fn human(n: u64) -> String {
+    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+/// Options of `hoardfs stats`.
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    /// The mount point (or any path on the mount).
+    pub mountpoint: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `hoardfs stats`.
+pub fn stats(a: StatsArgs) -> Result<(), String> {
+    let mp = mount_of(&a.mountpoint)?;
+    let v = Control::connect(&mp)?.call(json!({"op": "stats"}))?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&strip_ok(v)).expect("json")
+        );
+        return Ok(());
+    }
+    let state = if v["connected"] == json!(true) {
+        "connected"
+    } else {
+        "DISCONNECTED (serving from cache)"
+    };
+    println!(
+        "{} on {}: {state}",
+        v["source"].as_str().unwrap_or("?"),
+        mp.display()
+    );
+    let c = &v["counters"];
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    println!(
+        "  chunks: {} hits, {} misses (fetched)",
+        n("chunk_hits"),
+        n("chunk_fetches")
+    );
+    println!(
+        "  bytes: {} from cache (daemon reads), {} from the network",
+        human(n("bytes_from_cache")),
+        human(n("bytes_from_network"))
+    );
+    println!(
+        "  opens: {} passthrough, {} daemon; {} version-check round trips",
+        n("passthrough_opens"),
+        n("daemon_opens"),
+        n("version_checks")
+    );
+    println!("  writes: {} ({})", n("writes"), human(n("bytes_written")));
+    if v["cache"].is_object() {
+        print_usage(&v["cache"]);
+    } else {
+        println!("  no disk cache");
+    }
+    Ok(())
+}
+
+fn strip_ok(mut v: Value) -> Value {
+    if let Some(o) = v.as_object_mut() {
+        o.remove("ok");
+    }
+    v
+}
+
+/// Prints the cache part of `stats`/`cache status`.
+pub fn print_usage(u: &Value) {
+    let n = |k: &str| u[k].as_u64().unwrap_or(0);
+    let limit = u["limit_bytes"]
+        .as_u64()
+        .map_or("no size limit".to_string(), |l| {
+            format!("limit {}", human(l))
+        });
+    println!(
+        "  cache: {} in {} objects ({limit}); {} pinned in {} objects; {} open",
+        human(n("bytes")),
+        n("objects"),
+        human(n("pinned_bytes")),
+        n("pinned_objects"),
+        n("open_objects")
+    );
+    if let (Some(t), Some(a)) = (u["fs_bytes_total"].as_u64(), u["fs_bytes_avail"].as_u64()) {
+        let th = &u["thresholds"];
+        println!(
+            "  cache file system: {} free of {} ({:.1}%); cull below {}%, to {}%, stop below {}%",
+            human(a),
+            human(t),
+            a as f64 * 100.0 / t.max(1) as f64,
+            th["bcull"],
+            th["brun"],
+            th["bstop"]
+        );
+    }
+    println!(
+        "  evictions: {} ({}); served uncached for lack of room: {} chunks",
+        n("evictions"),
+        human(n("evicted_bytes")),
+        n("refused_chunks")
+    );
+    println!(
+        "  checksums: {} chunks verified, {} failures{}",
+        n("chunks_verified"),
+        n("checksum_failures"),
+        if u["recovered_from_crash"] == json!(true) {
+            "; recovering from an unclean stop (objects verified on first use)"
+        } else {
+            ""
+        }
+    );
+}
+
+/// `hoardfs cache ...`.
+#[derive(Subcommand, Debug)]
+pub enum CacheCommand {
+    /// Occupancy, limits and counters of a mount's cache or of a cache directory.
+    Status {
+        /// A hoardfs mount point or a cache directory.
+        target: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List cached objects (with paths where the client knows them).
+    Ls {
+        /// A hoardfs mount point or a cache directory.
+        target: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop files (recursively for directories) from the cache of their mount.
+    Evict {
+        /// Paths on a hoardfs mount.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Check every cached chunk against its checksum; bad chunks are dropped.
+    Verify {
+        /// A hoardfs mount point or a cache directory.
+        target: PathBuf,
+    },
+}
+
+/// `hoardfs cache`.
+pub fn cache(cmd: CacheCommand) -> Result<(), String> {
+    crate::cachedir::cache(cmd)
+}
+
+/// A regular file found on a mount: path, inode (the client's node number), size.
+pub type FoundFile = (PathBuf, u64, u64);
+
+/// Files under `paths` (recursively, not following symlinks), on one hoardfs mount,
+/// plus the mount point.
+pub fn collect_files(paths: &[PathBuf]) -> Result<(PathBuf, Vec<FoundFile>), String> {
+    let mut mount = None;
+    let mut files = Vec::new();
+    for p in paths {
+        let mp = mount_of(p)?;
+        if mount.as_ref().is_some_and(|m| *m != mp) {
+            return Err("all paths must be on the same hoardfs mount".into());
+        }
+        mount = Some(mp);
+        walk(p, &mut files)?;
+    }
+    Ok((mount.expect("at least one path"), files))
+}
+
+fn walk(p: &Path, out: &mut Vec<FoundFile>) -> Result<(), String> {
+    let md = std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    if md.is_dir() {
+        let mut names: Vec<_> = std::fs::read_dir(p)
+            .map_err(|e| format!("{}: {e}", p.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        names.sort();
+        for n in names {
+            walk(&n, out)?;
+        }
+    } else if md.is_file() {
+        out.push((p.to_path_buf(), md.ino(), md.size()));
+    }
+    Ok(())
+}

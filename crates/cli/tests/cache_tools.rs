@@ -1,0 +1,330 @@
+//! Cache management on real mounts: the size limit under a read of 3x the cache, pinning,
+//! `hoardfs stats`/`cache`/`prefetch`/`pin`, Prometheus metrics, hoard files, the scrub on
+//! a corrupted cache directory, and offline use with reconnection.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const MIB: usize = 1 << 20;
+
+/// Runs `hoardfs ARGS`; returns (success, stdout, stderr).
+fn tool(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(bin()).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `hoardfs stats --json` of a mount.
+fn stats(m: &Mount) -> serde_json::Value {
+    let (ok, out, err) = tool(&["stats", m.path.to_str().unwrap(), "--json"]);
+    assert!(ok, "stats failed: {err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Allocated bytes of the cache's objects on disk.
+fn du(dir: &Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let md = e.metadata().unwrap();
+        total += if md.is_dir() {
+            du(&e.path())
+        } else {
+            md.blocks() * 512
+        };
+    }
+    total
+}
+
+#[test]
+fn reading_three_times_the_cache_size_stays_under_the_limit_and_pinned_files_survive() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    std::fs::write(exp.join("keep"), bytes(1, 2 * MIB)).unwrap();
+    for i in 0..12 {
+        std::fs::write(exp.join(format!("f{i:02}")), bytes(100 + i, 2 * MIB)).unwrap();
+    }
+    let srv = Server::start(&exp);
+    let cache = t.path().join("cache");
+    let m = Mount::with_cache(
+        &srv.addr,
+        &t.path().join("mnt"),
+        &cache,
+        &["--cache-size", "8M"],
+    );
+    let (ok, out, err) = tool(&["pin", m.p("keep").to_str().unwrap(), "--quiet"]);
+    assert!(ok, "pin failed: {err}");
+    assert!(out.contains("pinned 1 files"), "{out}");
+    let limit = 8 * MIB as u64;
+    for round in 0..2 {
+        for i in 0..12 {
+            let got = std::fs::read(m.p(&format!("f{i:02}"))).unwrap();
+            assert_bytes_eq("file through a full cache", &got, &bytes(100 + i, 2 * MIB));
+            let on_disk = du(&cache.join("objects"));
+            assert!(
+                on_disk <= limit,
+                "round {round}: {on_disk} bytes cached, limit {limit}"
+            );
+        }
+    }
+    let s = stats(&m);
+    assert!(s["cache"]["evictions"].as_u64().unwrap() >= 6, "{s}");
+    assert!(s["cache"]["bytes"].as_u64().unwrap() <= limit);
+    // The pinned file is still cached: reading it costs nothing from the network.
+    let before = s["counters"]["bytes_from_network"].as_u64().unwrap();
+    drop_caches();
+    assert_eq!(std::fs::read(m.p("keep")).unwrap(), bytes(1, 2 * MIB));
+    let after = stats(&m)["counters"]["bytes_from_network"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(before, after, "the pinned file was evicted");
+    m.unmount();
+}
+
+#[test]
+fn stats_metrics_ls_evict_and_prefetch_on_a_mount() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(exp.join("dir/sub")).unwrap();
+    for i in 0..6 {
+        std::fs::write(exp.join(format!("dir/sub/f{i}")), bytes(i, 300_000)).unwrap();
+    }
+    std::fs::write(exp.join("dir/big"), bytes(9, 5 * MIB)).unwrap();
+    let srv = Server::start(&exp);
+    let cache = t.path().join("cache");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let metrics = format!("127.0.0.1:{port}");
+    let m = Mount::with_cache(
+        &srv.addr,
+        &t.path().join("mnt"),
+        &cache,
+        &["--metrics-listen", &metrics],
+    );
+    let (ok, out, err) = tool(&["prefetch", m.p("dir").to_str().unwrap(), "--quiet"]);
+    assert!(ok, "prefetch failed: {err}");
+    assert!(out.contains("prefetched 7 files"), "{out}");
+    let s = stats(&m);
+    let net = s["counters"]["bytes_from_network"].as_u64().unwrap();
+    assert_eq!(net, 6 * 300_000 + 5 * MIB as u64, "{s}");
+    assert_eq!(s["connected"], serde_json::json!(true));
+    // Prefetched files read from the cache (passthrough), nothing more from the network.
+    drop_caches();
+    assert_eq!(std::fs::read(m.p("dir/big")).unwrap(), bytes(9, 5 * MIB));
+    let s = stats(&m);
+    assert_eq!(s["counters"]["bytes_from_network"].as_u64().unwrap(), net);
+    assert!(s["counters"]["passthrough_opens"].as_u64().unwrap() >= 1);
+    // ls names the files; evict drops one; status agrees.
+    let (ok, out, _) = tool(&["cache", "ls", m.path.to_str().unwrap(), "--json"]);
+    assert!(ok);
+    let ls: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let paths: Vec<&str> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["path"].as_str())
+        .collect();
+    assert!(
+        paths.contains(&"/dir/big") && paths.contains(&"/dir/sub/f3"),
+        "{paths:?}"
+    );
+    let status = || {
+        let (ok, out, _) = tool(&["cache", "status", m.path.to_str().unwrap(), "--json"]);
+        assert!(ok);
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let before = status()["bytes"].as_u64().unwrap();
+    let (ok, out, err) = tool(&["cache", "evict", m.p("dir/big").to_str().unwrap()]);
+    assert!(ok, "evict: {err}");
+    assert!(out.contains("freed 5.0 MiB"), "{out}");
+    let st = status();
+    assert_eq!(
+        st["bytes"].as_u64().unwrap(),
+        before - 5 * MIB as u64,
+        "{st}"
+    );
+    assert_eq!(st["evictions"].as_u64().unwrap(), 1);
+    // Reading it again fetches it again.
+    assert_eq!(std::fs::read(m.p("dir/big")).unwrap(), bytes(9, 5 * MIB));
+    let s = stats(&m);
+    assert_eq!(
+        s["counters"]["bytes_from_network"].as_u64().unwrap(),
+        net + 5 * MIB as u64
+    );
+    // Prometheus metrics carry the same counters.
+    let mut c = std::net::TcpStream::connect(&metrics).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    c.read_to_string(&mut body).unwrap();
+    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+    let line = body
+        .lines()
+        .find(|l| l.starts_with("hoardfs_bytes_from_network_total "))
+        .unwrap_or_else(|| panic!("no counter in {body}"));
+    assert_eq!(
+        line,
+        format!("hoardfs_bytes_from_network_total {}", net + 5 * MIB as u64)
+    );
+    assert!(body.contains("hoardfs_cache_evictions_total 1"), "{body}");
+    assert!(body.contains("hoardfs_connected 1"));
+    // The tools refuse paths that are not on a hoardfs mount.
+    let (ok, _, err) = tool(&["stats", t.path().to_str().unwrap()]);
+    assert!(!ok && err.contains("not on a hoardfs mount"), "{err}");
+    m.unmount();
+}
+
+#[test]
+fn verify_drops_a_corrupted_chunk_and_the_right_bytes_are_served() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    std::fs::write(exp.join("a"), bytes(5, 3 * MIB)).unwrap();
+    let srv = Server::start(&exp);
+    let cache = t.path().join("cache");
+    let mnt = t.path().join("mnt");
+    let m = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
+    assert_eq!(std::fs::read(m.p("a")).unwrap(), bytes(5, 3 * MIB));
+    // While mounted, the cache directory is refused (the client owns it).
+    let (ok, _, err) = tool(&["cache", "status", cache.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("in use by a running hoardfs client"),
+        "{err}"
+    );
+    m.unmount();
+    // Flip one byte of the cached data (bit rot, a bad disk, a stray write).
+    let data = walk_files(&cache.join("objects"))
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "data"))
+        .unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"\xff", MIB as u64 + 17).unwrap();
+    drop(f);
+    let (ok, out, _) = tool(&["cache", "verify", cache.to_str().unwrap()]);
+    assert!(!ok, "verify must report corruption");
+    assert!(out.contains("3 chunks: 1 bad chunks dropped"), "{out}");
+    let (ok, out, _) = tool(&["cache", "verify", cache.to_str().unwrap()]);
+    assert!(ok && out.contains("0 bad chunks"), "{out}");
+    let m = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
+    drop_caches();
+    assert_bytes_eq(
+        "after scrub",
+        &std::fs::read(m.p("a")).unwrap(),
+        &bytes(5, 3 * MIB),
+    );
+    let s = stats(&m);
+    assert_eq!(
+        s["counters"]["bytes_from_network"].as_u64().unwrap(),
+        MIB as u64
+    );
+    m.unmount();
+}
+
+fn walk_files(d: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk_files(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+#[test]
+fn a_hoard_file_pins_and_fetches_at_mount_time() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(exp.join("tools/bin")).unwrap();
+    std::fs::create_dir_all(exp.join("tex")).unwrap();
+    std::fs::write(exp.join("tools/bin/cc"), bytes(1, MIB)).unwrap();
+    std::fs::write(exp.join("tex/a.png"), bytes(2, 100_000)).unwrap();
+    std::fs::write(exp.join("tex/b.jpg"), bytes(3, 100_000)).unwrap();
+    let hoard = t.path().join("hoard");
+    std::fs::write(&hoard, "# test\n/tools 100\ntex/*.png 5\n").unwrap();
+    let srv = Server::start(&exp);
+    let cache = t.path().join("cache");
+    let m = Mount::with_cache(
+        &srv.addr,
+        &t.path().join("mnt"),
+        &cache,
+        &["--hoard-file", hoard.to_str().unwrap()],
+    );
+    let want = (MIB + 100_000) as u64;
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            stats(&m)["counters"]["bytes_from_network"].as_u64() == Some(want)
+        }),
+        "hoard did not fetch: {}",
+        stats(&m)
+    );
+    let s = stats(&m);
+    assert_eq!(s["cache"]["pinned_objects"].as_u64().unwrap(), 2, "{s}");
+    m.unmount();
+}
+
+#[test]
+fn offline_serves_the_cache_fails_fast_and_reconnects_by_itself() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(exp.join("d")).unwrap();
+    std::fs::write(exp.join("d/cached"), bytes(1, 2 * MIB)).unwrap();
+    std::fs::write(exp.join("d/uncached"), bytes(2, 2 * MIB)).unwrap();
+    let mut srv = Server::start(&exp);
+    let addr = srv.addr.clone();
+    let cache = t.path().join("cache");
+    let m = Mount::with_cache(
+        &addr,
+        &t.path().join("mnt"),
+        &cache,
+        &["--timeout", "2", "--attr-timeout", "0.2"],
+    );
+    let (ok, _, err) = tool(&["prefetch", m.p("d/cached").to_str().unwrap(), "-q"]);
+    assert!(ok, "{err}");
+    let names = list(&m.p("d")).unwrap();
+    srv.kill();
+    std::thread::sleep(Duration::from_millis(400));
+    drop_caches();
+    // Cached data, attributes and listings stay available.
+    assert_eq!(std::fs::read(m.p("d/cached")).unwrap(), bytes(1, 2 * MIB));
+    assert_eq!(
+        std::fs::metadata(m.p("d/cached")).unwrap().len(),
+        2 * MIB as u64
+    );
+    assert_eq!(list(&m.p("d")).unwrap(), names);
+    // Uncached data fails fast with an error.
+    let started = Instant::now();
+    assert!(std::fs::read(m.p("d/uncached")).is_err());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(stats(&m)["connected"], serde_json::json!(false));
+    // A change made while the client was away, then the server comes back on its address.
+    std::fs::write(exp.join("d/cached"), bytes(7, MIB)).unwrap();
+    let _srv = Server::start_at(&exp, &addr, &[]);
+    assert_soon("reconnect and revalidate", || {
+        has_content(&m.p("d/cached"), &bytes(7, MIB))
+    });
+    assert_eq!(std::fs::read(m.p("d/uncached")).unwrap(), bytes(2, 2 * MIB));
+    assert_eq!(stats(&m)["connected"], serde_json::json!(true));
+    m.unmount();
+}
