@@ -127,6 +127,12 @@ impl CacheDir {
         Self::open_with(root, Limits::default(), None)
     }
 
+    /// Opens the cache at `root` for a tool (status, listing, scrub): like [`Self::open`]
+    /// but without the background culler, so looking at a cache never evicts from it.
+    pub fn open_for_inspection(root: &Path) -> Result<CacheDir, CacheError> {
+        Self::open_inner(root, Limits::default(), None, false)
+    }
+
     /// Opens (creating if needed) the cache at `root` and locks it for this process.
     /// `probe` reads the cache file system's free space (default: `statvfs`). Startup reads
     /// the index only; after an unclean stop, objects are verified on first use and files
@@ -135,6 +141,15 @@ impl CacheDir {
         root: &Path,
         limits: Limits,
         probe: Option<SpaceProbe>,
+    ) -> Result<CacheDir, CacheError> {
+        Self::open_inner(root, limits, probe, true)
+    }
+
+    fn open_inner(
+        root: &Path,
+        limits: Limits,
+        probe: Option<SpaceProbe>,
+        culler: bool,
     ) -> Result<CacheDir, CacheError> {
         limits.validate().map_err(|why| CacheError::Incompatible {
             path: root.to_path_buf(),
@@ -204,7 +219,9 @@ impl CacheDir {
         let clean = loaded.clean && (had_index || !root.join("objects").exists());
         let probe = probe.unwrap_or_else(|| statvfs_probe(&root));
         let store = Store::new(root, lock, index, loaded, clean, limits, probe)?;
-        store.start_culler();
+        if culler {
+            store.start_culler();
+        }
         if !clean {
             recover::start_adoption(&store);
         }

@@ -32,6 +32,9 @@ pub(crate) fn start_adoption(store: &Arc<Store>) {
         .name("hoardfs-recover".into())
         .spawn(move || {
             let n = adopt_orphans(&store);
+            store
+                .adopted
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             if n > 0 {
                 tracing::info!("adopted {n} cache objects missing from the index");
             }

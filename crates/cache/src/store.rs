@@ -60,6 +60,8 @@ pub(crate) struct Store {
     shards: Vec<Mutex<()>>,
     pub(crate) counters: Counters,
     closed: AtomicBool,
+    /// False while orphans are still being adopted: the index is then not marked clean.
+    pub(crate) adopted: AtomicBool,
     /// Wakes the culler early (a reservation saw the free space fall below `cull`).
     cull_wake: Arc<(Mutex<bool>, Condvar)>,
 }
@@ -121,6 +123,7 @@ impl Store {
             shards: (0..SHARDS).map(|_| Mutex::new(())).collect(),
             counters: Counters::default(),
             closed: AtomicBool::new(false),
+            adopted: AtomicBool::new(clean),
             cull_wake: Arc::new((Mutex::new(false), Condvar::new())),
         }))
     }
@@ -230,8 +233,8 @@ impl Store {
             {
                 self.wake_culler();
             }
-            let (need, _) = shortfall(&self.limits, used, bytes, 0, space);
-            if need == 0 {
+            let (need, files) = shortfall(&self.limits, used, bytes, 0, space);
+            if need == 0 && files == 0 {
                 q.reserved += bytes;
                 break true;
             }
@@ -488,7 +491,10 @@ impl Store {
         if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } != 0 {
             return Err(crate::io_at(&self.root)(std::io::Error::last_os_error()));
         }
-        self.index.write_header(true, self.epoch)?;
+        // An unfinished adoption leaves orphans the index does not know: stay unclean, so
+        // the next start adopts (and verifies) them.
+        let clean = self.adopted.load(Ordering::SeqCst);
+        self.index.write_header(clean, self.epoch)?;
         self.index.sync()
     }
 

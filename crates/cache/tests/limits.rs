@@ -231,3 +231,44 @@ fn index_survives_restart_and_a_damaged_index_is_rebuilt() {
     assert!(c.object(key(1), 1, 2 * MIB).unwrap().is_complete());
     assert!(c.usage().chunks_verified >= 2);
 }
+
+#[test]
+fn the_inode_stop_threshold_evicts_or_refuses() {
+    let d = tempfile::tempdir().unwrap();
+    // A fake file system with 1000 inodes, 965 used by others: 3% (30) must stay free.
+    let (root, foreign) = (d.path().to_path_buf(), 965);
+    let count = |p: &Path| walk_count(&p.join("objects"));
+    let probe = Box::new(move || {
+        Some(Space {
+            bytes_total: 1 << 40,
+            bytes_avail: 1 << 39,
+            files_total: 1000,
+            files_avail: 1000 - foreign - count(&root),
+        })
+    });
+    let c = CacheDir::open_with(d.path(), Limits::default(), Some(probe)).unwrap();
+    for id in 0..3 {
+        assert_eq!(fill(&c, id, 4096), 1);
+    }
+    // 6 cache files + 2 for the next object leave 27 free: two old objects must go.
+    assert_eq!(fill(&c, 10, 4096), 1);
+    assert_eq!(c.usage().evictions, 2);
+    // With everything pinned nothing can go: the data is refused, not an error.
+    c.pin(key(2), true, 0);
+    c.pin(key(10), true, 0);
+    assert_eq!(fill(&c, 11, 4096), 0);
+    assert!(c.usage().refused_chunks > 0);
+}
+
+/// Files (not directories) under `dir`.
+fn walk_count(dir: &Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            n += walk_count(&e.path());
+        } else {
+            n += 1;
+        }
+    }
+    n
+}

@@ -17,13 +17,15 @@ enum Target {
 
 fn target(p: &Path) -> Result<Target, String> {
     if p.join("HOARDFS-CACHE").is_file() {
-        return CacheDir::open(p).map(Target::Dir).map_err(|e| match e {
-            hoardfs_cache::CacheError::Locked(_) => format!(
-                "{} is in use by a running hoardfs client: run this on its mount point",
-                p.display()
-            ),
-            e => e.to_string(),
-        });
+        return CacheDir::open_for_inspection(p)
+            .map(Target::Dir)
+            .map_err(|e| match e {
+                hoardfs_cache::CacheError::Locked(_) => format!(
+                    "{} is in use by a running hoardfs client: run this on its mount point",
+                    p.display()
+                ),
+                e => e.to_string(),
+            });
     }
     Ok(Target::Mount(Control::connect(&mount_of(p)?)?))
 }
@@ -90,7 +92,6 @@ pub fn cache(cmd: CacheCommand) -> Result<(), String> {
             for (p, ino, _) in files {
                 match c.call(json!({"op": "evict", "ino": ino})) {
                     Ok(v) => freed += v["freed"].as_u64().unwrap_or(0),
-                    Err(e) if e.contains("No such file") || e.contains("not found") => {}
                     Err(e) => {
                         eprintln!("hoardfs: {}: {e}", p.display());
                         failed += 1;

@@ -39,16 +39,6 @@ pub struct Prefetched {
     pub complete: bool,
 }
 
-impl From<EvictError> for FsError {
-    fn from(e: EvictError) -> Self {
-        match e {
-            EvictError::NotCached => FsError::Origin(WireError::NotFound),
-            EvictError::Open | EvictError::Busy => FsError::Origin(WireError::Busy),
-            EvictError::Pinned => FsError::Origin(WireError::NotPermitted),
-        }
-    }
-}
-
 impl HoardFs {
     fn cache_or_err(&self) -> FsResult<&hoardfs_cache::CacheDir> {
         self.cache
@@ -125,11 +115,16 @@ impl HoardFs {
         Ok(())
     }
 
-    /// Drops file `ino` from the disk cache; returns the bytes freed.
+    /// Drops file `ino` from the disk cache; returns the bytes freed (0 if nothing of it
+    /// was cached). Pinned and open files are refused.
     pub fn evict(&self, ino: Ino) -> FsResult<u64> {
         let cache = self.cache_or_err()?;
         let node = self.file_node(ino)?;
-        Ok(cache.evict(&self.key_of(&node))?)
+        match cache.evict(&self.key_of(&node)) {
+            Ok(n) => Ok(n),
+            Err(EvictError::NotCached) => Ok(0),
+            Err(e) => Err(FsError::Cache(format!("cannot evict: {e}"))),
+        }
     }
 
     /// Fetches every missing chunk of file `ino` (current version) into the disk cache.
@@ -150,6 +145,7 @@ impl HoardFs {
         };
         // Held like an open file, so the chunks fetched first are not evicted meanwhile.
         let _hold = object.hold_open();
+        // It may have been emptied between its creation and the hold: fetch what is missing.
         let view = View::of(&node);
         let mut done = Prefetched {
             size: attr.size,

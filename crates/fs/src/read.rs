@@ -227,6 +227,9 @@ impl HoardFs {
         make_backing: &dyn Fn(&File) -> std::io::Result<Backing>,
     ) -> (FileHandle, OpenMode, bool) {
         let object = self.object_for(&node, attr.file_id, attr.version, attr.size);
+        // Held before anything looks at its chunks: from here on it cannot be evicted, so
+        // a passthrough open never sees its data file emptied under it.
+        let hold = object.as_ref().map(|o| o.hold_open());
         let engine = &self.reads;
         let mut st = node.state.lock();
         let complete = object.as_ref().is_some_and(|o| o.is_complete());
@@ -298,7 +301,7 @@ impl HoardFs {
             node,
             mode: kind,
             access,
-            _hold: object.as_ref().map(|o| o.hold_open()),
+            _hold: hold,
             seq: Mutex::new((0, None)),
         });
         let fh = engine.next_fh.fetch_add(1, Ordering::Relaxed);
