@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::meta::ObjectKey;
 use crate::object::CachedObject;
@@ -25,16 +25,23 @@ pub struct VerifyReport {
     pub damaged_objects: u64,
 }
 
-/// Adopts orphans in a background thread.
+/// Adopts orphans in a background thread. It holds the store only while adopting one
+/// object, so dropping the cache directory stops it (leaving the index unclean).
 pub(crate) fn start_adoption(store: &Arc<Store>) {
-    let store = store.clone();
+    let weak = Arc::downgrade(store);
+    let root = store.root.clone();
     let _ = std::thread::Builder::new()
         .name("hoardfs-recover".into())
         .spawn(move || {
-            let n = adopt_orphans(&store);
-            store
-                .adopted
-                .store(true, std::sync::atomic::Ordering::SeqCst);
+            let Some(n) = adopt_orphans(&root, &weak) else {
+                return;
+            };
+            if let Some(store) = weak.upgrade() {
+                store
+                    .adopted
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                Counters::add(&store.counters.orphans_adopted, n);
+            }
             if n > 0 {
                 tracing::info!("adopted {n} cache objects missing from the index");
             }
@@ -50,11 +57,11 @@ fn key_of(export_dir: &Path, file: &Path) -> Option<ObjectKey> {
 
 /// Walks the object tree; every object the index lacks is adopted (marked unverified, so
 /// its chunks are checked on first use) or, if unreadable, removed. Leftover temporary
-/// records are removed. Returns the number adopted.
-pub(crate) fn adopt_orphans(store: &Arc<Store>) -> u64 {
+/// records are removed. Returns the number adopted, `None` if the store went away.
+fn adopt_orphans(root: &Path, store: &Weak<Store>) -> Option<u64> {
     let mut adopted = 0;
-    let Ok(exports) = fs::read_dir(store.root.join("objects")) else {
-        return 0;
+    let Ok(exports) = fs::read_dir(root.join("objects")) else {
+        return Some(0);
     };
     for export in exports.flatten() {
         let Ok(fans) = fs::read_dir(export.path()) else {
@@ -78,14 +85,13 @@ pub(crate) fn adopt_orphans(store: &Arc<Store>) -> u64 {
                 let Some(key) = key_of(&export.path(), &path) else {
                     continue;
                 };
-                if adopt(store, key) {
+                if adopt(&store.upgrade()?, key) {
                     adopted += 1;
                 }
             }
         }
     }
-    Counters::add(&store.counters.orphans_adopted, adopted);
-    adopted
+    Some(adopted)
 }
 
 fn adopt(store: &Arc<Store>, key: ObjectKey) -> bool {

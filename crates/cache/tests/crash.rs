@@ -61,7 +61,16 @@ fn crash_child_worker() {
         .unwrap()
         .parse()
         .unwrap();
-    let c = CacheDir::open_with(dir.as_ref(), limits(), None).unwrap();
+    // The parent's handle may still be closing (a background thread can hold it briefly).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let c = loop {
+        match CacheDir::open_with(dir.as_ref(), limits(), None) {
+            Err(hoardfs_cache::CacheError::Locked(_)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            r => break r.unwrap(),
+        }
+    };
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     println!("ready");
     loop {
