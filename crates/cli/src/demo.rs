@@ -24,6 +24,18 @@ pub struct DemoArgs {
 
 struct Proc(Child);
 
+impl Proc {
+    /// Waits (up to 60 s) for the process to exit by itself, e.g. a client after `umount`,
+    /// which syncs and closes its cache in order; a killed client leaves the cache to be
+    /// verified on the next mount.
+    fn finish(mut self) {
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        while Instant::now() < deadline && matches!(self.0.try_wait(), Ok(None)) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -150,7 +162,7 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     )?;
     measure("None (--no-cache)", &target, true)?;
     umount(&mnt);
-    drop(m);
+    m.finish();
     let c = cache.to_str().unwrap();
     let (m, _) = start(
         &["mount", &addr, mnt.to_str().unwrap(), "--cache-dir", c],
@@ -159,7 +171,7 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     measure("COLD (empty cache)", &target, true)?;
     measure("PGCACHE (read again)", &target, false)?;
     umount(&mnt);
-    drop(m);
+    m.finish();
     let (m, _) = start(
         &["mount", &addr, mnt.to_str().unwrap(), "--cache-dir", c],
         "hoardfs: mounted",
@@ -167,7 +179,7 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     measure("HOT (remount, page cache dropped)", &target, true)?;
     measure("PGCACHE (after HOT)", &target, false)?;
     umount(&mnt);
-    drop(m);
+    m.finish();
     drop(server);
     let mib = a.size_mib as f64;
     println!(
