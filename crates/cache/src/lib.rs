@@ -260,7 +260,7 @@ impl CacheDir {
         }
         let verify = store.needs_verify(&key);
         let obj = Arc::new(CachedObject::open(store, key, version, size, verify)?);
-        store.register(key, obj.allocated(), Some(&obj));
+        store.register(&obj);
         Ok(obj)
     }
 
@@ -278,15 +278,7 @@ impl CacheDir {
 
     /// Every object in the index.
     pub fn entries(&self) -> Vec<EntryInfo> {
-        self.store
-            .entries()
-            .into_iter()
-            .map(|(key, bytes, tracked)| EntryInfo {
-                key,
-                bytes,
-                tracked,
-            })
-            .collect()
+        self.store.entries()
     }
 
     /// Pins (keeps from eviction, with a hoard priority) or unpins an object.

@@ -111,7 +111,7 @@ impl CachedObject {
             .write(true)
             .open(&meta_path)
             .map_err(io_at(&meta_path))?;
-        let allocated = record_bytes(meta.encode().len());
+        let allocated = record_bytes(meta.encoded_len());
         Ok(CachedObject {
             store: store.clone(),
             key,

@@ -115,7 +115,7 @@ fn adopt(store: &Arc<Store>, key: ObjectKey) -> bool {
 
 /// Verifies every object in the index.
 pub(crate) fn scrub(store: &Arc<Store>, progress: &dyn Fn(u64, u64)) -> VerifyReport {
-    let keys: Vec<ObjectKey> = store.entries().into_iter().map(|(k, _, _)| k).collect();
+    let keys: Vec<ObjectKey> = store.entries().into_iter().map(|e| e.key).collect();
     let total = keys.len() as u64;
     let mut r = VerifyReport::default();
     for (i, key) in keys.iter().enumerate() {

@@ -8,7 +8,7 @@
 //! waits for the quota lock). No `Arc<CachedObject>` is dropped under the quota lock,
 //! because dropping the last one takes that lock.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +22,7 @@ use crate::meta::ObjectKey;
 use crate::object::CachedObject;
 use crate::policy::{Policy, Tracked};
 use crate::quota::{Counters, Limits, SpaceProbe, Usage, cull_target, shortfall};
-use crate::{CacheError, object_paths};
+use crate::{CacheError, EntryInfo, object_paths};
 
 const SHARDS: usize = 64;
 
@@ -35,14 +35,29 @@ pub(crate) struct Quota {
     pub(crate) reserved: u64,
     /// Objects in memory (not necessarily open).
     pub(crate) live: HashMap<ObjectKey, Weak<CachedObject>>,
+    /// Pinned objects (kept apart so usage reports need not scan every object).
+    pinned: HashSet<ObjectKey>,
+    /// Objects with at least one open.
+    open_objects: u64,
 }
 
 impl Quota {
-    fn slot(&mut self) -> u32 {
-        self.free_slots.pop().unwrap_or_else(|| {
+    /// Starts tracking `key` in a free slot unless it is tracked; true if it was new.
+    fn track(&mut self, key: ObjectKey, bytes: u64, epoch: u32, warm: bool) -> bool {
+        if self.policy.get(&key).is_some() {
+            return false;
+        }
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
             self.next_slot += 1;
             self.next_slot - 1
-        })
+        });
+        let info = Tracked {
+            slot,
+            epoch,
+            ..Tracked::default()
+        };
+        self.policy.insert(key, bytes, info, warm);
+        true
     }
 }
 
@@ -109,6 +124,9 @@ impl Store {
                 q.free_slots.push(slot);
                 continue;
             }
+            if r.pinned {
+                q.pinned.insert(r.key);
+            }
             q.policy.insert(r.key, r.bytes, info, true);
         }
         Ok(Arc::new(Store {
@@ -157,40 +175,30 @@ impl Store {
             .is_none_or(|e| e.info.epoch < self.epoch)
     }
 
-    /// Makes `key` tracked (if it is not) at `bytes`, verified in this epoch.
-    pub(crate) fn register(&self, key: ObjectKey, bytes: u64, obj: Option<&Arc<CachedObject>>) {
+    /// Records a freshly opened object as in memory, tracked at its size and verified in
+    /// this epoch. The index slot is written only when that changes something.
+    pub(crate) fn register(&self, obj: &Arc<CachedObject>) {
+        let (key, bytes) = (obj.key, obj.allocated());
         let mut q = self.quota.lock();
-        if let Some(o) = obj {
-            q.live.insert(key, Arc::downgrade(o));
-        }
-        if q.policy.get(&key).is_none() {
-            let slot = q.slot();
-            let info = Tracked {
-                slot,
-                epoch: self.epoch,
-                ..Tracked::default()
-            };
-            q.policy.insert(key, bytes, info, false);
-        } else {
+        q.live.insert(key, Arc::downgrade(obj));
+        let changed = q.track(key, bytes, self.epoch, false) || {
+            let e = q.policy.get(&key).expect("tracked");
+            let stale = e.bytes != bytes || e.info.epoch != self.epoch;
             q.policy.resize(&key, bytes);
             q.policy.info_mut(&key).expect("tracked").epoch = self.epoch;
+            stale
+        };
+        if changed {
+            self.persist(&q, &key);
         }
-        self.persist(&q, &key);
     }
 
     /// Tracks an orphan found on disk: epoch 0, so it is verified on first use.
     pub(crate) fn adopt(&self, key: ObjectKey, bytes: u64) {
         let mut q = self.quota.lock();
-        if q.policy.get(&key).is_some() {
-            return;
+        if q.track(key, bytes, 0, true) {
+            self.persist(&q, &key);
         }
-        let slot = q.slot();
-        let info = Tracked {
-            slot,
-            ..Tracked::default()
-        };
-        q.policy.insert(key, bytes, info, true);
-        self.persist(&q, &key);
     }
 
     /// Records that `key`'s chunks were verified in this epoch.
@@ -308,6 +316,7 @@ impl Store {
             }
         }
         let e = q.policy.remove(key, true).expect("victim is tracked");
+        q.pinned.remove(key);
         q.free_slots.push(e.info.slot);
         if let Err(err) = self.index.clear_slot(e.info.slot) {
             tracing::warn!("cannot update the cache index: {err}");
@@ -344,32 +353,38 @@ impl Store {
             q.policy.touch(key);
         }
         if let Some(t) = q.policy.info_mut(key) {
+            let was_open = t.opens > 0;
             t.opens = if open {
                 t.opens + 1
             } else {
                 t.opens.saturating_sub(1)
             };
+            let now_open = t.opens > 0;
+            if was_open != now_open {
+                q.open_objects = if now_open {
+                    q.open_objects + 1
+                } else {
+                    q.open_objects - 1
+                };
+            }
         }
     }
 
     /// Pins or unpins `key` (tracking it, with nothing cached yet, if needed).
     pub(crate) fn pin(&self, key: ObjectKey, pinned: bool, priority: u16) {
         let mut q = self.quota.lock();
-        if q.policy.get(&key).is_none() {
-            if !pinned {
-                return;
-            }
-            let slot = q.slot();
-            let info = Tracked {
-                slot,
-                epoch: self.epoch,
-                ..Tracked::default()
-            };
-            q.policy.insert(key, 0, info, false);
+        if !pinned && q.policy.get(&key).is_none() {
+            return;
         }
+        q.track(key, 0, self.epoch, false);
         let t = q.policy.info_mut(&key).expect("tracked");
         t.pinned = pinned;
         t.priority = if pinned { priority } else { 0 };
+        if pinned {
+            q.pinned.insert(key);
+        } else {
+            q.pinned.remove(&key);
+        }
         self.persist(&q, &key);
     }
 
@@ -380,17 +395,18 @@ impl Store {
             objects: q.policy.len() as u64,
             bytes: q.policy.total_bytes(),
             reserved: q.reserved,
+            pinned_objects: q.pinned.len() as u64,
+            pinned_bytes: q
+                .pinned
+                .iter()
+                .filter_map(|k| q.policy.get(k))
+                .map(|e| e.bytes)
+                .sum(),
+            open_objects: q.open_objects,
             limits: self.limits,
             recovered: self.recovered,
             ..Usage::default()
         };
-        for (_, e) in q.policy.iter() {
-            if e.info.pinned {
-                u.pinned_objects += 1;
-                u.pinned_bytes += e.bytes;
-            }
-            u.open_objects += u64::from(e.info.opens > 0);
-        }
         drop(q);
         u.space = (self.probe)();
         let c = &self.counters;
@@ -405,12 +421,16 @@ impl Store {
         u
     }
 
-    /// Every tracked object: key, bytes, pinned, open, priority.
-    pub(crate) fn entries(&self) -> Vec<(ObjectKey, u64, Tracked)> {
+    /// Every tracked object.
+    pub(crate) fn entries(&self) -> Vec<EntryInfo> {
         let q = self.quota.lock();
         q.policy
             .iter()
-            .map(|(k, e)| (*k, e.bytes, e.info))
+            .map(|(k, e)| EntryInfo {
+                key: *k,
+                bytes: e.bytes,
+                tracked: e.info,
+            })
             .collect()
     }
 
