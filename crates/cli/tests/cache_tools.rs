@@ -33,16 +33,10 @@ fn stats(m: &Mount) -> serde_json::Value {
 
 /// Allocated bytes of the cache's objects on disk.
 fn du(dir: &Path) -> u64 {
-    let mut total = 0;
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let md = e.metadata().unwrap();
-        total += if md.is_dir() {
-            du(&e.path())
-        } else {
-            md.blocks() * 512
-        };
-    }
-    total
+    walk_files(dir)
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().blocks() * 512)
+        .sum()
 }
 
 #[test]

@@ -131,15 +131,7 @@ impl HoardFs {
     pub fn prefetch(&self, ino: Ino) -> FsResult<Prefetched> {
         self.cache_or_err()?;
         let node = self.file_node(ino)?;
-        let valid = {
-            let st = node.state.lock();
-            st.callback && self.attr_fresh(&st)
-        };
-        let attr = if valid {
-            node.state.lock().attr
-        } else {
-            self.refresh_attr(&node)?.0
-        };
+        let (_, attr) = self.validated_attr(&node)?;
         let Some(object) = self.object_for(&node, attr.file_id, attr.version, attr.size) else {
             return Err(FsError::Cache("the cache cannot hold this file".into()));
         };

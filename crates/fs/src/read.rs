@@ -183,6 +183,16 @@ impl ReadEngine {
     }
 }
 
+/// Makes `fresh` the node's cached object, retiring the one it replaces (whose writes are
+/// then ignored, so they can never touch the newer record).
+pub(crate) fn install_object(st: &mut crate::nodes::NodeState, fresh: &Arc<CachedObject>) {
+    if let Some(old) = st.object.replace(fresh.clone())
+        && !Arc::ptr_eq(&old, fresh)
+    {
+        old.retire();
+    }
+}
+
 impl HoardFs {
     /// Opens `ino`. `make_backing` registers a cache file with the kernel for passthrough
     /// (called at most once per version while passthrough opens exist). The returned flag
@@ -202,19 +212,28 @@ impl HoardFs {
             FileKind::Dir => return Err(WireError::IsDir.into()),
             _ => return Err(WireError::Invalid.into()),
         }
+        let (before, attr) = self.validated_attr(&node)?;
+        // The kernel may still hold the old size: the bridge invalidates its attributes.
+        let changed = before.version != attr.version || before.size != attr.size;
+        Ok(self.open_node(node, attr, access, changed, make_backing))
+    }
+
+    /// Close-to-open: the attributes the node had, and its current ones, checked with the
+    /// origin unless it holds a callback for them.
+    pub(crate) fn validated_attr(
+        &self,
+        node: &Node,
+    ) -> FsResult<(hoardfs_origin::Attr, hoardfs_origin::Attr)> {
         let (before, valid) = {
             let st = node.state.lock();
             (st.attr, st.callback && self.attr_fresh(&st))
         };
-        // Close-to-open: the version is checked with the origin unless it holds a callback.
-        let attr = if valid {
+        let now = if valid {
             before
         } else {
-            self.refresh_attr(&node)?.0
+            self.refresh_attr(node)?.0
         };
-        // The kernel may still hold the old size: the bridge invalidates its attributes.
-        let changed = before.version != attr.version || before.size != attr.size;
-        Ok(self.open_node(node, attr, access, changed, make_backing))
+        Ok((before, now))
     }
 
     /// Opens `node` at `attr`'s version (the second half of `open`, shared with `create`).
@@ -340,11 +359,7 @@ impl HoardFs {
                 return None;
             }
         };
-        if let Some(old) = st.object.replace(fresh.clone())
-            && !Arc::ptr_eq(&old, &fresh)
-        {
-            old.retire();
-        }
+        install_object(&mut st, &fresh);
         Some(fresh)
     }
 
@@ -375,41 +390,46 @@ impl HoardFs {
             let (cs, ce) = view.chunk_range(c);
             let (from, to) = (offset.max(cs), end.min(ce));
             let dst = &mut out[(from - offset) as usize..(to - offset) as usize];
-            let (mut fetched, mut hit) = (None, false);
-            for _ in 0..3 {
-                match self.ensure_chunk(&of.node, &view, c)? {
-                    None => {
-                        let obj = view.object.as_ref().expect("present implies object");
-                        // False when an eviction or verification dropped the chunk meanwhile.
-                        if obj.read_chunk_at(c, dst, from)? {
-                            hit = true;
-                            Stats::add(&self.stats.chunk_hits, 1);
-                            Stats::add(&self.stats.bytes_from_cache, dst.len() as u64);
-                            break;
-                        }
-                    }
-                    Some(bytes) => {
-                        fetched = Some(bytes);
-                        break;
-                    }
-                }
-            }
-            match fetched {
-                None if hit => {}
-                None => return Err(FsError::Cache("cached chunk kept disappearing".into())),
-                Some(bytes) => {
-                    let lo = (from - cs) as usize;
-                    let avail = bytes.len().saturating_sub(lo).min(dst.len());
-                    dst[..avail].copy_from_slice(&bytes[lo..lo + avail]);
-                    if avail < dst.len() {
-                        // The file shrank while we read it: end the read there.
-                        out.truncate((from - offset) as usize + avail);
-                        break;
-                    }
-                }
+            let Some(bytes) = self.cached_or_fetched(&of.node, &view, c, dst, from)? else {
+                continue;
+            };
+            let lo = (from - cs) as usize;
+            let avail = bytes.len().saturating_sub(lo).min(dst.len());
+            dst[..avail].copy_from_slice(&bytes[lo..lo + avail]);
+            if avail < dst.len() {
+                // The file shrank while we read it: end the read there.
+                out.truncate((from - offset) as usize + avail);
+                break;
             }
         }
         Ok(out)
+    }
+
+    /// Fills `dst` (chunk `c`'s bytes from offset `from`) from the disk cache and returns
+    /// `None`, or returns the whole chunk as fetched from the origin (or by a concurrent
+    /// fetch). A chunk dropped by an eviction or a scrub during the read is fetched; one
+    /// that keeps disappearing between fetch and read is an error, not a loop.
+    fn cached_or_fetched(
+        &self,
+        node: &Node,
+        view: &View,
+        c: u64,
+        dst: &mut [u8],
+        from: u64,
+    ) -> FsResult<Option<Arc<Vec<u8>>>> {
+        for _ in 0..3 {
+            if let Some(obj) = &view.object
+                && obj.read_chunk_at(c, dst, from)?
+            {
+                Stats::add(&self.stats.chunk_hits, 1);
+                Stats::add(&self.stats.bytes_from_cache, dst.len() as u64);
+                return Ok(None);
+            }
+            if let Some(bytes) = self.ensure_chunk(node, view, c)? {
+                return Ok(Some(bytes));
+            }
+        }
+        Err(FsError::Cache("cached chunk kept disappearing".into()))
     }
 
     fn schedule_readahead(

@@ -10,8 +10,6 @@
 //! Lock ordering: as in `read`, a node's `state` lock is held across disk I/O only to
 //! replace or update that node's cached object (never across origin round trips).
 
-use std::sync::Arc;
-
 use hoardfs_cache::ObjectKey;
 use hoardfs_origin::{Attr, SetAttrs};
 
@@ -73,11 +71,7 @@ impl HoardFs {
                 if let Err(e) = fresh.apply_write(v, w.offset, data, v, w.attr.size) {
                     tracing::warn!("cache update after a write failed: {e}");
                 }
-                if let Some(old) = st.object.replace(fresh.clone())
-                    && !Arc::ptr_eq(&old, &fresh)
-                {
-                    old.retire();
-                }
+                crate::read::install_object(&mut st, &fresh);
             }
             Err(e) => {
                 tracing::warn!("cannot cache file {:#x}: {e}", w.attr.file_id);
