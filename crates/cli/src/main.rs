@@ -34,6 +34,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Counters of a running mount: hits, misses, bytes, evictions, usage, connection.
     Stats(tools::StatsArgs),
+    /// Counters of a running server: connections, requests, reads, file opens, bytes.
+    ServerStats(tools::ServerStatsArgs),
     /// Inspect, evict from or verify a mount's cache or a cache directory.
     #[command(subcommand)]
     Cache(tools::CacheCommand),
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
         Command::Mount(a) => mount::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Stats(a) => tools::stats(a),
+        Command::ServerStats(a) => tools::server_stats(a),
         Command::Cache(c) => tools::cache(c),
         Command::Prefetch(a) => prefetch::run(a, false),
         Command::Pin(a) => prefetch::run(a, true),

@@ -54,6 +54,11 @@ pub struct MountArgs {
     /// Serve fully cached files with daemon reads instead of FUSE passthrough.
     #[arg(long)]
     pub no_passthrough: bool,
+    /// Serve extended attributes. Off by default: each xattr call is then refused by the
+    /// kernel itself (EOPNOTSUPP) instead of costing a round trip, and `ls -l` makes up to
+    /// three per file.
+    #[arg(long)]
+    pub xattrs: bool,
     /// Let users other than the mounting one access the mount (default when run as root).
     #[arg(long)]
     pub allow_other: bool,
@@ -86,8 +91,8 @@ pub struct MountArgs {
     #[arg(long)]
     pub metrics_listen: Option<String>,
     /// Mount options, `-o key[=value],...`: cache_dir=, token_file=, no_cache, daemon,
-    /// attr_timeout=, callback_timeout=, timeout=, no_passthrough, allow_other, ro,
-    /// cache_size=, hoard_file=.
+    /// attr_timeout=, callback_timeout=, timeout=, no_passthrough, xattrs, allow_other,
+    /// ro, cache_size=, hoard_file=.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
 }
@@ -122,6 +127,7 @@ impl MountArgs {
                 "ro" => a.read_only = true,
                 "timeout" => a.timeout = num()?,
                 "no_passthrough" => a.no_passthrough = true,
+                "xattrs" => a.xattrs = true,
                 "allow_other" => a.allow_other = true,
                 "cache_size" => a.cache_size = Some(parse_size(need()?)?),
                 "hoard_file" => a.hoard_file = Some(need()?.into()),
@@ -301,6 +307,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         read_only: a.read_only,
         dir_ttl: Duration::from_secs_f64(a.attr_timeout),
         passthrough: !a.no_passthrough,
+        xattrs: a.xattrs,
         ..Default::default()
     };
     let fs = HoardFs::new(origin, cache, config).map_err(|e| format!("cannot start: {e}"))?;

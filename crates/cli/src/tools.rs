@@ -179,6 +179,54 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Options of `hoardfs server-stats`.
+#[derive(Args, Debug)]
+pub struct ServerStatsArgs {
+    /// `HOST:PORT` of the server.
+    pub server: String,
+    /// File holding the shared secret, if the server requires one.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `hoardfs server-stats`. The query itself costs the server one connection and a few
+/// requests, which the counters include.
+pub fn server_stats(a: ServerStatsArgs) -> Result<(), String> {
+    use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin};
+    let token = a.token_file.as_deref().map(crate::read_token).transpose()?;
+    let c = RemoteOrigin::connect(
+        &a.server,
+        token.unwrap_or_default(),
+        RemoteOptions::default(),
+    )
+    .and_then(|o| o.counters())
+    .map_err(|e| format!("cannot query hoardfs server {}: {e}", a.server))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&c).expect("json"));
+        return Ok(());
+    }
+    println!("{}:", a.server);
+    println!("  connections: {}", c.connections);
+    println!(
+        "  requests: {} ({} reads, {} writes)",
+        c.requests, c.reads, c.writes
+    );
+    println!("  file opens: {} (misses of the open-file cache)", c.opens);
+    println!(
+        "  bytes: {} read, {} written",
+        human(c.bytes_read),
+        human(c.bytes_written)
+    );
+    println!(
+        "  callback breaks sent: {}; bad frames: {}",
+        c.breaks_sent, c.bad_frames
+    );
+    Ok(())
+}
+
 fn strip_ok(mut v: Value) -> Value {
     if let Some(o) = v.as_object_mut() {
         o.remove("ok");

@@ -228,7 +228,7 @@ fn fsync_puts_the_data_on_the_server_disk() {
 
 #[test]
 fn user_xattrs_set_get_list_remove() {
-    let r = rig();
+    let r = rig_with(|_| {}, &[], &["--xattrs"]);
     put(&r.m.p("f"), b"x");
     std::fs::create_dir(r.m.p("d")).unwrap();
     let bin: Vec<u8> = (0..=255u8).chain(0..=44).collect();
@@ -274,6 +274,40 @@ fn user_xattrs_set_get_list_remove() {
             other => Err(format!("{other:?}")),
         }
     });
+}
+
+#[test]
+fn xattrs_are_refused_by_the_kernel_unless_enabled() {
+    let r = rig();
+    put(&r.m.p("f"), b"x");
+    set_xattr(&r.srv("f"), "user.color", b"blue").unwrap();
+    let before = r.srv.counters().requests;
+    for _ in 0..3 {
+        assert_errno(
+            "get",
+            get_xattr(&r.m.p("f"), "user.color"),
+            libc::EOPNOTSUPP,
+        );
+        assert_errno(
+            "set",
+            set_xattr(&r.m.p("f"), "user.x", b"y"),
+            libc::EOPNOTSUPP,
+        );
+        assert_errno("list", list_xattr(&r.m.p("f")), libc::EOPNOTSUPP);
+        assert_errno(
+            "remove",
+            remove_xattr(&r.m.p("f"), "user.color"),
+            libc::EOPNOTSUPP,
+        );
+    }
+    // Two counter queries' worth of requests at most: no xattr call reached the server.
+    let spent = r.srv.counters().requests - before;
+    assert!(
+        spent <= 4,
+        "{spent} server requests for refused xattr calls"
+    );
+    assert_eq!(get_xattr(&r.srv("f"), "user.color").unwrap(), b"blue");
+    assert!(get_xattr(&r.srv("f"), "user.x").is_err(), "nothing was set");
 }
 
 #[test]

@@ -162,6 +162,8 @@ impl HoardFs {
                     }
                     if let Some(n) = notifier {
                         n.inval_entry(dir.ino, &name);
+                        // The kernel's copy of the listing (FOPEN_CACHE_DIR) too.
+                        n.inval_inode(dir.ino);
                     }
                 }
                 Break::All => {

@@ -54,6 +54,9 @@ pub struct FsConfig {
     pub readahead_chunks: u64,
     /// Threads fetching readahead chunks.
     pub fetch_threads: usize,
+    /// Serve extended attributes (each call a round trip to the origin). Off, the FUSE
+    /// bridge tells the kernel they are unsupported, once for the whole mount.
+    pub xattrs: bool,
 }
 
 impl Default for FsConfig {
@@ -66,6 +69,7 @@ impl Default for FsConfig {
             passthrough: true,
             readahead_chunks: 8,
             fetch_threads: 4,
+            xattrs: false,
         }
     }
 }

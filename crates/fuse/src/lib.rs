@@ -10,12 +10,11 @@ use modify::{access, open_flags};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
@@ -53,8 +52,9 @@ impl KernelNotifier for FuseNotifier {
 /// The `fuser::Filesystem` implementation.
 pub struct FuseBridge {
     fs: Arc<HoardFs>,
+    /// Listings being read, by directory inode: a pass that needs several READDIR
+    /// requests continues in the snapshot it started with, so offsets stay meaningful.
     dirs: Mutex<HashMap<u64, Arc<Listing>>>,
-    next_dir: AtomicU64,
     notifier: Arc<OnceLock<Notifier>>,
 }
 
@@ -65,8 +65,31 @@ impl FuseBridge {
         FuseBridge {
             fs,
             dirs: Mutex::new(HashMap::new()),
-            next_dir: AtomicU64::new(1),
             notifier,
+        }
+    }
+
+    /// The listing a READDIR at `offset` reads: a fresh (or still valid) one at offset 0,
+    /// otherwise the snapshot the pass started with.
+    fn listing_at(&self, ino: INodeNo, offset: u64) -> Result<Arc<Listing>, Errno> {
+        if offset > 0
+            && let Some(l) = self.dirs.lock().get(&ino.0)
+        {
+            return Ok(l.clone());
+        }
+        let l = self.fs.listing(ino.0).map_err(|e| errno(&e))?;
+        self.dirs.lock().insert(ino.0, l.clone());
+        Ok(l)
+    }
+
+    /// After a READDIR from `offset`: the pass is over once a request starts past the
+    /// end (the kernel's final, empty one), and its snapshot is dropped.
+    fn listing_done(&self, ino: INodeNo, listing: &Arc<Listing>, offset: u64) {
+        if offset as usize >= 2 + listing.entries.len() {
+            let mut dirs = self.dirs.lock();
+            if dirs.get(&ino.0).is_some_and(|l| Arc::ptr_eq(l, listing)) {
+                dirs.remove(&ino.0);
+            }
         }
     }
 
@@ -272,27 +295,26 @@ impl Filesystem for FuseBridge {
         reply.ok();
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.listing(ino.0) {
-            Ok(l) => {
-                let fh = self.next_dir.fetch_add(1, Ordering::Relaxed);
-                self.dirs.lock().insert(fh, l);
-                reply.opened(FileHandle(fh), FopenFlags::empty());
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // ENOSYS makes the kernel stop sending OPENDIR/RELEASEDIR for the whole mount and
+        // cache directory contents itself (FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE): a warm
+        // `ls` never reaches the daemon. Reads then come with handle 0 and are served by
+        // inode; the kernel drops its copy when the directory's mtime changes or a
+        // callback break invalidates the inode (doc/SEMANTICS.md).
+        reply.error(Errno::ENOSYS);
     }
 
     fn readdir(
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let Some(listing) = self.dirs.lock().get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
+        let listing = match self.listing_at(ino, offset) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
         };
         let parent = self.fs.parent_of(ino.0).unwrap_or(ino.0);
         let dots = [(ino.0, "."), (parent, "..")];
@@ -321,6 +343,7 @@ impl Filesystem for FuseBridge {
             }
             i += 1;
         }
+        self.listing_done(ino, &listing, offset);
         reply.ok();
     }
 
@@ -328,12 +351,13 @@ impl Filesystem for FuseBridge {
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let Some(listing) = self.dirs.lock().get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
+        let listing = match self.listing_at(ino, offset) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
         };
         let mut i = offset as usize;
         while i < 2 + listing.entries.len() {
@@ -376,18 +400,7 @@ impl Filesystem for FuseBridge {
             }
             i += 1;
         }
-        reply.ok();
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        self.dirs.lock().remove(&fh.0);
+        self.listing_done(ino, &listing, offset);
         reply.ok();
     }
 

@@ -109,11 +109,25 @@ fn reply_xattr(r: FsResult<Vec<u8>>, size: u32, reply: ReplyXattr) {
 }
 
 impl FuseBridge {
+    /// Whether extended attributes are served. Without them every xattr request is
+    /// answered ENOSYS, which the kernel remembers for the whole mount: it then fails
+    /// them itself (EOPNOTSUPP) instead of asking the daemon. `ls -l` asks up to three
+    /// per file (SELinux label, two ACLs), each otherwise a round trip.
+    fn xattrs(&self) -> bool {
+        self.fs.config().xattrs
+    }
+
     pub(crate) fn do_getxattr(&self, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if !self.xattrs() {
+            return reply.error(Errno::ENOSYS);
+        }
         reply_xattr(self.fs.getxattr(ino.0, name.as_bytes()), size, reply);
     }
 
     pub(crate) fn do_listxattr(&self, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if !self.xattrs() {
+            return reply.error(Errno::ENOSYS);
+        }
         reply_xattr(self.fs.listxattr(ino.0), size, reply);
     }
 
@@ -125,6 +139,9 @@ impl FuseBridge {
         flags: i32,
         reply: ReplyEmpty,
     ) {
+        if !self.xattrs() {
+            return reply.error(Errno::ENOSYS);
+        }
         let r = self
             .fs
             .setxattr(ino.0, name.as_bytes(), value, flags as u32);
@@ -132,6 +149,9 @@ impl FuseBridge {
     }
 
     pub(crate) fn do_removexattr(&self, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if !self.xattrs() {
+            return reply.error(Errno::ENOSYS);
+        }
         reply_empty(self.fs.removexattr(ino.0, name.as_bytes()), reply);
     }
 

@@ -1,0 +1,140 @@
+//! Metadata at scale through a real mount: what `ls -lR` costs in server round trips cold,
+//! warm and after a remount, and that large directories list completely.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use common::*;
+
+/// Requests one `Server::counters` query costs the server itself (hello + counters).
+const QUERY_COST: u64 = 2;
+
+/// `dirs` directories (a root holding `dirs - 1` subdirectories, every directory with
+/// three files) under `root`.
+fn make_source_tree(root: &Path, dirs: usize) {
+    let mut all = vec![root.to_path_buf()];
+    for i in 0..dirs - 1 {
+        all.push(root.join(format!("d{:02}", i % 7)).join(format!("s{i:03}")));
+    }
+    for (n, d) in all.iter().enumerate() {
+        std::fs::create_dir_all(d).unwrap();
+        for f in 0..3 {
+            let len = 100 + 37 * (n * 3 + f);
+            std::fs::write(
+                d.join(format!("f{f}.c")),
+                bytes(n as u64 * 3 + f as u64, len),
+            )
+            .unwrap();
+        }
+    }
+}
+
+/// `ls -lR` in Rust: every directory's names, each entry's type, size, mode and mtime,
+/// in a canonical order (relative paths), so a mount and its export can be compared.
+fn ls_lr(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(format!(
+                "{} {:o} {} {} {}",
+                p.strip_prefix(root).unwrap().display(),
+                m.mode(),
+                if m.is_dir() { 0 } else { m.size() },
+                m.mtime(),
+                m.mtime_nsec()
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn ls_lr_costs_one_round_trip_per_directory_cold_and_none_warm() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    const DIRS: u64 = 60;
+    make_source_tree(&exp.join("src"), DIRS as usize);
+    let srv = Server::start(&exp);
+    let (mnt, cache) = (t.path().join("mnt"), t.path().join("cache"));
+    let want = ls_lr(&exp.join("src"));
+    assert_eq!(want.len() as u64, DIRS - 1 + DIRS * 3 + 7);
+
+    let m = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
+    let spent = |f: &dyn Fn()| {
+        let before = srv.counters().requests;
+        f();
+        srv.counters().requests - before - QUERY_COST
+    };
+    // Cold: a lookup of "src", then one READDIRPLUS per directory (names and attributes).
+    // The 7 intermediate d0N directories count as directories too.
+    let dirs = DIRS + 7;
+    let cold = spent(&|| assert_eq!(ls_lr(&m.p("src")), want, "cold listing"));
+    assert!(
+        cold <= dirs + 1,
+        "cold ls -lR: {cold} requests for {dirs} dirs"
+    );
+    assert!(
+        cold >= dirs,
+        "cold ls -lR: {cold} requests for {dirs} dirs?"
+    );
+    // Warm, under callbacks: the kernel answers from its own caches.
+    let warm = spent(&|| assert_eq!(ls_lr(&m.p("src")), want, "warm listing"));
+    assert_eq!(warm, 0, "warm ls -lR reached the server");
+    m.unmount();
+
+    // After a remount: at most one round trip per directory again.
+    let m = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
+    let again = spent(&|| assert_eq!(ls_lr(&m.p("src")), want, "listing after remount"));
+    assert!(again <= dirs + 1, "ls -lR after remount: {again} requests");
+
+    // A change on the server shows in the next listing (the kernel's cached copy of the
+    // directory is dropped by the callback break).
+    std::fs::write(exp.join("src/d03/new.c"), b"new").unwrap();
+    assert_soon("new file listed", || {
+        let l = ls_lr(&m.p("src"));
+        if l.iter().any(|x| x.starts_with("d03/new.c ")) {
+            Ok(())
+        } else {
+            Err("d03/new.c missing".into())
+        }
+    });
+    assert_eq!(ls_lr(&m.p("src")), ls_lr(&exp.join("src")));
+}
+
+#[test]
+fn a_directory_larger_than_one_readdir_reply_lists_completely() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    let big = exp.join("big");
+    std::fs::create_dir_all(&big).unwrap();
+    // Long names: the kernel fetches this in many 4 KiB READDIRPLUS replies.
+    for i in 0..3000 {
+        std::fs::write(big.join(format!("{i:05}-{}", "n".repeat(100))), b"").unwrap();
+    }
+    let srv = Server::start(&exp);
+    let m = Mount::with_cache(
+        &srv.addr,
+        &t.path().join("mnt"),
+        &t.path().join("cache"),
+        &[],
+    );
+    let mut want = list(&big).unwrap();
+    want.sort();
+    for pass in 0..2 {
+        let mut got = list(&m.p("big")).unwrap();
+        got.sort();
+        assert_eq!(got.len(), want.len(), "pass {pass}: entry count");
+        assert_eq!(got, want, "pass {pass}");
+    }
+}
