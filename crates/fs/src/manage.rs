@@ -144,7 +144,7 @@ impl HoardFs {
             ..Prefetched::default()
         };
         for c in 0..view.chunks() {
-            if let Some(bytes) = self.ensure_chunk(&node, &view, c)? {
+            if let Some(bytes) = self.ensure_chunk(&node, &view, c, None)? {
                 done.fetched += bytes.len() as u64;
             }
         }

@@ -9,9 +9,12 @@
 //! Misses are fetched a whole chunk at a time; concurrent readers of the same chunk wait
 //! for one fetch (`inflight`), and a sequential reader has the next chunks fetched ahead of
 //! it by a small pool of threads, so several requests are in flight. Without a disk cache
-//! (`--no-cache`) fetched chunks live in a small in-memory ring instead.
+//! (`--no-cache`) each open keeps the chunks fetched for it (the one being read and its
+//! readahead) in memory; the readahead window shrinks as opens multiply so that all of
+//! them together stay within [`NO_CACHE_BUDGET`], and no reader's chunk is ever pushed
+//! out by another reader's fetches.
 //!
-//! Lock ordering: `files`, `inflight` and `mem` are leaves (never held while taking another
+//! Lock ordering: `files`, `inflight` and an open's `mem` are leaves (never held while taking another
 //! lock or doing I/O); a node's `state` lock is never held across origin I/O, and across
 //! disk I/O only to create that node's cached object or passthrough backing registration.
 
@@ -28,6 +31,10 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::nodes::{Backing, Ino, Node};
 use crate::stats::Stats;
 use crate::{FsConfig, FsError, FsResult, HoardFs};
+
+/// Memory all opens of a `--no-cache` mount may hold in fetched chunks, readahead
+/// included (each open keeps at least the chunk it is reading).
+pub const NO_CACHE_BUDGET: u64 = 256 << 20;
 
 /// Kernel-visible file handle number.
 pub type FileHandle = u64;
@@ -71,6 +78,10 @@ pub(crate) struct OpenFile {
     /// Sequential detection: where the next read would start, and the highest chunk already
     /// scheduled for readahead.
     seq: Mutex<(u64, Option<u64>)>,
+    /// Without a disk cache: chunks fetched for this open, oldest first.
+    mem: Mutex<VecDeque<(ChunkKey, Arc<Vec<u8>>)>>,
+    /// Released: queued readahead for it is skipped.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// The current state of a file as reads see it: its cached object (which writes through
@@ -139,8 +150,8 @@ pub(crate) struct ReadEngine {
     pub(crate) files: RwLock<HashMap<FileHandle, Arc<OpenFile>>>,
     next_fh: AtomicU64,
     inflight: Mutex<HashMap<ChunkKey, Arc<Flight>>>,
-    mem: Mutex<VecDeque<(ChunkKey, Arc<Vec<u8>>)>>,
-    mem_cap: usize,
+    /// Opens not yet released (sizes the `--no-cache` readahead window).
+    open_count: AtomicU64,
     readahead: u64,
     prefetch: Mutex<Option<mpsc::Sender<PrefetchJob>>>,
     passthrough_failed: std::sync::atomic::AtomicBool,
@@ -158,12 +169,15 @@ impl ReadEngine {
                     loop {
                         let job = rx.lock().recv();
                         let Ok((of, c)) = job else { return };
+                        if of.closed.load(Ordering::Relaxed) {
+                            continue;
+                        }
                         let Some(fs) = fs.upgrade() else { return };
                         let view = View::of(&of.node);
                         if c >= view.chunks() {
                             continue;
                         }
-                        if let Err(e) = fs.ensure_chunk(&of.node, &view, c) {
+                        if let Err(e) = fs.ensure_chunk(&of.node, &view, c, Some(&of)) {
                             tracing::debug!("readahead of chunk {c} failed: {e}");
                         }
                     }
@@ -174,8 +188,7 @@ impl ReadEngine {
             files: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             inflight: Mutex::new(HashMap::new()),
-            mem: Mutex::new(VecDeque::new()),
-            mem_cap: (2 * config.readahead_chunks as usize + 8).max(16),
+            open_count: AtomicU64::new(0),
             readahead: config.readahead_chunks,
             prefetch: Mutex::new(Some(tx)),
             passthrough_failed: false.into(),
@@ -322,7 +335,10 @@ impl HoardFs {
             access,
             _hold: hold,
             seq: Mutex::new((0, None)),
+            mem: Mutex::new(VecDeque::new()),
+            closed: false.into(),
         });
+        engine.open_count.fetch_add(1, Ordering::Relaxed);
         let fh = engine.next_fh.fetch_add(1, Ordering::Relaxed);
         engine.files.write().insert(fh, of);
         (fh, mode, changed)
@@ -390,7 +406,7 @@ impl HoardFs {
             let (cs, ce) = view.chunk_range(c);
             let (from, to) = (offset.max(cs), end.min(ce));
             let dst = &mut out[(from - offset) as usize..(to - offset) as usize];
-            let Some(bytes) = self.cached_or_fetched(&of.node, &view, c, dst, from)? else {
+            let Some(bytes) = self.cached_or_fetched(&of, &view, c, dst, from)? else {
                 continue;
             };
             let lo = (from - cs) as usize;
@@ -411,7 +427,7 @@ impl HoardFs {
     /// that keeps disappearing between fetch and read is an error, not a loop.
     fn cached_or_fetched(
         &self,
-        node: &Node,
+        of: &OpenFile,
         view: &View,
         c: u64,
         dst: &mut [u8],
@@ -425,7 +441,7 @@ impl HoardFs {
                 Stats::add(&self.stats.bytes_from_cache, dst.len() as u64);
                 return Ok(None);
             }
-            if let Some(bytes) = self.ensure_chunk(node, view, c)? {
+            if let Some(bytes) = self.ensure_chunk(&of.node, view, c, Some(of))? {
                 return Ok(Some(bytes));
             }
         }
@@ -440,7 +456,7 @@ impl HoardFs {
         end: u64,
         last: u64,
     ) {
-        let window = self.reads.readahead;
+        let window = self.readahead_window(view);
         if window == 0 || of.mode == ModeKind::Passthrough {
             return;
         }
@@ -466,23 +482,38 @@ impl HoardFs {
         }
     }
 
+    /// Chunks fetched ahead of a sequential reader of `view`. With a disk cache, the
+    /// configured window; without one, as many as fit the memory budget next to every
+    /// open's current chunk.
+    fn readahead_window(&self, view: &View) -> u64 {
+        let configured = self.reads.readahead;
+        if view.object.is_some() {
+            return configured;
+        }
+        let opens = self.reads.open_count.load(Ordering::Relaxed).max(1);
+        let per_open = NO_CACHE_BUDGET >> view.chunk_shift;
+        configured.min((per_open / opens).saturating_sub(1))
+    }
+
     /// Makes chunk `c` available: `None` if it is in the disk cache, otherwise its bytes
-    /// (fetched now, or by a concurrent fetch of the same chunk that we wait for).
+    /// (fetched now, or by a concurrent fetch of the same chunk that we wait for). Without
+    /// a disk cache the bytes are kept in `of`'s memory for its next reads.
     pub(crate) fn ensure_chunk(
         &self,
         node: &Node,
         view: &View,
         c: u64,
+        of: Option<&OpenFile>,
     ) -> FsResult<Option<Arc<Vec<u8>>>> {
         if view.object.as_ref().is_some_and(|o| o.has_chunk(c)) {
             return Ok(None);
         }
         let key = (node.ino, view.version, c);
-        if view.object.is_none() {
-            let mem = self.reads.mem.lock();
-            if let Some((_, b)) = mem.iter().find(|(k, _)| *k == key) {
-                return Ok(Some(b.clone()));
-            }
+        let mem = of.filter(|_| view.object.is_none()).map(|of| &of.mem);
+        if let Some(mem) = mem
+            && let Some((_, b)) = mem.lock().iter().find(|(k, _)| *k == key)
+        {
+            return Ok(Some(b.clone()));
         }
         let (flight, leader) = {
             let mut m = self.reads.inflight.lock();
@@ -495,19 +526,25 @@ impl HoardFs {
                 }
             }
         };
-        if !leader {
-            return flight.wait().map(Some);
-        }
-        let result = self.fetch_chunk(node, view, c).map(Arc::new);
-        if let (Ok(bytes), None) = (&result, &view.object) {
-            let mut mem = self.reads.mem.lock();
-            if mem.len() >= self.reads.mem_cap {
+        let result = if leader {
+            let r = self.fetch_chunk(node, view, c).map(Arc::new);
+            self.reads.inflight.lock().remove(&key);
+            flight.complete(r.clone());
+            r
+        } else {
+            flight.wait()
+        };
+        if let (Ok(bytes), Some(mem)) = (&result, mem) {
+            // The chunk being read plus the readahead window; the oldest goes first.
+            let keep = 1 + self.readahead_window(view) as usize;
+            let mut mem = mem.lock();
+            if !mem.iter().any(|(k, _)| *k == key) {
+                mem.push_back((key, bytes.clone()));
+            }
+            while mem.len() > keep {
                 mem.pop_front();
             }
-            mem.push_back((key, bytes.clone()));
         }
-        self.reads.inflight.lock().remove(&key);
-        flight.complete(result.clone());
         result.map(Some)
     }
 
@@ -550,6 +587,9 @@ impl HoardFs {
         let Some(of) = self.reads.files.write().remove(&fh) else {
             return;
         };
+        of.closed.store(true, Ordering::Relaxed);
+        of.mem.lock().clear();
+        self.reads.open_count.fetch_sub(1, Ordering::Relaxed);
         let mut st = of.node.state.lock();
         match of.mode {
             ModeKind::Passthrough => {

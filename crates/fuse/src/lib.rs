@@ -198,6 +198,11 @@ impl Filesystem for FuseBridge {
             let _ = config.set_max_stack_depth(2);
         }
         let _ = config.set_max_readahead(1 << 20);
+        // Readahead requests are "background" requests; past the congestion threshold
+        // (default 9 of 12) the kernel skips readahead and falls back to single-page
+        // reads, so hundreds of parallel readers would each send 4 KiB requests.
+        let _ = config.set_max_background(256);
+        let _ = config.set_congestion_threshold(192);
         // Writes reach the daemon (and the origin) in pieces of up to 1 MiB.
         let _ = config.set_max_write(1 << 20);
         Ok(())

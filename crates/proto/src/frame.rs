@@ -147,9 +147,15 @@ pub fn read_frame<R: Read>(
     let h = FrameHeader::parse(&hdr, limits)?;
     let mut body = vec![0u8; h.body_len as usize];
     r.read_exact(&mut body)?;
+    // Into spare capacity (`read_to_end` does not zero it first): data sections are
+    // file contents of up to several MiB.
+    let want = h.data_len as usize;
     data.clear();
-    data.resize(h.data_len as usize, 0);
-    r.read_exact(data)?;
+    data.reserve_exact(want);
+    r.take(want as u64).read_to_end(data)?;
+    if data.len() != want {
+        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+    }
     Ok(body)
 }
 
@@ -186,7 +192,8 @@ mod tests {
     fn frame_roundtrip() {
         let mut wire = Vec::new();
         write_frame(&mut wire, b"body", b"payload").unwrap();
-        let mut data = Vec::new();
+        // A reused buffer's old, longer content must not survive.
+        let mut data = b"an earlier, longer data section".to_vec();
         let body = read_frame(&mut wire.as_slice(), Limits::RESPONSE, &mut data).unwrap();
         assert_eq!(body, b"body");
         assert_eq!(data, b"payload");

@@ -26,7 +26,6 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -73,6 +72,9 @@ pub struct LocalOrigin {
     opts: LocalOptions,
     handles: HandleTable,
     files: OpenFiles,
+    /// Serialise the misses of `files` per stripe of file ids, so that the concurrent
+    /// first reads of one file (a client's read and its readahead) open it once.
+    open_misses: [parking_lot::Mutex<()>; 16],
     wfiles: OpenFiles,
     locks: write::WriteLocks,
     proc_fd: OwnedFd,
@@ -162,6 +164,7 @@ impl LocalOrigin {
             export_id,
             handles: HandleTable::new(epoch, opts.max_handles, node),
             files: OpenFiles::new(opts.max_open_files, opts.open_file_idle),
+            open_misses: Default::default(),
             wfiles: OpenFiles::new(opts.max_open_files, opts.open_file_idle),
             locks: write::WriteLocks::new(),
             proc_fd: sys::open_proc_self_fd()?,
@@ -261,6 +264,10 @@ impl LocalOrigin {
         if let Some(f) = self.files.get(id) {
             return Ok(f);
         }
+        let _miss = self.open_misses[id as usize % 16].lock();
+        if let Some(f) = self.files.get(id) {
+            return Ok(f);
+        }
         let f = sys::reopen_read(self.proc_fd.as_raw_fd(), node.fd.as_raw_fd()).map_err(werr)?;
         self.opens.fetch_add(1, Ordering::Relaxed);
         Ok(self.files.insert(id, f))
@@ -344,16 +351,16 @@ impl Origin for LocalOrigin {
         }
         let file = self.open_file(handle.id, &node)?;
         self.reads.fetch_add(1, Ordering::Relaxed);
-        let mut data = vec![0u8; len as usize];
+        let mut data = Vec::with_capacity(len as usize);
         // A read is labelled with the version seen before and after it; if the file changed
         // meanwhile, try again, and after three tries label it 0 ("unstable, do not cache").
         for attempt in 0..3 {
             let before = sys::fstat(file.as_raw_fd()).map_err(werr)?;
-            let n = read_full(&file, &mut data, offset).map_err(werr)?;
+            let n =
+                sys::pread_full(file.as_raw_fd(), &mut data, len as usize, offset).map_err(werr)?;
             let after = sys::fstat(file.as_raw_fd()).map_err(werr)?;
             let (v0, v1) = (sys::version_of(&before), sys::version_of(&after));
             if v0 == v1 || attempt == 2 {
-                data.truncate(n);
                 self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
                 return Ok(ReadReply {
                     data,
@@ -464,18 +471,5 @@ impl Origin for LocalOrigin {
 }
 
 /// `pread` until `buf` is full or end of file; returns bytes read.
-fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
-}
-
 #[cfg(test)]
 mod tests;

@@ -316,3 +316,42 @@ impl AsRawFd for DirStream {
         self.fd()
     }
 }
+
+/// Reads up to `len` bytes at `offset` into `buf` (replacing its contents) until EOF or
+/// `len`; returns how many. Reads into the vector's spare capacity: no zeroing of
+/// buffers that are about to be overwritten (measurable at hundreds of MB/s).
+pub(crate) fn pread_full(
+    fd: RawFd,
+    buf: &mut Vec<u8>,
+    len: usize,
+    offset: u64,
+) -> io::Result<usize> {
+    buf.clear();
+    buf.reserve_exact(len);
+    while buf.len() < len {
+        let done = buf.len();
+        let spare = &mut buf.spare_capacity_mut()[..len - done];
+        // SAFETY: pread writes at most `spare.len()` bytes into memory we own exclusively;
+        // `set_len` below covers only the bytes it reported written.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                spare.as_mut_ptr().cast(),
+                spare.len(),
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        match n {
+            0 => break,
+            // SAFETY: pread initialised these `n` bytes.
+            n if n > 0 => unsafe { buf.set_len(done + n as usize) },
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(buf.len())
+}

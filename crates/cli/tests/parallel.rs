@@ -1,0 +1,54 @@
+//! Many readers at once through one client: every byte right, and fetched from the server
+//! once (a reader's chunks are not pushed out by the others' fetches).
+
+mod common;
+
+use common::*;
+
+#[test]
+fn sixty_four_parallel_readers_without_a_cache_fetch_each_byte_once() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    const READERS: usize = 64;
+    const SIZE: usize = 2 << 20;
+    for i in 0..READERS {
+        std::fs::write(exp.join(format!("r{i:02}")), bytes(100 + i as u64, SIZE)).unwrap();
+    }
+    let srv = Server::start(&exp);
+    let m = Mount::start(&srv.addr, &t.path().join("mnt"), &["--no-cache"]).unwrap();
+    let before = srv.counters();
+    std::thread::scope(|s| {
+        for i in 0..READERS {
+            let p = m.p(&format!("r{i:02}"));
+            s.spawn(move || {
+                // Small reads, like the seed 003 readers.
+                use std::io::Read;
+                let mut f = std::fs::File::open(&p).unwrap();
+                let (mut got, mut buf) = (Vec::with_capacity(SIZE), vec![0u8; 4096]);
+                loop {
+                    let n = f.read(&mut buf).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                assert_bytes_eq(&format!("reader {i}"), &got, &bytes(100 + i as u64, SIZE));
+            });
+        }
+    });
+    let after = srv.counters();
+    let total = (READERS * SIZE) as u64;
+    let fetched = after.bytes_read - before.bytes_read;
+    assert!(
+        fetched <= total + total / 20,
+        "{fetched} bytes fetched for {total} bytes read"
+    );
+    // The open-file cache: each file opened once, however many requests raced for it.
+    assert_eq!(
+        after.opens - before.opens,
+        READERS as u64,
+        "server file opens"
+    );
+}
