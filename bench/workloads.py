@@ -1,0 +1,518 @@
+#!/usr/bin/env python3
+"""Seeds 002, 003 and 004: small files, many parallel readers, and `ls -lR`.
+
+* metadata (seed 004): `ls -lR` over 516 directories / 1,548 files through the shaped
+  100 Mbit/s link of seed000.py: cold (empty cache), warm, after a remount; server round
+  trips counted with `hoardfs server-stats`; local disk and sshfs alongside.
+* small files (seed 002): 1,000 files of 20-250 KiB over the same link: first read
+  (empty cache), warm (page cache), hot (remounted on the disk cache, page caches
+  dropped, server side warm); local disk and sshfs alongside.
+* scaling (seed 003): N = 1, 4, 16, 64, 256 reader processes, each reading its own files
+  with 4 KiB or 128 KiB read() calls, through four --no-cache clients of one server on
+  loopback; aggregate throughput, server opens per read, CPU seconds per GiB, RSS.
+
+Writes JSON and SVG plots into the output directory (default bench/out). Run as root:
+python3 bench/workloads.py. See doc/BENCHMARKS.md.
+"""
+import argparse
+import atexit
+import datetime
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import seed000
+import svgplot
+from seed000 import MiB, sh, in_ns, drop_caches
+
+REPO = seed000.REPO
+WORK = os.path.join(REPO, "bench", "out", "work-workloads")
+seed000.WORK, seed000.PIDFILE = WORK, os.path.join(WORK, "pids.json")
+SRV_IP, PORT, SFTP_PORT, LOOP_PORT = seed000.SRV_IP, 7080, 7082, 7083
+KiB = 1024
+
+
+def log(msg):
+    print(f"[workloads] {msg}", file=sys.stderr, flush=True)
+
+
+def make_tree(root):
+    """516 directories (the root, 5 top-level ones, 510 below them), 3 files each."""
+    r = random.Random(4)
+    dirs = [root] + [os.path.join(root, f"d{i}") for i in range(5)]
+    dirs += [os.path.join(root, f"d{i % 5}", f"s{i:03d}") for i in range(510)]
+    for d in dirs:
+        os.makedirs(d)
+        for k in range(3):
+            with open(os.path.join(d, f"f{k}.c"), "wb") as f:
+                f.write(os.urandom(r.randint(200, 8000)))
+
+
+def make_small(root):
+    """1,000 files of 20-250 KiB (seed 002's sizes)."""
+    r = random.Random(2)
+    os.makedirs(root)
+    for i in range(1000):
+        with open(os.path.join(root, f"file{i:04d}"), "wb") as f:
+            f.write(os.urandom(r.randint(20 * KiB, 250 * KiB)))
+
+
+def make_scale(root, files, size):
+    os.makedirs(root)
+    block = os.urandom(MiB)
+    for i in range(files):
+        with open(os.path.join(root, f"r{i:03d}"), "wb") as f:
+            for _ in range(size // MiB):
+                f.write(block[:1] + os.urandom(15) + block[16:])
+
+
+def make_data(args):
+    stamp = os.path.join(WORK, "data.ok")
+    want = f"v1 {args.scale_files} {args.scale_mib}"
+    if os.path.exists(stamp) and open(stamp).read() == want:
+        return
+    log("writing the data sets (tree, small files, scaling files)")
+    for d in ("srv", "local"):
+        shutil.rmtree(os.path.join(WORK, d), ignore_errors=True)
+    make_tree(os.path.join(WORK, "srv", "tree"))
+    make_small(os.path.join(WORK, "srv", "small"))
+    make_scale(os.path.join(WORK, "srv", "scale"), args.scale_files, args.scale_mib * MiB)
+    for d in ("tree", "small"):  # the local-disk references are separate copies
+        shutil.copytree(os.path.join(WORK, "srv", d), os.path.join(WORK, "local", d))
+    with open(stamp, "w") as f:
+        f.write(want)
+
+
+# ---------------------------------------------------------------- measurements
+
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def ls_lr(path):
+    r = subprocess.run(["ls", "-lR", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if r.returncode != 0:
+        raise RuntimeError(f"ls -lR {path}: {r.stderr.decode()[-500:]}")
+
+
+def read_files(root):
+    """Reads every file of `root` in name order (open, read to EOF, close); bytes read."""
+    buf, n = bytearray(MiB), 0
+    for name in sorted(os.listdir(root)):
+        fd = os.open(os.path.join(root, name), os.O_RDONLY)
+        try:
+            while (k := os.readv(fd, [buf])):
+                n += k
+        finally:
+            os.close(fd)
+    return n
+
+
+def warm_server_side(root):
+    """Reads the server's copy (page cache warm, as on a file server with RAM)."""
+    read_files(root) if os.path.basename(root) == "small" else ls_lr(root)
+
+
+class Rig(seed000.Bench):
+    def __init__(self, args):
+        super().__init__(args, 0, None)
+        self.addr = f"{SRV_IP}:{PORT}"
+        self.srv_pid = None
+
+    def requests(self, addr=None):
+        out = sh([self.args.binary, "server-stats", addr or self.addr, "--json"]).stdout
+        return json.loads(out)
+
+    def round_trips(self, fn, addr=None):
+        """Server requests made while fn() runs (minus the two each query costs)."""
+        before = self.requests(addr)["requests"]
+        fn()
+        return self.requests(addr)["requests"] - before - 2
+
+    def hoard(self, cache, addr=None, mnt=None):
+        mnt = mnt or os.path.join(WORK, "mnt-hoardfs")
+        opts = ["--cache-dir", cache] if cache else ["--no-cache"]
+        return self.mount([self.args.binary, "mount", addr or self.addr, mnt, *opts],
+                          mnt, "hoardfs-mount")
+
+    def sshfs(self):
+        mnt = os.path.join(WORK, "mnt-sshfs")
+        return self.mount(["sshfs", "-f", "-o", f"directport={SFTP_PORT}",
+                           f"{SRV_IP}:{os.path.join(WORK, 'srv')}", mnt], mnt, "sshfs")
+
+
+def metadata(rig, res):
+    tree_local = os.path.join(WORK, "local", "tree")
+    out = res.setdefault("metadata", {"dirs": 516, "files": 1548})
+    drop_caches()
+    out["local cold"] = timed(lambda: ls_lr(tree_local))
+    out["local warm"] = statistics.median(timed(lambda: ls_lr(tree_local)) for _ in range(5))
+    cache = os.path.join(WORK, "cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    mnt = rig.hoard(cache)
+    tree = os.path.join(mnt, "tree")
+    drop_caches()
+    warm_server_side(os.path.join(WORK, "srv", "tree"))
+    t = {}
+    out["hoardfs cold round trips"] = rig.round_trips(lambda: t.update(c=timed(lambda: ls_lr(tree))))
+    out["hoardfs cold"] = t["c"]
+    out["hoardfs warm round trips"] = rig.round_trips(
+        lambda: t.update(w=statistics.median(timed(lambda: ls_lr(tree)) for _ in range(5))))
+    out["hoardfs warm"] = t["w"]
+    rig.unmount(mnt)
+    mnt = rig.hoard(cache)
+    out["hoardfs remount round trips"] = rig.round_trips(
+        lambda: t.update(r=timed(lambda: ls_lr(tree))))
+    out["hoardfs remount"] = t["r"]
+    rig.unmount(mnt)
+    if not rig.args.skip_sshfs:
+        mnt = rig.sshfs()
+        drop_caches()
+        warm_server_side(os.path.join(WORK, "srv", "tree"))
+        out["sshfs cold"] = timed(lambda: ls_lr(os.path.join(mnt, "tree")))
+        out["sshfs warm"] = statistics.median(
+            timed(lambda: ls_lr(os.path.join(mnt, "tree"))) for _ in range(3))
+        rig.unmount(mnt)
+
+
+def small_files(rig, res):
+    local = os.path.join(WORK, "local", "small")
+    srv = os.path.join(WORK, "srv", "small")
+    out = res.setdefault("small", {})
+    total = sum(os.path.getsize(os.path.join(local, n)) for n in os.listdir(local))
+    out["files"], out["bytes"] = len(os.listdir(local)), total
+    rate = lambda secs: total / secs / 1e6  # MB/s
+    drop_caches()
+    warm_server_side(srv)
+    out["local cold"] = rate(timed(lambda: read_files(local)))
+    out["local warm"] = rate(statistics.median(timed(lambda: read_files(local)) for _ in range(3)))
+    cache = os.path.join(WORK, "cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    mnt = rig.hoard(cache)
+    d = os.path.join(mnt, "small")
+    os.listdir(d)  # names (one READDIRPLUS) are not part of the read rate
+    out["hoardfs first"] = rate(timed(lambda: read_files(d)))
+    out["hoardfs warm"] = rate(statistics.median(timed(lambda: read_files(d)) for _ in range(3)))
+    rig.unmount(mnt)
+    drop_caches()
+    warm_server_side(srv)
+    mnt = rig.hoard(cache)
+    t = {}
+    out["hoardfs hot round trips"] = rig.round_trips(
+        lambda: t.update(h=timed(lambda: read_files(d))))
+    out["hoardfs hot"] = rate(t["h"])
+    out["hoardfs hot warm"] = rate(timed(lambda: read_files(d)))
+    rig.unmount(mnt)
+    out["link MB/s"] = seed000_rate_mbit(rig.args.rate) / 8
+    if not rig.args.skip_sshfs:
+        mnt = rig.sshfs()
+        d = os.path.join(mnt, "small")
+        drop_caches()
+        warm_server_side(srv)
+        os.listdir(d)
+        out["sshfs first"] = rate(timed(lambda: read_files(d)))
+        out["sshfs warm"] = rate(statistics.median(timed(lambda: read_files(d)) for _ in range(3)))
+        rig.unmount(mnt)
+
+
+def seed000_rate_mbit(rate):
+    units = {"kbit": 1e-3, "mbit": 1, "gbit": 1e3}
+    for u, f in units.items():
+        if rate.lower().endswith(u):
+            return float(rate[: -len(u)]) * f
+    raise ValueError(f"rate {rate}: use kbit/mbit/gbit")
+
+
+# ---------------------------------------------------------------- scaling (seed 003)
+
+READER = r"""
+import os, sys, time
+bs, paths = int(sys.argv[1]), sys.argv[2:]
+print("ready", flush=True)
+sys.stdin.read(1)  # start signal
+buf, n = bytearray(bs), 0
+for p in paths:
+    fd = os.open(p, os.O_RDONLY)
+    while (k := os.readv(fd, [buf])):
+        n += k
+    os.close(fd)
+print(n, time.monotonic(), flush=True)
+sys.stdin.read()  # exit only when all are done: exits would compete with readers
+"""
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def scaling_run(rig, readers, bs, files, clients):
+    mnts = [rig.hoard(None, addr=f"127.0.0.1:{LOOP_PORT}",
+                      mnt=os.path.join(WORK, f"mnt-scale{i}")) for i in range(clients)]
+    procs = []
+    for i in range(readers):
+        mine = [os.path.join(mnts[i % clients], "scale", f) for f in files[i::readers]]
+        procs.append(subprocess.Popen([sys.executable, "-c", READER, str(bs), *mine],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+    for p in procs:  # every interpreter started and waits for the signal
+        if p.stdout.readline() != b"ready\n":
+            raise RuntimeError("a reader process failed to start")
+    cpids = [p.pid for p in (rig.mounts[m] for m in mnts)]
+    srv0, cli0 = cpu_seconds(rig.srv_pid), sum(cpu_seconds(p) for p in cpids)
+    c0 = rig.requests(f"127.0.0.1:{LOOP_PORT}")
+    perf = None
+    if rig.args.profile and readers == max(rig.args.readers):
+        data = os.path.join(rig.out_dir, f"perf-scaling-{readers}x{bs // KiB}k.data")
+        perf = subprocess.Popen(["perf", "record", "-a", "-g", "-F", "1999", "-o", data],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1)
+    t0 = time.monotonic()
+    for p in procs:
+        p.stdin.write(b"x")
+        p.stdin.flush()
+    done = [p.stdout.readline().split() for p in procs]
+    if perf:
+        perf.send_signal(signal.SIGINT)
+        perf.wait()
+        summarize_profile(data)
+    srv_cpu = cpu_seconds(rig.srv_pid) - srv0
+    cli_cpu = sum(cpu_seconds(p) for p in cpids) - cli0
+    c1 = rig.requests(f"127.0.0.1:{LOOP_PORT}")
+    for p in procs:
+        p.stdin.close()
+    if any(p.wait() != 0 for p in procs) or any(len(d) != 2 for d in done):
+        raise RuntimeError("a reader process failed")
+    total = sum(int(d[0]) for d in done)
+    secs = max(float(d[1]) for d in done) - t0
+    client_rss = max(rss_kib(p) for p in cpids)
+    fuse_reads = sum(json.loads(sh([rig.args.binary, "stats", m, "--json"]).stdout)
+                     ["counters"]["reads"] for m in mnts)
+    for m in mnts:
+        rig.unmount(m)
+    gib = total / (1 << 30)
+    reads = c1["reads"] - c0["reads"]
+    return {"readers": readers, "io_size": bs, "bytes": total, "seconds": secs,
+            "MB/s": total / secs / 1e6, "server reads": reads,
+            "server opens": c1["opens"] - c0["opens"],
+            "FUSE read KiB": total / max(fuse_reads, 1) / KiB,
+            "opens per read": (c1["opens"] - c0["opens"]) / max(reads, 1),
+            "server CPU s/GiB": srv_cpu / gib, "client CPU s/GiB": cli_cpu / gib,
+            "server RSS KiB": rss_kib(rig.srv_pid), "client RSS KiB": client_rss}
+
+
+def summarize_profile(data):
+    """Writes who used the CPU (by command) and the top symbols next to a perf.data."""
+    base = data[: -len(".data")]
+    for suffix, extra in (("-by-command.txt", ["--sort", "comm"]),
+                          ("-symbols.txt", ["--sort", "comm,dso,sym"])):
+        r = sh(["perf", "report", "-i", data, "--no-children", "--stdio", "-g", "none",
+                "--percent-limit", "0.5", *extra], check=False)
+        with open(base + suffix, "w") as f:
+            f.write(r.stdout)
+    log(f"profile: {base}-by-command.txt, {base}-symbols.txt")
+
+
+def scaling(rig, res):
+    p = rig.spawn([rig.args.binary, "serve", os.path.join(WORK, "srv"), "--listen",
+                   f"127.0.0.1:{LOOP_PORT}"], "hoardfs-serve-loopback")
+    rig.wait_output(p, "hoardfs: serving", "hoardfs serve (loopback)")
+    rig.srv_pid = p.pid
+    files = sorted(os.listdir(os.path.join(WORK, "srv", "scale")))
+    warm_server_side(os.path.join(WORK, "srv", "scale"))
+    rows = res.setdefault("scaling", [])
+    for bs in (4 * KiB, 128 * KiB):
+        for n in rig.args.readers:
+            r = scaling_run(rig, n, bs, files, rig.args.clients)
+            log(f"scaling: {n:>3} readers x {bs // KiB:>3} KiB: {r['MB/s']:7.0f} MB/s, "
+                f"{r['opens per read']:.4f} opens/read, server {r['server CPU s/GiB']:.2f} "
+                f"CPU-s/GiB, client {r['client CPU s/GiB']:.2f}, "
+                f"server RSS {r['server RSS KiB'] // 1024} MiB, "
+                f"FUSE reads of {r['FUSE read KiB']:.0f} KiB")
+            rows.append(r)
+    rig.stop(p)
+
+
+# ---------------------------------------------------------------- report
+
+def checks(res):
+    out = []
+
+    def check(name, value, op, target):
+        ok = None if value is None else value >= target if op == ">=" else value <= target
+        out.append({"check": name, "value": value, "op": op, "target": target,
+                    "result": "SKIP" if ok is None else "PASS" if ok else "FAIL"})
+
+    m, s = res.get("metadata"), res.get("small")
+    if m:
+        check("ls -lR warm vs local (speed)", m["local warm"] / m["hoardfs warm"], ">=", 0.9)
+        check("ls -lR cold round trips per dir", m["hoardfs cold round trips"] / m["dirs"],
+              "<=", 1.05)
+        check("ls -lR remount round trips per dir",
+              m["hoardfs remount round trips"] / m["dirs"], "<=", 1.05)
+    if s:
+        check("small files warm vs local warm", s["hoardfs warm"] / s["local warm"], ">=", 0.5)
+        check("small files hot vs local cold", s["hoardfs hot"] / s["local cold"], ">=", 0.5)
+        check("small files first read vs link", s["hoardfs first"] / s["link MB/s"], ">=", 0.5)
+    for bs in (4 * KiB, 128 * KiB):
+        rows = [r for r in res.get("scaling", []) if r["io_size"] == bs]
+        if rows and rows[-1]["readers"] == max(r["readers"] for r in rows):
+            best = max(r["MB/s"] for r in rows)
+            check(f"{bs // KiB} KiB: {rows[-1]['readers']} readers vs best N",
+                  rows[-1]["MB/s"] / best, ">=", 0.9)
+    return out
+
+
+def plots(res, out_dir):
+    made = []
+    sc = res.get("scaling")
+    if sc:
+        series = [(f"{bs // KiB} KiB reads", [(r["readers"], r["MB/s"]) for r in sc
+                                              if r["io_size"] == bs]) for bs in (4 * KiB, 128 * KiB)]
+        svgplot.line_chart(os.path.join(out_dir, "scaling.svg"),
+                           "hoardfs server: aggregate read throughput vs parallel readers",
+                           "reader processes", "MB/s (all readers)", series, xlog2=True)
+        made.append("scaling.svg")
+    m = res.get("metadata")
+    if m:
+        ms = lambda k: None if k not in m else m[k] * 1000
+        svgplot.bar_chart(os.path.join(out_dir, "lslr.svg"),
+                          "ls -lR, 516 dirs / 1,548 files (lower is better)", "milliseconds",
+                          [("cold", [ms("local cold"), ms("hoardfs cold"), ms("sshfs cold")]),
+                           ("warm", [ms("local warm"), ms("hoardfs warm"), ms("sshfs warm")]),
+                           ("after remount", [None, ms("hoardfs remount"), None])],
+                          ["local disk", "hoardfs", "sshfs"],
+                          note=f"hoardfs server round trips: cold {m['hoardfs cold round trips']}, "
+                               f"warm {m['hoardfs warm round trips']}, after remount "
+                               f"{m['hoardfs remount round trips']}")
+        made.append("lslr.svg")
+    s = res.get("small")
+    if s:
+        g = lambda k: s.get(k)
+        svgplot.bar_chart(os.path.join(out_dir, "small-files.svg"),
+                          "1,000 files of 20-250 KiB: read rate (higher is better)", "MB/s",
+                          [("first read / cold", [g("local cold"), g("hoardfs first"),
+                                                  g("sshfs first")]),
+                           ("warm (page cache)", [g("local warm"), g("hoardfs warm"),
+                                                  g("sshfs warm")]),
+                           ("hot (remounted)", [g("local cold"), g("hoardfs hot"), None])],
+                          ["local disk", "hoardfs", "sshfs"],
+                          note=f"link {s['link MB/s']:.1f} MB/s; hot is compared with the local "
+                               "disk with its page cache dropped")
+        made.append("small-files.svg")
+    return made
+
+
+def report(res, chk):
+    m, s = res.get("metadata"), res.get("small")
+    if m:
+        print("\nls -lR (516 dirs, 1548 files)   seconds   server round trips")
+        for k in ("local cold", "local warm", "hoardfs cold", "hoardfs warm", "hoardfs remount",
+                  "sshfs cold", "sshfs warm"):
+            if k in m:
+                rt = m.get(k + " round trips", "")
+                print(f"  {k:<28} {m[k]:8.4f}   {rt}")
+    if s:
+        print(f"\nsmall files ({s['files']} files, {s['bytes'] / MiB:.0f} MiB)   MB/s")
+        for k in ("local cold", "local warm", "hoardfs first", "hoardfs warm", "hoardfs hot",
+                  "hoardfs hot warm", "sshfs first", "sshfs warm", "link MB/s"):
+            if k in s:
+                print(f"  {k:<28} {s[k]:8.1f}")
+    if res.get("scaling"):
+        print("\nreaders  io   MB/s   opens/read  srv CPU-s/GiB  cli CPU-s/GiB  srv RSS MiB")
+        for r in res["scaling"]:
+            print(f"  {r['readers']:>4} {r['io_size'] // KiB:>4}K {r['MB/s']:7.0f} "
+                  f"{r['opens per read']:10.4f} {r['server CPU s/GiB']:13.2f} "
+                  f"{r['client CPU s/GiB']:14.2f} {r['server RSS KiB'] / 1024:11.0f}")
+    print(f"\n{'Check':<40} {'value':>8}  target  result")
+    for c in chk:
+        v = "-" if c["value"] is None else f"{c['value']:.2f}"
+        print(f"{c['check']:<40} {v:>8}  {c['op']}{c['target']:<5} {c['result']}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--binary", default=os.path.join(REPO, "target", "release", "hoardfs"))
+    ap.add_argument("--rate", default="100mbit", help="tc tbf rate of the shaped link")
+    ap.add_argument("--out", help="directory for JSON and plots (default bench/out)")
+    ap.add_argument("--only", choices=["metadata", "small", "scaling"], action="append",
+                    help="run only these workloads (repeatable)")
+    ap.add_argument("--readers", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    ap.add_argument("--clients", type=int, default=4, help="--no-cache mounts for scaling")
+    ap.add_argument("--scale-files", type=int, default=256)
+    ap.add_argument("--scale-mib", type=int, default=4, help="size of each scaling file")
+    ap.add_argument("--skip-sshfs", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="perf record -a -g the largest scaling runs (summaries in --out)")
+    ap.add_argument("--keep", action="store_true", help="leave namespace/processes for debugging")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("workloads: run as root (namespaces, tc, drop_caches, FUSE mounts)")
+    args.binary = os.path.abspath(args.binary)
+    only = set(args.only or ["metadata", "small", "scaling"])
+    seed000.ensure_packages()
+    if not os.path.exists(args.binary):
+        log(f"{args.binary} missing: running cargo build --release")
+        subprocess.run(["cargo", "build", "--release"], cwd=REPO, check=True)
+    shutil.rmtree(os.path.join(WORK, "logs"), ignore_errors=True)
+    os.makedirs(os.path.join(WORK, "logs"), exist_ok=True)
+    seed000.clean_leftovers()
+    make_data(args)
+    rig = Rig(args)
+    rig.out_dir = os.path.abspath(args.out or os.path.join(REPO, "bench", "out"))
+    os.makedirs(rig.out_dir, exist_ok=True)
+    atexit.register(rig.cleanup)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda n, _: sys.exit(f"workloads: signal {n}, cleaning up"))
+    res = {"benchmark": "workloads", "time": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
+           "kernel": os.uname().release, "rate": args.rate}
+    try:
+        if only & {"metadata", "small"}:
+            seed000.setup_network(args.rate)
+            p = rig.spawn(in_ns(args.binary, "serve", os.path.join(WORK, "srv"), "--listen",
+                                f"{SRV_IP}:{PORT}", "--allow-unauthenticated"), "hoardfs-serve")
+            rig.wait_output(p, "hoardfs: serving", "hoardfs serve")
+            if not args.skip_sshfs:
+                p = rig.spawn(in_ns("socat", f"TCP-LISTEN:{SFTP_PORT},bind={SRV_IP},reuseaddr,fork",
+                                    f"EXEC:{seed000.sftp_server_path()}"), "sftp-socat")
+                rig.wait_for(p, lambda: sh(in_ns("ss", "-Hltn", f"sport = :{SFTP_PORT}")).stdout
+                             .strip(), "socat for sftp-server")
+            if "metadata" in only:
+                metadata(rig, res)
+            if "small" in only:
+                small_files(rig, res)
+        if "scaling" in only:
+            scaling(rig, res)
+    finally:
+        rig.cleanup()
+    chk = checks(res)
+    res["checks"] = chk
+    out_dir = os.path.abspath(args.out or os.path.join(REPO, "bench", "out"))
+    os.makedirs(out_dir, exist_ok=True)
+    res["plots"] = plots(res, out_dir)
+    for name in (f"workloads-{res['time']}.json", "workloads-latest.json"):
+        with open(os.path.join(out_dir, name), "w") as f:
+            json.dump(res, f, indent=2)
+    report(res, chk)
+    log(f"results and plots ({', '.join(res['plots'])}) in {out_dir}")
+    return 1 if any(c["result"] == "FAIL" for c in chk) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
