@@ -140,6 +140,7 @@ class Rig(seed000.Bench):
     def hoard(self, cache, addr=None, mnt=None):
         mnt = mnt or os.path.join(WORK, "mnt-hoardfs")
         opts = ["--cache-dir", cache] if cache else ["--no-cache"]
+        opts += self.args.mount_opt or []
         return self.mount([self.args.binary, "mount", addr or self.addr, mnt, *opts],
                           mnt, "hoardfs-mount")
 
@@ -458,6 +459,8 @@ def main():
     ap.add_argument("--scale-files", type=int, default=256)
     ap.add_argument("--scale-mib", type=int, default=4, help="size of each scaling file")
     ap.add_argument("--skip-sshfs", action="store_true")
+    ap.add_argument("--mount-opt", action="append", metavar="ARG",
+                    help="extra argument for every hoardfs mount (repeatable)")
     ap.add_argument("--profile", action="store_true",
                     help="perf record -a -g the largest scaling runs (summaries in --out)")
     ap.add_argument("--keep", action="store_true", help="leave namespace/processes for debugging")

@@ -137,4 +137,19 @@ fn a_directory_larger_than_one_readdir_reply_lists_completely() {
         assert_eq!(got.len(), want.len(), "pass {pass}: entry count");
         assert_eq!(got, want, "pass {pass}");
     }
+    // Every page of the listing came with attributes (READDIRPLUS, not the kernel's
+    // "auto" choice of plain READDIR after the first page): opening each listed file
+    // needs no LOOKUP round trip.
+    let before = srv.counters().requests;
+    for name in &want {
+        let name = std::str::from_utf8(name).unwrap();
+        std::fs::File::open(m.p(&format!("big/{name}"))).unwrap();
+    }
+    let spent = srv.counters().requests - before - QUERY_COST;
+    assert_eq!(
+        spent,
+        0,
+        "server requests to open {} listed files",
+        want.len()
+    );
 }

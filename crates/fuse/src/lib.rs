@@ -184,8 +184,10 @@ pub fn fuse_attr(ino: Ino, a: &Attr) -> FileAttr {
 
 impl Filesystem for FuseBridge {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Always READDIRPLUS, never the "auto" heuristic: listings carry every entry's
+        // attributes anyway, and with plain READDIR after the first page each later open
+        // of a listed name would cost a LOOKUP round trip to the server.
         let want = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS;
         let _ = config.add_capabilities(want & config.capabilities());
