@@ -52,3 +52,25 @@ fn sixty_four_parallel_readers_without_a_cache_fetch_each_byte_once() {
         "server file opens"
     );
 }
+
+#[test]
+fn one_sequential_reader_without_a_cache_fetches_each_byte_once() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    const SIZE: usize = 48 << 20;
+    let want = bytes(7, SIZE);
+    std::fs::write(exp.join("big"), &want).unwrap();
+    let srv = Server::start(&exp);
+    let m = Mount::start(&srv.addr, &t.path().join("mnt"), &["--no-cache"]).unwrap();
+    let before = srv.counters().bytes_read;
+    // The kernel's readahead sends several reads at once, out of order: each fetched
+    // chunk must stay until all of them were served.
+    assert_bytes_eq("big", &std::fs::read(m.p("big")).unwrap(), &want);
+    let fetched = srv.counters().bytes_read - before;
+    assert!(
+        fetched <= (SIZE + SIZE / 20) as u64,
+        "{fetched} bytes fetched for {SIZE} bytes read"
+    );
+}

@@ -9,10 +9,10 @@
 //! Misses are fetched a whole chunk at a time; concurrent readers of the same chunk wait
 //! for one fetch (`inflight`), and a sequential reader has the next chunks fetched ahead of
 //! it by a small pool of threads, so several requests are in flight. Without a disk cache
-//! (`--no-cache`) each open keeps the chunks fetched for it (the one being read and its
+//! (`--no-cache`) each open keeps the chunks fetched for it (the ones being read and its
 //! readahead) in memory; the readahead window shrinks as opens multiply so that all of
-//! them together stay within [`NO_CACHE_BUDGET`], and no reader's chunk is ever pushed
-//! out by another reader's fetches.
+//! them together stay within [`NO_CACHE_BUDGET`] (each keeps at least two chunks), and
+//! no reader's chunk is ever pushed out by another reader's fetches.
 //!
 //! Lock ordering: `files`, `inflight` and an open's `mem` are leaves (never held while taking another
 //! lock or doing I/O); a node's `state` lock is never held across origin I/O, and across
@@ -33,7 +33,7 @@ use crate::stats::Stats;
 use crate::{FsConfig, FsError, FsResult, HoardFs};
 
 /// Memory all opens of a `--no-cache` mount may hold in fetched chunks, readahead
-/// included (each open keeps at least the chunk it is reading).
+/// included (each open keeps at least two chunks, so with many opens it is exceeded).
 pub const NO_CACHE_BUDGET: u64 = 256 << 20;
 
 /// Kernel-visible file handle number.
@@ -490,9 +490,15 @@ impl HoardFs {
         if view.object.is_some() {
             return configured;
         }
+        configured.min(self.mem_slots(view) - 2)
+    }
+
+    /// Chunks one `--no-cache` open may keep: its share of [`NO_CACHE_BUDGET`], but at
+    /// least two (the kernel's parallel reads straddle chunk boundaries: keeping only the
+    /// newest chunk would refetch the one before it).
+    fn mem_slots(&self, view: &View) -> u64 {
         let opens = self.reads.open_count.load(Ordering::Relaxed).max(1);
-        let per_open = NO_CACHE_BUDGET >> view.chunk_shift;
-        configured.min((per_open / opens).saturating_sub(1))
+        ((NO_CACHE_BUDGET >> view.chunk_shift) / opens).max(2)
     }
 
     /// Makes chunk `c` available: `None` if it is in the disk cache, otherwise its bytes
@@ -535,14 +541,18 @@ impl HoardFs {
             flight.wait()
         };
         if let (Ok(bytes), Some(mem)) = (&result, mem) {
-            // The chunk being read plus the readahead window; the oldest goes first.
-            let keep = 1 + self.readahead_window(view) as usize;
+            // The chunks being read plus the readahead window. Fetches complete out of
+            // order, so the chunk farthest behind goes first, not the oldest fetched.
+            let keep = self.mem_slots(view) as usize;
             let mut mem = mem.lock();
             if !mem.iter().any(|(k, _)| *k == key) {
                 mem.push_back((key, bytes.clone()));
             }
             while mem.len() > keep {
-                mem.pop_front();
+                let behind = (0..mem.len())
+                    .min_by_key(|&i| mem[i].0.2)
+                    .expect("not empty");
+                mem.remove(behind);
             }
         }
         result.map(Some)
