@@ -14,8 +14,8 @@
 //! them together stay within [`NO_CACHE_BUDGET`] (each keeps at least two chunks), and
 //! no reader's chunk is ever pushed out by another reader's fetches.
 //!
-//! Lock ordering: `files`, `inflight` and an open's `mem` are leaves (never held while taking another
-//! lock or doing I/O); a node's `state` lock is never held across origin I/O, and across
+//! Lock ordering: `files`, `inflight` and an open's `mem` are leaves (never held while
+//! taking another lock or doing I/O); a node's `state` lock is never held across origin I/O, and across
 //! disk I/O only to create that node's cached object or passthrough backing registration.
 
 use std::collections::{HashMap, VecDeque};
@@ -78,7 +78,8 @@ pub(crate) struct OpenFile {
     /// Sequential detection: where the next read would start, and the highest chunk already
     /// scheduled for readahead.
     seq: Mutex<(u64, Option<u64>)>,
-    /// Without a disk cache: chunks fetched for this open, oldest first.
+    /// Without a disk cache: chunks fetched for this open (at most the readahead window
+    /// plus two; the one farthest behind is dropped first).
     mem: Mutex<VecDeque<(ChunkKey, Arc<Vec<u8>>)>>,
     /// Released: queued readahead for it is skipped.
     closed: std::sync::atomic::AtomicBool,
@@ -150,8 +151,6 @@ pub(crate) struct ReadEngine {
     pub(crate) files: RwLock<HashMap<FileHandle, Arc<OpenFile>>>,
     next_fh: AtomicU64,
     inflight: Mutex<HashMap<ChunkKey, Arc<Flight>>>,
-    /// Opens not yet released (sizes the `--no-cache` readahead window).
-    open_count: AtomicU64,
     readahead: u64,
     prefetch: Mutex<Option<mpsc::Sender<PrefetchJob>>>,
     passthrough_failed: std::sync::atomic::AtomicBool,
@@ -188,7 +187,6 @@ impl ReadEngine {
             files: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             inflight: Mutex::new(HashMap::new()),
-            open_count: AtomicU64::new(0),
             readahead: config.readahead_chunks,
             prefetch: Mutex::new(Some(tx)),
             passthrough_failed: false.into(),
@@ -338,7 +336,6 @@ impl HoardFs {
             mem: Mutex::new(VecDeque::new()),
             closed: false.into(),
         });
-        engine.open_count.fetch_add(1, Ordering::Relaxed);
         let fh = engine.next_fh.fetch_add(1, Ordering::Relaxed);
         engine.files.write().insert(fh, of);
         (fh, mode, changed)
@@ -497,7 +494,7 @@ impl HoardFs {
     /// least two (the kernel's parallel reads straddle chunk boundaries: keeping only the
     /// newest chunk would refetch the one before it).
     fn mem_slots(&self, view: &View) -> u64 {
-        let opens = self.reads.open_count.load(Ordering::Relaxed).max(1);
+        let opens = (self.reads.files.read().len() as u64).max(1);
         ((NO_CACHE_BUDGET >> view.chunk_shift) / opens).max(2)
     }
 
@@ -541,9 +538,10 @@ impl HoardFs {
             flight.wait()
         };
         if let (Ok(bytes), Some(mem)) = (&result, mem) {
-            // The chunks being read plus the readahead window. Fetches complete out of
+            // The chunks being read plus the readahead window (not the whole share of the
+            // budget: a lone reader would otherwise hold 256 MiB). Fetches complete out of
             // order, so the chunk farthest behind goes first, not the oldest fetched.
-            let keep = self.mem_slots(view) as usize;
+            let keep = self.readahead_window(view) as usize + 2;
             let mut mem = mem.lock();
             if !mem.iter().any(|(k, _)| *k == key) {
                 mem.push_back((key, bytes.clone()));
@@ -599,7 +597,6 @@ impl HoardFs {
         };
         of.closed.store(true, Ordering::Relaxed);
         of.mem.lock().clear();
-        self.reads.open_count.fetch_sub(1, Ordering::Relaxed);
         let mut st = of.node.state.lock();
         match of.mode {
             ModeKind::Passthrough => {

@@ -470,6 +470,5 @@ impl Origin for LocalOrigin {
     }
 }
 
-/// `pread` until `buf` is full or end of file; returns bytes read.
 #[cfg(test)]
 mod tests;
