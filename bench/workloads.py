@@ -97,6 +97,10 @@ def timed(fn):
     return time.perf_counter() - t0
 
 
+def median_time(fn, runs):
+    return statistics.median(timed(fn) for _ in range(runs))
+
+
 def ls_lr(path):
     r = subprocess.run(["ls", "-lR", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     if r.returncode != 0:
@@ -117,8 +121,12 @@ def read_files(root):
 
 
 def warm_server_side(root):
-    """Reads the server's copy (page cache warm, as on a file server with RAM)."""
-    read_files(root) if os.path.basename(root) == "small" else ls_lr(root)
+    """Reads the server's copy of a data set (page cache warm, as on a file server with
+    RAM): the metadata of a tree, the contents of a flat directory of files."""
+    if any(e.is_dir() for e in os.scandir(root)):
+        ls_lr(root)
+    else:
+        read_files(root)
 
 
 class Rig(seed000.Bench):
@@ -132,10 +140,11 @@ class Rig(seed000.Bench):
         return json.loads(out)
 
     def round_trips(self, fn, addr=None):
-        """Server requests made while fn() runs (minus the two each query costs)."""
+        """fn()'s result and the server requests made while it ran (minus the two each
+        query costs)."""
         before = self.requests(addr)["requests"]
-        fn()
-        return self.requests(addr)["requests"] - before - 2
+        value = fn()
+        return value, self.requests(addr)["requests"] - before - 2
 
     def hoard(self, cache, addr=None, mnt=None):
         mnt = mnt or os.path.join(WORK, "mnt-hoardfs")
@@ -155,32 +164,28 @@ def metadata(rig, res):
     out = res.setdefault("metadata", {"dirs": 516, "files": 1548})
     drop_caches()
     out["local cold"] = timed(lambda: ls_lr(tree_local))
-    out["local warm"] = statistics.median(timed(lambda: ls_lr(tree_local)) for _ in range(5))
+    out["local warm"] = median_time(lambda: ls_lr(tree_local), 5)
     cache = os.path.join(WORK, "cache")
     shutil.rmtree(cache, ignore_errors=True)
     mnt = rig.hoard(cache)
     tree = os.path.join(mnt, "tree")
     drop_caches()
     warm_server_side(os.path.join(WORK, "srv", "tree"))
-    t = {}
-    out["hoardfs cold round trips"] = rig.round_trips(lambda: t.update(c=timed(lambda: ls_lr(tree))))
-    out["hoardfs cold"] = t["c"]
-    out["hoardfs warm round trips"] = rig.round_trips(
-        lambda: t.update(w=statistics.median(timed(lambda: ls_lr(tree)) for _ in range(5))))
-    out["hoardfs warm"] = t["w"]
+    out["hoardfs cold"], out["hoardfs cold round trips"] = rig.round_trips(
+        lambda: timed(lambda: ls_lr(tree)))
+    out["hoardfs warm"], out["hoardfs warm round trips"] = rig.round_trips(
+        lambda: median_time(lambda: ls_lr(tree), 5))
     rig.unmount(mnt)
     mnt = rig.hoard(cache)
-    out["hoardfs remount round trips"] = rig.round_trips(
-        lambda: t.update(r=timed(lambda: ls_lr(tree))))
-    out["hoardfs remount"] = t["r"]
+    out["hoardfs remount"], out["hoardfs remount round trips"] = rig.round_trips(
+        lambda: timed(lambda: ls_lr(tree)))
     rig.unmount(mnt)
     if not rig.args.skip_sshfs:
         mnt = rig.sshfs()
         drop_caches()
         warm_server_side(os.path.join(WORK, "srv", "tree"))
         out["sshfs cold"] = timed(lambda: ls_lr(os.path.join(mnt, "tree")))
-        out["sshfs warm"] = statistics.median(
-            timed(lambda: ls_lr(os.path.join(mnt, "tree"))) for _ in range(3))
+        out["sshfs warm"] = median_time(lambda: ls_lr(os.path.join(mnt, "tree")), 3)
         rig.unmount(mnt)
 
 
@@ -194,25 +199,23 @@ def small_files(rig, res):
     drop_caches()
     warm_server_side(srv)
     out["local cold"] = rate(timed(lambda: read_files(local)))
-    out["local warm"] = rate(statistics.median(timed(lambda: read_files(local)) for _ in range(3)))
+    out["local warm"] = rate(median_time(lambda: read_files(local), 3))
     cache = os.path.join(WORK, "cache")
     shutil.rmtree(cache, ignore_errors=True)
     mnt = rig.hoard(cache)
     d = os.path.join(mnt, "small")
     os.listdir(d)  # names (one READDIRPLUS) are not part of the read rate
     out["hoardfs first"] = rate(timed(lambda: read_files(d)))
-    out["hoardfs warm"] = rate(statistics.median(timed(lambda: read_files(d)) for _ in range(3)))
+    out["hoardfs warm"] = rate(median_time(lambda: read_files(d), 3))
     rig.unmount(mnt)
     drop_caches()
     warm_server_side(srv)
     mnt = rig.hoard(cache)
-    t = {}
-    out["hoardfs hot round trips"] = rig.round_trips(
-        lambda: t.update(h=timed(lambda: read_files(d))))
-    out["hoardfs hot"] = rate(t["h"])
+    hot, out["hoardfs hot round trips"] = rig.round_trips(lambda: timed(lambda: read_files(d)))
+    out["hoardfs hot"] = rate(hot)
     out["hoardfs hot warm"] = rate(timed(lambda: read_files(d)))
     rig.unmount(mnt)
-    out["link MB/s"] = seed000_rate_mbit(rig.args.rate) / 8
+    out["link MB/s"] = rate_mbit(rig.args.rate) / 8
     if not rig.args.skip_sshfs:
         mnt = rig.sshfs()
         d = os.path.join(mnt, "small")
@@ -220,11 +223,11 @@ def small_files(rig, res):
         warm_server_side(srv)
         os.listdir(d)
         out["sshfs first"] = rate(timed(lambda: read_files(d)))
-        out["sshfs warm"] = rate(statistics.median(timed(lambda: read_files(d)) for _ in range(3)))
+        out["sshfs warm"] = rate(median_time(lambda: read_files(d), 3))
         rig.unmount(mnt)
 
 
-def seed000_rate_mbit(rate):
+def rate_mbit(rate):
     units = {"kbit": 1e-3, "mbit": 1, "gbit": 1e3}
     for u, f in units.items():
         if rate.lower().endswith(u):
