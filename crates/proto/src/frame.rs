@@ -151,6 +151,9 @@ pub fn read_frame<R: Read>(
     // file contents of up to several MiB.
     let want = h.data_len as usize;
     data.clear();
+    if data.capacity() < want && want >= crate::buffers::MIN_POOLED {
+        crate::buffers::give(std::mem::replace(data, crate::buffers::take(want)));
+    }
     data.reserve_exact(want);
     r.take(want as u64).read_to_end(data)?;
     if data.len() != want {

@@ -9,6 +9,7 @@
 //!
 //! The first request on a connection must be [`msg::Op::Hello`] (protocol version + token).
 
+pub mod buffers;
 pub mod frame;
 pub mod msg;
 

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use hoardfs_proto::buffers;
 use hoardfs_proto::frame::{self, FrameError, FrameHeader, HEADER_LEN, Limits};
 use hoardfs_proto::{
     MAX_WRITE_LEN, Op, PROTOCOL_VERSION, Reply, Request, Response, ServerMessage, WireError,
@@ -348,8 +349,10 @@ async fn write_loop(
     let mut w = BufWriter::with_capacity(IO_BUF, wr);
     while let Some(first) = rx.recv().await {
         write_one(&mut w, &first, &pending_breaks).await?;
+        buffers::give(first.data);
         while let Ok(next) = rx.try_recv() {
             write_one(&mut w, &next, &pending_breaks).await?;
+            buffers::give(next.data);
         }
         w.flush().await?;
     }

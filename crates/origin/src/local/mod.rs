@@ -351,7 +351,7 @@ impl Origin for LocalOrigin {
         }
         let file = self.open_file(handle.id, &node)?;
         self.reads.fetch_add(1, Ordering::Relaxed);
-        let mut data = Vec::with_capacity(len as usize);
+        let mut data = hoardfs_proto::buffers::take(len as usize);
         // A read is labelled with the version seen before and after it; if the file changed
         // meanwhile, try again, and after three tries label it 0 ("unstable, do not cache").
         for attempt in 0..3 {
