@@ -30,7 +30,7 @@ pub use error::{FsError, FsResult};
 pub use manage::{CachedEntry, Prefetched};
 pub use namespace::NewEntry;
 pub use nodes::{Backing, Ino, Listing, Node, ROOT_INO};
-pub use read::{Access, FileHandle, OpenMode};
+pub use read::{Access, FileHandle, OpenMode, ReadData};
 pub use stats::{Stats, StatsSnapshot};
 
 use callbacks::BreakLog;

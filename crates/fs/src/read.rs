@@ -26,6 +26,7 @@ use std::sync::{Arc, Weak};
 
 use hoardfs_cache::{CachedObject, ObjectKey, OpenHold, meta::chunk_shift_for};
 use hoardfs_origin::{FileKind, WireError};
+use hoardfs_proto::buffers::Recycled;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::nodes::{Backing, Ino, Node};
@@ -38,6 +39,32 @@ pub const NO_CACHE_BUDGET: u64 = 256 << 20;
 
 /// Kernel-visible file handle number.
 pub type FileHandle = u64;
+
+/// The bytes of one read: a range of a fetched chunk (shared, not copied: the FUSE reply
+/// is written straight from it), or a buffer filled from the disk cache.
+pub enum ReadData {
+    /// `bytes[start..end]` of a fetched chunk.
+    Chunk {
+        /// The whole chunk.
+        bytes: Arc<Recycled>,
+        /// Where the read starts in it.
+        start: usize,
+        /// Where it ends.
+        end: usize,
+    },
+    /// A buffer of its own.
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for ReadData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ReadData::Chunk { bytes, start, end } => &bytes[*start..*end],
+            ReadData::Owned(v) => v,
+        }
+    }
+}
 
 /// How an open is served.
 #[derive(Clone)]
@@ -80,7 +107,7 @@ pub(crate) struct OpenFile {
     seq: Mutex<(u64, Option<u64>)>,
     /// Without a disk cache: chunks fetched for this open (at most the readahead window
     /// plus two; the one farthest behind is dropped first).
-    mem: Mutex<VecDeque<(ChunkKey, Arc<Vec<u8>>)>>,
+    mem: Mutex<VecDeque<HeldChunk>>,
     /// Released: queued readahead for it is skipped.
     closed: std::sync::atomic::AtomicBool,
 }
@@ -124,7 +151,15 @@ impl View {
 type ChunkKey = (Ino, u64, u64);
 /// A readahead job: fetch this chunk of this open file.
 type PrefetchJob = (Arc<OpenFile>, u64);
-type FetchResult = FsResult<Arc<Vec<u8>>>;
+/// A chunk a `--no-cache` open keeps for its next reads.
+struct HeldChunk {
+    key: ChunkKey,
+    bytes: Arc<Recycled>,
+    /// Bytes of it handed to the kernel so far.
+    served: usize,
+}
+
+type FetchResult = FsResult<Arc<Recycled>>;
 
 #[derive(Default)]
 struct Flight {
@@ -190,6 +225,20 @@ impl ReadEngine {
             readahead: config.readahead_chunks,
             prefetch: Mutex::new(Some(tx)),
             passthrough_failed: false.into(),
+        }
+    }
+}
+
+/// Counts `n` bytes of chunk `key` as handed to the kernel through `of`. A chunk handed
+/// out whole is dropped at once: the kernel keeps what it read in its page cache, so a
+/// sequential reader never asks for it again, and its memory goes back to the pool while
+/// it is still warm (instead of waiting to be pushed out by later fetches).
+fn served(of: &OpenFile, key: ChunkKey, n: usize) {
+    let mut mem = of.mem.lock();
+    if let Some(i) = mem.iter().position(|h| h.key == key) {
+        mem[i].served += n;
+        if mem[i].served >= mem[i].bytes.len() {
+            mem.remove(i);
         }
     }
 }
@@ -387,17 +436,33 @@ impl HoardFs {
     }
 
     /// Reads up to `size` bytes at `offset` through open file `fh`.
-    pub fn read(&self, fh: FileHandle, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+    pub fn read(&self, fh: FileHandle, offset: u64, size: u32) -> FsResult<ReadData> {
         let of = self.open_file(fh)?;
         Stats::add(&self.stats.reads, 1);
         let view = View::of(&of.node);
         if offset >= view.size || size == 0 {
-            return Ok(Vec::new());
+            return Ok(ReadData::Owned(Vec::new()));
         }
         let end = (offset + size as u64).min(view.size);
         let first = offset >> view.chunk_shift;
         let last = (end - 1) >> view.chunk_shift;
         self.schedule_readahead(&of, &view, offset, end, last);
+        // The common miss (and every `--no-cache` read): one chunk, answered from the
+        // fetched bytes without a copy or a fresh buffer per request.
+        if first == last
+            && view.object.as_ref().is_none_or(|o| !o.has_chunk(first))
+            && let Some(bytes) = self.ensure_chunk(&of.node, &view, first, Some(&of))?
+        {
+            let (cs, _) = view.chunk_range(first);
+            let stop = ((end - cs) as usize).min(bytes.len());
+            let start = ((offset - cs) as usize).min(stop);
+            served(&of, (of.node.ino, view.version, first), stop - start);
+            return Ok(ReadData::Chunk {
+                bytes,
+                start,
+                end: stop,
+            });
+        }
         let mut out = vec![0u8; (end - offset) as usize];
         for c in first..=last {
             let (cs, ce) = view.chunk_range(c);
@@ -409,13 +474,14 @@ impl HoardFs {
             let lo = (from - cs) as usize;
             let avail = bytes.len().saturating_sub(lo).min(dst.len());
             dst[..avail].copy_from_slice(&bytes[lo..lo + avail]);
+            served(&of, (of.node.ino, view.version, c), avail);
             if avail < dst.len() {
                 // The file shrank while we read it: end the read there.
                 out.truncate((from - offset) as usize + avail);
                 break;
             }
         }
-        Ok(out)
+        Ok(ReadData::Owned(out))
     }
 
     /// Fills `dst` (chunk `c`'s bytes from offset `from`) from the disk cache and returns
@@ -429,7 +495,7 @@ impl HoardFs {
         c: u64,
         dst: &mut [u8],
         from: u64,
-    ) -> FsResult<Option<Arc<Vec<u8>>>> {
+    ) -> FsResult<Option<Arc<Recycled>>> {
         for _ in 0..3 {
             if let Some(obj) = &view.object
                 && obj.read_chunk_at(c, dst, from)?
@@ -507,16 +573,16 @@ impl HoardFs {
         view: &View,
         c: u64,
         of: Option<&OpenFile>,
-    ) -> FsResult<Option<Arc<Vec<u8>>>> {
+    ) -> FsResult<Option<Arc<Recycled>>> {
         if view.object.as_ref().is_some_and(|o| o.has_chunk(c)) {
             return Ok(None);
         }
         let key = (node.ino, view.version, c);
         let mem = of.filter(|_| view.object.is_none()).map(|of| &of.mem);
         if let Some(mem) = mem
-            && let Some((_, b)) = mem.lock().iter().find(|(k, _)| *k == key)
+            && let Some(h) = mem.lock().iter().find(|h| h.key == key)
         {
-            return Ok(Some(b.clone()));
+            return Ok(Some(h.bytes.clone()));
         }
         let (flight, leader) = {
             let mut m = self.reads.inflight.lock();
@@ -530,7 +596,9 @@ impl HoardFs {
             }
         };
         let result = if leader {
-            let r = self.fetch_chunk(node, view, c).map(Arc::new);
+            let r = self
+                .fetch_chunk(node, view, c)
+                .map(|d| Arc::new(Recycled::from(d)));
             self.reads.inflight.lock().remove(&key);
             flight.complete(r.clone());
             r
@@ -543,12 +611,16 @@ impl HoardFs {
             // order, so the chunk farthest behind goes first, not the oldest fetched.
             let keep = self.readahead_window(view) as usize + 2;
             let mut mem = mem.lock();
-            if !mem.iter().any(|(k, _)| *k == key) {
-                mem.push_back((key, bytes.clone()));
+            if !mem.iter().any(|h| h.key == key) {
+                mem.push_back(HeldChunk {
+                    key,
+                    bytes: bytes.clone(),
+                    served: 0,
+                });
             }
             while mem.len() > keep {
                 let behind = (0..mem.len())
-                    .min_by_key(|&i| mem[i].0.2)
+                    .min_by_key(|&i| mem[i].key.2)
                     .expect("not empty");
                 mem.remove(behind);
             }
@@ -561,7 +633,7 @@ impl HoardFs {
     fn fetch_chunk(&self, node: &Node, view: &View, c: u64) -> FsResult<Vec<u8>> {
         const PIECE: u64 = 4 << 20;
         let (start, end) = view.chunk_range(c);
-        let mut data = Vec::with_capacity((end - start) as usize);
+        let mut data = Vec::new();
         let mut cacheable = true;
         while (data.len() as u64) < end - start {
             let pos = start + data.len() as u64;
@@ -569,7 +641,13 @@ impl HoardFs {
             let r = self.with_handle(node, |h| self.origin.read(h, pos, len))?;
             cacheable &= r.version == view.version;
             let short = (r.data.len() as u32) < len;
-            data.extend_from_slice(&r.data);
+            if data.is_empty() {
+                // Usually the whole chunk: keep the received buffer rather than copy it.
+                data = r.data;
+                data.reserve_exact((end - start) as usize - data.len());
+            } else {
+                data.extend_from_slice(&r.data);
+            }
             if short {
                 cacheable = false;
                 break;
