@@ -8,8 +8,10 @@
   (empty cache), warm (page cache), hot (remounted on the disk cache, page caches
   dropped, server side warm); local disk and sshfs alongside.
 * scaling (seed 003): N = 1, 4, 16, 64, 256 reader processes, each reading its own files
-  with 4 KiB or 128 KiB read() calls, through four --no-cache clients of one server on
-  loopback; aggregate throughput, server opens per read, CPU seconds per GiB, RSS.
+  over and over for a fixed time with 4 KiB or 128 KiB read() calls, through four
+  --no-cache clients (mounted once) of one server on loopback, and the same readers on
+  the local page cache; aggregate throughput, server opens per read, CPU seconds per GiB
+  (per client thread too), RSS.
 
 Writes JSON and SVG plots into the output directory (default bench/out). Run as root:
 python3 bench/workloads.py. See doc/BENCHMARKS.md.
@@ -239,16 +241,25 @@ def rate_mbit(rate):
 
 READER = r"""
 import os, sys, time
-bs, paths = int(sys.argv[1]), sys.argv[2:]
+bs, secs, drop, paths = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "drop", sys.argv[4:]
 print("ready", flush=True)
 sys.stdin.read(1)  # start signal
 buf, n = bytearray(bs), 0
-for p in paths:
-    fd = os.open(p, os.O_RDONLY)
-    while (k := os.readv(fd, [buf])):
-        n += k
-    os.close(fd)
-print(n, time.monotonic(), flush=True)
+t0 = time.monotonic()
+stop = t0 + secs
+while time.monotonic() < stop:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        while (k := os.readv(fd, [buf])):
+            n += k
+            if time.monotonic() >= stop:
+                break
+        if drop:  # the next pass must reach the server again, not this client's page cache
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        if time.monotonic() >= stop:
+            break
+print(n, t0, time.monotonic(), flush=True)
 sys.stdin.read()  # exit only when all are done: exits would compete with readers
 """
 
@@ -259,28 +270,107 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
+def thread_cpu(pids):
+    """CPU seconds by thread name (digits dropped) over the given processes."""
+    out = {}
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    raw = f.read()
+            except FileNotFoundError:
+                continue
+            name = raw[raw.index("(") + 1: raw.rindex(")")].rstrip("0123456789.-")
+            fields = raw.rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            out[name] = out.get(name, 0) + cpu
+    return out
+
+
+def proc_value(path, key):
+    """The number after `key` in a /proc key-value file (0 if absent)."""
+    with open(path) as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key):
                 return int(line.split()[1])
     return 0
 
 
-def scaling_run(rig, readers, bs, files, clients, profile=False):
-    mnts = [rig.hoard(None, addr=f"127.0.0.1:{LOOP_PORT}",
-                      mnt=os.path.join(WORK, f"mnt-scale{i}")) for i in range(clients)]
+def rss_kib(pid):
+    return proc_value(f"/proc/{pid}/status", "VmRSS:")
+
+
+def disk_read_bytes(pid):
+    """Bytes a process made the kernel fetch from storage (/proc/PID/io read_bytes)."""
+    return proc_value(f"/proc/{pid}/io", "read_bytes:")
+
+
+def resident_fraction(paths):
+    """Share of the files' bytes in the page cache (fincore)."""
+    out = json.loads(sh(["fincore", "--json", "--bytes", "--output", "RES,SIZE", *paths]).stdout)
+    res = sum(int(f["res"]) for f in out["fincore"])
+    size = sum(int(f["size"]) for f in out["fincore"])
+    return res / max(size, 1)
+
+
+def fuse_reads(rig, mnts):
+    return sum(json.loads(sh([rig.args.binary, "stats", m, "--json"]).stdout)
+               ["counters"]["reads"] for m in mnts)
+
+
+def start_readers(readers, bs, secs, dirs, files, drop):
+    """Reader processes, started and waiting for the signal; reader i reads files
+    i, i + readers, ... under dirs[i % len(dirs)]."""
     procs = []
     for i in range(readers):
-        mine = [os.path.join(mnts[i % clients], "scale", f) for f in files[i::readers]]
-        procs.append(subprocess.Popen([sys.executable, "-c", READER, str(bs), *mine],
+        mine = [os.path.join(dirs[i % len(dirs)], f) for f in files[i::readers]]
+        procs.append(subprocess.Popen([sys.executable, "-c", READER, str(bs), str(secs),
+                                       "drop" if drop else "keep", *mine],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE))
     for p in procs:  # every interpreter started and waits for the signal
         if p.stdout.readline() != b"ready\n":
             raise RuntimeError("a reader process failed to start")
+    return procs
+
+
+def finish_readers(procs):
+    """Signals the readers, waits for their results; returns the aggregate rate (all bytes
+    over the span from the first start to the last stop, bytes/s), the bytes and the
+    sorted per-reader rates."""
+    for p in procs:
+        p.stdin.write(b"x")
+        p.stdin.flush()
+    done = [p.stdout.readline().split() for p in procs]
+    for p in procs:
+        p.stdin.close()
+    if any(p.wait() != 0 for p in procs) or any(len(d) != 3 for d in done):
+        raise RuntimeError("a reader process failed")
+    total = sum(int(d[0]) for d in done)
+    span = max(float(d[2]) for d in done) - min(float(d[1]) for d in done)
+    rates = sorted(int(d[0]) / (float(d[2]) - float(d[1])) for d in done)
+    return total / span, total, rates
+
+
+def local_run(rig, readers, bs, files):
+    """The same readers on the server's own directory (page cache): what this machine
+    does with that many reader processes when no file system is in between."""
+    procs = start_readers(readers, bs, rig.args.scale_seconds,
+                          [os.path.join(WORK, "srv", "scale")], files, drop=False)
+    rate, _, _ = finish_readers(procs)
+    return rate / 1e6
+
+
+def scaling_run(rig, mnts, readers, bs, files, profile=False):
+    secs = rig.args.scale_seconds
+    procs = start_readers(readers, bs, secs, [os.path.join(m, "scale") for m in mnts], files,
+                          drop=True)
     cpids = [p.pid for p in (rig.mounts[m] for m in mnts)]
+    resident = resident_fraction([os.path.join(WORK, "srv", "scale", f) for f in files])
+    disk0 = disk_read_bytes(rig.srv_pid)
     srv0, cli0 = cpu_seconds(rig.srv_pid), sum(cpu_seconds(p) for p in cpids)
+    threads0 = thread_cpu(cpids)
     c0 = rig.requests(f"127.0.0.1:{LOOP_PORT}")
+    fuse0 = fuse_reads(rig, mnts)
     perf = None
     if profile:
         data = os.path.join(rig.out_dir, f"perf-scaling-{readers}x{bs // KiB}k.data")
@@ -288,37 +378,39 @@ def scaling_run(rig, readers, bs, files, clients, profile=False):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1)
     t0 = time.monotonic()
-    for p in procs:
-        p.stdin.write(b"x")
-        p.stdin.flush()
-    done = [p.stdout.readline().split() for p in procs]
+    # Every reader reads for the same time (seed 003: "reads a file till it is killed");
+    # the rate is all their bytes over the span they ran in together.
+    rate, total, rates = finish_readers(procs)
+    wall = time.monotonic() - t0
     if perf:
         perf.send_signal(signal.SIGINT)
         perf.wait()
         summarize_profile(data)
     srv_cpu = cpu_seconds(rig.srv_pid) - srv0
+    disk = disk_read_bytes(rig.srv_pid) - disk0
+    threads1 = thread_cpu(cpids)
+    by_thread = {k: round(v - threads0.get(k, 0), 2) for k, v in threads1.items()
+                 if v - threads0.get(k, 0) > 0.005}
     cli_cpu = sum(cpu_seconds(p) for p in cpids) - cli0
     c1 = rig.requests(f"127.0.0.1:{LOOP_PORT}")
-    for p in procs:
-        p.stdin.close()
-    if any(p.wait() != 0 for p in procs) or any(len(d) != 2 for d in done):
-        raise RuntimeError("a reader process failed")
-    total = sum(int(d[0]) for d in done)
-    secs = max(float(d[1]) for d in done) - t0
     client_rss = max(rss_kib(p) for p in cpids)
-    fuse_reads = sum(json.loads(sh([rig.args.binary, "stats", m, "--json"]).stdout)
-                     ["counters"]["reads"] for m in mnts)
-    for m in mnts:
-        rig.unmount(m)
+    n_fuse = fuse_reads(rig, mnts) - fuse0
     gib = total / (1 << 30)
     reads = c1["reads"] - c0["reads"]
     return {"readers": readers, "io_size": bs, "bytes": total, "seconds": secs,
-            "MB/s": total / secs / 1e6, "server reads": reads,
+            "MB/s": rate / 1e6, "server reads": reads,
+            "server reads per MiB read": reads / max(total / MiB, 1),
             "server opens": c1["opens"] - c0["opens"],
-            "FUSE read KiB": total / max(fuse_reads, 1) / KiB,
+            "FUSE read KiB": total / max(n_fuse, 1) / KiB,
             "opens per read": (c1["opens"] - c0["opens"]) / max(reads, 1),
             "server CPU s/GiB": srv_cpu / gib, "client CPU s/GiB": cli_cpu / gib,
-            "server RSS KiB": rss_kib(rig.srv_pid), "client RSS KiB": client_rss}
+            "server RSS KiB": rss_kib(rig.srv_pid), "client RSS KiB": client_rss,
+            "server files resident before": resident,
+            "reader MB/s (min, median, max)": [round(rates[0] / 1e6, 1),
+                                               round(rates[len(rates) // 2] / 1e6, 1),
+                                               round(rates[-1] / 1e6, 1)],
+            "wall seconds": wall,
+            "client CPU s by thread": by_thread, "server disk reads MiB": disk / MiB}
 
 
 def summarize_profile(data):
@@ -341,18 +433,31 @@ def scaling(rig, res):
     files = sorted(os.listdir(os.path.join(WORK, "srv", "scale")))
     warm_server_side(os.path.join(WORK, "srv", "scale"))
     rows = res.setdefault("scaling", [])
+    # The clients stay mounted through every point, as on a client machine (a fresh
+    # process per point would measure its memory warming up, not the server).
+    mnts = [rig.hoard(None, addr=f"127.0.0.1:{LOOP_PORT}",
+                      mnt=os.path.join(WORK, f"mnt-scale{i}")) for i in range(rig.args.clients)]
     for bs in (4 * KiB, 128 * KiB):
         for n in rig.args.readers:
-            r = scaling_run(rig, n, bs, files, rig.args.clients)
+            r = scaling_run(rig, mnts, n, bs, files)
+            r["local MB/s"] = local_run(rig, n, bs, files)
             if rig.args.profile and n == max(rig.args.readers):
                 # A separate, unreported run: perf -a -g slows 256 processes down.
-                scaling_run(rig, n, bs, files, rig.args.clients, profile=True)
-            log(f"scaling: {n:>3} readers x {bs // KiB:>3} KiB: {r['MB/s']:7.0f} MB/s, "
-                f"{r['opens per read']:.4f} opens/read, server {r['server CPU s/GiB']:.2f} "
-                f"CPU-s/GiB, client {r['client CPU s/GiB']:.2f}, "
-                f"server RSS {r['server RSS KiB'] // 1024} MiB, "
-                f"FUSE reads of {r['FUSE read KiB']:.0f} KiB")
+                scaling_run(rig, mnts, n, bs, files, profile=True)
+            log(f"scaling: {n:>3} readers x {bs // KiB:>3} KiB: {r['MB/s']:7.0f} MB/s "
+                f"(local page cache {r['local MB/s']:.0f}) "
+                f"(readers {r['reader MB/s (min, median, max)']}), "
+                f"{r['opens per read']:.4f} opens/read, "
+                f"{r['server reads per MiB read']:.3f} server reads/MiB, "
+                f"server {r['server CPU s/GiB']:.2f} CPU-s/GiB, "
+                f"client {r['client CPU s/GiB']:.2f} {r['client CPU s by thread']}, "
+                f"RSS server {r['server RSS KiB'] // 1024} client "
+                f"{r['client RSS KiB'] // 1024} MiB, FUSE reads of {r['FUSE read KiB']:.0f} KiB, "
+                f"server files {r['server files resident before']:.0%} resident, "
+                f"{r['server disk reads MiB']:.0f} MiB from disk")
             rows.append(r)
+    for m in mnts:
+        rig.unmount(m)
     rig.stop(p)
 
 
@@ -383,6 +488,11 @@ def checks(res):
             best = max(r["MB/s"] for r in rows)
             check(f"{bs // KiB} KiB: {rows[-1]['readers']} readers vs best N",
                   rows[-1]["MB/s"] / best, ">=", 0.9)
+            if all("local MB/s" in r for r in rows):  # context, no target
+                lbest = max(r["local MB/s"] for r in rows)
+                out.append({"check": f"{bs // KiB} KiB: same on local page cache",
+                            "value": rows[-1]["local MB/s"] / lbest, "op": "", "target": 0,
+                            "result": "INFO"})
     return out
 
 
@@ -392,6 +502,9 @@ def plots(res, out_dir):
     if sc:
         series = [(f"{bs // KiB} KiB reads", [(r["readers"], r["MB/s"]) for r in sc
                                               if r["io_size"] == bs]) for bs in (4 * KiB, 128 * KiB)]
+        series += [(f"local page cache, {bs // KiB} KiB",
+                    [(r["readers"], r["local MB/s"]) for r in sc
+                     if r["io_size"] == bs and "local MB/s" in r]) for bs in (4 * KiB, 128 * KiB)]
         svgplot.line_chart(os.path.join(out_dir, "scaling.svg"),
                            "hoardfs server: aggregate read throughput vs parallel readers",
                            "reader processes", "MB/s (all readers)", series, xlog2=True)
@@ -442,15 +555,18 @@ def report(res, chk):
             if k in s:
                 print(f"  {k:<28} {s[k]:8.1f}")
     if res.get("scaling"):
-        print("\nreaders  io   MB/s   opens/read  srv CPU-s/GiB  cli CPU-s/GiB  srv RSS MiB")
+        print("\nreaders  io   MB/s  local MB/s  opens/read  srv CPU-s/GiB  cli CPU-s/GiB  "
+              "srv RSS MiB")
         for r in res["scaling"]:
             print(f"  {r['readers']:>4} {r['io_size'] // KiB:>4}K {r['MB/s']:7.0f} "
+                  f"{r.get('local MB/s', 0):10.0f} "
                   f"{r['opens per read']:10.4f} {r['server CPU s/GiB']:13.2f} "
                   f"{r['client CPU s/GiB']:14.2f} {r['server RSS KiB'] / 1024:11.0f}")
     print(f"\n{'Check':<40} {'value':>8}  target  result")
     for c in chk:
         v = "-" if c["value"] is None else f"{c['value']:.2f}"
-        print(f"{c['check']:<40} {v:>8}  {c['op']}{c['target']:<5} {c['result']}")
+        tgt = f"{c['op']}{c['target']:<5}" if c["op"] else " " * 7
+        print(f"{c['check']:<40} {v:>8}  {tgt} {c['result']}")
 
 
 def main():
@@ -464,6 +580,8 @@ def main():
     ap.add_argument("--clients", type=int, default=4, help="--no-cache mounts for scaling")
     ap.add_argument("--scale-files", type=int, default=256)
     ap.add_argument("--scale-mib", type=int, default=4, help="size of each scaling file")
+    ap.add_argument("--scale-seconds", type=float, default=4.0,
+                    help="how long every reader reads in each scaling point")
     ap.add_argument("--skip-sshfs", action="store_true")
     ap.add_argument("--mount-opt", action="append", metavar="ARG",
                     help="extra argument for every hoardfs mount (repeatable)")
