@@ -447,10 +447,11 @@ impl HoardFs {
         let first = offset >> view.chunk_shift;
         let last = (end - 1) >> view.chunk_shift;
         self.schedule_readahead(&of, &view, offset, end, last);
-        // The common miss (and every `--no-cache` read): one chunk, answered from the
-        // fetched bytes without a copy or a fresh buffer per request.
+        // Without a disk cache a read within one chunk (nearly every read) is answered from
+        // the fetched bytes, without a copy or a fresh buffer per request. With one, hits
+        // are read from the cache file below (one presence check, in `read_chunk_at`).
         if first == last
-            && view.object.as_ref().is_none_or(|o| !o.has_chunk(first))
+            && view.object.is_none()
             && let Some(bytes) = self.ensure_chunk(&of.node, &view, first, Some(&of))?
         {
             let (cs, _) = view.chunk_range(first);
@@ -474,7 +475,9 @@ impl HoardFs {
             let lo = (from - cs) as usize;
             let avail = bytes.len().saturating_sub(lo).min(dst.len());
             dst[..avail].copy_from_slice(&bytes[lo..lo + avail]);
-            served(&of, (of.node.ino, view.version, c), avail);
+            if view.object.is_none() {
+                served(&of, (of.node.ino, view.version, c), avail);
+            }
             if avail < dst.len() {
                 // The file shrank while we read it: end the read there.
                 out.truncate((from - offset) as usize + avail);
