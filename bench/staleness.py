@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from seed000 import force_unmount, is_mounted
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORK = os.path.join(REPO, "bench", "out", "staleness-work")  # on the real disk, never tmpfs
 TARGET_MS = 100.0
@@ -35,18 +37,6 @@ CASES = ("client", "server")
 
 def log(msg):
     print(f"[staleness] {msg}", file=sys.stderr, flush=True)
-
-
-def is_mounted(mnt):
-    with open("/proc/mounts") as f:
-        return any(line.split()[1] == mnt for line in f)
-
-
-def force_unmount(mnt):
-    for cmd in (["umount", mnt], ["umount", "-l", mnt]):
-        if not is_mounted(mnt):
-            return
-        subprocess.run(cmd, capture_output=True)
 
 
 def clean_leftovers():
