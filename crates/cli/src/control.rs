@@ -217,6 +217,7 @@ pub fn stats_json(fs: &HoardFs, info: &MountInfo) -> Value {
             "reads": s.reads, "chunk_hits": s.chunk_hits, "chunk_fetches": s.chunk_fetches,
             "bytes_from_cache": s.bytes_from_cache, "bytes_from_network": s.bytes_from_network,
             "passthrough_opens": s.passthrough_opens, "daemon_opens": s.daemon_opens,
+            "passthrough_registrations": s.passthrough_registrations,
             "version_checks": s.version_checks, "cache_errors": s.cache_errors,
             "uncacheable_fetches": s.uncacheable_fetches, "writes": s.writes,
             "bytes_written": s.bytes_written,

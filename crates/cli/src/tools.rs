@@ -165,8 +165,10 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         human(n("bytes_from_network"))
     );
     println!(
-        "  opens: {} passthrough, {} daemon; {} version-check round trips",
+        "  opens: {} passthrough ({} cache files registered), {} daemon; {} version-check \
+         round trips",
         n("passthrough_opens"),
+        n("passthrough_registrations"),
         n("daemon_opens"),
         n("version_checks")
     );

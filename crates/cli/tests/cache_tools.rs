@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -228,6 +228,67 @@ fn verify_drops_a_corrupted_chunk_and_the_right_bytes_are_served() {
         MIB as u64
     );
     m.unmount();
+}
+
+#[test]
+fn reopening_a_cached_file_reuses_its_passthrough_registration_until_it_changes() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    std::fs::write(exp.join("f"), bytes(1, 3 * MIB)).unwrap();
+    let srv = Server::start(&exp);
+    let m = Mount::with_cache(
+        &srv.addr,
+        &t.path().join("mnt"),
+        &t.path().join("cache"),
+        &[],
+    );
+    let counter = |k: &str| stats(&m)["counters"][k].as_u64().unwrap();
+    // An O_PATH descriptor (no FUSE open) keeps the kernel from forgetting the inode when
+    // tests running beside this one drop every cache: the mount keeps its node and object.
+    let inode_pin = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(m.p("f"))
+        .unwrap();
+    // Each read goes to the file itself, not to the kernel's page cache of an earlier one.
+    let read = |want: &[u8]| {
+        drop_page_cache();
+        assert_bytes_eq("f", &std::fs::read(m.p("f")).unwrap(), want);
+    };
+    read(&bytes(1, 3 * MIB)); // fetched
+    for _ in 0..4 {
+        read(&bytes(1, 3 * MIB));
+    }
+    assert_eq!(counter("passthrough_opens"), 4);
+    assert_eq!(
+        counter("passthrough_registrations"),
+        1,
+        "one per cached object"
+    );
+    // Evicted while registered: the data file is emptied and refilled in place, and the
+    // registration (of that same file) then serves the refetched bytes.
+    let (ok, _, err) = tool(&["cache", "evict", m.p("f").to_str().unwrap()]);
+    assert!(ok, "evict: {err}");
+    read(&bytes(1, 3 * MIB));
+    read(&bytes(1, 3 * MIB));
+    assert_eq!(counter("bytes_from_network"), 6 * MIB as u64);
+    assert_eq!(counter("passthrough_opens"), 5);
+    assert_eq!(counter("passthrough_registrations"), 1);
+    // A new version is a new cache file: registered anew, never the old one's bytes.
+    std::fs::write(exp.join("f"), bytes(2, 2 * MIB)).unwrap();
+    assert_soon("the new version", || {
+        has_content(&m.p("f"), &bytes(2, 2 * MIB))
+    });
+    read(&bytes(2, 2 * MIB));
+    read(&bytes(2, 2 * MIB));
+    assert_eq!(counter("passthrough_registrations"), 2);
+    // Dropping the kernel's inodes too (a forgotten node lets go of its object and
+    // registration) still reads the right bytes.
+    drop(inode_pin);
+    drop_caches();
+    read(&bytes(2, 2 * MIB));
 }
 
 fn walk_files(d: &Path) -> Vec<std::path::PathBuf> {

@@ -60,15 +60,38 @@ pub struct NodeState {
     pub cached_opens: u32,
     /// Opens served by daemon reads in direct-I/O mode.
     pub direct_opens: u32,
-    /// Passthrough opens, and the version and backing they share.
+    /// Passthrough opens (they share `backing`).
     pub passthrough_opens: u32,
-    /// Backing shared by passthrough opens, with the version it holds.
-    pub backing: Option<(u64, Backing)>,
+    /// The kernel's registration of a cache file for passthrough. Kept after the last
+    /// passthrough open closes, while it still belongs to `object`, so that opening a
+    /// cached file again costs no file open and no registration; released with the object.
+    pub backing: Option<HeldBacking>,
     /// Version of the last page-cached open, to decide whether kernel pages can be kept.
     pub last_cached_version: Option<u64>,
 }
 
+/// A passthrough registration and the cached object whose data file it registers.
+pub struct HeldBacking {
+    /// The object (its data file is the one registered: truncating or refilling it in
+    /// place keeps the registration valid, replacing the object does not).
+    pub object: Arc<CachedObject>,
+    /// The registration.
+    pub id: Backing,
+}
+
 impl NodeState {
+    /// Drops the passthrough registration if no open uses it and it is not for `object`
+    /// (called whenever `object` changes or goes away).
+    pub fn drop_stale_backing(&mut self) {
+        let current = match (&self.backing, &self.object) {
+            (Some(b), Some(o)) => Arc::ptr_eq(&b.object, o),
+            _ => false,
+        };
+        if !current && self.passthrough_opens == 0 {
+            self.backing = None;
+        }
+    }
+
     /// Whether any open file refers to this node.
     pub fn is_open(&self) -> bool {
         self.cached_opens + self.direct_opens + self.passthrough_opens > 0
@@ -239,8 +262,10 @@ impl NodeTable {
             if st.lookups > 0 || st.is_open() {
                 return;
             }
-            // Release the cache files' descriptors; the object reopens on the next open.
+            // Release the cache files' descriptors (and the passthrough registration); the
+            // object reopens on the next open.
             st.object = None;
+            st.drop_stale_backing();
         }
         inner.idle.push_back(ino);
         while inner.nodes.len() > MAX_NODES {

@@ -29,7 +29,7 @@ use hoardfs_origin::{FileKind, WireError};
 use hoardfs_proto::buffers::Recycled;
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::nodes::{Backing, Ino, Node};
+use crate::nodes::{Backing, HeldBacking, Ino, Node};
 use crate::stats::Stats;
 use crate::{FsConfig, FsError, FsResult, HoardFs};
 
@@ -250,12 +250,15 @@ pub(crate) fn install_object(st: &mut crate::nodes::NodeState, fresh: &Arc<Cache
         && !Arc::ptr_eq(&old, fresh)
     {
         old.retire();
+        // The old data file is deleted: an idle registration of it must not keep it.
+        st.drop_stale_backing();
     }
 }
 
 impl HoardFs {
     /// Opens `ino`. `make_backing` registers a cache file with the kernel for passthrough
-    /// (called at most once per version while passthrough opens exist). The returned flag
+    /// (called once per cached object: the registration outlives the opens and is
+    /// released when the node lets go of the object). The returned flag
     /// says the file changed since the kernel last saw its attributes.
     pub fn open(
         &self,
@@ -321,20 +324,26 @@ impl HoardFs {
             && st.direct_opens == 0;
         let mut mode = None;
         if passthrough_ok {
+            let object = object.as_ref().expect("complete implies object");
             match &st.backing {
-                Some((v, b)) if *v == attr.version => mode = Some(OpenMode::Passthrough(b.clone())),
-                Some(_) => {}
-                None => {
+                Some(b) if Arc::ptr_eq(&b.object, object) => {
+                    mode = Some(OpenMode::Passthrough(b.id.clone()))
+                }
+                // An older version is still open in passthrough (its opens hold it).
+                Some(_) if st.passthrough_opens > 0 => {}
+                _ => {
                     let backing = object
-                        .as_ref()
-                        .expect("complete implies object")
                         .open_backing()
                         .map_err(FsError::from)
                         .and_then(|f| make_backing(&f).map_err(|e| FsError::Cache(e.to_string())));
                     match backing {
-                        Ok(b) => {
-                            st.backing = Some((attr.version, b.clone()));
-                            mode = Some(OpenMode::Passthrough(b));
+                        Ok(id) => {
+                            Stats::add(&self.stats.passthrough_registrations, 1);
+                            st.backing = Some(HeldBacking {
+                                object: object.clone(),
+                                id: id.clone(),
+                            });
+                            mode = Some(OpenMode::Passthrough(id));
                         }
                         Err(e) => {
                             tracing::warn!("passthrough unavailable, using daemon reads: {e}");
@@ -682,9 +691,8 @@ impl HoardFs {
         match of.mode {
             ModeKind::Passthrough => {
                 st.passthrough_opens -= 1;
-                if st.passthrough_opens == 0 {
-                    st.backing = None;
-                }
+                // Kept for the next open while it is the current object's.
+                st.drop_stale_backing();
             }
             ModeKind::Cached => st.cached_opens -= 1,
             ModeKind::Direct => st.direct_opens -= 1,

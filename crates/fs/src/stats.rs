@@ -11,6 +11,7 @@ pub struct Stats {
     pub(crate) chunk_hits: AtomicU64,
     pub(crate) chunk_fetches: AtomicU64,
     pub(crate) passthrough_opens: AtomicU64,
+    pub(crate) passthrough_registrations: AtomicU64,
     pub(crate) daemon_opens: AtomicU64,
     pub(crate) version_checks: AtomicU64,
     pub(crate) cache_errors: AtomicU64,
@@ -34,6 +35,9 @@ pub struct StatsSnapshot {
     pub chunk_fetches: u64,
     /// Opens handed to the kernel in passthrough mode.
     pub passthrough_opens: u64,
+    /// Cache files registered with the kernel for passthrough (once per cached object,
+    /// reused by its later opens).
+    pub passthrough_registrations: u64,
     /// Opens served by daemon reads.
     pub daemon_opens: u64,
     /// Attribute/version round trips to the origin.
@@ -68,6 +72,7 @@ impl Stats {
             chunk_hits: self.chunk_hits.load(Relaxed),
             chunk_fetches: self.chunk_fetches.load(Relaxed),
             passthrough_opens: self.passthrough_opens.load(Relaxed),
+            passthrough_registrations: self.passthrough_registrations.load(Relaxed),
             daemon_opens: self.daemon_opens.load(Relaxed),
             version_checks: self.version_checks.load(Relaxed),
             cache_errors: self.cache_errors.load(Relaxed),

@@ -79,6 +79,7 @@ impl HoardFs {
                 if let Some(old) = st.object.take() {
                     old.retire();
                 }
+                st.drop_stale_backing();
             }
         }
     }

@@ -225,6 +225,12 @@ pub fn drop_caches() {
     std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches (root)");
 }
 
+/// Drops only the page cache: the kernel keeps its inodes (and so the mount's nodes).
+pub fn drop_page_cache() {
+    let _ = Command::new("sync").status();
+    std::fs::write("/proc/sys/vm/drop_caches", "1").expect("drop caches (root)");
+}
+
 /// A sample tree: big and small files, nested dirs, symlinks.
 pub fn make_tree(root: &Path) -> Vec<String> {
     let mut files = Vec::new();
