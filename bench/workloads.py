@@ -18,6 +18,7 @@ python3 bench/workloads.py. See doc/BENCHMARKS.md.
 """
 import argparse
 import atexit
+import contextlib
 import datetime
 import json
 import os
@@ -209,6 +210,13 @@ def small_files(rig, res):
     os.listdir(d)  # names (one READDIRPLUS) are not part of the read rate
     out["hoardfs first"] = rate(timed(lambda: read_files(d)))
     out["hoardfs warm"] = rate(median_time(lambda: read_files(d), 3))
+    # Diagnostic, no target: the same with this process and the mount daemon on one CPU,
+    # so that no open waits for a wake-up on another (halted) virtual CPU.
+    with one_cpu([os.getpid(), rig.mounts[mnt].pid]):
+        out["hoardfs warm, one CPU"] = rate(median_time(lambda: read_files(d), 3))
+        out["local warm, one CPU"] = rate(median_time(lambda: read_files(local), 3))
+    out["wake-up round trip us (same CPU, other CPU)"] = [wake_round_trip(0, 0),
+                                                          wake_round_trip(0, 1)]
     rig.unmount(mnt)
     drop_caches()
     warm_server_side(srv)
@@ -227,6 +235,50 @@ def small_files(rig, res):
         out["sshfs first"] = rate(timed(lambda: read_files(d)))
         out["sshfs warm"] = rate(median_time(lambda: read_files(d), 3))
         rig.unmount(mnt)
+
+
+@contextlib.contextmanager
+def one_cpu(pids, cpu=0):
+    """Runs every thread of `pids` on `cpu` only, restoring their affinity afterwards."""
+    saved = {}
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            saved[int(tid)] = os.sched_getaffinity(int(tid))
+            os.sched_setaffinity(int(tid), {cpu})
+    try:
+        yield
+    finally:
+        for tid, cpus in saved.items():
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except ProcessLookupError:
+                pass
+
+
+def wake_round_trip(cpu_a, cpu_b, rounds=20000):
+    """Microseconds for one process to wake another through a pipe and be woken back
+    (each pinned to its CPU): the scheduler's wake-up cost every FUSE request pays twice."""
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.sched_setaffinity(0, {cpu_b})
+        for _ in range(rounds):
+            os.read(a_r, 1)
+            os.write(b_w, b"x")
+        os._exit(0)
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu_a})
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        os.write(a_w, b"x")
+        os.read(b_r, 1)
+    dt = time.perf_counter() - t0
+    os.sched_setaffinity(0, saved)
+    os.waitpid(pid, 0)
+    for fd in (a_r, a_w, b_r, b_w):
+        os.close(fd)
+    return round(dt / rounds * 1e6, 1)
 
 
 def rate_mbit(rate):
@@ -285,6 +337,19 @@ def thread_cpu(pids):
             cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
             out[name] = out.get(name, 0) + cpu
     return out
+
+
+def switches(pids):
+    """Context switches (voluntary, involuntary) of all threads of the given processes."""
+    vol = invol = 0
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                vol += proc_value(f"/proc/{pid}/task/{tid}/status", "voluntary_ctxt_switches:")
+                invol += proc_value(f"/proc/{pid}/task/{tid}/status", "nonvoluntary_ctxt_switches:")
+            except FileNotFoundError:
+                continue
+    return vol, invol
 
 
 def proc_value(path, key):
@@ -369,6 +434,7 @@ def scaling_run(rig, mnts, readers, bs, files, profile=False):
     disk0 = disk_read_bytes(rig.srv_pid)
     srv0, cli0 = cpu_seconds(rig.srv_pid), sum(cpu_seconds(p) for p in cpids)
     threads0 = thread_cpu(cpids)
+    sw0, ctxt0 = switches(cpids), proc_value("/proc/stat", "ctxt")
     c0 = rig.requests(f"127.0.0.1:{LOOP_PORT}")
     fuse0 = fuse_reads(rig, mnts)
     perf = None
@@ -389,6 +455,7 @@ def scaling_run(rig, mnts, readers, bs, files, profile=False):
     srv_cpu = cpu_seconds(rig.srv_pid) - srv0
     disk = disk_read_bytes(rig.srv_pid) - disk0
     threads1 = thread_cpu(cpids)
+    sw1, ctxt1 = switches(cpids), proc_value("/proc/stat", "ctxt")
     by_thread = {k: round(v - threads0.get(k, 0), 2) for k, v in threads1.items()
                  if v - threads0.get(k, 0) > 0.005}
     cli_cpu = sum(cpu_seconds(p) for p in cpids) - cli0
@@ -410,7 +477,11 @@ def scaling_run(rig, mnts, readers, bs, files, profile=False):
                                                round(rates[len(rates) // 2] / 1e6, 1),
                                                round(rates[-1] / 1e6, 1)],
             "wall seconds": wall,
-            "client CPU s by thread": by_thread, "server disk reads MiB": disk / MiB}
+            "client CPU s by thread": by_thread,
+            "context switches per MiB (system, client voluntary, client involuntary)": [
+                round((ctxt1 - ctxt0) / max(total / MiB, 1), 1),
+                round((sw1[0] - sw0[0]) / max(total / MiB, 1), 1),
+                round((sw1[1] - sw0[1]) / max(total / MiB, 1), 1)], "server disk reads MiB": disk / MiB}
 
 
 def summarize_profile(data):
@@ -482,6 +553,10 @@ def checks(res):
         check("small files warm vs local warm", s["hoardfs warm"] / s["local warm"], ">=", 0.5)
         check("small files hot vs local cold", s["hoardfs hot"] / s["local cold"], ">=", 0.5)
         check("small files first read vs link", s["hoardfs first"] / s["link MB/s"], ">=", 0.5)
+        if "hoardfs warm, one CPU" in s:  # context, no target
+            out.append({"check": "small files warm vs local warm, one CPU",
+                        "value": s["hoardfs warm, one CPU"] / s["local warm, one CPU"],
+                        "op": "", "target": 0, "result": "INFO"})
     for bs in (4 * KiB, 128 * KiB):
         rows = [r for r in res.get("scaling", []) if r["io_size"] == bs]
         if rows and rows[-1]["readers"] == max(r["readers"] for r in rows):
@@ -551,9 +626,13 @@ def report(res, chk):
     if s:
         print(f"\nsmall files ({s['files']} files, {s['bytes'] / MiB:.0f} MiB)   MB/s")
         for k in ("local cold", "local warm", "hoardfs first", "hoardfs warm", "hoardfs hot",
-                  "hoardfs hot warm", "sshfs first", "sshfs warm", "link MB/s"):
+                  "hoardfs hot warm", "sshfs first", "sshfs warm", "link MB/s",
+                  "local warm, one CPU", "hoardfs warm, one CPU"):
             if k in s:
                 print(f"  {k:<28} {s[k]:8.1f}")
+        k = "wake-up round trip us (same CPU, other CPU)"
+        if k in s:
+            print(f"  {k}: {s[k][0]} / {s[k][1]}")
     if res.get("scaling"):
         print("\nreaders  io   MB/s  local MB/s  opens/read  srv CPU-s/GiB  cli CPU-s/GiB  "
               "srv RSS MiB")
