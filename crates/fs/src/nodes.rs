@@ -54,7 +54,8 @@ pub struct NodeState {
     pub listing: Option<Arc<Listing>>,
     /// Names seen in this directory (from lookups and listings), for offline lookups.
     pub children: HashMap<Vec<u8>, Ino>,
-    /// The cached object for the current version (regular files, cache enabled).
+    /// The cached object for the current version (regular files, cache enabled). Changed
+    /// only through [`NodeState::set_object`], which keeps `backing` consistent with it.
     pub object: Option<Arc<CachedObject>>,
     /// Opens served by daemon reads with the page cache.
     pub cached_opens: u32,
@@ -80,8 +81,16 @@ pub struct HeldBacking {
 }
 
 impl NodeState {
-    /// Drops the passthrough registration if no open uses it and it is not for `object`
-    /// (called whenever `object` changes or goes away).
+    /// Replaces the cached object and returns the previous one. An idle passthrough
+    /// registration of another object goes with it: that object's data file may be
+    /// deleted, and the registration must not keep it alive or be reused.
+    pub fn set_object(&mut self, object: Option<Arc<CachedObject>>) -> Option<Arc<CachedObject>> {
+        let old = std::mem::replace(&mut self.object, object);
+        self.drop_stale_backing();
+        old
+    }
+
+    /// Drops the passthrough registration if no open uses it and it is not for `object`.
     pub fn drop_stale_backing(&mut self) {
         let current = match (&self.backing, &self.object) {
             (Some(b), Some(o)) => Arc::ptr_eq(&b.object, o),
@@ -264,8 +273,7 @@ impl NodeTable {
             }
             // Release the cache files' descriptors (and the passthrough registration); the
             // object reopens on the next open.
-            st.object = None;
-            st.drop_stale_backing();
+            st.set_object(None);
         }
         inner.idle.push_back(ino);
         while inner.nodes.len() > MAX_NODES {

@@ -246,12 +246,10 @@ fn served(of: &OpenFile, key: ChunkKey, n: usize) {
 /// Makes `fresh` the node's cached object, retiring the one it replaces (whose writes are
 /// then ignored, so they can never touch the newer record).
 pub(crate) fn install_object(st: &mut crate::nodes::NodeState, fresh: &Arc<CachedObject>) {
-    if let Some(old) = st.object.replace(fresh.clone())
+    if let Some(old) = st.set_object(Some(fresh.clone()))
         && !Arc::ptr_eq(&old, fresh)
     {
         old.retire();
-        // The old data file is deleted: an idle registration of it must not keep it.
-        st.drop_stale_backing();
     }
 }
 

@@ -76,10 +76,9 @@ impl HoardFs {
             Err(e) => {
                 tracing::warn!("cannot cache file {:#x}: {e}", w.attr.file_id);
                 Stats::add(&self.stats.cache_errors, 1);
-                if let Some(old) = st.object.take() {
+                if let Some(old) = st.set_object(None) {
                     old.retire();
                 }
-                st.drop_stale_backing();
             }
         }
     }
