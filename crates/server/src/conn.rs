@@ -327,8 +327,13 @@ async fn read_frame<R: AsyncRead + Unpin>(
     let h = FrameHeader::parse(&hdr, limits)?;
     let mut body = vec![0u8; h.body_len as usize];
     r.read_exact(&mut body).await?;
-    let mut data = vec![0u8; h.data_len as usize];
-    r.read_exact(&mut data).await?;
+    // Write data comes from the buffer pool (and goes back after the write): no fresh,
+    // zeroed allocation of up to a megabyte per request.
+    let len = h.data_len as usize;
+    let mut data = buffers::take(len);
+    if (&mut *r).take(len as u64).read_to_end(&mut data).await? < len {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+    }
     Ok(Some((body, data)))
 }
 

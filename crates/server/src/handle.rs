@@ -60,7 +60,6 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Vec<Outgoing> {
         Ok(r) => files_in(r),
         Err(_) => Vec::new(),
     };
-    let reply = Outgoing::new(id, result.clone(), out_data);
     let raced = shared.callbacks.register(conn, &files, seq_before);
     if raced && let Ok(r) = &result {
         // Something changed while this reply was computed: it may be out of date, and the
@@ -91,7 +90,9 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Vec<Outgoing> {
         }
         shared.callbacks.send_to(conn, breaks);
     }
-    vec![reply]
+    // Built last so the reply (a directory page can hold thousands of entries) is moved,
+    // not copied.
+    vec![Outgoing::new(id, result, out_data)]
 }
 
 /// File ids a reply tells the client about (each gets a callback).
@@ -214,6 +215,7 @@ fn run(
             append,
         } => {
             let r = origin.write(handle, offset, &data, append);
+            hoardfs_proto::buffers::give(data);
             let reply = r.map(|w| Reply::Written {
                 len: w.written,
                 offset: w.offset,
