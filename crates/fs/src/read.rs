@@ -425,6 +425,10 @@ impl HoardFs {
             Err(e) => {
                 tracing::warn!("cannot cache file {file_id:#x}: {e}");
                 Stats::add(&self.stats.cache_errors, 1);
+                // The node's object (if any) is of another version: reads must not use it.
+                if let Some(old) = st.set_object(None) {
+                    old.retire();
+                }
                 return None;
             }
         };
