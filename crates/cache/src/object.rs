@@ -73,9 +73,6 @@ impl CachedObject {
         verify: bool,
     ) -> Result<CachedObject, CacheError> {
         let (data_path, meta_path) = crate::object_paths(&store.root, &key);
-        if let Some(dir) = data_path.parent() {
-            fs::create_dir_all(dir).map_err(io_at(dir))?;
-        }
         if let Some(obj) = Self::load(store, &data_path, &meta_path, key) {
             let st = obj.state.lock();
             let matches = st.meta.version == version && st.meta.size == size;
@@ -88,7 +85,11 @@ impl CachedObject {
             }
         }
         // Start over: empty record first, then a fresh data file (old one unlinked, so any
-        // passthrough reader still holding it keeps reading consistent old bytes).
+        // passthrough reader still holding it keeps reading consistent old bytes). The
+        // directory is created only here: loading an existing object needs no syscall for it.
+        if let Some(dir) = data_path.parent() {
+            fs::create_dir_all(dir).map_err(io_at(dir))?;
+        }
         let meta = ObjectMeta::empty(key, version, size);
         let tmp = meta_path.with_extension("meta.tmp");
         fs::write(&tmp, meta.encode()).map_err(io_at(&tmp))?;
