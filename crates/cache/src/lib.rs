@@ -16,7 +16,8 @@
 //!
 //! Module map: `store` (index, eviction, reservations, lock order), `policy` (S3-FIFO),
 //! `quota` (limits and free-space thresholds), `object` (one object's files), `write`
-//! (writes through this client), `recover` (orphan adoption and the scrub).
+//! (writes through this client), `recover` (orphan adoption and the scrub), `warm`
+//! (reading records ahead of the opens that need them).
 
 pub mod index;
 pub mod meta;
@@ -26,6 +27,7 @@ pub mod quota;
 pub mod ranges;
 mod recover;
 mod store;
+mod warm;
 mod write;
 
 use std::fs::{self, File, OpenOptions};
@@ -269,6 +271,13 @@ impl CacheDir {
         let (_, meta) = self.object_paths(key);
         let m = ObjectMeta::decode(&fs::read(meta).ok()?).ok()?;
         (m.key == *key).then_some(m)
+    }
+
+    /// Reads the records of those of `keys` that are cached (and not in memory) into the
+    /// page cache in the background, in the order given, so that opening them soon after
+    /// does not wait for the disk. Best effort: returns how many were queued.
+    pub fn warm(&self, keys: impl IntoIterator<Item = ObjectKey>) -> usize {
+        self.store.warm(keys)
     }
 
     /// Occupancy, limits and counters.

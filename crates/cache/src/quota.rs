@@ -188,6 +188,8 @@ pub struct Usage {
     pub refused_bytes: u64,
     /// Objects found on disk but missing from the index, adopted after an unclean stop.
     pub orphans_adopted: u64,
+    /// Records read ahead into the page cache because their files were listed.
+    pub records_warmed: u64,
     /// The previous client did not shut down in order (objects are verified on first use).
     pub recovered: bool,
 }

@@ -22,6 +22,7 @@ use crate::meta::ObjectKey;
 use crate::object::CachedObject;
 use crate::policy::{Policy, Tracked};
 use crate::quota::{Counters, Limits, SpaceProbe, Usage, cull_target, shortfall};
+use crate::warm::Warmer;
 use crate::{CacheError, EntryInfo, object_paths};
 
 const SHARDS: usize = 64;
@@ -79,6 +80,8 @@ pub(crate) struct Store {
     pub(crate) adopted: AtomicBool,
     /// Wakes the culler early (a reservation saw the free space fall below `cull`).
     cull_wake: Arc<(Mutex<bool>, Condvar)>,
+    /// Reads records of objects about to be opened into the page cache.
+    warmer: Warmer,
 }
 
 impl std::fmt::Debug for Store {
@@ -143,6 +146,7 @@ impl Store {
             closed: AtomicBool::new(false),
             adopted: AtomicBool::new(clean),
             cull_wake: Arc::new((Mutex::new(false), Condvar::new())),
+            warmer: Warmer::default(),
         }))
     }
 
@@ -418,7 +422,26 @@ impl Store {
         u.refused_chunks = get(&c.refused_chunks);
         u.refused_bytes = get(&c.refused_bytes);
         u.orphans_adopted = get(&c.orphans_adopted);
+        u.records_warmed = get(&self.warmer.warmed);
         u
+    }
+
+    /// Queues the records of those of `keys` that are cached but not in memory for
+    /// warming (see [`crate::warm`]); returns how many were queued.
+    pub(crate) fn warm(&self, keys: impl IntoIterator<Item = ObjectKey>) -> usize {
+        let cold: Vec<ObjectKey> = {
+            let q = self.quota.lock();
+            // `strong_count`, not `upgrade`: no object may be dropped under this lock.
+            keys.into_iter()
+                .filter(|k| {
+                    q.policy.get(k).is_some() && q.live.get(k).is_none_or(|w| w.strong_count() == 0)
+                })
+                .collect()
+        };
+        if cold.is_empty() || self.closed.load(Ordering::Relaxed) {
+            return 0;
+        }
+        self.warmer.warm(&self.root, cold)
     }
 
     /// Every tracked object.

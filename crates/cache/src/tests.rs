@@ -180,3 +180,29 @@ fn writes_after_a_foreign_change_are_refused() {
     p.write_chunk(0, &fresh, 2).unwrap();
     assert!(p.has_chunk(0));
 }
+
+#[test]
+fn warming_reads_only_records_of_cached_objects_not_in_memory() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let c = CacheDir::open(d.path()).unwrap();
+        for id in 1..=3 {
+            let o = c.object(key(id), 5, MIB).unwrap();
+            o.write_chunk(0, &chunk(id, MIB), 5).unwrap();
+        }
+    }
+    let c = CacheDir::open(d.path()).unwrap();
+    let loaded = c.object(key(3), 5, MIB).unwrap();
+    // 4 was never cached, 3 is in memory already: only 1 and 2 are read from disk.
+    assert_eq!(c.warm([key(1), key(4), key(2), key(3)]), 2);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while c.usage().records_warmed < 2 {
+        assert!(std::time::Instant::now() < deadline, "records not warmed");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // Warming loads nothing: the objects open (and check their records) as before.
+    assert!(c.object(key(1), 5, MIB).unwrap().is_complete());
+    assert!(loaded.is_complete());
+    drop(loaded);
+    assert_eq!(c.warm([key(3)]), 1, "no longer in memory");
+}

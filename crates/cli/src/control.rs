@@ -203,6 +203,7 @@ pub fn usage_json(u: &Usage) -> Value {
         "checksum_failures": u.checksum_failures, "chunks_verified": u.chunks_verified,
         "refused_chunks": u.refused_chunks, "refused_bytes": u.refused_bytes,
         "orphans_adopted": u.orphans_adopted, "recovered_from_crash": u.recovered,
+        "records_warmed": u.records_warmed,
     })
 }
 

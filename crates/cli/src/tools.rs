@@ -280,6 +280,10 @@ pub fn print_usage(u: &Value) {
             ""
         }
     );
+    println!(
+        "  records read ahead of opens (listed files): {}",
+        n("records_warmed")
+    );
 }
 
 /// `hoardfs cache ...`.

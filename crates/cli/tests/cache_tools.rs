@@ -291,6 +291,46 @@ fn reopening_a_cached_file_reuses_its_passthrough_registration_until_it_changes(
     read(&bytes(2, 2 * MIB));
 }
 
+#[test]
+fn listing_a_directory_after_a_remount_reads_its_cached_records_ahead() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(exp.join("d/sub")).unwrap();
+    for i in 0..5u64 {
+        std::fs::write(exp.join(format!("d/f{i}")), bytes(i, 100_000)).unwrap();
+    }
+    let srv = Server::start(&exp);
+    let (mnt, cache) = (t.path().join("mnt"), t.path().join("cache"));
+    let m = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
+    for i in 0..3u64 {
+        std::fs::read(m.p(&format!("d/f{i}"))).unwrap();
+    }
+    m.unmount();
+    let m = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
+    let warmed = || stats(&m)["cache"]["records_warmed"].as_u64().unwrap();
+    assert_eq!(warmed(), 0);
+    assert_eq!(std::fs::read_dir(m.p("d")).unwrap().count(), 6);
+    // The three cached files, not the two never read nor the directory.
+    assert_soon("three records warmed", || match warmed() {
+        3 => Ok(()),
+        n => Err(format!("{n} warmed")),
+    });
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(warmed(), 3);
+    for i in 0..5u64 {
+        let got = std::fs::read(m.p(&format!("d/f{i}"))).unwrap();
+        assert_bytes_eq(&format!("d/f{i}"), &got, &bytes(i, 100_000));
+    }
+    assert_eq!(
+        stats(&m)["counters"]["bytes_from_network"]
+            .as_u64()
+            .unwrap(),
+        200_000,
+        "only the two files never read before"
+    );
+}
+
 fn walk_files(d: &Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(d).into_iter().flatten().flatten() {

@@ -22,7 +22,7 @@ mod write;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use hoardfs_cache::CacheDir;
+use hoardfs_cache::{CacheDir, ObjectKey};
 use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, StatFs, WireError};
 
 pub use callbacks::KernelNotifier;
@@ -35,6 +35,10 @@ pub use stats::{Stats, StatsSnapshot};
 
 use callbacks::BreakLog;
 use nodes::{NodeState, NodeTable};
+
+/// Files of one listing whose cached records are read ahead at most (the first ones by
+/// name; the disk cache's queue bounds it further).
+pub const WARM_PER_LISTING: usize = 1024;
 
 /// Tunables of a mount.
 #[derive(Debug, Clone)]
@@ -326,8 +330,34 @@ impl HoardFs {
         }
     }
 
-    /// The full listing of directory `ino` (reused within the directory TTL).
+    /// The full listing of directory `ino` (reused within the directory TTL). The disk
+    /// cache reads the records of the listed files it holds ahead of their opens.
     pub fn listing(&self, ino: Ino) -> FsResult<Arc<Listing>> {
+        let listing = self.current_listing(ino)?;
+        self.warm_listed(&listing);
+        Ok(listing)
+    }
+
+    /// Has the disk cache read ahead the records of the listed files it holds, in name
+    /// order (the order most programs open a directory's files in), at most
+    /// [`WARM_PER_LISTING`] of them.
+    fn warm_listed(&self, listing: &Listing) {
+        let Some(cache) = &self.cache else {
+            return;
+        };
+        let mut files: Vec<&DirEntry> = listing
+            .entries
+            .iter()
+            .filter(|e| e.entry.attr.kind == FileKind::File)
+            .collect();
+        files.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        cache.warm(files.iter().take(WARM_PER_LISTING).map(|e| ObjectKey {
+            export_id: self.export_id,
+            file_id: e.entry.attr.file_id,
+        }));
+    }
+
+    fn current_listing(&self, ino: Ino) -> FsResult<Arc<Listing>> {
         let node = self.node(ino)?;
         if node.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
