@@ -90,9 +90,15 @@ pub struct MountArgs {
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9477).
     #[arg(long)]
     pub metrics_listen: Option<String>,
+    /// Kernel readahead for reads the daemon serves (misses, partly cached files,
+    /// `--no-cache`), in KiB: sequential reads reach the daemon as requests of up to this
+    /// size (at most 1024, the largest FUSE request). The kernel's default is 128. Needs
+    /// root (it is the mount's `read_ahead_kb` in /sys/class/bdi); 0 leaves it alone.
+    #[arg(long, default_value_t = 1024)]
+    pub readahead_kb: u32,
     /// Mount options, `-o key[=value],...`: cache_dir=, token_file=, no_cache, daemon,
     /// attr_timeout=, callback_timeout=, timeout=, no_passthrough, xattrs, allow_other,
-    /// ro, cache_size=, hoard_file=.
+    /// ro, cache_size=, hoard_file=, readahead_kb=.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
 }
@@ -131,6 +137,11 @@ impl MountArgs {
                 "allow_other" => a.allow_other = true,
                 "cache_size" => a.cache_size = Some(parse_size(need()?)?),
                 "hoard_file" => a.hoard_file = Some(need()?.into()),
+                "readahead_kb" => {
+                    a.readahead_kb = need()?
+                        .parse()
+                        .map_err(|_| format!("mount option {k}: not a number"))?
+                }
                 "rw" | "defaults" | "nodev" | "nosuid" | "noatime" => {}
                 _ => {
                     return Err(format!(
@@ -145,6 +156,9 @@ impl MountArgs {
             || !valid(a.timeout, 0.001)
         {
             return Err("timeouts must be positive numbers of seconds".into());
+        }
+        if a.readahead_kb > 1024 {
+            return Err("--readahead-kb is at most 1024 (the largest FUSE request)".into());
         }
         if a.cache_dir.is_none() && !a.no_cache {
             return Err("--cache-dir DIR is required (or --no-cache to read through)".into());
@@ -348,6 +362,9 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     let mut session = fuser::Session::new(bridge, &a.mountpoint, &cfg)
         .map_err(|e| format!("cannot mount on {}: {e}", a.mountpoint.display()))?;
     let _ = notifier.set(session.notifier());
+    if a.readahead_kb > 0 {
+        set_readahead(&info.mountpoint, a.readahead_kb);
+    }
     fs.set_notifier(Arc::new(hoardfs_fuse::FuseNotifier(session.notifier())));
     if let Some(addr) = &a.metrics_listen {
         crate::metrics::start(addr, fs.clone(), info.clone())?;
@@ -390,6 +407,53 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Sets the kernel readahead of the FUSE mount on `mountpoint` (its backing device info,
+/// found through /proc/self/mountinfo: a `stat` of the mount point would be a request to
+/// this very daemon, which is not serving yet). Best effort: a failure is logged.
+fn set_readahead(mountpoint: &Path, kb: u32) {
+    let result = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))
+        .and_then(|info| {
+            fuse_device_of(&info, mountpoint)
+                .ok_or_else(|| "the mount is not in /proc/self/mountinfo".to_string())
+        })
+        .and_then(|dev| {
+            let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+            std::fs::write(&path, kb.to_string()).map_err(|e| format!("{path}: {e}"))
+        });
+    match result {
+        Ok(()) => tracing::debug!(
+            "kernel readahead of {} set to {kb} KiB",
+            mountpoint.display()
+        ),
+        Err(e) => tracing::warn!(
+            "cannot set the kernel readahead to {kb} KiB ({e}); daemon reads stay at the \
+             kernel's default size"
+        ),
+    }
+}
+
+/// The `MAJOR:MINOR` device of the FUSE file system mounted last on `mountpoint`, from the
+/// text of /proc/self/mountinfo.
+fn fuse_device_of(mountinfo: &str, mountpoint: &Path) -> Option<String> {
+    // Mount points are escaped there: space, tab, newline and backslash as octal.
+    let mut want = String::new();
+    for ch in mountpoint.to_string_lossy().chars() {
+        match ch {
+            ' ' | '\t' | '\n' | '\\' => want.push_str(&format!("\\{:03o}", ch as u32)),
+            c => want.push(c),
+        }
+    }
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (mount, fs) = line.split_once(" - ")?;
+            let f: Vec<&str> = mount.split(' ').collect();
+            (f.len() >= 5 && f[4] == want && fs.starts_with("fuse")).then(|| f[2].to_string())
+        })
+        .next_back()
+}
+
 fn redirect_stdio_to_null() {
     // SAFETY: opening /dev/null and dup2 onto stdin/stdout are async-signal-safe plain calls.
     unsafe {
@@ -399,5 +463,32 @@ fn redirect_stdio_to_null() {
             libc::dup2(fd, 1);
             libc::close(fd);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_last_fuse_mount_on_an_escaped_mount_point() {
+        let info = "\
+22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+90 22 0:51 / /mnt/my\\040data rw,nosuid - fuse.hoardfs hoardfs:a rw,user_id=0
+91 22 0:52 / /mnt/my\\040data/x rw,nosuid - fuse.hoardfs hoardfs:b rw,user_id=0
+92 90 0:53 / /mnt/my\\040data rw,nosuid - fuse.hoardfs hoardfs:c rw,user_id=0
+93 22 8:2 / /mnt/disk rw - ext4 /dev/sda2 rw
+";
+        assert_eq!(
+            fuse_device_of(info, Path::new("/mnt/my data")).as_deref(),
+            Some("0:53"),
+            "the last mount stacked on the path"
+        );
+        assert_eq!(
+            fuse_device_of(info, Path::new("/mnt/disk")),
+            None,
+            "not FUSE"
+        );
+        assert_eq!(fuse_device_of(info, Path::new("/mnt/other")), None);
     }
 }

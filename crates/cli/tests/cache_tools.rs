@@ -7,29 +7,11 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
 
 const MIB: usize = 1 << 20;
-
-/// Runs `hoardfs ARGS`; returns (success, stdout, stderr).
-fn tool(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(bin()).args(args).output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// `hoardfs stats --json` of a mount.
-fn stats(m: &Mount) -> serde_json::Value {
-    let (ok, out, err) = tool(&["stats", m.path.to_str().unwrap(), "--json"]);
-    assert!(ok, "stats failed: {err}");
-    serde_json::from_str(&out).unwrap()
-}
 
 /// Allocated bytes of the cache's objects on disk.
 fn du(dir: &Path) -> u64 {

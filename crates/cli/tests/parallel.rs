@@ -74,3 +74,32 @@ fn one_sequential_reader_without_a_cache_fetches_each_byte_once() {
         "{fetched} bytes fetched for {SIZE} bytes read"
     );
 }
+
+#[test]
+fn sequential_small_reads_reach_the_daemon_as_large_requests() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    const SIZE: usize = 16 << 20;
+    std::fs::write(exp.join("f"), bytes(8, SIZE)).unwrap();
+    let srv = Server::start(&exp);
+    let m = Mount::start(&srv.addr, &t.path().join("mnt"), &["--no-cache"]).unwrap();
+    let reads = || stats(&m)["counters"]["reads"].as_u64().unwrap();
+    let before = reads();
+    use std::io::Read;
+    let mut f = std::fs::File::open(m.p("f")).unwrap();
+    let (mut got, mut buf) = (Vec::with_capacity(SIZE), vec![0u8; 4096]);
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_bytes_eq("f", &got, &bytes(8, SIZE));
+    // The mount raised the kernel's readahead (128 KiB by default: 131 requests here) to
+    // 1 MiB, so 4 KiB reads arrive as requests of up to 1 MiB.
+    let n = reads() - before;
+    assert!(n <= 40, "{n} FUSE reads for 16 MiB");
+}

@@ -26,7 +26,7 @@ use std::sync::{Arc, Weak};
 
 use hoardfs_cache::{CachedObject, ObjectKey, OpenHold, meta::chunk_shift_for};
 use hoardfs_origin::{FileKind, WireError};
-use hoardfs_proto::buffers::Recycled;
+use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::nodes::{Backing, HeldBacking, Ino, Node};
@@ -35,7 +35,7 @@ use crate::{FsConfig, FsError, FsResult, HoardFs};
 
 /// Memory all opens of a `--no-cache` mount may hold in fetched chunks, readahead
 /// included (each open keeps at least two chunks, so with many opens it is exceeded).
-pub const NO_CACHE_BUDGET: u64 = 256 << 20;
+pub const NO_CACHE_BUDGET: u64 = 64 << 20;
 
 /// Kernel-visible file handle number.
 pub type FileHandle = u64;
@@ -52,8 +52,8 @@ pub enum ReadData {
         /// Where it ends.
         end: usize,
     },
-    /// A buffer of its own.
-    Owned(Vec<u8>),
+    /// A buffer of its own (back to the buffer pool when dropped).
+    Owned(Recycled),
 }
 
 impl std::ops::Deref for ReadData {
@@ -452,7 +452,7 @@ impl HoardFs {
         Stats::add(&self.stats.reads, 1);
         let view = View::of(&of.node);
         if offset >= view.size || size == 0 {
-            return Ok(ReadData::Owned(Vec::new()));
+            return Ok(ReadData::Owned(Recycled::default()));
         }
         let end = (offset + size as u64).min(view.size);
         let first = offset >> view.chunk_shift;
@@ -475,27 +475,32 @@ impl HoardFs {
                 end: stop,
             });
         }
-        let mut out = vec![0u8; (end - offset) as usize];
+        // A pooled buffer (no freshly faulted pages per read): fetched bytes are appended,
+        // cache-file reads go into zeroed room.
+        let mut out = buffers::take((end - offset) as usize);
         for c in first..=last {
             let (cs, ce) = view.chunk_range(c);
             let (from, to) = (offset.max(cs), end.min(ce));
-            let dst = &mut out[(from - offset) as usize..(to - offset) as usize];
-            let Some(bytes) = self.cached_or_fetched(&of, &view, c, dst, from)? else {
+            let (at, want) = (out.len(), (to - from) as usize);
+            if view.object.is_some() {
+                out.resize(at + want, 0);
+            }
+            let Some(bytes) = self.cached_or_fetched(&of, &view, c, &mut out[at..], from)? else {
                 continue;
             };
             let lo = (from - cs) as usize;
-            let avail = bytes.len().saturating_sub(lo).min(dst.len());
-            dst[..avail].copy_from_slice(&bytes[lo..lo + avail]);
+            let avail = bytes.len().saturating_sub(lo).min(want);
+            out.truncate(at);
+            out.extend_from_slice(&bytes[lo..lo + avail]);
             if view.object.is_none() {
                 served(&of, (of.node.ino, view.version, c), avail);
             }
-            if avail < dst.len() {
+            if avail < want {
                 // The file shrank while we read it: end the read there.
-                out.truncate((from - offset) as usize + avail);
                 break;
             }
         }
-        Ok(ReadData::Owned(out))
+        Ok(ReadData::Owned(Recycled::from(out)))
     }
 
     /// Fills `dst` (chunk `c`'s bytes from offset `from`) from the disk cache and returns
@@ -621,7 +626,7 @@ impl HoardFs {
         };
         if let (Ok(bytes), Some(mem)) = (&result, mem) {
             // The chunks being read plus the readahead window (not the whole share of the
-            // budget: a lone reader would otherwise hold 256 MiB). Fetches complete out of
+            // budget: a lone reader would otherwise hold 64 MiB). Fetches complete out of
             // order, so the chunk farthest behind goes first, not the oldest fetched.
             let keep = self.readahead_window(view) as usize + 2;
             let mut mem = mem.lock();

@@ -551,3 +551,23 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg("-l").arg(&self.path).status();
     }
 }
+
+/// Runs `hoardfs ARGS`; returns (success, stdout, stderr).
+pub fn tool(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(bin())
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `hoardfs stats --json` of a mount.
+pub fn stats(m: &Mount) -> serde_json::Value {
+    let (ok, out, err) = tool(&["stats", m.path.to_str().unwrap(), "--json"]);
+    assert!(ok, "stats failed: {err}");
+    serde_json::from_str(&out).unwrap()
+}
