@@ -297,7 +297,7 @@ bs, secs, drop, paths = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "dr
 print("ready", flush=True)
 sys.stdin.read(1)  # start signal
 buf, n = bytearray(bs), 0
-t0 = time.monotonic()
+t0, c0 = time.monotonic(), time.process_time()
 stop = t0 + secs
 while time.monotonic() < stop:
     for p in paths:
@@ -311,7 +311,8 @@ while time.monotonic() < stop:
         os.close(fd)
         if time.monotonic() >= stop:
             break
-print(n, t0, time.monotonic(), flush=True)
+t1 = time.monotonic()
+print(n, t0, t1, time.process_time() - c0, flush=True)
 sys.stdin.read()  # exit only when all are done: exits would compete with readers
 """
 
@@ -400,20 +401,20 @@ def start_readers(readers, bs, secs, dirs, files, drop):
 
 def finish_readers(procs):
     """Signals the readers, waits for their results; returns the aggregate rate (all bytes
-    over the span from the first start to the last stop, bytes/s), the bytes and the
-    sorted per-reader rates."""
+    over the span from the first start to the last stop, bytes/s), the bytes, the
+    sorted per-reader rates and the CPU seconds the readers used while reading."""
     for p in procs:
         p.stdin.write(b"x")
         p.stdin.flush()
     done = [p.stdout.readline().split() for p in procs]
     for p in procs:
         p.stdin.close()
-    if any(p.wait() != 0 for p in procs) or any(len(d) != 3 for d in done):
+    if any(p.wait() != 0 for p in procs) or any(len(d) != 4 for d in done):
         raise RuntimeError("a reader process failed")
     total = sum(int(d[0]) for d in done)
     span = max(float(d[2]) for d in done) - min(float(d[1]) for d in done)
     rates = sorted(int(d[0]) / (float(d[2]) - float(d[1])) for d in done)
-    return total / span, total, rates
+    return total / span, total, rates, sum(float(d[3]) for d in done)
 
 
 def local_run(rig, readers, bs, files):
@@ -421,7 +422,7 @@ def local_run(rig, readers, bs, files):
     does with that many reader processes when no file system is in between."""
     procs = start_readers(readers, bs, rig.args.scale_seconds,
                           [os.path.join(WORK, "srv", "scale")], files, drop=False)
-    rate, _, _ = finish_readers(procs)
+    rate, _, _, _ = finish_readers(procs)
     return rate / 1e6
 
 
@@ -446,7 +447,7 @@ def scaling_run(rig, mnts, readers, bs, files, profile=False):
     t0 = time.monotonic()
     # Every reader reads for the same time (seed 003: "reads a file till it is killed");
     # the rate is all their bytes over the span they ran in together.
-    rate, total, rates = finish_readers(procs)
+    rate, total, rates, reader_cpu = finish_readers(procs)
     wall = time.monotonic() - t0
     if perf:
         perf.send_signal(signal.SIGINT)
@@ -471,6 +472,7 @@ def scaling_run(rig, mnts, readers, bs, files, profile=False):
             "FUSE read KiB": total / max(n_fuse, 1) / KiB,
             "opens per read": (c1["opens"] - c0["opens"]) / max(reads, 1),
             "server CPU s/GiB": srv_cpu / gib, "client CPU s/GiB": cli_cpu / gib,
+            "reader CPU s/GiB": reader_cpu / gib,
             "server RSS KiB": rss_kib(rig.srv_pid), "client RSS KiB": client_rss,
             "server files resident before": resident,
             "reader MB/s (min, median, max)": [round(rates[0] / 1e6, 1),
@@ -522,6 +524,7 @@ def scaling(rig, res):
                 f"{r['server reads per MiB read']:.3f} server reads/MiB, "
                 f"server {r['server CPU s/GiB']:.2f} CPU-s/GiB, "
                 f"client {r['client CPU s/GiB']:.2f} {r['client CPU s by thread']}, "
+                f"readers {r['reader CPU s/GiB']:.2f} CPU-s/GiB, "
                 f"RSS server {r['server RSS KiB'] // 1024} client "
                 f"{r['client RSS KiB'] // 1024} MiB, FUSE reads of {r['FUSE read KiB']:.0f} KiB, "
                 f"server files {r['server files resident before']:.0%} resident, "
