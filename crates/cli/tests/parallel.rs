@@ -5,6 +5,20 @@ mod common;
 
 use common::*;
 
+/// A whole file, read 4 KiB at a time (like the seed 003 readers).
+fn read_in_4k_blocks(p: &std::path::Path) -> Vec<u8> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(p).unwrap();
+    let (mut got, mut buf) = (Vec::new(), vec![0u8; 4096]);
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            return got;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
 #[test]
 fn sixty_four_parallel_readers_without_a_cache_fetch_each_byte_once() {
     require_fuse();
@@ -24,16 +38,7 @@ fn sixty_four_parallel_readers_without_a_cache_fetch_each_byte_once() {
             let p = m.p(&format!("r{i:02}"));
             s.spawn(move || {
                 // Small reads, like the seed 003 readers.
-                use std::io::Read;
-                let mut f = std::fs::File::open(&p).unwrap();
-                let (mut got, mut buf) = (Vec::with_capacity(SIZE), vec![0u8; 4096]);
-                loop {
-                    let n = f.read(&mut buf).unwrap();
-                    if n == 0 {
-                        break;
-                    }
-                    got.extend_from_slice(&buf[..n]);
-                }
+                let got = read_in_4k_blocks(&p);
                 assert_bytes_eq(&format!("reader {i}"), &got, &bytes(100 + i as u64, SIZE));
             });
         }
@@ -87,17 +92,7 @@ fn sequential_small_reads_reach_the_daemon_as_large_requests() {
     let m = Mount::start(&srv.addr, &t.path().join("mnt"), &["--no-cache"]).unwrap();
     let reads = || stats(&m)["counters"]["reads"].as_u64().unwrap();
     let before = reads();
-    use std::io::Read;
-    let mut f = std::fs::File::open(m.p("f")).unwrap();
-    let (mut got, mut buf) = (Vec::with_capacity(SIZE), vec![0u8; 4096]);
-    loop {
-        let n = f.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-    assert_bytes_eq("f", &got, &bytes(8, SIZE));
+    assert_bytes_eq("f", &read_in_4k_blocks(&m.p("f")), &bytes(8, SIZE));
     // The mount raised the kernel's readahead (128 KiB by default: 131 requests here) to
     // 1 MiB, so 4 KiB reads arrive as requests of up to 1 MiB.
     let n = reads() - before;
