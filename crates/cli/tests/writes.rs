@@ -389,3 +389,47 @@ fn a_full_server_disk_gives_enospc_and_the_client_shows_what_the_server_holds() 
     assert_content("server after freeing space", &exp.join("again"), &again);
     m.unmount();
 }
+
+#[test]
+fn a_write_open_waits_for_a_cached_reader_that_is_closing() {
+    let r = rig();
+    let old = bytes(5, 200_000);
+    put(&r.m.p("f"), &old);
+    let passthrough = || {
+        stats(&r.m)["counters"]["passthrough_opens"]
+            .as_u64()
+            .unwrap()
+    };
+    let before = passthrough();
+    // Written through this client, so completely cached: read-only opens are passthrough,
+    // and while one is open the kernel refuses every other kind of open of the file (EIO).
+    let reader = File::open(r.m.p("f")).unwrap();
+    assert_eq!(
+        passthrough(),
+        before + 1,
+        "the reader is a passthrough open"
+    );
+    // A reader that closes soon (or a descriptor a child holds until it execs): the write
+    // open waits for it instead of failing.
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(reader);
+    });
+    let w = OpenOptions::new().write(true).open(r.m.p("f")).unwrap();
+    w.write_all_at(b"new", 0).unwrap();
+    close_checked(w).unwrap();
+    closer.join().unwrap();
+    let want = [&b"new"[..], &old[3..]].concat();
+    assert_content("server", &r.srv("f"), &want);
+    assert_content("client", &r.m.p("f"), &want);
+    // One that stays open: the write open fails (doc/SEMANTICS.md), and works once it closed.
+    let reader = File::open(r.m.p("f")).unwrap();
+    assert_errno(
+        "write open beside a passthrough reader",
+        OpenOptions::new().write(true).open(r.m.p("f")),
+        libc::EIO,
+    );
+    drop(reader);
+    close_checked(OpenOptions::new().write(true).open(r.m.p("f")).unwrap()).unwrap();
+    assert_content("unchanged by the failed open", &r.srv("f"), &want);
+}

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use hoardfs_cache::CachedObject;
 use hoardfs_origin::{Attr, DirEntry, FileKind, Handle};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 /// FUSE inode number.
 pub type Ino = u64;
@@ -115,6 +115,8 @@ pub struct Node {
     pub kind: FileKind,
     /// Mutable state.
     pub state: Mutex<NodeState>,
+    /// Signalled (with `state`) when the node's last passthrough open is released.
+    pub(crate) passthrough_released: Condvar,
 }
 
 impl Node {
@@ -182,6 +184,7 @@ impl NodeTable {
                 backing: None,
                 last_cached_version: None,
             }),
+            passthrough_released: Condvar::new(),
         })
     }
 

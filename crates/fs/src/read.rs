@@ -23,6 +23,7 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use hoardfs_cache::{CachedObject, ObjectKey, OpenHold, meta::chunk_shift_for};
 use hoardfs_origin::{FileKind, WireError};
@@ -36,6 +37,10 @@ use crate::{FsConfig, FsError, FsResult, HoardFs};
 /// Memory all opens of a `--no-cache` mount may hold in fetched chunks, readahead
 /// included (each open keeps at least two chunks, so with many opens it is exceeded).
 pub const NO_CACHE_BUDGET: u64 = 64 << 20;
+
+/// How long an open that the kernel would refuse while the file is open in passthrough
+/// waits for those opens to be released.
+pub const PASSTHROUGH_DRAIN: Duration = Duration::from_secs(1);
 
 /// Kernel-visible file handle number.
 pub type FileHandle = u64;
@@ -313,6 +318,28 @@ impl HoardFs {
         let engine = &self.reads;
         let mut st = node.state.lock();
         let complete = object.as_ref().is_some_and(|o| o.is_complete());
+        // While the inode is open in passthrough, the kernel fails every open that is not
+        // a passthrough open of the same cache file with EIO (a write open, a newer
+        // version). Such overlaps are often momentary (a descriptor inherited by a child
+        // until it execs, a reader about to close): wait a little for them to end.
+        let shares_backing = |st: &crate::nodes::NodeState| {
+            !access.write
+                && complete
+                && st
+                    .backing
+                    .as_ref()
+                    .is_some_and(|b| object.as_ref().is_some_and(|o| Arc::ptr_eq(&b.object, o)))
+        };
+        let deadline = Instant::now() + PASSTHROUGH_DRAIN;
+        while st.passthrough_opens > 0 && !shares_backing(&st) {
+            if node
+                .passthrough_released
+                .wait_until(&mut st, deadline)
+                .timed_out()
+            {
+                break;
+            }
+        }
         // Files open for writing are never handed to the kernel: the daemon must see writes.
         let passthrough_ok = !access.write
             && self.config.passthrough
@@ -362,11 +389,12 @@ impl HoardFs {
             None if st.passthrough_opens > 0 || access.append => {
                 if st.passthrough_opens > 0 {
                     // The kernel refuses any non-passthrough open of an inode open in
-                    // passthrough (EIO): a newer version cannot be opened on this client
-                    // until the old descriptors close (doc/SEMANTICS.md).
+                    // passthrough (EIO): neither a write open nor one of a newer version
+                    // can succeed on this client until those close (doc/SEMANTICS.md).
                     tracing::warn!(
-                        "file {:#x} changed while open in passthrough on this client: \
-                         new opens fail until the old ones close",
+                        "file {:#x} is open in passthrough (read-only, fully cached) on this \
+                         client; opens for writing or of a newer version fail (EIO) until \
+                         those descriptors close",
                         attr.file_id
                     );
                 }
@@ -698,6 +726,9 @@ impl HoardFs {
         match of.mode {
             ModeKind::Passthrough => {
                 st.passthrough_opens -= 1;
+                if st.passthrough_opens == 0 {
+                    of.node.passthrough_released.notify_all();
+                }
                 // Kept for the next open while it is the current object's.
                 st.drop_stale_backing();
             }
