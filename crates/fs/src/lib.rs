@@ -29,7 +29,7 @@ pub use callbacks::KernelNotifier;
 pub use error::{FsError, FsResult};
 pub use manage::{CachedEntry, Prefetched};
 pub use namespace::NewEntry;
-pub use nodes::{Backing, Ino, Listing, Node, ROOT_INO};
+pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO};
 pub use read::{Access, FileHandle, OpenMode, ReadData};
 pub use stats::{Stats, StatsSnapshot};
 

@@ -6,13 +6,12 @@
 //! callback break for the change comes back to this client too and is recognised as
 //! already known (see `callbacks`).
 
-use std::fs::File;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hoardfs_origin::{Attr, Entry, FileKind, Owner, RENAME_EXCHANGE, SetAttrs, WireError};
 
-use crate::nodes::{Backing, Ino, Node};
+use crate::nodes::{Ino, Node};
 use crate::read::{Access, FileHandle, OpenMode};
 use crate::{FsResult, HoardFs};
 
@@ -65,7 +64,7 @@ impl HoardFs {
         truncate: bool,
         access: Access,
         owner: Owner,
-        make_backing: &dyn Fn(&File) -> std::io::Result<Backing>,
+        make_backing: &crate::MakeBacking,
     ) -> FsResult<(NewEntry, FileHandle, OpenMode)> {
         let (ino, mut attr, mut ttl) = self.make(parent, name, |h| {
             self.origin.create(h, name, mode, exclusive, owner)

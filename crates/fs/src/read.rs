@@ -19,7 +19,6 @@
 //! disk I/O only to create that node's cached object or passthrough backing registration.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
@@ -30,7 +29,7 @@ use hoardfs_origin::{FileKind, WireError};
 use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::nodes::{Backing, HeldBacking, Ino, Node};
+use crate::nodes::{Backing, BackingError, HeldBacking, Ino, MakeBacking, Node};
 use crate::stats::Stats;
 use crate::{FsConfig, FsError, FsResult, HoardFs};
 
@@ -81,7 +80,8 @@ pub enum OpenMode {
         /// Whether the kernel may keep the pages it already has.
         keep_cache: bool,
     },
-    /// Daemon reads without the page cache (coexists with passthrough opens).
+    /// Daemon reads without the page cache (appends; also the answer when passthrough
+    /// opens of the inode outlast the wait for them, which the kernel then refuses).
     Direct,
 }
 
@@ -267,7 +267,7 @@ impl HoardFs {
         &self,
         ino: Ino,
         access: Access,
-        make_backing: &dyn Fn(&File) -> std::io::Result<Backing>,
+        make_backing: &MakeBacking,
     ) -> FsResult<(FileHandle, OpenMode, bool)> {
         if access.write {
             self.check_writable()?;
@@ -309,7 +309,7 @@ impl HoardFs {
         attr: hoardfs_origin::Attr,
         access: Access,
         changed: bool,
-        make_backing: &dyn Fn(&File) -> std::io::Result<Backing>,
+        make_backing: &MakeBacking,
     ) -> (FileHandle, OpenMode, bool) {
         let object = self.object_for(&node, attr.file_id, attr.version, attr.size);
         // Held before anything looks at its chunks: from here on it cannot be evicted, so
@@ -356,26 +356,24 @@ impl HoardFs {
                 }
                 // An older version is still open in passthrough (its opens hold it).
                 Some(_) if st.passthrough_opens > 0 => {}
-                _ => {
-                    let backing = object
-                        .open_backing()
-                        .map_err(FsError::from)
-                        .and_then(|f| make_backing(&f).map_err(|e| FsError::Cache(e.to_string())));
-                    match backing {
-                        Ok(id) => {
-                            Stats::add(&self.stats.passthrough_registrations, 1);
-                            st.backing = Some(HeldBacking {
-                                object: object.clone(),
-                                id: id.clone(),
-                            });
-                            mode = Some(OpenMode::Passthrough(id));
-                        }
-                        Err(e) => {
-                            tracing::warn!("passthrough unavailable, using daemon reads: {e}");
-                            engine.passthrough_failed.store(true, Ordering::Relaxed);
-                        }
+                _ => match object.open_backing().map(|f| make_backing(&f)) {
+                    Ok(Ok(id)) => {
+                        Stats::add(&self.stats.passthrough_registrations, 1);
+                        st.backing = Some(HeldBacking {
+                            object: object.clone(),
+                            id: id.clone(),
+                        });
+                        mode = Some(OpenMode::Passthrough(id));
                     }
-                }
+                    Ok(Err(e @ BackingError::Refused(_))) => {
+                        tracing::warn!("{e}; using daemon reads for this mount");
+                        engine.passthrough_failed.store(true, Ordering::Relaxed);
+                    }
+                    // A passing failure, or a cache file that cannot be reopened: this open
+                    // uses daemon reads, the next one tries passthrough again.
+                    Ok(Err(e)) => tracing::warn!("{e}; daemon reads for this open"),
+                    Err(e) => tracing::warn!("cannot reopen a cache file ({e}); daemon reads"),
+                },
             }
         }
         let (mode, kind) = match mode {
@@ -585,8 +583,12 @@ impl HoardFs {
             seq.1 = Some(to);
             (from, to)
         };
+        // Chunks already in the disk cache need no fetch: queueing them would only wake a
+        // fetch thread (a cross-CPU wake-up) to find them there.
+        let missing =
+            (from..=to).filter(|&c| !view.object.as_ref().is_some_and(|o| o.has_chunk(c)));
         if let Some(tx) = &*self.reads.prefetch.lock() {
-            for c in from..=to {
+            for c in missing {
                 let _ = tx.send((of.clone(), c));
             }
         }

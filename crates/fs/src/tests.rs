@@ -1,1 +1,109 @@
+//! Tests of the file-system layer over a local-directory origin and a real cache directory,
+//! without FUSE: the passthrough registrations are stand-ins supplied by each test.
 
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use hoardfs_origin::local::{LocalOptions, LocalOrigin};
+
+use super::*;
+
+const MIB: usize = 1 << 20;
+const READ: Access = Access {
+    write: false,
+    append: false,
+};
+
+fn fs_over(export: &Path, cache: &Path) -> Arc<HoardFs> {
+    let origin = Arc::new(LocalOrigin::new(export, LocalOptions::default()).unwrap());
+    let cache = CacheDir::open(cache).unwrap();
+    HoardFs::new(origin, Some(cache), FsConfig::default()).unwrap()
+}
+
+fn content(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+/// Opens `ino` read-only with `make_backing`, reads it whole through the daemon if the open
+/// is not passthrough, releases it; returns whether it was passthrough and the bytes.
+fn open_and_read(fs: &HoardFs, ino: Ino, make_backing: &MakeBacking) -> (bool, Vec<u8>) {
+    let (fh, mode, _) = fs.open(ino, READ, make_backing).unwrap();
+    let passthrough = matches!(mode, OpenMode::Passthrough(_));
+    let mut bytes = Vec::new();
+    if !passthrough {
+        loop {
+            let got = fs.read(fh, bytes.len() as u64, MIB as u32).unwrap();
+            if got.is_empty() {
+                break;
+            }
+            bytes.extend_from_slice(&got);
+        }
+    }
+    fs.release(fh);
+    (passthrough, bytes)
+}
+
+#[test]
+fn a_passing_registration_failure_costs_one_open_and_a_refusal_the_mount() {
+    let t = tempfile::tempdir().unwrap();
+    let export = t.path().join("export");
+    std::fs::create_dir(&export).unwrap();
+    std::fs::write(export.join("f"), content(1, 3 * MIB)).unwrap();
+    std::fs::write(export.join("g"), content(2, MIB + 7)).unwrap();
+    let fs = fs_over(&export, &t.path().join("cache"));
+    let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
+    let (g, _, _) = fs.lookup(ROOT_INO, b"g").unwrap();
+    let calls = AtomicUsize::new(0);
+    let registered = |_: &File| -> Result<Backing, BackingError> {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Ok(Arc::new(()) as Backing)
+    };
+    let out_of_descriptors = |_: &File| -> Result<Backing, BackingError> {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Err(BackingError::Failed(io::Error::from_raw_os_error(24)))
+    };
+    let not_permitted = |_: &File| -> Result<Backing, BackingError> {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Err(BackingError::Refused(io::Error::from_raw_os_error(1)))
+    };
+    // First reads fill the cache (nothing complete yet: no registration asked for).
+    assert_eq!(
+        open_and_read(&fs, f, &registered),
+        (false, content(1, 3 * MIB))
+    );
+    assert_eq!(
+        open_and_read(&fs, g, &registered),
+        (false, content(2, MIB + 7))
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // A passing failure: this open reads through the daemon, the next one registers.
+    assert_eq!(
+        open_and_read(&fs, f, &out_of_descriptors),
+        (false, content(1, 3 * MIB))
+    );
+    assert!(open_and_read(&fs, f, &registered).0, "passthrough again");
+    assert!(open_and_read(&fs, f, &registered).0, "passthrough again");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "one failed, one kept registration"
+    );
+    // A refusal: daemon reads from then on, for every file, without asking again.
+    assert_eq!(
+        open_and_read(&fs, g, &not_permitted),
+        (false, content(2, MIB + 7))
+    );
+    assert_eq!(
+        open_and_read(&fs, g, &registered),
+        (false, content(2, MIB + 7))
+    );
+    assert_eq!(
+        open_and_read(&fs, f, &registered),
+        (false, content(1, 3 * MIB))
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}

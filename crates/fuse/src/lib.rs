@@ -19,7 +19,7 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use hoardfs_fs::{Backing, FsError, HoardFs, Ino, KernelNotifier, Listing};
+use hoardfs_fs::{Backing, BackingError, FsError, HoardFs, Ino, KernelNotifier, Listing};
 use hoardfs_origin::{Attr, FileKind, Timestamp, WireError};
 use parking_lot::Mutex;
 
@@ -102,6 +102,25 @@ impl FuseBridge {
                 tracing::debug!("inval_inode({}) failed: {e}", ino.0);
             }
         }
+    }
+}
+
+/// Types the outcome of a backing registration (`FUSE_DEV_IOC_BACKING_OPEN`): errors that
+/// mean the kernel takes no backing files on this mount, and passing ones.
+pub(crate) fn backing(r: std::io::Result<fuser::BackingId>) -> Result<Backing, BackingError> {
+    match r {
+        Ok(id) => Ok(Arc::new(id) as Backing),
+        Err(e) => match e.raw_os_error() {
+            Some(
+                libc::EPERM
+                | libc::EACCES
+                | libc::ENOTTY
+                | libc::EINVAL
+                | libc::ENOSYS
+                | libc::EOPNOTSUPP,
+            ) => Err(BackingError::Refused(e)),
+            _ => Err(BackingError::Failed(e)),
+        },
     }
 }
 
@@ -240,9 +259,7 @@ impl Filesystem for FuseBridge {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let make_backing = |f: &std::fs::File| -> std::io::Result<Backing> {
-            Ok(Arc::new(reply.open_backing(f)?) as Backing)
-        };
+        let make_backing = |f: &std::fs::File| backing(reply.open_backing(f));
         let access = access(flags.0);
         let (fh, mode, changed) = match self.fs.open(ino.0, access, &make_backing) {
             Ok(r) => r,

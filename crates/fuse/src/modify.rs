@@ -4,14 +4,13 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
     BackingId, Errno, FileHandle, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyCreate,
     ReplyEmpty, ReplyEntry, ReplyXattr, Request, TimeOrNow,
 };
-use hoardfs_fs::{Access, Backing, FsResult, NewEntry, OpenMode};
+use hoardfs_fs::{Access, FsResult, NewEntry, OpenMode};
 use hoardfs_origin::{Owner, SetAttrs, TimeSet, Timestamp};
 
 use crate::{FuseBridge, errno, fuse_attr};
@@ -171,9 +170,7 @@ impl FuseBridge {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let make_backing = |f: &std::fs::File| -> std::io::Result<Backing> {
-            Ok(Arc::new(reply.open_backing(f)?) as Backing)
-        };
+        let make_backing = |f: &std::fs::File| crate::backing(reply.open_backing(f));
         let r = self.fs.create(
             parent.0,
             name.as_bytes(),
