@@ -38,7 +38,7 @@ use nodes::{NodeState, NodeTable};
 
 /// Files of one listing whose cached records are read ahead at most (the first ones by
 /// name; the disk cache's queue bounds it further).
-pub const WARM_PER_LISTING: usize = 1024;
+pub(crate) const WARM_PER_LISTING: usize = 1024;
 
 /// Tunables of a mount.
 #[derive(Debug, Clone)]

@@ -19,7 +19,7 @@
 //! disk I/O only to create that node's cached object or passthrough backing registration.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -35,11 +35,14 @@ use crate::{FsConfig, FsError, FsResult, HoardFs};
 
 /// Memory all opens of a `--no-cache` mount may hold in fetched chunks, readahead
 /// included (each open keeps at least two chunks, so with many opens it is exceeded).
-pub const NO_CACHE_BUDGET: u64 = 64 << 20;
+pub(crate) const NO_CACHE_BUDGET: u64 = 64 << 20;
 
 /// How long an open that the kernel would refuse while the file is open in passthrough
 /// waits for those opens to be released.
-pub const PASSTHROUGH_DRAIN: Duration = Duration::from_secs(1);
+pub(crate) const PASSTHROUGH_DRAIN: Duration = Duration::from_secs(1);
+
+/// Opens that may wait for passthrough opens at once (each holds a FUSE thread).
+const MAX_DRAINING: usize = 2;
 
 /// Kernel-visible file handle number.
 pub type FileHandle = u64;
@@ -194,6 +197,8 @@ pub(crate) struct ReadEngine {
     readahead: u64,
     prefetch: Mutex<Option<mpsc::Sender<PrefetchJob>>>,
     passthrough_failed: std::sync::atomic::AtomicBool,
+    /// Opens waiting for passthrough opens to be released (see `open_node`).
+    draining: AtomicUsize,
 }
 
 impl ReadEngine {
@@ -230,6 +235,7 @@ impl ReadEngine {
             readahead: config.readahead_chunks,
             prefetch: Mutex::new(Some(tx)),
             passthrough_failed: false.into(),
+            draining: AtomicUsize::new(0),
         }
     }
 }
@@ -318,27 +324,34 @@ impl HoardFs {
         let engine = &self.reads;
         let mut st = node.state.lock();
         let complete = object.as_ref().is_some_and(|o| o.is_complete());
+        // The passthrough registration this open can share: the node's, if it is of this
+        // complete object and the open is read-only.
+        let shareable = |st: &crate::nodes::NodeState| {
+            st.backing
+                .as_ref()
+                .filter(|b| {
+                    !access.write
+                        && complete
+                        && object.as_ref().is_some_and(|o| Arc::ptr_eq(&b.object, o))
+                })
+                .map(|b| b.id.clone())
+        };
         // While the inode is open in passthrough, the kernel fails every open that is not
         // a passthrough open of the same cache file with EIO (a write open, a newer
         // version). Such overlaps are often momentary (a descriptor inherited by a child
-        // until it execs, a reader about to close): wait a little for them to end.
-        let shares_backing = |st: &crate::nodes::NodeState| {
-            !access.write
-                && complete
-                && st
-                    .backing
-                    .as_ref()
-                    .is_some_and(|b| object.as_ref().is_some_and(|o| Arc::ptr_eq(&b.object, o)))
-        };
-        let deadline = Instant::now() + PASSTHROUGH_DRAIN;
-        while st.passthrough_opens > 0 && !shares_backing(&st) {
-            if node
-                .passthrough_released
-                .wait_until(&mut st, deadline)
-                .timed_out()
-            {
-                break;
+        // until it execs, a reader about to close): wait a little for them to end. Only a
+        // few opens wait at once, so that FUSE threads remain for the RELEASE that ends it.
+        if st.passthrough_opens > 0 && shareable(&st).is_none() {
+            if engine.draining.fetch_add(1, Ordering::SeqCst) < MAX_DRAINING {
+                let deadline = Instant::now() + PASSTHROUGH_DRAIN;
+                while st.passthrough_opens > 0 && shareable(&st).is_none() {
+                    let wait = node.passthrough_released.wait_until(&mut st, deadline);
+                    if wait.timed_out() {
+                        break;
+                    }
+                }
             }
+            engine.draining.fetch_sub(1, Ordering::SeqCst);
         }
         // Files open for writing are never handed to the kernel: the daemon must see writes.
         let passthrough_ok = !access.write
@@ -350,13 +363,12 @@ impl HoardFs {
         let mut mode = None;
         if passthrough_ok {
             let object = object.as_ref().expect("complete implies object");
-            match &st.backing {
-                Some(b) if Arc::ptr_eq(&b.object, object) => {
-                    mode = Some(OpenMode::Passthrough(b.id.clone()))
-                }
-                // An older version is still open in passthrough (its opens hold it).
-                Some(_) if st.passthrough_opens > 0 => {}
-                _ => match object.open_backing().map(|f| make_backing(&f)) {
+            if let Some(id) = shareable(&st) {
+                mode = Some(OpenMode::Passthrough(id));
+            } else if st.backing.is_none() || st.passthrough_opens == 0 {
+                // (Otherwise an older version is still open in passthrough: its opens
+                // hold the registration.)
+                match object.open_backing().map(|f| make_backing(&f)) {
                     Ok(Ok(id)) => {
                         Stats::add(&self.stats.passthrough_registrations, 1);
                         st.backing = Some(HeldBacking {
@@ -373,7 +385,7 @@ impl HoardFs {
                     // uses daemon reads, the next one tries passthrough again.
                     Ok(Err(e)) => tracing::warn!("{e}; daemon reads for this open"),
                     Err(e) => tracing::warn!("cannot reopen a cache file ({e}); daemon reads"),
-                },
+                }
             }
         }
         let (mode, kind) = match mode {
@@ -648,33 +660,50 @@ impl HoardFs {
             let r = self
                 .fetch_chunk(node, view, c)
                 .map(|d| Arc::new(Recycled::from(d)));
+            // Kept before the flight ends: a reader of this open arriving in between
+            // finds the chunk in one place or the other, never fetching it again.
+            if let (Ok(bytes), Some(mem)) = (&r, mem) {
+                self.keep_chunk(view, mem, key, bytes);
+            }
             self.reads.inflight.lock().remove(&key);
             flight.complete(r.clone());
             r
         } else {
-            flight.wait()
+            let r = flight.wait();
+            if let (Ok(bytes), Some(mem)) = (&r, mem) {
+                self.keep_chunk(view, mem, key, bytes);
+            }
+            r
         };
-        if let (Ok(bytes), Some(mem)) = (&result, mem) {
-            // The chunks being read plus the readahead window (not the whole share of the
-            // budget: a lone reader would otherwise hold 64 MiB). Fetches complete out of
-            // order, so the chunk farthest behind goes first, not the oldest fetched.
-            let keep = self.readahead_window(view) as usize + 2;
-            let mut mem = mem.lock();
-            if !mem.iter().any(|h| h.key == key) {
-                mem.push_back(HeldChunk {
-                    key,
-                    bytes: bytes.clone(),
-                    served: 0,
-                });
-            }
-            while mem.len() > keep {
-                let behind = (0..mem.len())
-                    .min_by_key(|&i| mem[i].key.2)
-                    .expect("not empty");
-                mem.remove(behind);
-            }
-        }
         result.map(Some)
+    }
+
+    /// Keeps a fetched chunk in a `--no-cache` open's memory: the chunks being read plus
+    /// the readahead window (not the whole share of the budget: a lone reader would
+    /// otherwise hold 64 MiB). Fetches complete out of order, so the chunk farthest behind
+    /// goes first, not the oldest fetched.
+    fn keep_chunk(
+        &self,
+        view: &View,
+        mem: &Mutex<VecDeque<HeldChunk>>,
+        key: ChunkKey,
+        bytes: &Arc<Recycled>,
+    ) {
+        let keep = self.readahead_window(view) as usize + 2;
+        let mut mem = mem.lock();
+        if !mem.iter().any(|h| h.key == key) {
+            mem.push_back(HeldChunk {
+                key,
+                bytes: bytes.clone(),
+                served: 0,
+            });
+        }
+        while mem.len() > keep {
+            let behind = (0..mem.len())
+                .min_by_key(|&i| mem[i].key.2)
+                .expect("not empty");
+            mem.remove(behind);
+        }
     }
 
     /// Fetches chunk `c` from the origin and stores it in the cache if it is exactly the

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags,
@@ -49,12 +49,16 @@ impl KernelNotifier for FuseNotifier {
     }
 }
 
+/// How long a directory pass's snapshot is kept for the pass's next READDIR requests.
+const SNAPSHOT_LIFETIME: Duration = Duration::from_secs(60);
+
 /// The `fuser::Filesystem` implementation.
 pub struct FuseBridge {
     fs: Arc<HoardFs>,
     /// Listings being read, by directory inode: a pass that needs several READDIR
-    /// requests continues in the snapshot it started with, so offsets stay meaningful.
-    dirs: Mutex<HashMap<u64, Arc<Listing>>>,
+    /// requests continues in the snapshot it started with (and when), so offsets stay
+    /// meaningful.
+    dirs: Mutex<HashMap<u64, (Instant, Arc<Listing>)>>,
     notifier: Arc<OnceLock<Notifier>>,
 }
 
@@ -73,12 +77,16 @@ impl FuseBridge {
     /// otherwise the snapshot the pass started with.
     fn listing_at(&self, ino: INodeNo, offset: u64) -> Result<Arc<Listing>, Errno> {
         if offset > 0
-            && let Some(l) = self.dirs.lock().get(&ino.0)
+            && let Some((_, l)) = self.dirs.lock().get(&ino.0)
         {
             return Ok(l.clone());
         }
         let l = self.fs.listing(ino.0).map_err(|e| errno(&e))?;
-        self.dirs.lock().insert(ino.0, l.clone());
+        let mut dirs = self.dirs.lock();
+        // Passes abandoned before their end (`ls | head`) leave their snapshot behind;
+        // a pass that outlives this continues in a fresh listing.
+        dirs.retain(|_, (started, _)| started.elapsed() < SNAPSHOT_LIFETIME);
+        dirs.insert(ino.0, (Instant::now(), l.clone()));
         Ok(l)
     }
 
@@ -87,7 +95,10 @@ impl FuseBridge {
     fn listing_done(&self, ino: INodeNo, listing: &Arc<Listing>, offset: u64) {
         if offset as usize >= 2 + listing.entries.len() {
             let mut dirs = self.dirs.lock();
-            if dirs.get(&ino.0).is_some_and(|l| Arc::ptr_eq(l, listing)) {
+            if dirs
+                .get(&ino.0)
+                .is_some_and(|(_, l)| Arc::ptr_eq(l, listing))
+            {
                 dirs.remove(&ino.0);
             }
         }
