@@ -234,24 +234,31 @@ impl Store {
         if self.closed.load(Ordering::SeqCst) {
             return false;
         }
+        // One look at the free space per reservation, outside the lock; evictions then
+        // count down the shortfall by what they free.
+        let space = (self.probe)();
+        if cull_target(&self.limits, space) != (0, 0) {
+            self.wake_culler();
+        }
         let mut dropped = Vec::new();
         let mut q = self.quota.lock();
+        let used = q.policy.total_bytes() + q.reserved;
+        let (mut need, mut files) = shortfall(&self.limits, used, bytes, 0, space);
         let mut tries = q.policy.len() + 16;
         let ok = loop {
-            let used = q.policy.total_bytes() + q.reserved;
-            let space = (self.probe)();
-            if let Some(s) = space
-                && s.bytes_avail < s.bytes_total / 100 * self.limits.bcull as u64
-            {
-                self.wake_culler();
-            }
-            let (need, files) = shortfall(&self.limits, used, bytes, 0, space);
             if need == 0 && files == 0 {
                 q.reserved += bytes;
                 break true;
             }
-            if tries == 0 || self.evict_one(&mut q, &mut dropped).is_none() {
+            if tries == 0 {
                 break false;
+            }
+            match self.evict_one(&mut q, &mut dropped, need == 0) {
+                Some((b, f)) => {
+                    need = need.saturating_sub(b);
+                    files = files.saturating_sub(f);
+                }
+                None => break false,
             }
             tries -= 1;
         };
@@ -276,9 +283,19 @@ impl Store {
     }
 
     /// Evicts the policy's next victim. Returns bytes and inodes freed; `None` if nothing
-    /// can be evicted.
-    fn evict_one(&self, q: &mut Quota, dropped: &mut Vec<Arc<CachedObject>>) -> Option<(u64, u64)> {
+    /// can be evicted. With `files_only`, only inodes are wanted: an object in memory
+    /// (emptied in place, which frees no inode) is passed over.
+    fn evict_one(
+        &self,
+        q: &mut Quota,
+        dropped: &mut Vec<Arc<CachedObject>>,
+        files_only: bool,
+    ) -> Option<(u64, u64)> {
         let key = q.policy.victim(|t| !t.pinned && t.opens == 0)?;
+        if files_only && q.live.get(&key).is_some_and(|w| w.strong_count() > 0) {
+            q.policy.restart(&key);
+            return Some((0, 0));
+        }
         match self.evict_key(q, &key, dropped) {
             Some(freed) => Some(freed),
             None => {
@@ -477,7 +494,7 @@ impl Store {
             let (mut fb, mut ff) = (0, 0);
             let mut n = 0;
             while (fb < bytes || ff < files) && n < batch {
-                match self.evict_one(&mut q, &mut dropped) {
+                match self.evict_one(&mut q, &mut dropped, fb >= bytes) {
                     Some((b, f)) => {
                         fb += b;
                         ff += f;
@@ -489,7 +506,9 @@ impl Store {
             drop(q);
             drop(dropped);
             evicted += n as u64;
-            if n < batch {
+            // A full batch that freed nothing (only objects in memory while inodes are
+            // short, or objects being opened) would free nothing the next time either.
+            if n < batch || (fb == 0 && ff == 0) {
                 return evicted;
             }
         }

@@ -261,3 +261,31 @@ fn the_inode_stop_threshold_evicts_or_refuses() {
     assert_eq!(fill(&c, 11, 4096), 0);
     assert!(c.usage().refused_chunks > 0);
 }
+
+#[test]
+fn short_of_inodes_only_objects_with_files_to_remove_are_evicted() {
+    let d = tempfile::tempdir().unwrap();
+    // 1000 inodes, 30 must stay free; others use all but 36.
+    let (root, foreign) = (d.path().to_path_buf(), 964);
+    let count = |p: &Path| files(&p.join("objects")).len() as u64;
+    let probe = Box::new(move || {
+        Some(Space {
+            bytes_total: 1 << 40,
+            bytes_avail: 1 << 39,
+            files_total: 1000,
+            files_avail: 1000u64.saturating_sub(foreign + count(&root)),
+        })
+    });
+    let c = CacheDir::open_with(d.path(), Limits::default(), Some(probe)).unwrap();
+    assert_eq!(fill(&c, 1, 4096), 1);
+    assert_eq!(fill(&c, 2, 4096), 1);
+    // Object 1 stays in memory (not open): emptying it in place would free no inode.
+    let in_memory = c.object(key(1), 1, 4096).unwrap();
+    assert_eq!(fill(&c, 3, 4096), 1);
+    assert_eq!(fill(&c, 4, 4096), 1);
+    assert!(
+        in_memory.has_chunk(0),
+        "an object in memory was emptied for inodes"
+    );
+    assert!(c.usage().evictions >= 1);
+}

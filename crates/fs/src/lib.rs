@@ -330,14 +330,6 @@ impl HoardFs {
         }
     }
 
-    /// The full listing of directory `ino` (reused within the directory TTL). The disk
-    /// cache reads the records of the listed files it holds ahead of their opens.
-    pub fn listing(&self, ino: Ino) -> FsResult<Arc<Listing>> {
-        let listing = self.current_listing(ino)?;
-        self.warm_listed(&listing);
-        Ok(listing)
-    }
-
     /// Has the disk cache read ahead the records of the listed files it holds, in name
     /// order (the order most programs open a directory's files in), at most
     /// [`WARM_PER_LISTING`] of them.
@@ -357,7 +349,10 @@ impl HoardFs {
         }));
     }
 
-    fn current_listing(&self, ino: Ino) -> FsResult<Arc<Listing>> {
+    /// The full listing of directory `ino` (reused within the directory TTL). When it is
+    /// fetched, the disk cache reads the records of the listed files it holds ahead of
+    /// their opens.
+    pub fn listing(&self, ino: Ino) -> FsResult<Arc<Listing>> {
         let node = self.node(ino)?;
         if node.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
@@ -388,11 +383,15 @@ impl HoardFs {
             }
         });
         let listing = match fetched {
-            Ok(()) => Arc::new(Listing {
-                entries,
-                fetched: Instant::now(),
-                since,
-            }),
+            Ok(()) => {
+                let l = Arc::new(Listing {
+                    entries,
+                    fetched: Instant::now(),
+                    since,
+                });
+                self.warm_listed(&l);
+                l
+            }
             Err(FsError::Offline(why)) => {
                 return node
                     .state
