@@ -19,13 +19,17 @@ pub const MIN_POOLED: usize = 64 << 10;
 /// Idle bytes the pool keeps; buffers given back beyond this are freed.
 pub const IDLE_LIMIT: usize = 32 << 20;
 
+/// Size classes: one per power of two of a `usize`.
+const CLASSES: usize = usize::BITS as usize;
+
 struct Pool {
-    idle: Vec<Vec<u8>>,
+    /// Idle buffers by size class (`capacity.trailing_zeros()`), newest last.
+    idle: [Vec<Vec<u8>>; CLASSES],
     idle_bytes: usize,
 }
 
 static POOL: Mutex<Pool> = Mutex::new(Pool {
-    idle: Vec::new(),
+    idle: [const { Vec::new() }; CLASSES],
     idle_bytes: 0,
 });
 
@@ -44,8 +48,7 @@ pub fn take(capacity: usize) -> Vec<u8> {
     {
         let mut p = pool();
         // Newest first: its pages are the likeliest to be in the CPU caches.
-        if let Some(i) = p.idle.iter().rposition(|b| b.capacity() == class) {
-            let buf = p.idle.swap_remove(i);
+        if let Some(buf) = p.idle[class.trailing_zeros() as usize].pop() {
             p.idle_bytes -= buf.capacity();
             return buf;
         }
@@ -64,7 +67,7 @@ pub fn give(mut buf: Vec<u8>) {
     let mut p = pool();
     if p.idle_bytes + cap <= IDLE_LIMIT {
         p.idle_bytes += cap;
-        p.idle.push(buf);
+        p.idle[cap.trailing_zeros() as usize].push(buf);
     }
 }
 

@@ -289,10 +289,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
             let out = tokio::task::spawn_blocking(move || crate::handle::handle(&shared, req));
             match out.await {
                 // Fails only when the writer is gone (connection closing): nothing to do.
-                Ok(frames) => {
-                    for f in frames {
-                        let _ = tx.send(f);
-                    }
+                Ok(reply) => {
+                    let _ = tx.send(reply);
                 }
                 Err(e) => {
                     tracing::error!(id, "request handler panicked: {e}");
@@ -331,7 +329,8 @@ async fn read_frame<R: AsyncRead + Unpin>(
     // zeroed allocation of up to a megabyte per request.
     let len = h.data_len as usize;
     let mut data = buffers::take(len);
-    if (&mut *r).take(len as u64).read_to_end(&mut data).await? < len {
+    // Most requests carry no data (tokio's `read_to_end` would allocate even for none).
+    if len > 0 && (&mut *r).take(len as u64).read_to_end(&mut data).await? < len {
         return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
     }
     Ok(Some((body, data)))

@@ -39,12 +39,12 @@ fn modifies(op: &Op) -> bool {
     )
 }
 
-/// Runs a request and returns the frames to send: the reply, possibly followed by a
-/// conservative callback break (see `callbacks`).
-pub(crate) fn handle(shared: &Shared, req: Req) -> Vec<Outgoing> {
+/// Runs a request and returns its reply. A conservative callback break for a reply that
+/// raced a change goes out on its own, through `callbacks` (sent before the reply).
+pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
     let Req { conn, id, op, data } = req;
     if shared.cfg.read_only && modifies(&op) {
-        return vec![Outgoing::new(id, Err(WireError::ReadOnly), Vec::new())];
+        return Outgoing::new(id, Err(WireError::ReadOnly), Vec::new());
     }
     let origin = &*shared.origin;
     let seq_before = shared.callbacks.seq();
@@ -92,7 +92,7 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Vec<Outgoing> {
     }
     // Built last so the reply (a directory page can hold thousands of entries) is moved,
     // not copied.
-    vec![Outgoing::new(id, result, out_data)]
+    Outgoing::new(id, result, out_data)
 }
 
 /// File ids a reply tells the client about (each gets a callback).
