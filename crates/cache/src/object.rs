@@ -271,6 +271,12 @@ impl CachedObject {
         self.state.lock().meta.size
     }
 
+    /// Version, size and chunk size together (one lock, for per-request use).
+    pub fn shape(&self) -> (u64, u64, u64) {
+        let st = self.state.lock();
+        (st.meta.version, st.meta.size, st.meta.chunk_size())
+    }
+
     /// Chunk size in bytes.
     pub fn chunk_size(&self) -> u64 {
         self.state.lock().meta.chunk_size()

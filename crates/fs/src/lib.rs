@@ -22,7 +22,7 @@ mod write;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use hoardfs_cache::{CacheDir, ObjectKey};
+use hoardfs_cache::CacheDir;
 use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, StatFs, WireError};
 
 pub use callbacks::KernelNotifier;
@@ -343,10 +343,12 @@ impl HoardFs {
             .filter(|e| e.entry.attr.kind == FileKind::File)
             .collect();
         files.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-        cache.warm(files.iter().take(WARM_PER_LISTING).map(|e| ObjectKey {
-            export_id: self.export_id,
-            file_id: e.entry.attr.file_id,
-        }));
+        cache.warm(
+            files
+                .iter()
+                .take(WARM_PER_LISTING)
+                .map(|e| self.object_key(e.entry.attr.file_id)),
+        );
     }
 
     /// The full listing of directory `ino` (reused within the directory TTL). When it is

@@ -56,10 +56,7 @@ impl HoardFs {
     }
 
     fn key_of(&self, node: &Node) -> ObjectKey {
-        ObjectKey {
-            export_id: self.export_id,
-            file_id: node.state.lock().attr.file_id,
-        }
+        self.object_key(node.state.lock().attr.file_id)
     }
 
     /// Occupancy, limits and counters of the disk cache (`None` without one).

@@ -24,12 +24,12 @@ use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use hoardfs_cache::{CachedObject, ObjectKey, OpenHold, meta::chunk_shift_for};
+use hoardfs_cache::{CacheDir, CachedObject, ObjectKey, OpenHold, meta::chunk_shift_for};
 use hoardfs_origin::{FileKind, WireError};
 use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::nodes::{Backing, BackingError, HeldBacking, Ino, MakeBacking, Node};
+use crate::nodes::{Backing, BackingError, HeldBacking, Ino, MakeBacking, Node, NodeState};
 use crate::stats::Stats;
 use crate::{FsConfig, FsError, FsResult, HoardFs};
 
@@ -133,12 +133,15 @@ impl View {
     pub(crate) fn of(node: &Node) -> View {
         let st = node.state.lock();
         match &st.object {
-            Some(o) => View {
-                object: Some(o.clone()),
-                version: o.version(),
-                size: o.size(),
-                chunk_shift: o.chunk_size().trailing_zeros(),
-            },
+            Some(o) => {
+                let (version, size, chunk_size) = o.shape();
+                View {
+                    object: Some(o.clone()),
+                    version,
+                    size,
+                    chunk_shift: chunk_size.trailing_zeros(),
+                }
+            }
             None => View {
                 object: None,
                 version: st.attr.version,
@@ -251,16 +254,6 @@ fn served(of: &OpenFile, key: ChunkKey, n: usize) {
         if mem[i].served >= mem[i].bytes.len() {
             mem.remove(i);
         }
-    }
-}
-
-/// Makes `fresh` the node's cached object, retiring the one it replaces (whose writes are
-/// then ignored, so they can never touch the newer record).
-pub(crate) fn install_object(st: &mut crate::nodes::NodeState, fresh: &Arc<CachedObject>) {
-    if let Some(old) = st.set_object(Some(fresh.clone()))
-        && !Arc::ptr_eq(&old, fresh)
-    {
-        old.retire();
     }
 }
 
@@ -454,24 +447,43 @@ impl HoardFs {
         {
             return Some(o.clone());
         }
-        let key = ObjectKey {
-            export_id: self.export_id,
-            file_id,
-        };
-        let fresh = match cache.object(key, version, size) {
-            Ok(o) => o,
+        self.replace_object(cache, &mut st, file_id, version, size)
+    }
+
+    /// Makes the cache's object for this version the node's (the caller holds the node's
+    /// state lock across it), retiring the one it replaces: writes through that one are
+    /// then ignored, so they can never touch the newer record. If the cache cannot hold
+    /// it, the node keeps no object (one of another version must not be read).
+    pub(crate) fn replace_object(
+        &self,
+        cache: &CacheDir,
+        st: &mut NodeState,
+        file_id: u64,
+        version: u64,
+        size: u64,
+    ) -> Option<Arc<CachedObject>> {
+        let fresh = match cache.object(self.object_key(file_id), version, size) {
+            Ok(o) => Some(o),
             Err(e) => {
                 tracing::warn!("cannot cache file {file_id:#x}: {e}");
                 Stats::add(&self.stats.cache_errors, 1);
-                // The node's object (if any) is of another version: reads must not use it.
-                if let Some(old) = st.set_object(None) {
-                    old.retire();
-                }
-                return None;
+                None
             }
         };
-        install_object(&mut st, &fresh);
-        Some(fresh)
+        if let Some(old) = st.set_object(fresh.clone())
+            && !fresh.as_ref().is_some_and(|f| Arc::ptr_eq(&old, f))
+        {
+            old.retire();
+        }
+        fresh
+    }
+
+    /// The key of file `file_id` in the disk cache.
+    pub(crate) fn object_key(&self, file_id: u64) -> ObjectKey {
+        ObjectKey {
+            export_id: self.export_id,
+            file_id,
+        }
     }
 
     /// The open file behind kernel handle `fh`.
@@ -597,8 +609,9 @@ impl HoardFs {
         };
         // Chunks already in the disk cache need no fetch: queueing them would only wake a
         // fetch thread (a cross-CPU wake-up) to find them there.
-        let missing =
-            (from..=to).filter(|&c| !view.object.as_ref().is_some_and(|o| o.has_chunk(c)));
+        let missing: Vec<u64> = (from..=to)
+            .filter(|&c| !view.object.as_ref().is_some_and(|o| o.has_chunk(c)))
+            .collect();
         if let Some(tx) = &*self.reads.prefetch.lock() {
             for c in missing {
                 let _ = tx.send((of.clone(), c));

@@ -10,7 +10,6 @@
 //! Lock ordering: as in `read`, a node's `state` lock is held across disk I/O only to
 //! replace or update that node's cached object (never across origin round trips).
 
-use hoardfs_cache::ObjectKey;
 use hoardfs_origin::{Attr, SetAttrs};
 
 use crate::nodes::{Ino, Node};
@@ -61,25 +60,11 @@ impl HoardFs {
         }
         // Somebody else changed the file too (or there was no object): start an empty
         // object for the new version, holding at least what we just wrote.
-        let key = ObjectKey {
-            export_id: self.export_id,
-            file_id: w.attr.file_id,
-        };
-        match cache.object(key, w.attr.version, w.attr.size) {
-            Ok(fresh) => {
-                let v = w.attr.version;
-                if let Err(e) = fresh.apply_write(v, w.offset, data, v, w.attr.size) {
-                    tracing::warn!("cache update after a write failed: {e}");
-                }
-                crate::read::install_object(&mut st, &fresh);
-            }
-            Err(e) => {
-                tracing::warn!("cannot cache file {:#x}: {e}", w.attr.file_id);
-                Stats::add(&self.stats.cache_errors, 1);
-                if let Some(old) = st.set_object(None) {
-                    old.retire();
-                }
-            }
+        let (file_id, v, size) = (w.attr.file_id, w.attr.version, w.attr.size);
+        if let Some(fresh) = self.replace_object(cache, &mut st, file_id, v, size)
+            && let Err(e) = fresh.apply_write(v, w.offset, data, v, size)
+        {
+            tracing::warn!("cache update after a write failed: {e}");
         }
     }
 
