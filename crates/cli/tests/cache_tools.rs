@@ -9,6 +9,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::rig::*;
 use common::*;
 
 const MIB: usize = 1 << 20;
@@ -214,19 +215,12 @@ fn verify_drops_a_corrupted_chunk_and_the_right_bytes_are_served() {
 
 #[test]
 fn reopening_a_cached_file_reuses_its_passthrough_registration_until_it_changes() {
-    require_fuse();
-    let t = scratch();
-    let exp = t.path().join("export");
-    std::fs::create_dir_all(&exp).unwrap();
-    std::fs::write(exp.join("f"), bytes(1, 3 * MIB)).unwrap();
-    let srv = Server::start(&exp);
-    let m = Mount::with_cache(
-        &srv.addr,
-        &t.path().join("mnt"),
-        &t.path().join("cache"),
+    let r = rig_with(
+        |exp| std::fs::write(exp.join("f"), bytes(1, 3 * MIB)).unwrap(),
+        &[],
         &[],
     );
-    let counter = |k: &str| stats(&m)["counters"][k].as_u64().unwrap();
+    let (m, exp) = (&r.m, &r.exp);
     // An O_PATH descriptor (no FUSE open) keeps the kernel from forgetting the inode when
     // tests running beside this one drop every cache: the mount keeps its node and object.
     let inode_pin = std::fs::OpenOptions::new()
@@ -243,9 +237,9 @@ fn reopening_a_cached_file_reuses_its_passthrough_registration_until_it_changes(
     for _ in 0..4 {
         read(&bytes(1, 3 * MIB));
     }
-    assert_eq!(counter("passthrough_opens"), 4);
+    assert_eq!(counter(m, "passthrough_opens"), 4);
     assert_eq!(
-        counter("passthrough_registrations"),
+        counter(m, "passthrough_registrations"),
         1,
         "one per cached object"
     );
@@ -255,9 +249,9 @@ fn reopening_a_cached_file_reuses_its_passthrough_registration_until_it_changes(
     assert!(ok, "evict: {err}");
     read(&bytes(1, 3 * MIB));
     read(&bytes(1, 3 * MIB));
-    assert_eq!(counter("bytes_from_network"), 6 * MIB as u64);
-    assert_eq!(counter("passthrough_opens"), 5);
-    assert_eq!(counter("passthrough_registrations"), 1);
+    assert_eq!(counter(m, "bytes_from_network"), 6 * MIB as u64);
+    assert_eq!(counter(m, "passthrough_opens"), 5);
+    assert_eq!(counter(m, "passthrough_registrations"), 1);
     // A new version is a new cache file: registered anew, never the old one's bytes.
     std::fs::write(exp.join("f"), bytes(2, 2 * MIB)).unwrap();
     assert_soon("the new version", || {
@@ -265,7 +259,7 @@ fn reopening_a_cached_file_reuses_its_passthrough_registration_until_it_changes(
     });
     read(&bytes(2, 2 * MIB));
     read(&bytes(2, 2 * MIB));
-    assert_eq!(counter("passthrough_registrations"), 2);
+    assert_eq!(counter(m, "passthrough_registrations"), 2);
     // Dropping the kernel's inodes too (a forgotten node lets go of its object and
     // registration) still reads the right bytes.
     drop(inode_pin);
@@ -275,22 +269,22 @@ fn reopening_a_cached_file_reuses_its_passthrough_registration_until_it_changes(
 
 #[test]
 fn listing_a_directory_after_a_remount_reads_its_cached_records_ahead() {
-    require_fuse();
-    let t = scratch();
-    let exp = t.path().join("export");
-    std::fs::create_dir_all(exp.join("d/sub")).unwrap();
-    for i in 0..5u64 {
-        std::fs::write(exp.join(format!("d/f{i}")), bytes(i, 100_000)).unwrap();
-    }
-    let srv = Server::start(&exp);
-    let (mnt, cache) = (t.path().join("mnt"), t.path().join("cache"));
-    let m = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
+    let mut r = rig_with(
+        |exp| {
+            std::fs::create_dir_all(exp.join("d/sub")).unwrap();
+            for i in 0..5u64 {
+                std::fs::write(exp.join(format!("d/f{i}")), bytes(i, 100_000)).unwrap();
+            }
+        },
+        &[],
+        &[],
+    );
     for i in 0..3u64 {
-        std::fs::read(m.p(&format!("d/f{i}"))).unwrap();
+        std::fs::read(r.m.p(&format!("d/f{i}"))).unwrap();
     }
-    m.unmount();
-    let m = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
-    let warmed = || stats(&m)["cache"]["records_warmed"].as_u64().unwrap();
+    r.remount(&[]);
+    let m = &r.m;
+    let warmed = || stats(m)["cache"]["records_warmed"].as_u64().unwrap();
     assert_eq!(warmed(), 0);
     assert_eq!(std::fs::read_dir(m.p("d")).unwrap().count(), 6);
     // The three cached files, not the two never read nor the directory.
@@ -305,9 +299,7 @@ fn listing_a_directory_after_a_remount_reads_its_cached_records_ahead() {
         assert_bytes_eq(&format!("d/f{i}"), &got, &bytes(i, 100_000));
     }
     assert_eq!(
-        stats(&m)["counters"]["bytes_from_network"]
-            .as_u64()
-            .unwrap(),
+        counter(m, "bytes_from_network"),
         200_000,
         "only the two files never read before"
     );

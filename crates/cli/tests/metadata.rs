@@ -6,10 +6,18 @@ mod common;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+use common::rig::{Rig, rig_with};
 use common::*;
 
 /// Requests one `Server::counters` query costs the server itself (hello + counters).
 const QUERY_COST: u64 = 2;
+
+/// Server requests made while `f` ran (the counter queries themselves not counted).
+fn requests_during(srv: &Server, f: impl FnOnce()) -> u64 {
+    let before = srv.counters().requests;
+    f();
+    srv.counters().requests - before - QUERY_COST
+}
 
 /// `dirs` directories (a root holding `dirs - 1` subdirectories, every directory with
 /// three files) under `root`.
@@ -59,26 +67,23 @@ fn ls_lr(root: &Path) -> Vec<String> {
 
 #[test]
 fn ls_lr_costs_one_round_trip_per_directory_cold_and_none_warm() {
-    require_fuse();
-    let t = scratch();
-    let exp = t.path().join("export");
     const DIRS: u64 = 60;
-    make_source_tree(&exp.join("src"), DIRS as usize);
-    let srv = Server::start(&exp);
-    let (mnt, cache) = (t.path().join("mnt"), t.path().join("cache"));
+    let mut r = rig_with(
+        |exp| make_source_tree(&exp.join("src"), DIRS as usize),
+        &[],
+        &[],
+    );
+    let exp = r.exp.clone();
     let want = ls_lr(&exp.join("src"));
     assert_eq!(want.len() as u64, DIRS - 1 + DIRS * 3 + 7);
 
-    let m = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
-    let spent = |f: &dyn Fn()| {
-        let before = srv.counters().requests;
-        f();
-        srv.counters().requests - before - QUERY_COST
-    };
+    let spent = |r: &Rig, f: &dyn Fn(&Mount)| requests_during(&r.srv, || f(&r.m));
     // Cold: a lookup of "src", then one READDIRPLUS per directory (names and attributes).
     // The 7 intermediate d0N directories count as directories too.
     let dirs = DIRS + 7;
-    let cold = spent(&|| assert_eq!(ls_lr(&m.p("src")), want, "cold listing"));
+    let cold = spent(&r, &|m| {
+        assert_eq!(ls_lr(&m.p("src")), want, "cold listing")
+    });
     assert!(
         cold <= dirs + 1,
         "cold ls -lR: {cold} requests for {dirs} dirs"
@@ -88,13 +93,17 @@ fn ls_lr_costs_one_round_trip_per_directory_cold_and_none_warm() {
         "cold ls -lR: {cold} requests for {dirs} dirs?"
     );
     // Warm, under callbacks: the kernel answers from its own caches.
-    let warm = spent(&|| assert_eq!(ls_lr(&m.p("src")), want, "warm listing"));
+    let warm = spent(&r, &|m| {
+        assert_eq!(ls_lr(&m.p("src")), want, "warm listing")
+    });
     assert_eq!(warm, 0, "warm ls -lR reached the server");
-    m.unmount();
 
     // After a remount: at most one round trip per directory again.
-    let m = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
-    let again = spent(&|| assert_eq!(ls_lr(&m.p("src")), want, "listing after remount"));
+    r.remount(&[]);
+    let again = spent(&r, &|m| {
+        assert_eq!(ls_lr(&m.p("src")), want, "listing after remount")
+    });
+    let m = &r.m;
     assert!(again <= dirs + 1, "ls -lR after remount: {again} requests");
 
     // A change on the server shows in the next listing (the kernel's cached copy of the
@@ -113,39 +122,35 @@ fn ls_lr_costs_one_round_trip_per_directory_cold_and_none_warm() {
 
 #[test]
 fn a_directory_larger_than_one_readdir_reply_lists_completely() {
-    require_fuse();
-    let t = scratch();
-    let exp = t.path().join("export");
-    let big = exp.join("big");
-    std::fs::create_dir_all(&big).unwrap();
-    // Long names: the kernel fetches this in many 4 KiB READDIRPLUS replies.
-    for i in 0..3000 {
-        std::fs::write(big.join(format!("{i:05}-{}", "n".repeat(100))), b"").unwrap();
-    }
-    let srv = Server::start(&exp);
-    let m = Mount::with_cache(
-        &srv.addr,
-        &t.path().join("mnt"),
-        &t.path().join("cache"),
+    let r = rig_with(
+        |exp| {
+            let big = exp.join("big");
+            std::fs::create_dir_all(&big).unwrap();
+            // Long names: the kernel fetches this in many 4 KiB READDIRPLUS replies.
+            for i in 0..3000 {
+                std::fs::write(big.join(format!("{i:05}-{}", "n".repeat(100))), b"").unwrap();
+            }
+        },
+        &[],
         &[],
     );
-    let mut want = list(&big).unwrap();
-    want.sort();
+    let (m, srv) = (&r.m, &r.srv);
+    // Both sorted by name.
+    let want = list(&r.srv("big")).unwrap();
     for pass in 0..2 {
-        let mut got = list(&m.p("big")).unwrap();
-        got.sort();
+        let got = list(&m.p("big")).unwrap();
         assert_eq!(got.len(), want.len(), "pass {pass}: entry count");
         assert_eq!(got, want, "pass {pass}");
     }
     // Every page of the listing came with attributes (READDIRPLUS, not the kernel's
     // "auto" choice of plain READDIR after the first page): opening each listed file
     // needs no LOOKUP round trip.
-    let before = srv.counters().requests;
-    for name in &want {
-        let name = std::str::from_utf8(name).unwrap();
-        std::fs::File::open(m.p(&format!("big/{name}"))).unwrap();
-    }
-    let spent = srv.counters().requests - before - QUERY_COST;
+    let spent = requests_during(srv, || {
+        for name in &want {
+            let name = std::str::from_utf8(name).unwrap();
+            std::fs::File::open(m.p(&format!("big/{name}"))).unwrap();
+        }
+    });
     assert_eq!(
         spent,
         0,

@@ -3,7 +3,14 @@
 
 mod common;
 
+use common::rig::{Rig, rig_with};
 use common::*;
+
+/// An export prepared by `setup`, served and mounted without a disk cache (`--no-cache`
+/// wins over the rig's `--cache-dir`).
+fn uncached(setup: impl FnOnce(&std::path::Path)) -> Rig {
+    rig_with(setup, &[], &["--no-cache"])
+}
 
 /// A whole file, read 4 KiB at a time (like the seed 003 readers).
 fn read_in_4k_blocks(p: &std::path::Path) -> Vec<u8> {
@@ -21,17 +28,14 @@ fn read_in_4k_blocks(p: &std::path::Path) -> Vec<u8> {
 
 #[test]
 fn sixty_four_parallel_readers_without_a_cache_fetch_each_byte_once() {
-    require_fuse();
-    let t = scratch();
-    let exp = t.path().join("export");
-    std::fs::create_dir_all(&exp).unwrap();
     const READERS: usize = 64;
     const SIZE: usize = 2 << 20;
-    for i in 0..READERS {
-        std::fs::write(exp.join(format!("r{i:02}")), bytes(100 + i as u64, SIZE)).unwrap();
-    }
-    let srv = Server::start(&exp);
-    let m = Mount::start(&srv.addr, &t.path().join("mnt"), &["--no-cache"]).unwrap();
+    let r = uncached(|exp| {
+        for i in 0..READERS {
+            std::fs::write(exp.join(format!("r{i:02}")), bytes(100 + i as u64, SIZE)).unwrap();
+        }
+    });
+    let (m, srv) = (&r.m, &r.srv);
     let before = srv.counters();
     std::thread::scope(|s| {
         for i in 0..READERS {
@@ -60,15 +64,10 @@ fn sixty_four_parallel_readers_without_a_cache_fetch_each_byte_once() {
 
 #[test]
 fn one_sequential_reader_without_a_cache_fetches_each_byte_once() {
-    require_fuse();
-    let t = scratch();
-    let exp = t.path().join("export");
-    std::fs::create_dir_all(&exp).unwrap();
     const SIZE: usize = 48 << 20;
     let want = bytes(7, SIZE);
-    std::fs::write(exp.join("big"), &want).unwrap();
-    let srv = Server::start(&exp);
-    let m = Mount::start(&srv.addr, &t.path().join("mnt"), &["--no-cache"]).unwrap();
+    let r = uncached(|exp| std::fs::write(exp.join("big"), &want).unwrap());
+    let (m, srv) = (&r.m, &r.srv);
     let before = srv.counters().bytes_read;
     // The kernel's readahead sends several reads at once, out of order: each fetched
     // chunk must stay until all of them were served.
@@ -82,15 +81,10 @@ fn one_sequential_reader_without_a_cache_fetches_each_byte_once() {
 
 #[test]
 fn sequential_small_reads_reach_the_daemon_as_large_requests() {
-    require_fuse();
-    let t = scratch();
-    let exp = t.path().join("export");
-    std::fs::create_dir_all(&exp).unwrap();
     const SIZE: usize = 16 << 20;
-    std::fs::write(exp.join("f"), bytes(8, SIZE)).unwrap();
-    let srv = Server::start(&exp);
-    let m = Mount::start(&srv.addr, &t.path().join("mnt"), &["--no-cache"]).unwrap();
-    let reads = || stats(&m)["counters"]["reads"].as_u64().unwrap();
+    let r = uncached(|exp| std::fs::write(exp.join("f"), bytes(8, SIZE)).unwrap());
+    let m = &r.m;
+    let reads = || counter(m, "reads");
     let before = reads();
     assert_bytes_eq("f", &read_in_4k_blocks(&m.p("f")), &bytes(8, SIZE));
     // The mount raised the kernel's readahead (128 KiB by default: 131 requests here) to

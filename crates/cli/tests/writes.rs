@@ -395,11 +395,7 @@ fn a_write_open_waits_for_a_cached_reader_that_is_closing() {
     let r = rig();
     let old = bytes(5, 200_000);
     put(&r.m.p("f"), &old);
-    let passthrough = || {
-        stats(&r.m)["counters"]["passthrough_opens"]
-            .as_u64()
-            .unwrap()
-    };
+    let passthrough = || counter(&r.m, "passthrough_opens");
     let before = passthrough();
     // Written through this client, so completely cached: read-only opens are passthrough,
     // and while one is open the kernel refuses every other kind of open of the file (EIO).

@@ -565,6 +565,11 @@ pub fn tool(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Counter `key` of `hoardfs stats` of a mount.
+pub fn counter(m: &Mount, key: &str) -> u64 {
+    stats(m)["counters"][key].as_u64().unwrap()
+}
+
 /// `hoardfs stats --json` of a mount.
 pub fn stats(m: &Mount) -> serde_json::Value {
     let (ok, out, err) = tool(&["stats", m.path.to_str().unwrap(), "--json"]);

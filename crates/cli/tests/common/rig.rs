@@ -22,6 +22,17 @@ impl Rig {
         Mount::with_cache(&self.srv.addr, &t.join("mnt2"), &t.join("cache2"), extra)
     }
 
+    /// Unmounts the client (cleanly) and mounts it again on the same cache with `extra`.
+    pub fn remount(&mut self, extra: &[&str]) {
+        let t = self.t.path();
+        let gone = Mount {
+            child: None,
+            path: self.m.path.clone(),
+        };
+        std::mem::replace(&mut self.m, gone).unmount();
+        self.m = Mount::with_cache(&self.srv.addr, &t.join("mnt"), &t.join("cache"), extra);
+    }
+
     /// Path in the exported directory (the server's disk).
     pub fn srv(&self, rel: &str) -> PathBuf {
         self.exp.join(rel)
