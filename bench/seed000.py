@@ -208,6 +208,19 @@ class Bench:
         with open(PIDFILE, "w") as f:
             json.dump([{"pid": p.pid, "cmd": p.args} for p in self.procs], f)
 
+    def start_ns_servers(self, srv_dir, port, hoardfs=True, sftp=True, sftp_port=SFTP_PORT):
+        """In the server namespace: `hoardfs serve srv_dir` on `port`, and an sftp-server
+        behind socat on `sftp_port` (for sshfs)."""
+        if hoardfs:
+            p = self.spawn(in_ns(self.args.binary, "serve", srv_dir, "--listen",
+                                 f"{SRV_IP}:{port}", "--allow-unauthenticated"), "hoardfs-serve")
+            self.wait_output(p, "hoardfs: serving", "hoardfs serve")
+        if sftp:
+            p = self.spawn(in_ns("socat", f"TCP-LISTEN:{sftp_port},bind={SRV_IP},reuseaddr,fork",
+                                 f"EXEC:{sftp_server_path()}"), "sftp-socat")
+            self.wait_for(p, lambda: sh(in_ns("ss", "-Hltn", f"sport = :{sftp_port}")).stdout
+                          .strip(), "socat for sftp-server")
+
     def wait_for(self, proc, pred, what, timeout=30):
         deadline = time.monotonic() + timeout
         while not pred():
@@ -467,15 +480,8 @@ def main():
         signal.signal(sig, lambda n, _: sys.exit(f"seed000: signal {n}, cleaning up"))
     try:
         setup_network(args.rate)
-        if not args.skip_hoardfs:
-            p = b.spawn(in_ns(args.binary, "serve", os.path.join(WORK, "srv"), "--listen",
-                              f"{SRV_IP}:{HOARD_PORT}", "--allow-unauthenticated"), "hoardfs-serve")
-            b.wait_output(p, "hoardfs: serving", "hoardfs serve")
-        if not args.skip_sshfs:
-            p = b.spawn(in_ns("socat", f"TCP-LISTEN:{SFTP_PORT},bind={SRV_IP},reuseaddr,fork",
-                              f"EXEC:{sftp_server_path()}"), "sftp-socat")
-            b.wait_for(p, lambda: sh(in_ns("ss", "-Hltn", f"sport = :{SFTP_PORT}")).stdout.strip(),
-                       "socat for sftp-server")
+        b.start_ns_servers(os.path.join(WORK, "srv"), HOARD_PORT, hoardfs=not args.skip_hoardfs,
+                           sftp=not args.skip_sshfs)
         for run in range(args.runs):
             log(f"run {run + 1}/{args.runs}")
             b.measure_server(srv)

@@ -25,18 +25,14 @@ import subprocess
 import sys
 import time
 
+from seed000 import drop_caches
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORK = os.path.join(REPO, "bench", "out", "startup-work")
 
 
 def log(msg):
     print(f"[startup] {msg}", file=sys.stderr, flush=True)
-
-
-def drop_caches():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def main():

@@ -697,14 +697,8 @@ def main():
     try:
         if only & {"metadata", "small"}:
             seed000.setup_network(args.rate)
-            p = rig.spawn(in_ns(args.binary, "serve", os.path.join(WORK, "srv"), "--listen",
-                                f"{SRV_IP}:{PORT}", "--allow-unauthenticated"), "hoardfs-serve")
-            rig.wait_output(p, "hoardfs: serving", "hoardfs serve")
-            if not args.skip_sshfs:
-                p = rig.spawn(in_ns("socat", f"TCP-LISTEN:{SFTP_PORT},bind={SRV_IP},reuseaddr,fork",
-                                    f"EXEC:{seed000.sftp_server_path()}"), "sftp-socat")
-                rig.wait_for(p, lambda: sh(in_ns("ss", "-Hltn", f"sport = :{SFTP_PORT}")).stdout
-                             .strip(), "socat for sftp-server")
+            rig.start_ns_servers(os.path.join(WORK, "srv"), PORT, sftp=not args.skip_sshfs,
+                                 sftp_port=SFTP_PORT)
             if "metadata" in only:
                 metadata(rig, res)
             if "small" in only:
