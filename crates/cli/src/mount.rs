@@ -421,11 +421,15 @@ fn set_readahead(mountpoint: &Path, kb: u32) {
             let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
             std::fs::write(&path, kb.to_string()).map_err(|e| format!("{path}: {e}"))
         });
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
     match result {
         Ok(()) => tracing::debug!(
             "kernel readahead of {} set to {kb} KiB",
             mountpoint.display()
         ),
+        // Only root may write sysfs: for anyone else the default is expected, not news.
+        Err(e) if !root => tracing::debug!("kernel readahead left at its default: {e}"),
         Err(e) => tracing::warn!(
             "cannot set the kernel readahead to {kb} KiB ({e}); daemon reads stay at the \
              kernel's default size"

@@ -229,7 +229,8 @@ impl Filesystem for FuseBridge {
         {
             let _ = config.set_max_stack_depth(2);
         }
-        let _ = config.set_max_readahead(1 << 20);
+        // No `set_max_readahead` here: INIT can only lower the kernel's 128 KiB; the mount
+        // raises its readahead afterwards through sysfs (`--readahead-kb`).
         // Readahead requests are "background" requests; past the congestion threshold
         // (default 9 of 12) the kernel skips readahead and falls back to single-page
         // reads, so hundreds of parallel readers would each send 4 KiB requests.
