@@ -118,6 +118,11 @@ pub(crate) struct OpenFile {
     mem: Mutex<VecDeque<HeldChunk>>,
     /// Released: queued readahead for it is skipped.
     closed: std::sync::atomic::AtomicBool,
+    /// The end of the farthest read asked for through this open: queued readahead of a
+    /// chunk wholly before it is skipped (the reader fetched that chunk itself, and
+    /// without a disk cache may already have dropped it: fetching it again would fetch
+    /// it twice).
+    read_to: AtomicU64,
 }
 
 /// The current state of a file as reads see it: its cached object (which writes through
@@ -216,17 +221,8 @@ impl ReadEngine {
                     loop {
                         let job = rx.lock().recv();
                         let Ok((of, c)) = job else { return };
-                        if of.closed.load(Ordering::Relaxed) {
-                            continue;
-                        }
                         let Some(fs) = fs.upgrade() else { return };
-                        let view = View::of(&of.node);
-                        if c >= view.chunks() {
-                            continue;
-                        }
-                        if let Err(e) = fs.ensure_chunk(&of.node, &view, c, Some(&of)) {
-                            tracing::debug!("readahead of chunk {c} failed: {e}");
-                        }
+                        fs.read_ahead(&of, c);
                     }
                 })
                 .expect("spawn fetch thread");
@@ -422,6 +418,7 @@ impl HoardFs {
             seq: Mutex::new((0, None)),
             mem: Mutex::new(VecDeque::new()),
             closed: false.into(),
+            read_to: AtomicU64::new(0),
         });
         let fh = engine.next_fh.fetch_add(1, Ordering::Relaxed);
         engine.files.write().insert(fh, of);
@@ -507,6 +504,7 @@ impl HoardFs {
         let end = (offset + size as u64).min(view.size);
         let first = offset >> view.chunk_shift;
         let last = (end - 1) >> view.chunk_shift;
+        of.read_to.fetch_max(end, Ordering::Relaxed);
         self.schedule_readahead(&of, &view, offset, end, last);
         // Without a disk cache a read within one chunk (nearly every read) is answered from
         // the fetched bytes, without a copy or a fresh buffer per request. With one, hits
@@ -616,6 +614,21 @@ impl HoardFs {
             for c in missing {
                 let _ = tx.send((of.clone(), c));
             }
+        }
+    }
+
+    /// A queued readahead job: fetches chunk `c` for `of` unless the open was released,
+    /// the file shrank below it, or the reader already asked for all of it.
+    pub(crate) fn read_ahead(&self, of: &Arc<OpenFile>, c: u64) {
+        if of.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let view = View::of(&of.node);
+        if c >= view.chunks() || view.chunk_range(c).1 <= of.read_to.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Err(e) = self.ensure_chunk(&of.node, &view, c, Some(of)) {
+            tracing::debug!("readahead of chunk {c} failed: {e}");
         }
     }
 
