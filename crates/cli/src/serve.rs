@@ -28,6 +28,10 @@ pub struct ServeArgs {
     /// Most files kept open for reading at once.
     #[arg(long, default_value_t = 4096)]
     pub max_open_files: usize,
+    /// Copy every read through the server's memory instead of sending file data with
+    /// sendfile(2) (zero-copy is used only for files unchanged for 2 s).
+    #[arg(long)]
+    pub no_zero_copy: bool,
 }
 
 /// Runs the server until SIGINT/SIGTERM.
@@ -57,6 +61,9 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     let mut cfg = ServerConfig::new(a.listen);
     cfg.token = token;
     cfg.read_only = a.read_only;
+    if a.no_zero_copy {
+        cfg.zero_copy = None;
+    }
     let counters = {
         let o = origin.clone();
         Arc::new(move || o.counters()) as hoardfs_server::OriginCounters

@@ -6,6 +6,8 @@
 //! process reached over TCP. Both name objects by [`Handle`] and report a change attribute
 //! (`Attr::version`) with every attribute set.
 
+use std::fs::File;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use hoardfs_proto::{
@@ -64,6 +66,23 @@ pub struct ReadReply {
     pub version: u64,
 }
 
+/// Bytes of a file offered by [`Origin::read_range`] to be sent straight from the page
+/// cache (`sendfile`), without passing through the caller's memory.
+#[derive(Debug, Clone)]
+pub struct FileRange {
+    /// The open file (shared with the origin's open-file cache).
+    pub file: Arc<File>,
+    /// Where the bytes start.
+    pub offset: u64,
+    /// How many bytes the file held there when the range was taken (fewer than asked
+    /// only at end of file).
+    pub len: u32,
+    /// The file's change attribute when the range was taken. Unlike [`ReadReply`]'s, it
+    /// cannot be checked after the bytes are copied (that happens later, in the kernel):
+    /// origins offer ranges only of files that had not changed for a while.
+    pub version: u64,
+}
+
 /// A page of directory entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirPage {
@@ -110,6 +129,18 @@ pub trait Origin: Send + Sync + 'static {
     fn readdir(&self, dir: Handle, cookie: u64, max_entries: u32) -> Result<DirPage>;
     /// Reads up to `len` bytes at `offset`.
     fn read(&self, handle: Handle, offset: u64, len: u32) -> Result<ReadReply>;
+    /// Offers up to `len` bytes at `offset` as a range of an open file for the caller to
+    /// send without copying, if the origin can (a local file) and the file has not changed
+    /// for at least `unchanged_for`; `None` means: call [`Origin::read`].
+    fn read_range(
+        &self,
+        _handle: Handle,
+        _offset: u64,
+        _len: u32,
+        _unchanged_for: Duration,
+    ) -> Result<Option<FileRange>> {
+        Ok(None)
+    }
     /// Target of a symlink.
     fn readlink(&self, handle: Handle) -> Result<Vec<u8>>;
     /// File-system statistics of the export.

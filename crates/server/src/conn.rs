@@ -10,16 +10,18 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use hoardfs_origin::FileRange;
 use hoardfs_proto::buffers;
 use hoardfs_proto::frame::{self, FrameError, FrameHeader, HEADER_LEN, Limits};
 use hoardfs_proto::{
     MAX_WRITE_LEN, Op, PROTOCOL_VERSION, Reply, Request, Response, ServerMessage, WireError,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter, Interest};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{Semaphore, mpsc};
@@ -44,6 +46,8 @@ const REFUSAL_LINGER: Duration = Duration::from_secs(5);
 pub(crate) struct Outgoing {
     body: Vec<u8>,
     data: Vec<u8>,
+    /// A data section sent from a file with `sendfile` instead of `data`.
+    file: Option<FileRange>,
     /// A callback-break frame (counted in the connection's pending breaks until written).
     is_break: bool,
 }
@@ -63,11 +67,28 @@ impl Outgoing {
         out
     }
 
+    /// Encodes a read reply whose bytes the writer sends from `range` without copying them.
+    pub(crate) fn file(id: u64, range: FileRange) -> Outgoing {
+        let reply = Reply::Data {
+            len: range.len,
+            version: range.version,
+        };
+        let msg = ServerMessage::Response(Response {
+            id,
+            result: Ok(reply),
+        });
+        Outgoing {
+            file: Some(range),
+            ..Outgoing::message(&msg, false)
+        }
+    }
+
     /// Encodes any server message without a data section.
     pub(crate) fn message(msg: &ServerMessage, is_break: bool) -> Outgoing {
         Outgoing {
             body: frame::encode_body(msg),
             data: Vec::new(),
+            file: None,
             is_break,
         }
     }
@@ -371,16 +392,109 @@ async fn write_one(
     if out.is_break {
         pending_breaks.fetch_sub(1, Ordering::Relaxed);
     }
-    w.write_all(&FrameHeader::encode(out.body.len(), out.data.len()))
+    let data_len = out.file.as_ref().map_or(out.data.len(), |f| f.len as usize);
+    w.write_all(&FrameHeader::encode(out.body.len(), data_len))
         .await?;
     w.write_all(&out.body).await?;
-    // Large data sections bypass the buffer (BufWriter writes them straight through).
-    w.write_all(&out.data).await
+    match &out.file {
+        Some(range) => {
+            w.flush().await?;
+            send_range(w.get_ref().as_ref(), range).await
+        }
+        // Large data sections bypass the buffer (BufWriter writes them straight through).
+        None => w.write_all(&out.data).await,
+    }
+}
+
+/// Sends `range` with `sendfile(2)`: the kernel hands the file's page-cache pages to the
+/// socket, so the bytes are neither read into nor copied out of this process.
+///
+/// If the file has shrunk since the range was taken, the frame (whose header promised
+/// `range.len` bytes) cannot be completed with true bytes: the error closes the connection
+/// (the client fails the request and reconnects) rather than send bytes the file never held.
+async fn send_range(sock: &TcpStream, range: &FileRange) -> io::Result<()> {
+    let mut offset = range.offset as libc::off_t;
+    let mut left = range.len as usize;
+    while left > 0 {
+        sock.writable().await?;
+        let sent = sock.try_io(Interest::WRITABLE, || {
+            // SAFETY: both descriptors stay open for the call (`range` holds the file, `sock`
+            // the socket) and `offset` is a local the kernel may update.
+            let n = unsafe {
+                libc::sendfile(sock.as_raw_fd(), range.file.as_raw_fd(), &mut offset, left)
+            };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        });
+        match sent {
+            Ok(0) => {
+                tracing::warn!(
+                    offset,
+                    missing = left,
+                    "file shrank while being sent: closing the connection"
+                );
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            Ok(n) => left -= n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::*;
+
+    /// A connected socket pair on loopback.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        (a, l.accept().await.unwrap().0)
+    }
+
+    fn range_of(bytes: &[u8], offset: u64, len: u32) -> FileRange {
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, bytes).unwrap();
+        FileRange {
+            file: Arc::new(f),
+            offset,
+            len,
+            version: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_range_is_sent_whole_even_through_a_full_socket() {
+        let content: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+        let (tx, mut rx) = pair().await;
+        let range = range_of(&content, 3, (content.len() - 3) as u32);
+        // 8 MiB is far more than the socket buffers: sendfile must wait for room.
+        let (sent, got) = tokio::join!(send_range(&tx, &range), async {
+            let mut got = vec![0u8; content.len() - 3];
+            rx.read_exact(&mut got).await.map(|_| got)
+        });
+        sent.unwrap();
+        assert!(got.unwrap() == content[3..], "bytes differ");
+    }
+
+    #[tokio::test]
+    async fn a_file_shorter_than_its_range_ends_the_frame_with_an_error() {
+        let (tx, mut rx) = pair().await;
+        // The file shrank to 10 bytes after the range (and the frame header) promised 100.
+        let range = range_of(b"0123456789", 0, 100);
+        let err = send_range(&tx, &range).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        drop(tx);
+        let mut got = Vec::new();
+        rx.read_to_end(&mut got).await.unwrap();
+        // What was sent is the file's true bytes; nothing made up fills the rest.
+        assert_eq!(got, b"0123456789");
+    }
 
     #[test]
     fn token_compare() {

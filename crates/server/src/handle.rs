@@ -47,6 +47,25 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
         return Outgoing::new(id, Err(WireError::ReadOnly), Vec::new());
     }
     let origin = &*shared.origin;
+    if let (
+        Op::Read {
+            handle,
+            offset,
+            len,
+        },
+        Some(quiet),
+    ) = (&op, shared.cfg.zero_copy)
+        && *len <= MAX_READ_LEN
+    {
+        // Zero-copy where the origin offers it; otherwise (or for a file changed recently)
+        // the read below copies and checks the version after. A read reply names no file,
+        // so it registers no callback.
+        match origin.read_range(*handle, *offset, *len, quiet) {
+            Ok(Some(range)) => return Outgoing::file(id, range),
+            Ok(None) => {}
+            Err(e) => return Outgoing::new(id, Err(wire_error(e)), Vec::new()),
+        }
+    }
     let seq_before = shared.callbacks.seq();
     // Context for a conservative break on a race: the directory and name a reply is about.
     let dir_ctx = match &op {
@@ -138,8 +157,6 @@ fn run(
             if len > MAX_READ_LEN {
                 return (Err(WireError::Invalid.into()), none());
             }
-            // Zero-copy would go here: instead of reading into a buffer, hand the writer an
-            // (open file, offset, len) and let it sendfile(2) from the page cache.
             match origin.read(handle, offset, len) {
                 Ok(mut r) => {
                     r.data.truncate(len as usize);

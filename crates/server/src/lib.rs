@@ -38,7 +38,15 @@ pub struct ServerConfig {
     /// Requests of one connection that may run at the same time; further requests wait
     /// unread in the socket (back-pressure on that client only).
     pub max_in_flight_per_conn: usize,
+    /// Send file data with `sendfile(2)` (no copy through the server's memory) for files
+    /// unchanged for at least this long; `None` copies every read. Files changed more
+    /// recently are read and copied, so that a write landing while the kernel copies the
+    /// bytes is caught by the version check (see doc/SEMANTICS.md).
+    pub zero_copy: Option<Duration>,
 }
+
+/// How long a file must have been unchanged before its reads are sent with `sendfile`.
+pub const ZERO_COPY_QUIET: Duration = Duration::from_secs(2);
 
 impl ServerConfig {
     /// Defaults with the given listen address.
@@ -51,13 +59,15 @@ impl ServerConfig {
 }
 
 impl Default for ServerConfig {
-    /// All interfaces on [`DEFAULT_PORT`], no token, writable, 64 requests in flight.
+    /// All interfaces on [`DEFAULT_PORT`], no token, writable, 64 requests in flight,
+    /// zero-copy for files unchanged for [`ZERO_COPY_QUIET`].
     fn default() -> Self {
         ServerConfig {
             listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, DEFAULT_PORT)),
             token: None,
             read_only: false,
             max_in_flight_per_conn: 64,
+            zero_copy: Some(ZERO_COPY_QUIET),
         }
     }
 }

@@ -120,3 +120,55 @@ fn local_export_refuses_wrong_token() {
     );
     assert!(srv.client(b"t0k3n").is_ok());
 }
+
+#[test]
+fn zero_copy_reads_match_copied_reads_byte_for_byte() {
+    let dir = tree();
+    let local = Arc::new(LocalOrigin::new(dir.path(), LocalOptions::default()).unwrap());
+    let serve = |zero_copy| {
+        let l2 = Arc::clone(&local);
+        let cfg = hoardfs_server::ServerConfig {
+            zero_copy,
+            ..config(None)
+        };
+        let srv = Running::start(
+            cfg,
+            Arc::clone(&local) as Arc<dyn Origin>,
+            Some(Arc::new(move || l2.counters())),
+        );
+        let o = srv.client(b"").unwrap();
+        let root = o.info().unwrap().root.handle;
+        let sub = o.lookup(root, b"sub").unwrap().handle;
+        let big = o.lookup(sub, b"big.bin").unwrap();
+        // Pieces that straddle nothing, end past the end, start past the end; several
+        // requests in flight at once on one connection.
+        let reads = [
+            (0u64, 1u32 << 20),
+            (1 << 20, 1 << 20),
+            (2_999_000, 8192),
+            (5 << 20, 10),
+        ];
+        let o = Arc::new(o);
+        let got: Vec<_> = reads
+            .iter()
+            .map(|&(off, len)| {
+                let o = Arc::clone(&o);
+                thread::spawn(move || o.read(big.handle, off, len).unwrap())
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        (got, big.attr.version)
+    };
+    // Every file is older than zero: all sent with sendfile; `None`: all copied.
+    let (sent, version) = serve(Some(std::time::Duration::ZERO));
+    let (copied, _) = serve(None);
+    let expect = std::fs::read(dir.path().join("sub/big.bin")).unwrap();
+    assert_eq!(sent[0].data, expect[..1 << 20]);
+    assert_eq!(sent[1].data, expect[1 << 20..2 << 20]);
+    assert_eq!(sent[2].data, expect[2_999_000..]);
+    assert!(sent[3].data.is_empty());
+    assert!(sent.iter().all(|r| r.version == version));
+    assert_eq!(sent, copied);
+}

@@ -35,7 +35,7 @@ use hoardfs_proto::{
     Attr, DirEntry, Entry, FileKind, Handle, Owner, ServerCounters, SetAttrs, StatFs, WireError,
 };
 
-use crate::{BreakSink, DirPage, Origin, OriginInfo, ReadReply, Result, WriteReply};
+use crate::{BreakSink, DirPage, FileRange, Origin, OriginInfo, ReadReply, Result, WriteReply};
 use files::OpenFiles;
 use handles::{HandleTable, Node, ROOT_ID};
 
@@ -369,6 +369,41 @@ impl Origin for LocalOrigin {
             }
         }
         unreachable!("loop returns on its last attempt")
+    }
+
+    fn read_range(
+        &self,
+        handle: Handle,
+        offset: u64,
+        len: u32,
+        unchanged_for: Duration,
+    ) -> Result<Option<FileRange>> {
+        let node = self.handles.get(handle)?;
+        if node.kind != FileKind::File {
+            return Ok(None);
+        }
+        let file = self.open_file(handle.id, &node)?;
+        let st = sys::fstat(file.as_raw_fd()).map_err(werr)?;
+        // A file written recently may be written again while the kernel copies the range
+        // (after its version was taken): those get `read`, which checks the version after.
+        let changed = std::time::UNIX_EPOCH
+            + Duration::new(st.st_ctime.max(0) as u64, st.st_ctime_nsec as u32);
+        let quiet = std::time::SystemTime::now()
+            .duration_since(changed)
+            .is_ok_and(|d| d >= unchanged_for);
+        if !quiet {
+            return Ok(None);
+        }
+        let size = st.st_size.max(0) as u64;
+        let len = size.saturating_sub(offset).min(len as u64) as u32;
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(Some(FileRange {
+            file,
+            offset,
+            len,
+            version: sys::version_of(&st),
+        }))
     }
 
     fn readlink(&self, handle: Handle) -> Result<Vec<u8>> {

@@ -61,6 +61,37 @@ fn lookup_read_and_attrs() {
 }
 
 #[test]
+fn ranges_for_zero_copy_only_of_files_unchanged_long_enough() {
+    let (_d, o) = export();
+    let e = walk(&o, "sub/deeper/b.bin").unwrap();
+    // Just written: not quiet for a second, so the caller must `read` (and its check).
+    assert!(
+        o.read_range(e.handle, 0, 10, Duration::from_secs(1))
+            .unwrap()
+            .is_none()
+    );
+    let r = o.read_range(e.handle, 99_990, 100, Duration::ZERO).unwrap();
+    let r = r.expect("a range of a quiet file");
+    // Clamped at end of file, labelled with the version, from the open-file cache.
+    assert_eq!((r.offset, r.len, r.version), (99_990, 10, e.attr.version));
+    let mut got = vec![0u8; 10];
+    std::os::unix::fs::FileExt::read_exact_at(&*r.file, &mut got, r.offset).unwrap();
+    assert_eq!(got, vec![7u8; 10]);
+    let past = o
+        .read_range(e.handle, 200_000, 100, Duration::ZERO)
+        .unwrap();
+    assert_eq!(past.map(|r| r.len), Some(0));
+    assert_eq!(o.counters().opens, 1);
+    // Not a regular file: no range.
+    let dir = walk(&o, "sub").unwrap();
+    assert!(
+        o.read_range(dir.handle, 0, 10, Duration::ZERO)
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[test]
 fn dot_dot_and_slashes_are_refused() {
     let (_d, o) = export();
     let root = o.info().unwrap().root.handle;
