@@ -213,7 +213,9 @@ class Bench:
         behind socat on `sftp_port` (for sshfs)."""
         if hoardfs:
             p = self.spawn(in_ns(self.args.binary, "serve", srv_dir, "--listen",
-                                 f"{SRV_IP}:{port}", "--allow-unauthenticated"), "hoardfs-serve")
+                                 f"{SRV_IP}:{port}", "--allow-unauthenticated",
+                                 *(getattr(self.args, "serve_opt", None) or [])),
+                           "hoardfs-serve")
             self.wait_output(p, "hoardfs: serving", "hoardfs serve")
         if sftp:
             p = self.spawn(in_ns("socat", f"TCP-LISTEN:{sftp_port},bind={SRV_IP},reuseaddr,fork",
@@ -454,6 +456,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="leave namespace/processes for debugging")
     ap.add_argument("--skip-hoardfs", action="store_true", help="only the reference rows")
     ap.add_argument("--skip-sshfs", action="store_true", help="leave out the sshfs rows")
+    ap.add_argument("--serve-opt", action="append", metavar="ARG",
+                    help="extra argument for the hoardfs server (repeatable)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("seed000: run as root (namespaces, tc, drop_caches, FUSE mounts)")

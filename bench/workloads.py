@@ -500,7 +500,8 @@ def summarize_profile(data):
 
 def scaling(rig, res):
     p = rig.spawn([rig.args.binary, "serve", os.path.join(WORK, "srv"), "--listen",
-                   f"127.0.0.1:{LOOP_PORT}"], "hoardfs-serve-loopback")
+                   f"127.0.0.1:{LOOP_PORT}", *(rig.args.serve_opt or [])],
+                  "hoardfs-serve-loopback")
     rig.wait_output(p, "hoardfs: serving", "hoardfs serve (loopback)")
     rig.srv_pid = p.pid
     files = sorted(os.listdir(os.path.join(WORK, "srv", "scale")))
@@ -669,6 +670,8 @@ def main():
     ap.add_argument("--skip-sshfs", action="store_true")
     ap.add_argument("--mount-opt", action="append", metavar="ARG",
                     help="extra argument for every hoardfs mount (repeatable)")
+    ap.add_argument("--serve-opt", action="append", metavar="ARG",
+                    help="extra argument for every hoardfs server (repeatable)")
     ap.add_argument("--profile", action="store_true",
                     help="perf record -a -g an extra, unreported run of the largest scaling "
                          "cases (summaries in --out)")
