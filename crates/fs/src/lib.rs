@@ -12,6 +12,7 @@
 
 mod callbacks;
 mod error;
+mod fetch;
 mod manage;
 mod namespace;
 pub mod nodes;

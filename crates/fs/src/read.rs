@@ -1,4 +1,4 @@
-//! Opens, reads and releases: the hit path, the miss path and readahead.
+//! Opens, reads and releases: the hit path, and how an open is served.
 //!
 //! An open checks the file's version with the origin (close-to-open) and picks a mode:
 //! *passthrough* when the cached object is complete (the kernel reads the cache file
@@ -6,17 +6,14 @@
 //! while the version is unchanged), or *direct* daemon reads when passthrough opens of an
 //! older version are still around (the kernel refuses to mix modes on one inode).
 //!
-//! Misses are fetched a whole chunk at a time; concurrent readers of the same chunk wait
-//! for one fetch (`inflight`), and a sequential reader has the next chunks fetched ahead of
-//! it by a small pool of threads, so several requests are in flight. Without a disk cache
-//! (`--no-cache`) each open keeps the chunks fetched for it (the ones being read and its
-//! readahead) in memory; the readahead window shrinks as opens multiply so that all of
-//! them together stay within [`NO_CACHE_BUDGET`] (each keeps at least two chunks), and
-//! no reader's chunk is ever pushed out by another reader's fetches.
+//! Misses are fetched a whole chunk at a time, by [`crate::fetch`]: one fetch per chunk
+//! however many readers want it, readahead for sequential readers, and without a disk
+//! cache (`--no-cache`) the chunks each open keeps in memory.
 //!
-//! Lock ordering: `files`, `inflight` and an open's `mem` are leaves (never held while
-//! taking another lock or doing I/O); a node's `state` lock is never held across origin I/O, and across
-//! disk I/O only to create that node's cached object or passthrough backing registration.
+//! Lock ordering: `files` is a leaf, as are `fetch`'s `inflight` and an open's `mem`
+//! (never held while taking another lock or doing I/O); a node's `state` lock is never
+//! held across origin I/O, and across disk I/O only to create that node's cached object or
+//! passthrough backing registration.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -27,15 +24,12 @@ use std::time::{Duration, Instant};
 use hoardfs_cache::{CacheDir, CachedObject, ObjectKey, OpenHold, meta::chunk_shift_for};
 use hoardfs_origin::{FileKind, WireError};
 use hoardfs_proto::buffers::{self, Recycled};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
+use crate::fetch::{ChunkKey, Flight, HeldChunk, PrefetchJob, served};
 use crate::nodes::{Backing, BackingError, HeldBacking, Ino, MakeBacking, Node, NodeState};
 use crate::stats::Stats;
 use crate::{FsConfig, FsError, FsResult, HoardFs};
-
-/// Memory all opens of a `--no-cache` mount may hold in fetched chunks, readahead
-/// included (each open keeps at least two chunks, so with many opens it is exceeded).
-pub(crate) const NO_CACHE_BUDGET: u64 = 64 << 20;
 
 /// How long an open that the kernel would refuse while the file is open in passthrough
 /// waits for those opens to be released.
@@ -89,7 +83,7 @@ pub enum OpenMode {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum ModeKind {
+pub(crate) enum ModeKind {
     Passthrough,
     Cached,
     Direct,
@@ -106,32 +100,32 @@ pub struct Access {
 
 pub(crate) struct OpenFile {
     pub(crate) node: Arc<Node>,
-    mode: ModeKind,
+    pub(crate) mode: ModeKind,
     pub(crate) access: Access,
     /// Keeps the object this open started with from eviction until release.
     _hold: Option<OpenHold>,
     /// Sequential detection: where the next read would start, and the highest chunk already
     /// scheduled for readahead.
-    seq: Mutex<(u64, Option<u64>)>,
+    pub(crate) seq: Mutex<(u64, Option<u64>)>,
     /// Without a disk cache: chunks fetched for this open (at most the readahead window
     /// plus two; the one farthest behind is dropped first).
-    mem: Mutex<VecDeque<HeldChunk>>,
+    pub(crate) mem: Mutex<VecDeque<HeldChunk>>,
     /// Released: queued readahead for it is skipped.
-    closed: std::sync::atomic::AtomicBool,
+    pub(crate) closed: std::sync::atomic::AtomicBool,
     /// The end of the farthest read asked for through this open: queued readahead of a
     /// chunk wholly before it is skipped (the reader fetched that chunk itself, and
     /// without a disk cache may already have dropped it: fetching it again would fetch
     /// it twice).
-    read_to: AtomicU64,
+    pub(crate) read_to: AtomicU64,
 }
 
 /// The current state of a file as reads see it: its cached object (which writes through
 /// this client move forward in place) or, without one, its last known version and size.
 pub(crate) struct View {
     pub(crate) object: Option<Arc<CachedObject>>,
-    version: u64,
-    size: u64,
-    chunk_shift: u32,
+    pub(crate) version: u64,
+    pub(crate) size: u64,
+    pub(crate) chunk_shift: u32,
 }
 
 impl View {
@@ -158,42 +152,9 @@ impl View {
     pub(crate) fn chunks(&self) -> u64 {
         self.size.div_ceil(1 << self.chunk_shift)
     }
-    fn chunk_range(&self, c: u64) -> (u64, u64) {
+    pub(crate) fn chunk_range(&self, c: u64) -> (u64, u64) {
         let start = c << self.chunk_shift;
         (start, (start + (1 << self.chunk_shift)).min(self.size))
-    }
-}
-
-type ChunkKey = (Ino, u64, u64);
-/// A readahead job: fetch this chunk of this open file.
-type PrefetchJob = (Arc<OpenFile>, u64);
-/// A chunk a `--no-cache` open keeps for its next reads.
-struct HeldChunk {
-    key: ChunkKey,
-    bytes: Arc<Recycled>,
-    /// Bytes of it handed to the kernel so far.
-    served: usize,
-}
-
-type FetchResult = FsResult<Arc<Recycled>>;
-
-#[derive(Default)]
-struct Flight {
-    done: Mutex<Option<FetchResult>>,
-    cv: Condvar,
-}
-
-impl Flight {
-    fn wait(&self) -> FetchResult {
-        let mut g = self.done.lock();
-        while g.is_none() {
-            self.cv.wait(&mut g);
-        }
-        g.clone().expect("set before notify")
-    }
-    fn complete(&self, r: FetchResult) {
-        *self.done.lock() = Some(r);
-        self.cv.notify_all();
     }
 }
 
@@ -201,9 +162,9 @@ impl Flight {
 pub(crate) struct ReadEngine {
     pub(crate) files: RwLock<HashMap<FileHandle, Arc<OpenFile>>>,
     next_fh: AtomicU64,
-    inflight: Mutex<HashMap<ChunkKey, Arc<Flight>>>,
-    readahead: u64,
-    prefetch: Mutex<Option<mpsc::Sender<PrefetchJob>>>,
+    pub(crate) inflight: Mutex<HashMap<ChunkKey, Arc<Flight>>>,
+    pub(crate) readahead: u64,
+    pub(crate) prefetch: Mutex<Option<mpsc::Sender<PrefetchJob>>>,
     passthrough_failed: std::sync::atomic::AtomicBool,
     /// Opens waiting for passthrough opens to be released (see `open_node`).
     draining: AtomicUsize,
@@ -235,20 +196,6 @@ impl ReadEngine {
             prefetch: Mutex::new(Some(tx)),
             passthrough_failed: false.into(),
             draining: AtomicUsize::new(0),
-        }
-    }
-}
-
-/// Counts `n` bytes of chunk `key` as handed to the kernel through `of`. A chunk handed
-/// out whole is dropped at once: the kernel keeps what it read in its page cache, so a
-/// sequential reader never asks for it again, and its memory goes back to the pool while
-/// it is still warm (instead of waiting to be pushed out by later fetches).
-fn served(of: &OpenFile, key: ChunkKey, n: usize) {
-    let mut mem = of.mem.lock();
-    if let Some(i) = mem.iter().position(|h| h.key == key) {
-        mem[i].served += n;
-        if mem[i].served >= mem[i].bytes.len() {
-            mem.remove(i);
         }
     }
 }
@@ -576,200 +523,6 @@ impl HoardFs {
             }
         }
         Err(FsError::Cache("cached chunk kept disappearing".into()))
-    }
-
-    fn schedule_readahead(
-        &self,
-        of: &Arc<OpenFile>,
-        view: &View,
-        offset: u64,
-        end: u64,
-        last: u64,
-    ) {
-        let window = self.readahead_window(view);
-        if window == 0 || of.mode == ModeKind::Passthrough {
-            return;
-        }
-        let (from, to) = {
-            let mut seq = of.seq.lock();
-            let sequential = offset == seq.0 || offset == 0;
-            seq.0 = end;
-            if !sequential {
-                return;
-            }
-            let from = seq.1.map_or(last + 1, |a| a.max(last) + 1);
-            let to = (last + window).min(view.chunks().saturating_sub(1));
-            if from > to {
-                return;
-            }
-            seq.1 = Some(to);
-            (from, to)
-        };
-        // Chunks already in the disk cache need no fetch: queueing them would only wake a
-        // fetch thread (a cross-CPU wake-up) to find them there.
-        let missing: Vec<u64> = (from..=to)
-            .filter(|&c| !view.object.as_ref().is_some_and(|o| o.has_chunk(c)))
-            .collect();
-        if let Some(tx) = &*self.reads.prefetch.lock() {
-            for c in missing {
-                let _ = tx.send((of.clone(), c));
-            }
-        }
-    }
-
-    /// A queued readahead job: fetches chunk `c` for `of` unless the open was released,
-    /// the file shrank below it, or the reader already asked for all of it.
-    pub(crate) fn read_ahead(&self, of: &Arc<OpenFile>, c: u64) {
-        if of.closed.load(Ordering::Relaxed) {
-            return;
-        }
-        let view = View::of(&of.node);
-        if c >= view.chunks() || view.chunk_range(c).1 <= of.read_to.load(Ordering::Relaxed) {
-            return;
-        }
-        if let Err(e) = self.ensure_chunk(&of.node, &view, c, Some(of)) {
-            tracing::debug!("readahead of chunk {c} failed: {e}");
-        }
-    }
-
-    /// Chunks fetched ahead of a sequential reader of `view`. With a disk cache, the
-    /// configured window; without one, as many as fit the memory budget next to every
-    /// open's current chunk.
-    fn readahead_window(&self, view: &View) -> u64 {
-        let configured = self.reads.readahead;
-        if view.object.is_some() {
-            return configured;
-        }
-        configured.min(self.mem_slots(view) - 2)
-    }
-
-    /// Chunks one `--no-cache` open may keep: its share of [`NO_CACHE_BUDGET`], but at
-    /// least two (the kernel's parallel reads straddle chunk boundaries: keeping only the
-    /// newest chunk would refetch the one before it).
-    fn mem_slots(&self, view: &View) -> u64 {
-        let opens = (self.reads.files.read().len() as u64).max(1);
-        ((NO_CACHE_BUDGET >> view.chunk_shift) / opens).max(2)
-    }
-
-    /// Makes chunk `c` available: `None` if it is in the disk cache, otherwise its bytes
-    /// (fetched now, or by a concurrent fetch of the same chunk that we wait for). Without
-    /// a disk cache the bytes are kept in `of`'s memory for its next reads.
-    pub(crate) fn ensure_chunk(
-        &self,
-        node: &Node,
-        view: &View,
-        c: u64,
-        of: Option<&OpenFile>,
-    ) -> FsResult<Option<Arc<Recycled>>> {
-        if view.object.as_ref().is_some_and(|o| o.has_chunk(c)) {
-            return Ok(None);
-        }
-        let key = (node.ino, view.version, c);
-        let mem = of.filter(|_| view.object.is_none()).map(|of| &of.mem);
-        if let Some(mem) = mem
-            && let Some(h) = mem.lock().iter().find(|h| h.key == key)
-        {
-            return Ok(Some(h.bytes.clone()));
-        }
-        let (flight, leader) = {
-            let mut m = self.reads.inflight.lock();
-            match m.get(&key) {
-                Some(f) => (f.clone(), false),
-                None => {
-                    let f = Arc::new(Flight::default());
-                    m.insert(key, f.clone());
-                    (f, true)
-                }
-            }
-        };
-        let result = if leader {
-            let r = self
-                .fetch_chunk(node, view, c)
-                .map(|d| Arc::new(Recycled::from(d)));
-            // Kept before the flight ends: a reader of this open arriving in between
-            // finds the chunk in one place or the other, never fetching it again.
-            if let (Ok(bytes), Some(mem)) = (&r, mem) {
-                self.keep_chunk(view, mem, key, bytes);
-            }
-            self.reads.inflight.lock().remove(&key);
-            flight.complete(r.clone());
-            r
-        } else {
-            let r = flight.wait();
-            if let (Ok(bytes), Some(mem)) = (&r, mem) {
-                self.keep_chunk(view, mem, key, bytes);
-            }
-            r
-        };
-        result.map(Some)
-    }
-
-    /// Keeps a fetched chunk in a `--no-cache` open's memory: the chunks being read plus
-    /// the readahead window (not the whole share of the budget: a lone reader would
-    /// otherwise hold 64 MiB). Fetches complete out of order, so the chunk farthest behind
-    /// goes first, not the oldest fetched.
-    fn keep_chunk(
-        &self,
-        view: &View,
-        mem: &Mutex<VecDeque<HeldChunk>>,
-        key: ChunkKey,
-        bytes: &Arc<Recycled>,
-    ) {
-        let keep = self.readahead_window(view) as usize + 2;
-        let mut mem = mem.lock();
-        if !mem.iter().any(|h| h.key == key) {
-            mem.push_back(HeldChunk {
-                key,
-                bytes: bytes.clone(),
-                served: 0,
-            });
-        }
-        while mem.len() > keep {
-            let behind = (0..mem.len())
-                .min_by_key(|&i| mem[i].key.2)
-                .expect("not empty");
-            mem.remove(behind);
-        }
-    }
-
-    /// Fetches chunk `c` from the origin and stores it in the cache if it is exactly the
-    /// version this open is for.
-    fn fetch_chunk(&self, node: &Node, view: &View, c: u64) -> FsResult<Vec<u8>> {
-        const PIECE: u64 = 4 << 20;
-        let (start, end) = view.chunk_range(c);
-        let mut data = Vec::new();
-        let mut cacheable = true;
-        while (data.len() as u64) < end - start {
-            let pos = start + data.len() as u64;
-            let len = (end - pos).min(PIECE) as u32;
-            let r = self.with_handle(node, |h| self.origin.read(h, pos, len))?;
-            cacheable &= r.version == view.version;
-            let short = (r.data.len() as u32) < len;
-            if data.is_empty() {
-                // Usually the whole chunk: keep the received buffer rather than copy it.
-                data = r.data;
-                data.reserve_exact((end - start) as usize - data.len());
-            } else {
-                data.extend_from_slice(&r.data);
-            }
-            if short {
-                cacheable = false;
-                break;
-            }
-        }
-        Stats::add(&self.stats.chunk_fetches, 1);
-        Stats::add(&self.stats.bytes_from_network, data.len() as u64);
-        match &view.object {
-            Some(obj) if cacheable => {
-                if let Err(e) = obj.write_chunk(c, &data, view.version) {
-                    tracing::warn!("cache write failed, serving uncached: {e}");
-                    Stats::add(&self.stats.cache_errors, 1);
-                }
-            }
-            Some(_) => Stats::add(&self.stats.uncacheable_fetches, 1),
-            None => {}
-        }
-        Ok(data)
     }
 
     /// Closes open file `fh`.
