@@ -234,21 +234,27 @@ fn index_survives_restart_and_a_damaged_index_is_rebuilt() {
     assert!(c.usage().chunks_verified >= 2);
 }
 
-#[test]
-fn the_inode_stop_threshold_evicts_or_refuses() {
-    let d = tempfile::tempdir().unwrap();
-    // A fake file system with 1000 inodes, 965 used by others: 3% (30) must stay free.
-    let (root, foreign) = (d.path().to_path_buf(), 965);
+/// A cache in `d` on a fake file system with plenty of bytes but 1000 inodes, `foreign`
+/// of them used by others and the rest by the cache's own files.
+fn short_of_inodes(d: &tempfile::TempDir, foreign: u64) -> CacheDir {
+    let root = d.path().to_path_buf();
     let count = |p: &Path| files(&p.join("objects")).len() as u64;
     let probe = Box::new(move || {
         Some(Space {
             bytes_total: 1 << 40,
             bytes_avail: 1 << 39,
             files_total: 1000,
-            files_avail: 1000 - foreign - count(&root),
+            files_avail: 1000u64.saturating_sub(foreign + count(&root)),
         })
     });
-    let c = CacheDir::open_with(d.path(), Limits::default(), Some(probe)).unwrap();
+    CacheDir::open_with(d.path(), Limits::default(), Some(probe)).unwrap()
+}
+
+#[test]
+fn the_inode_stop_threshold_evicts_or_refuses() {
+    let d = tempfile::tempdir().unwrap();
+    // 1000 inodes, 965 used by others: 3% (30) must stay free.
+    let c = short_of_inodes(&d, 965);
     for id in 0..3 {
         assert_eq!(fill(&c, id, 4096), 1);
     }
@@ -266,17 +272,7 @@ fn the_inode_stop_threshold_evicts_or_refuses() {
 fn short_of_inodes_only_objects_with_files_to_remove_are_evicted() {
     let d = tempfile::tempdir().unwrap();
     // 1000 inodes, 30 must stay free; others use all but 36.
-    let (root, foreign) = (d.path().to_path_buf(), 964);
-    let count = |p: &Path| files(&p.join("objects")).len() as u64;
-    let probe = Box::new(move || {
-        Some(Space {
-            bytes_total: 1 << 40,
-            bytes_avail: 1 << 39,
-            files_total: 1000,
-            files_avail: 1000u64.saturating_sub(foreign + count(&root)),
-        })
-    });
-    let c = CacheDir::open_with(d.path(), Limits::default(), Some(probe)).unwrap();
+    let c = short_of_inodes(&d, 964);
     assert_eq!(fill(&c, 1, 4096), 1);
     assert_eq!(fill(&c, 2, 4096), 1);
     // Object 1 stays in memory (not open): emptying it in place would free no inode.

@@ -73,13 +73,9 @@ impl Outgoing {
             len: range.len,
             version: range.version,
         };
-        let msg = ServerMessage::Response(Response {
-            id,
-            result: Ok(reply),
-        });
         Outgoing {
             file: Some(range),
-            ..Outgoing::message(&msg, false)
+            ..Outgoing::new(id, Ok(reply), Vec::new())
         }
     }
 
