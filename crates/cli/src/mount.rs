@@ -54,6 +54,13 @@ pub struct MountArgs {
     /// Serve fully cached files with daemon reads instead of FUSE passthrough.
     #[arg(long)]
     pub no_passthrough: bool,
+    /// Let the kernel open files without asking this daemon (needs --read-only). Saves a
+    /// FUSE round trip per open (many small files read again and again from the page
+    /// cache), but gives up passthrough and the version check at open: a change made
+    /// elsewhere shows when the server's callback arrives, or, without callbacks, once
+    /// the attribute timeout has passed (doc/SEMANTICS.md).
+    #[arg(long)]
+    pub kernel_opens: bool,
     /// Serve extended attributes. Off by default: each xattr call is then refused by the
     /// kernel itself (EOPNOTSUPP) instead of costing a round trip, and `ls -l` makes up to
     /// three per file.
@@ -98,7 +105,7 @@ pub struct MountArgs {
     pub readahead_kb: u32,
     /// Mount options, `-o key[=value],...`: cache_dir=, token_file=, no_cache, daemon,
     /// attr_timeout=, callback_timeout=, timeout=, no_passthrough, xattrs, allow_other,
-    /// ro, cache_size=, hoard_file=, readahead_kb=.
+    /// ro, kernel_opens, cache_size=, hoard_file=, readahead_kb=.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
 }
@@ -133,6 +140,7 @@ impl MountArgs {
                 "ro" => a.read_only = true,
                 "timeout" => a.timeout = num()?,
                 "no_passthrough" => a.no_passthrough = true,
+                "kernel_opens" => a.kernel_opens = true,
                 "xattrs" => a.xattrs = true,
                 "allow_other" => a.allow_other = true,
                 "cache_size" => a.cache_size = Some(parse_size(need()?)?),
@@ -159,6 +167,13 @@ impl MountArgs {
         }
         if a.readahead_kb > 1024 {
             return Err("--readahead-kb is at most 1024 (the largest FUSE request)".into());
+        }
+        if a.kernel_opens && !a.read_only {
+            return Err(
+                "--kernel-opens needs --read-only: writes need the daemon to see \
+                        every open and close"
+                    .into(),
+            );
         }
         if a.cache_dir.is_none() && !a.no_cache {
             return Err("--cache-dir DIR is required (or --no-cache to read through)".into());
@@ -322,6 +337,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         dir_ttl: Duration::from_secs_f64(a.attr_timeout),
         passthrough: !a.no_passthrough,
         xattrs: a.xattrs,
+        kernel_opens: a.kernel_opens,
         ..Default::default()
     };
     let fs = HoardFs::new(origin, cache, config).map_err(|e| format!("cannot start: {e}"))?;

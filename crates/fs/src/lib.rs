@@ -13,6 +13,7 @@
 mod callbacks;
 mod error;
 mod fetch;
+mod kernel_opens;
 mod manage;
 mod namespace;
 pub mod nodes;
@@ -28,6 +29,7 @@ use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, Stat
 
 pub use callbacks::KernelNotifier;
 pub use error::{FsError, FsResult};
+pub use kernel_opens::IMPLICIT_OPENS;
 pub use manage::{CachedEntry, Prefetched};
 pub use namespace::NewEntry;
 pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO};
@@ -62,6 +64,10 @@ pub struct FsConfig {
     /// Serve extended attributes (each call a round trip to the origin). Off, the FUSE
     /// bridge tells the kernel they are unsupported, once for the whole mount.
     pub xattrs: bool,
+    /// Let the kernel open files without asking the daemon (read-only mounts): no
+    /// per-open round trip, no passthrough, no open-time version check
+    /// (`crate::kernel_opens`).
+    pub kernel_opens: bool,
 }
 
 impl Default for FsConfig {
@@ -75,6 +81,7 @@ impl Default for FsConfig {
             readahead_chunks: 8,
             fetch_threads: 4,
             xattrs: false,
+            kernel_opens: false,
         }
     }
 }

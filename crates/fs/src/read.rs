@@ -27,6 +27,7 @@ use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::{Mutex, RwLock};
 
 use crate::fetch::{ChunkKey, Flight, HeldChunk, PrefetchJob, served};
+use crate::kernel_opens::ImplicitOpens;
 use crate::nodes::{Backing, BackingError, HeldBacking, Ino, MakeBacking, Node, NodeState};
 use crate::stats::Stats;
 use crate::{FsConfig, FsError, FsResult, HoardFs};
@@ -168,6 +169,8 @@ pub(crate) struct ReadEngine {
     passthrough_failed: std::sync::atomic::AtomicBool,
     /// Opens waiting for passthrough opens to be released (see `open_node`).
     draining: AtomicUsize,
+    /// Opens of reads that came without one (`crate::kernel_opens`).
+    pub(crate) implicit: Mutex<ImplicitOpens>,
 }
 
 impl ReadEngine {
@@ -196,6 +199,7 @@ impl ReadEngine {
             prefetch: Mutex::new(Some(tx)),
             passthrough_failed: false.into(),
             draining: AtomicUsize::new(0),
+            implicit: Mutex::new(ImplicitOpens::default()),
         }
     }
 }
@@ -292,6 +296,7 @@ impl HoardFs {
         // Files open for writing are never handed to the kernel: the daemon must see writes.
         let passthrough_ok = !access.write
             && self.config.passthrough
+            && !self.config.kernel_opens
             && complete
             && !engine.passthrough_failed.load(Ordering::Relaxed)
             && st.cached_opens == 0
@@ -442,7 +447,16 @@ impl HoardFs {
 
     /// Reads up to `size` bytes at `offset` through open file `fh`.
     pub fn read(&self, fh: FileHandle, offset: u64, size: u32) -> FsResult<ReadData> {
-        let of = self.open_file(fh)?;
+        self.read_open(&self.open_file(fh)?, offset, size)
+    }
+
+    /// Reads up to `size` bytes at `offset` through open file `of`.
+    pub(crate) fn read_open(
+        &self,
+        of: &Arc<OpenFile>,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<ReadData> {
         Stats::add(&self.stats.reads, 1);
         let view = View::of(&of.node);
         if offset >= view.size || size == 0 {
@@ -452,18 +466,18 @@ impl HoardFs {
         let first = offset >> view.chunk_shift;
         let last = (end - 1) >> view.chunk_shift;
         of.read_to.fetch_max(end, Ordering::Relaxed);
-        self.schedule_readahead(&of, &view, offset, end, last);
+        self.schedule_readahead(of, &view, offset, end, last);
         // Without a disk cache a read within one chunk (nearly every read) is answered from
         // the fetched bytes, without a copy or a fresh buffer per request. With one, hits
         // are read from the cache file below (one presence check, in `read_chunk_at`).
         if first == last
             && view.object.is_none()
-            && let Some(bytes) = self.ensure_chunk(&of.node, &view, first, Some(&of))?
+            && let Some(bytes) = self.ensure_chunk(&of.node, &view, first, Some(of))?
         {
             let (cs, _) = view.chunk_range(first);
             let stop = ((end - cs) as usize).min(bytes.len());
             let start = ((offset - cs) as usize).min(stop);
-            served(&of, (of.node.ino, view.version, first), stop - start);
+            served(of, (of.node.ino, view.version, first), stop - start);
             return Ok(ReadData::Chunk {
                 bytes,
                 start,
@@ -480,7 +494,7 @@ impl HoardFs {
             if view.object.is_some() {
                 out.resize(at + want, 0);
             }
-            let Some(bytes) = self.cached_or_fetched(&of, &view, c, &mut out[at..], from)? else {
+            let Some(bytes) = self.cached_or_fetched(of, &view, c, &mut out[at..], from)? else {
                 continue;
             };
             let lo = (from - cs) as usize;
@@ -488,7 +502,7 @@ impl HoardFs {
             out.truncate(at);
             out.extend_from_slice(&bytes[lo..lo + avail]);
             if view.object.is_none() {
-                served(&of, (of.node.ino, view.version, c), avail);
+                served(of, (of.node.ino, view.version, c), avail);
             }
             if avail < want {
                 // The file shrank while we read it: end the read there.
@@ -555,6 +569,7 @@ impl HoardFs {
     /// Stops the readahead threads and closes the disk cache in order (at unmount).
     pub fn shutdown(&self) {
         self.reads.prefetch.lock().take();
+        self.release_implicit_opens();
         if let Some(c) = &self.cache
             && let Err(e) = c.close()
         {

@@ -140,3 +140,57 @@ fn readahead_queued_behind_an_uncached_reader_fetches_nothing_twice() {
     assert_eq!(fetched(), 2 * MIB as u64, "chunk 1 fetched twice");
     fs.release(fh);
 }
+
+/// Reads `ino` whole without an open, as the kernel does under `--kernel-opens`.
+fn read_unopened_all(fs: &HoardFs, ino: Ino) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    loop {
+        let got = fs
+            .read_unopened(ino, bytes.len() as u64, MIB as u32)
+            .unwrap();
+        if got.is_empty() {
+            return bytes;
+        }
+        bytes.extend_from_slice(&got);
+    }
+}
+
+#[test]
+fn reads_without_opens_share_one_open_per_version_and_see_changes() {
+    let t = tempfile::tempdir().unwrap();
+    let export = t.path().join("export");
+    std::fs::create_dir(&export).unwrap();
+    std::fs::write(export.join("f"), content(1, 3 * MIB + 5)).unwrap();
+    let origin = Arc::new(LocalOrigin::new(&export, LocalOptions::default()).unwrap());
+    let cache = CacheDir::open(&t.path().join("cache")).unwrap();
+    let config = FsConfig {
+        kernel_opens: true,
+        read_only: true,
+        attr_ttl: std::time::Duration::ZERO,
+        ..FsConfig::default()
+    };
+    let fs = HoardFs::new(origin, Some(cache), config).unwrap();
+    let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
+    for _ in 0..3 {
+        assert_eq!(read_unopened_all(&fs, f), content(1, 3 * MIB + 5));
+    }
+    assert_eq!(
+        fs.stats().daemon_opens,
+        1,
+        "one implicit open for one version"
+    );
+    assert_eq!(fs.implicit_opens(), 1);
+    // A new version (other length and bytes) is read as such, through a new open.
+    std::fs::write(export.join("f"), content(2, MIB + 1)).unwrap();
+    assert_eq!(read_unopened_all(&fs, f), content(2, MIB + 1));
+    assert_eq!(fs.stats().daemon_opens, 2);
+    assert_eq!(
+        fs.implicit_opens(),
+        1,
+        "the old version's open was released"
+    );
+    // Fully cached, yet never passthrough: the kernel never saw an open.
+    assert_eq!(fs.stats().passthrough_opens, 0);
+    fs.release_implicit_opens();
+    assert_eq!(fs.implicit_opens(), 0);
+}

@@ -221,6 +221,12 @@ impl Filesystem for FuseBridge {
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS;
         let _ = config.add_capabilities(want & config.capabilities());
+        if self.fs.kernel_opens() {
+            // No open-time check under kernel opens: a read first refreshes expired
+            // attributes, and a changed mtime or size drops the file's page cache.
+            let _ =
+                config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA & config.capabilities());
+        }
         // Passthrough needs a stacking depth of at least 1 (FUSE-FACTS.md); 2 lets the
         // cache directory itself live on a stacked file system such as overlayfs.
         if self.fs.config().passthrough
@@ -271,6 +277,12 @@ impl Filesystem for FuseBridge {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if self.fs.kernel_opens() {
+            // The kernel remembers ENOSYS for the whole mount: it then opens files itself
+            // (keeping their page cache) and reads come with handle 0 (`read` below).
+            // The mount is read-only, so no write open can get here.
+            return reply.error(Errno::ENOSYS);
+        }
         let make_backing = |f: &std::fs::File| backing(reply.open_backing(f));
         let access = access(flags.0);
         let (fh, mode, changed) = match self.fs.open(ino.0, access, &make_backing) {
@@ -292,7 +304,7 @@ impl Filesystem for FuseBridge {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -300,7 +312,12 @@ impl Filesystem for FuseBridge {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(fh.0, offset, size) {
+        let data = if fh.0 == 0 && self.fs.kernel_opens() {
+            self.fs.read_unopened(ino.0, offset, size)
+        } else {
+            self.fs.read(fh.0, offset, size)
+        };
+        match data {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
         }
@@ -314,6 +331,10 @@ impl Filesystem for FuseBridge {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
+        if self.fs.kernel_opens() {
+            // Opens by the kernel carry no FOPEN_NOFLUSH: ENOSYS stops FLUSH for the mount.
+            return reply.error(Errno::ENOSYS);
+        }
         reply.ok();
     }
 

@@ -1,0 +1,151 @@
+//! Reads of files the kernel opened without asking the daemon (`--kernel-opens`).
+//!
+//! With [`FsConfig::kernel_opens`](crate::FsConfig::kernel_opens) the FUSE bridge answers
+//! the first OPEN with `ENOSYS`; from then on the kernel opens files of the mount itself.
+//! No OPEN, FLUSH or RELEASE reaches the daemon, reads arrive with file handle 0, and the
+//! kernel keeps a file's page cache across opens until a callback break or an attribute
+//! change drops it. That saves the two cross-CPU wake-ups every open otherwise costs
+//! (doc/BENCHMARKS.md), at the price of passthrough and of the open-time version check
+//! (doc/SEMANTICS.md), and only on read-only mounts: writes need real opens.
+//!
+//! This module gives such reads an open of their own: an *implicit open* per recently read
+//! inode, created at the first read of the file's current version and replaced when the
+//! version changes. Each one keeps its cached object from eviction, so only the
+//! [`IMPLICIT_OPENS`] newest are kept; an older one is released (a later read simply opens
+//! it again).
+//!
+//! Lock ordering: the implicit-open table is a leaf; it is never held across `open_node`
+//! or `release`, which take node locks and the open-file table.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use hoardfs_origin::{FileKind, WireError};
+
+use crate::nodes::{BackingError, Ino};
+use crate::read::{Access, FileHandle, OpenFile, ReadData};
+use crate::{FsResult, HoardFs};
+
+/// Implicit opens kept at most (each pins its cached object against eviction).
+pub const IMPLICIT_OPENS: usize = 1024;
+
+/// The implicit opens, oldest first. Lock: a leaf.
+#[derive(Default)]
+pub(crate) struct ImplicitOpens {
+    by_ino: HashMap<Ino, (FileHandle, u64)>,
+    order: VecDeque<(Ino, FileHandle)>,
+}
+
+impl ImplicitOpens {
+    /// Records `fh` as the open of `ino` at `version`; returns the handles to release (the
+    /// one it replaces, and the oldest beyond the limit).
+    fn insert(&mut self, ino: Ino, fh: FileHandle, version: u64, cap: usize) -> Vec<FileHandle> {
+        let mut gone = Vec::new();
+        if let Some((old, _)) = self.by_ino.insert(ino, (fh, version)) {
+            gone.push(old);
+        }
+        self.order.push_back((ino, fh));
+        while self.by_ino.len() > cap {
+            let Some((i, h)) = self.order.pop_front() else {
+                break;
+            };
+            if self.by_ino.get(&i).is_some_and(|&(cur, _)| cur == h) {
+                self.by_ino.remove(&i);
+                gone.push(h);
+            }
+        }
+        // Entries of replaced opens are skipped above; drop them once they dominate.
+        if self.order.len() > 2 * cap.max(self.by_ino.len()) {
+            let live = &self.by_ino;
+            self.order
+                .retain(|(i, h)| live.get(i).is_some_and(|&(cur, _)| cur == *h));
+        }
+        gone
+    }
+}
+
+impl HoardFs {
+    /// Whether the kernel opens files itself (see the module docs): asked for, and the
+    /// mount is read-only.
+    pub fn kernel_opens(&self) -> bool {
+        self.config.kernel_opens && self.read_only
+    }
+
+    /// Reads up to `size` bytes at `offset` of file `ino`, which the kernel opened without
+    /// the daemon. The file's version is checked with the origin as `getattr` would (not
+    /// while a callback holds or within the attribute TTL).
+    pub fn read_unopened(&self, ino: Ino, offset: u64, size: u32) -> FsResult<ReadData> {
+        let of = self.implicit_open(ino)?;
+        self.read_open(&of, offset, size)
+    }
+
+    /// The implicit open of `ino` at its current version, opened if needed.
+    fn implicit_open(&self, ino: Ino) -> FsResult<Arc<OpenFile>> {
+        let node = self.node(ino)?;
+        match node.kind {
+            FileKind::File => {}
+            FileKind::Dir => return Err(WireError::IsDir.into()),
+            _ => return Err(WireError::Invalid.into()),
+        }
+        let (attr, _) = self.getattr(ino)?;
+        let known = self.reads.implicit.lock().by_ino.get(&ino).copied();
+        if let Some((fh, version)) = known
+            && version == attr.version
+            && let Ok(of) = self.open_file(fh)
+        {
+            return Ok(of);
+        }
+        // Never called: `open_node` offers no passthrough under kernel opens (the kernel
+        // never sees this open).
+        let no_backing =
+            |_: &std::fs::File| Err(BackingError::Failed(std::io::Error::other("kernel opens")));
+        let (fh, _, _) = self.open_node(node, attr, Access::default(), false, &no_backing);
+        let of = self.open_file(fh)?;
+        let gone = self
+            .reads
+            .implicit
+            .lock()
+            .insert(ino, fh, attr.version, IMPLICIT_OPENS);
+        for fh in gone {
+            self.release(fh);
+        }
+        Ok(of)
+    }
+
+    /// Releases every implicit open (at unmount, and in tests).
+    pub fn release_implicit_opens(&self) {
+        let handles: Vec<FileHandle> = {
+            let mut im = self.reads.implicit.lock();
+            im.order.clear();
+            im.by_ino.drain().map(|(_, (fh, _))| fh).collect()
+        };
+        for fh in handles {
+            self.release(fh);
+        }
+    }
+
+    /// Implicit opens currently held.
+    pub fn implicit_opens(&self) -> usize {
+        self.reads.implicit.lock().by_ino.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ImplicitOpens;
+
+    #[test]
+    fn replaced_and_oldest_opens_are_handed_back_for_release() {
+        let mut im = ImplicitOpens::default();
+        assert!(im.insert(1, 10, 1, 2).is_empty());
+        assert!(im.insert(2, 11, 1, 2).is_empty());
+        // A new version of inode 1 replaces its open.
+        assert_eq!(im.insert(1, 12, 2, 2), vec![10]);
+        // A third inode: the oldest live one (inode 2) goes; the stale entry of handle 10
+        // is skipped, not released twice.
+        assert_eq!(im.insert(3, 13, 1, 2), vec![11]);
+        assert_eq!(im.by_ino.len(), 2);
+        assert_eq!(im.by_ino[&1], (12, 2));
+        assert_eq!(im.by_ino[&3], (13, 1));
+    }
+}
