@@ -149,10 +149,10 @@ class Rig(seed000.Bench):
         value = fn()
         return value, self.requests(addr)["requests"] - before - 2
 
-    def hoard(self, cache, addr=None, mnt=None):
+    def hoard(self, cache, addr=None, mnt=None, extra=()):
         mnt = mnt or os.path.join(WORK, "mnt-hoardfs")
         opts = ["--cache-dir", cache] if cache else ["--no-cache"]
-        opts += self.args.mount_opt or []
+        opts += [*extra, *(a for a in self.args.mount_opt or [] if a not in extra)]
         return self.mount([self.args.binary, "mount", addr or self.addr, mnt, *opts],
                           mnt, "hoardfs-mount")
 
@@ -225,6 +225,15 @@ def small_files(rig, res):
     out["hoardfs hot"] = rate(hot)
     out["hoardfs hot warm"] = rate(timed(lambda: read_files(d)))
     rig.unmount(mnt)
+    # The same cache mounted with --kernel-opens (read-only): the kernel opens files
+    # without asking the daemon, so a warm read costs no FUSE round trip (and no
+    # passthrough: hot reads are daemon reads from the disk cache).
+    drop_caches()
+    warm_server_side(srv)
+    mnt = rig.hoard(cache, extra=["--read-only", "--kernel-opens"])
+    out["hoardfs kernel opens hot"] = rate(timed(lambda: read_files(d)))
+    out["hoardfs kernel opens warm"] = rate(median_time(lambda: read_files(d), 3))
+    rig.unmount(mnt)
     out["link MB/s"] = rate_mbit(rig.args.rate) / 8
     if not rig.args.skip_sshfs:
         mnt = rig.sshfs()
@@ -294,6 +303,7 @@ def rate_mbit(rate):
 READER = r"""
 import os, sys, time
 bs, secs, drop, paths = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "drop", sys.argv[4:]
+BEHIND = int(os.environ["DROP_BEHIND"])  # bytes; 0: drop once per pass
 print("ready", flush=True)
 sys.stdin.read(1)  # start signal
 buf, n = bytearray(bs), 0
@@ -302,8 +312,13 @@ stop = t0 + secs
 while time.monotonic() < stop:
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
+        pos = dropped = 0
         while (k := os.readv(fd, [buf])):
             n += k
+            pos += k
+            if BEHIND and drop and pos - dropped >= BEHIND:
+                os.posix_fadvise(fd, dropped, pos - dropped, os.POSIX_FADV_DONTNEED)
+                dropped = pos
             if time.monotonic() >= stop:
                 break
         if drop:  # the next pass must reach the server again, not this client's page cache
@@ -384,7 +399,7 @@ def fuse_reads(rig, mnts):
                ["counters"]["reads"] for m in mnts)
 
 
-def start_readers(readers, bs, secs, dirs, files, drop):
+def start_readers(readers, bs, secs, dirs, files, drop, behind=0):
     """Reader processes, started and waiting for the signal; reader i reads files
     i, i + readers, ... under dirs[i % len(dirs)]."""
     procs = []
@@ -392,7 +407,8 @@ def start_readers(readers, bs, secs, dirs, files, drop):
         mine = [os.path.join(dirs[i % len(dirs)], f) for f in files[i::readers]]
         procs.append(subprocess.Popen([sys.executable, "-c", READER, str(bs), str(secs),
                                        "drop" if drop else "keep", *mine],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      env={**os.environ, "DROP_BEHIND": str(behind)}))
     for p in procs:  # every interpreter started and waits for the signal
         if p.stdout.readline() != b"ready\n":
             raise RuntimeError("a reader process failed to start")
@@ -429,7 +445,7 @@ def local_run(rig, readers, bs, files):
 def scaling_run(rig, mnts, readers, bs, files, profile=False):
     secs = rig.args.scale_seconds
     procs = start_readers(readers, bs, secs, [os.path.join(m, "scale") for m in mnts], files,
-                          drop=True)
+                          drop=True, behind=rig.args.scale_drop_behind_kib * KiB)
     cpids = [p.pid for p in (rig.mounts[m] for m in mnts)]
     resident = resident_fraction([os.path.join(WORK, "srv", "scale", f) for f in files])
     disk0 = disk_read_bytes(rig.srv_pid)
@@ -466,6 +482,7 @@ def scaling_run(rig, mnts, readers, bs, files, profile=False):
     gib = total / (1 << 30)
     reads = c1["reads"] - c0["reads"]
     return {"readers": readers, "io_size": bs, "bytes": total, "seconds": secs,
+            "drop behind KiB": rig.args.scale_drop_behind_kib,
             "MB/s": rate / 1e6, "server reads": reads,
             "server reads per MiB read": reads / max(total / MiB, 1),
             "server opens": c1["opens"] - c0["opens"],
@@ -489,8 +506,12 @@ def scaling_run(rig, mnts, readers, bs, files, profile=False):
 def summarize_profile(data):
     """Writes who used the CPU (by command) and the top symbols next to a perf.data."""
     base = data[: -len(".data")]
+    fuse_threads = ",".join(f"fuser-{i}" for i in range(64))
     for suffix, extra in (("-by-command.txt", ["--sort", "comm"]),
-                          ("-symbols.txt", ["--sort", "comm,dso,sym"])):
+                          ("-symbols.txt", ["--sort", "comm,dso,sym"]),
+                          # The clients' FUSE worker threads alone, as shares of their time.
+                          ("-fuse-threads.txt", ["--sort", "sym", "--comms", fuse_threads,
+                                                 "--percentage", "relative"])):
         r = sh(["perf", "report", "-i", data, "--no-children", "--stdio", "-g", "none",
                 "--percent-limit", "0.5", *extra], check=False)
         with open(base + suffix, "w") as f:
@@ -515,8 +536,9 @@ def scaling(rig, res):
         for n in rig.args.readers:
             r = scaling_run(rig, mnts, n, bs, files)
             r["local MB/s"] = local_run(rig, n, bs, files)
-            if rig.args.profile and n == max(rig.args.readers):
-                # A separate, unreported run: perf -a -g slows 256 processes down.
+            if rig.args.profile:
+                # A separate, unreported run of every point (perf -a -g slows 256 processes
+                # down): what grows with N shows against the small points.
                 scaling_run(rig, mnts, n, bs, files, profile=True)
             log(f"scaling: {n:>3} readers x {bs // KiB:>3} KiB: {r['MB/s']:7.0f} MB/s "
                 f"(local page cache {r['local MB/s']:.0f}) "
@@ -557,6 +579,11 @@ def checks(res):
         check("small files warm vs local warm", s["hoardfs warm"] / s["local warm"], ">=", 0.5)
         check("small files hot vs local cold", s["hoardfs hot"] / s["local cold"], ">=", 0.5)
         check("small files first read vs link", s["hoardfs first"] / s["link MB/s"], ">=", 0.5)
+        if "hoardfs kernel opens warm" in s:
+            check("small files warm, --kernel-opens",
+                  s["hoardfs kernel opens warm"] / s["local warm"], ">=", 0.5)
+            check("small files hot, --kernel-opens",
+                  s["hoardfs kernel opens hot"] / s["local cold"], ">=", 0.5)
         if "hoardfs warm, one CPU" in s:  # context, no target
             # Against the faster of the two local references (pinning can slow it too).
             ref = max(s["local warm"], s["local warm, one CPU"])
@@ -609,11 +636,13 @@ def plots(res, out_dir):
         svgplot.bar_chart(os.path.join(out_dir, "small-files.svg"),
                           "1,000 files of 20-250 KiB: read rate (higher is better)", "MB/s",
                           [("first read / cold", [g("local cold"), g("hoardfs first"),
-                                                  g("sshfs first")]),
+                                                  None, g("sshfs first")]),
                            ("warm (page cache)", [g("local warm"), g("hoardfs warm"),
+                                                  g("hoardfs kernel opens warm"),
                                                   g("sshfs warm")]),
-                           ("hot (remounted)", [g("local cold"), g("hoardfs hot"), None])],
-                          ["local disk", "hoardfs", "sshfs"],
+                           ("hot (remounted)", [g("local cold"), g("hoardfs hot"),
+                                                g("hoardfs kernel opens hot"), None])],
+                          ["local disk", "hoardfs", "hoardfs --kernel-opens", "sshfs"],
                           note=f"link {s['link MB/s']:.1f} MB/s; hot is compared with the local "
                                "disk with its page cache dropped")
         made.append("small-files.svg")
@@ -632,7 +661,8 @@ def report(res, chk):
     if s:
         print(f"\nsmall files ({s['files']} files, {s['bytes'] / MiB:.0f} MiB)   MB/s")
         for k in ("local cold", "local warm", "hoardfs first", "hoardfs warm", "hoardfs hot",
-                  "hoardfs hot warm", "sshfs first", "sshfs warm", "link MB/s",
+                  "hoardfs hot warm", "hoardfs kernel opens hot", "hoardfs kernel opens warm",
+                  "sshfs first", "sshfs warm", "link MB/s",
                   "local warm, one CPU", "hoardfs warm, one CPU"):
             if k in s:
                 print(f"  {k:<28} {s[k]:8.1f}")
@@ -667,6 +697,10 @@ def main():
     ap.add_argument("--scale-mib", type=int, default=4, help="size of each scaling file")
     ap.add_argument("--scale-seconds", type=float, default=4.0,
                     help="how long every reader reads in each scaling point")
+    ap.add_argument("--scale-drop-behind-kib", type=int, default=0, metavar="KIB",
+                    help="diagnostic: scaling readers drop their page cache behind them "
+                         "every KIB read, not once per pass (bounds what each reader "
+                         "holds in memory)")
     ap.add_argument("--skip-sshfs", action="store_true")
     ap.add_argument("--mount-opt", action="append", metavar="ARG",
                     help="extra argument for every hoardfs mount (repeatable)")
