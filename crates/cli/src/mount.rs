@@ -54,7 +54,8 @@ pub struct MountArgs {
     /// Serve fully cached files with daemon reads instead of FUSE passthrough.
     #[arg(long)]
     pub no_passthrough: bool,
-    /// Let the kernel open files without asking this daemon (needs --read-only). Saves a
+    /// Let the kernel open files without asking this daemon (needs --read-only and a disk
+    /// cache). Saves a
     /// FUSE round trip per open (many small files read again and again from the page
     /// cache), but gives up passthrough and the version check at open: a change made
     /// elsewhere shows when the server's callback arrives, or, without callbacks, once
@@ -174,6 +175,9 @@ impl MountArgs {
                         every open and close"
                     .into(),
             );
+        }
+        if a.kernel_opens && a.no_cache {
+            return Err("--kernel-opens needs a disk cache (--cache-dir), not --no-cache".into());
         }
         if a.cache_dir.is_none() && !a.no_cache {
             return Err("--cache-dir DIR is required (or --no-cache to read through)".into());

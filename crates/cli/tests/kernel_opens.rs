@@ -67,7 +67,7 @@ fn files_reopened_without_the_daemon_keep_right_bytes_and_follow_the_server() {
 }
 
 #[test]
-fn kernel_opens_need_a_read_only_mount() {
+fn kernel_opens_need_a_read_only_mount_with_a_disk_cache() {
     require_fuse();
     let t = scratch();
     let srv = Server::start(t.path());
@@ -80,4 +80,12 @@ fn kernel_opens_need_a_read_only_mount() {
     .err()
     .expect("a writable mount with --kernel-opens must be refused");
     assert!(err.contains("--read-only"), "unclear error: {err}");
+    let err = Mount::start(
+        &srv.addr,
+        &t.path().join("mnt"),
+        &["--no-cache", "--read-only", "--kernel-opens"],
+    )
+    .err()
+    .expect("--kernel-opens without a disk cache must be refused");
+    assert!(err.contains("disk cache"), "unclear error: {err}");
 }

@@ -66,9 +66,10 @@ impl ImplicitOpens {
 
 impl HoardFs {
     /// Whether the kernel opens files itself (see the module docs): asked for, and the
-    /// mount is read-only.
+    /// mount is read-only and has a disk cache (without one, idle implicit opens would
+    /// hold fetched chunks and shrink every open's share of the memory budget).
     pub fn kernel_opens(&self) -> bool {
-        self.config.kernel_opens && self.read_only
+        self.config.kernel_opens && self.read_only && self.cache.is_some()
     }
 
     /// Reads up to `size` bytes at `offset` of file `ino`, which the kernel opened without
@@ -76,6 +77,12 @@ impl HoardFs {
     /// while a callback holds or within the attribute TTL).
     pub fn read_unopened(&self, ino: Ino, offset: u64, size: u32) -> FsResult<ReadData> {
         let of = self.implicit_open(ino)?;
+        if offset == 0 {
+            // Most likely a new open by the kernel, which the daemon does not see: start
+            // sequential detection (and readahead) over, as a fresh open would.
+            *of.seq.lock() = (0, None);
+            of.read_to.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
         self.read_open(&of, offset, size)
     }
 
