@@ -493,12 +493,18 @@ impl Store {
             let mut q = self.quota.lock();
             let (mut fb, mut ff) = (0, 0);
             let mut n = 0;
-            while (fb < bytes || ff < files) && n < batch {
+            // Victims that freed nothing in a row (objects in memory while only inodes are
+            // wanted, objects being opened): once every tracked object was one, stop, or
+            // an unbounded batch (`cull_now`) would cycle through them forever.
+            let mut idle = 0;
+            while (fb < bytes || ff < files) && n < batch && idle <= q.policy.len() {
                 match self.evict_one(&mut q, &mut dropped, fb >= bytes) {
+                    Some((0, 0)) => idle += 1,
                     Some((b, f)) => {
                         fb += b;
                         ff += f;
                         n += 1;
+                        idle = 0;
                     }
                     None => break,
                 }
@@ -506,9 +512,8 @@ impl Store {
             drop(q);
             drop(dropped);
             evicted += n as u64;
-            // A full batch that freed nothing (only objects in memory while inodes are
-            // short, or objects being opened) would free nothing the next time either.
-            if n < batch || (fb == 0 && ff == 0) {
+            // A short batch: nothing more could be freed (or nothing more is needed).
+            if n < batch {
                 return evicted;
             }
         }
