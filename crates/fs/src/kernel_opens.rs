@@ -20,14 +20,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use hoardfs_origin::{FileKind, WireError};
-
 use crate::nodes::{BackingError, Ino};
 use crate::read::{Access, FileHandle, OpenFile, ReadData};
 use crate::{FsResult, HoardFs};
 
 /// Implicit opens kept at most (each pins its cached object against eviction).
-pub const IMPLICIT_OPENS: usize = 1024;
+pub(crate) const IMPLICIT_OPENS: usize = 1024;
 
 /// The implicit opens, oldest first. Lock: a leaf.
 #[derive(Default)]
@@ -88,13 +86,8 @@ impl HoardFs {
 
     /// The implicit open of `ino` at its current version, opened if needed.
     fn implicit_open(&self, ino: Ino) -> FsResult<Arc<OpenFile>> {
-        let node = self.node(ino)?;
-        match node.kind {
-            FileKind::File => {}
-            FileKind::Dir => return Err(WireError::IsDir.into()),
-            _ => return Err(WireError::Invalid.into()),
-        }
-        let (attr, _) = self.getattr(ino)?;
+        let node = self.file_node(ino)?;
+        let (attr, _) = self.attr_of(&node)?;
         let known = self.reads.implicit.lock().by_ino.get(&ino).copied();
         if let Some((fh, version)) = known
             && version == attr.version
@@ -120,7 +113,7 @@ impl HoardFs {
     }
 
     /// Releases every implicit open (at unmount, and in tests).
-    pub fn release_implicit_opens(&self) {
+    pub(crate) fn release_implicit_opens(&self) {
         let handles: Vec<FileHandle> = {
             let mut im = self.reads.implicit.lock();
             im.order.clear();
@@ -132,7 +125,8 @@ impl HoardFs {
     }
 
     /// Implicit opens currently held.
-    pub fn implicit_opens(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn implicit_opens(&self) -> usize {
         self.reads.implicit.lock().by_ino.len()
     }
 }

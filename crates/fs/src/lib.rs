@@ -29,7 +29,6 @@ use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, Stat
 
 pub use callbacks::KernelNotifier;
 pub use error::{FsError, FsResult};
-pub use kernel_opens::IMPLICIT_OPENS;
 pub use manage::{CachedEntry, Prefetched};
 pub use namespace::NewEntry;
 pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO};
@@ -318,13 +317,18 @@ impl HoardFs {
     /// a callback or younger than the TTL, otherwise from the origin.
     pub fn getattr(&self, ino: Ino) -> FsResult<(Attr, Duration)> {
         let node = self.node(ino)?;
+        self.attr_of(&node)
+    }
+
+    /// [`HoardFs::getattr`] of a node already looked up.
+    pub(crate) fn attr_of(&self, node: &Node) -> FsResult<(Attr, Duration)> {
         {
             let st = node.state.lock();
             if self.attr_fresh(&st) {
                 return Ok((st.attr, self.ttl_of(&st)));
             }
         }
-        self.refresh_attr(&node)
+        self.refresh_attr(node)
     }
 
     /// Fresh attributes from the origin (cached ones if it is unreachable).

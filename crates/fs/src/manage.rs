@@ -46,7 +46,8 @@ impl HoardFs {
             .ok_or_else(|| FsError::Cache("this mount has no disk cache".into()))
     }
 
-    fn file_node(&self, ino: Ino) -> FsResult<Arc<Node>> {
+    /// The node of regular file `ino` (anything else is an error).
+    pub(crate) fn file_node(&self, ino: Ino) -> FsResult<Arc<Node>> {
         let node = self.node(ino)?;
         match node.kind {
             FileKind::File => Ok(node),

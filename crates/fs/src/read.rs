@@ -3,8 +3,10 @@
 //! An open checks the file's version with the origin (close-to-open) and picks a mode:
 //! *passthrough* when the cached object is complete (the kernel reads the cache file
 //! itself), *cached* daemon reads otherwise (the kernel page cache is kept across opens
-//! while the version is unchanged), or *direct* daemon reads when passthrough opens of an
-//! older version are still around (the kernel refuses to mix modes on one inode).
+//! while the version is unchanged), or *direct* daemon reads for appends and when
+//! passthrough opens of the inode outlast a short wait for them (the kernel refuses to
+//! mix modes on one inode). Under `--kernel-opens` opens are implicit
+//! ([`crate::kernel_opens`]).
 //!
 //! Misses are fetched a whole chunk at a time, by [`crate::fetch`]: one fetch per chunk
 //! however many readers want it, readahead for sequential readers, and without a disk
@@ -13,7 +15,8 @@
 //! Lock ordering: `files` is a leaf, as are `fetch`'s `inflight` and an open's `mem`
 //! (never held while taking another lock or doing I/O); a node's `state` lock is never
 //! held across origin I/O, and across disk I/O only to create that node's cached object or
-//! passthrough backing registration.
+//! passthrough backing registration (and to drop a registration, whose release is an
+//! ioctl on `/dev/fuse`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,7 +25,6 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use hoardfs_cache::{CacheDir, CachedObject, ObjectKey, OpenHold, meta::chunk_shift_for};
-use hoardfs_origin::{FileKind, WireError};
 use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::{Mutex, RwLock};
 
@@ -218,12 +220,7 @@ impl HoardFs {
         if access.write {
             self.check_writable()?;
         }
-        let node = self.node(ino)?;
-        match node.kind {
-            FileKind::File => {}
-            FileKind::Dir => return Err(WireError::IsDir.into()),
-            _ => return Err(WireError::Invalid.into()),
-        }
+        let node = self.file_node(ino)?;
         let (before, attr) = self.validated_attr(&node)?;
         // The kernel may still hold the old size: the bridge invalidates its attributes.
         let changed = before.version != attr.version || before.size != attr.size;
@@ -296,7 +293,7 @@ impl HoardFs {
         // Files open for writing are never handed to the kernel: the daemon must see writes.
         let passthrough_ok = !access.write
             && self.config.passthrough
-            && !self.config.kernel_opens
+            && !self.kernel_opens()
             && complete
             && !engine.passthrough_failed.load(Ordering::Relaxed)
             && st.cached_opens == 0
