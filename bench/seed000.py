@@ -214,7 +214,7 @@ class Bench:
         if hoardfs:
             p = self.spawn(in_ns(self.args.binary, "serve", srv_dir, "--listen",
                                  f"{SRV_IP}:{port}", "--allow-unauthenticated",
-                                 *(getattr(self.args, "serve_opt", None) or [])),
+                                 *(self.args.serve_opt or [])),
                            "hoardfs-serve")
             self.wait_output(p, "hoardfs: serving", "hoardfs serve")
         if sftp:

@@ -707,8 +707,8 @@ def main():
     ap.add_argument("--serve-opt", action="append", metavar="ARG",
                     help="extra argument for every hoardfs server (repeatable)")
     ap.add_argument("--profile", action="store_true",
-                    help="perf record -a -g an extra, unreported run of the largest scaling "
-                         "cases (summaries in --out)")
+                    help="perf record -a -g an extra, unreported run of every scaling point "
+                         "(summaries, FUSE threads alone too, in --out)")
     ap.add_argument("--keep", action="store_true", help="leave namespace/processes for debugging")
     args = ap.parse_args()
     if os.geteuid() != 0:
