@@ -130,8 +130,9 @@ pub trait Origin: Send + Sync + 'static {
     /// Reads up to `len` bytes at `offset`.
     fn read(&self, handle: Handle, offset: u64, len: u32) -> Result<ReadReply>;
     /// Offers up to `len` bytes at `offset` as a range of an open file for the caller to
-    /// send without copying, if the origin can (a local file) and the file has not changed
-    /// for at least `unchanged_for`; `None` means: call [`Origin::read`].
+    /// send without copying, if the origin can (a local file), the file has not changed
+    /// for at least `unchanged_for` and the range is in memory already (sending it must
+    /// not wait for a disk); `None` means: call [`Origin::read`].
     fn read_range(
         &self,
         _handle: Handle,

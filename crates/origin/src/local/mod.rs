@@ -396,6 +396,13 @@ impl Origin for LocalOrigin {
         }
         let size = st.st_size.max(0) as u64;
         let len = size.saturating_sub(offset).min(len as u64) as u32;
+        // The caller sends the range from its async writer, where `sendfile` must not wait
+        // for the disk: a range not wholly in the page cache gets `read` (on a blocking
+        // thread, which also brings it into the cache), as does every range on a kernel
+        // without `cachestat(2)`.
+        if !sys::all_cached(file.as_raw_fd(), offset, len as u64).unwrap_or(false) {
+            return Ok(None);
+        }
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
         Ok(Some(FileRange {

@@ -92,6 +92,34 @@ fn ranges_for_zero_copy_only_of_files_unchanged_long_enough() {
 }
 
 #[test]
+fn ranges_for_zero_copy_only_of_bytes_in_memory() {
+    let (d, o) = export();
+    let e = walk(&o, "sub/deeper/b.bin").unwrap();
+    let path = d.path().join("export/sub/deeper/b.bin");
+    let f = std::fs::File::open(&path).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: plain advice on an open descriptor.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if super::sys::all_cached(f.as_raw_fd(), 0, 100_000).unwrap_or(true) {
+        eprintln!("skipped: this file system keeps the file in memory (tmpfs) or lacks cachestat");
+        return;
+    }
+    // Not in memory: `sendfile` would wait for the disk, so the caller must `read`.
+    assert!(
+        o.read_range(e.handle, 0, 100_000, Duration::ZERO)
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        o.read(e.handle, 0, 100_000).unwrap().data,
+        vec![7u8; 100_000]
+    );
+    // Read once, it is in memory: now it is offered.
+    let r = o.read_range(e.handle, 0, 100_000, Duration::ZERO).unwrap();
+    assert_eq!(r.map(|r| r.len), Some(100_000));
+}
+
+#[test]
 fn dot_dot_and_slashes_are_refused() {
     let (_d, o) = export();
     let root = o.info().unwrap().root.handle;
