@@ -36,8 +36,20 @@ pub(crate) struct ImplicitOpens {
 
 impl ImplicitOpens {
     /// Records `fh` as the open of `ino` at `version`; returns the handles to release (the
-    /// one it replaces, and the oldest beyond the limit).
-    fn insert(&mut self, ino: Ino, fh: FileHandle, version: u64, cap: usize) -> Vec<FileHandle> {
+    /// one it replaces, and the oldest beyond the limit). If a concurrent read recorded an
+    /// open of the same version first, nothing changes and that open is returned instead.
+    fn insert(
+        &mut self,
+        ino: Ino,
+        fh: FileHandle,
+        version: u64,
+        cap: usize,
+    ) -> Result<Vec<FileHandle>, FileHandle> {
+        if let Some(&(first, v)) = self.by_ino.get(&ino)
+            && v == version
+        {
+            return Err(first);
+        }
         let mut gone = Vec::new();
         if let Some((old, _)) = self.by_ino.insert(ino, (fh, version)) {
             gone.push(old);
@@ -58,7 +70,7 @@ impl ImplicitOpens {
             self.order
                 .retain(|(i, h)| live.get(i).is_some_and(|&(cur, _)| cur == *h));
         }
-        gone
+        Ok(gone)
     }
 }
 
@@ -100,16 +112,25 @@ impl HoardFs {
         let no_backing =
             |_: &std::fs::File| Err(BackingError::Failed(std::io::Error::other("kernel opens")));
         let (fh, _, _) = self.open_node(node, attr, Access::default(), false, &no_backing);
-        let of = self.open_file(fh)?;
-        let gone = self
+        // The kernel sends several reads of a file at once, so another thread may have
+        // opened the same version meanwhile: one open is kept, the other released.
+        let inserted = self
             .reads
             .implicit
             .lock()
             .insert(ino, fh, attr.version, IMPLICIT_OPENS);
-        for fh in gone {
-            self.release(fh);
+        match inserted {
+            Ok(gone) => {
+                for old in gone {
+                    self.release(old);
+                }
+                self.open_file(fh)
+            }
+            Err(first) => {
+                self.release(fh);
+                self.open_file(first)
+            }
         }
-        Ok(of)
     }
 
     /// Releases every implicit open (at unmount, and in tests).
@@ -138,13 +159,15 @@ mod tests {
     #[test]
     fn replaced_and_oldest_opens_are_handed_back_for_release() {
         let mut im = ImplicitOpens::default();
-        assert!(im.insert(1, 10, 1, 2).is_empty());
-        assert!(im.insert(2, 11, 1, 2).is_empty());
+        assert_eq!(im.insert(1, 10, 1, 2), Ok(vec![]));
+        assert_eq!(im.insert(2, 11, 1, 2), Ok(vec![]));
+        // A racing open of the same version loses to the one recorded first.
+        assert_eq!(im.insert(2, 14, 1, 2), Err(11));
         // A new version of inode 1 replaces its open.
-        assert_eq!(im.insert(1, 12, 2, 2), vec![10]);
+        assert_eq!(im.insert(1, 12, 2, 2), Ok(vec![10]));
         // A third inode: the oldest live one (inode 2) goes; the stale entry of handle 10
         // is skipped, not released twice.
-        assert_eq!(im.insert(3, 13, 1, 2), vec![11]);
+        assert_eq!(im.insert(3, 13, 1, 2), Ok(vec![11]));
         assert_eq!(im.by_ino.len(), 2);
         assert_eq!(im.by_ino[&1], (12, 2));
         assert_eq!(im.by_ino[&3], (13, 1));
