@@ -132,7 +132,17 @@ impl CacheDir {
     /// Opens the cache at `root` for a tool (status, listing, scrub): like [`Self::open`]
     /// but without the background culler, so looking at a cache never evicts from it.
     pub fn open_for_inspection(root: &Path) -> Result<CacheDir, CacheError> {
-        Self::open_inner(root, Limits::default(), None, false)
+        Self::open_without_culler(root, Limits::default(), None)
+    }
+
+    /// Like [`Self::open_with`], but without the background culler: room is made only by
+    /// reservations and [`Self::cull_now`] (for tools, and for tests of either alone).
+    pub fn open_without_culler(
+        root: &Path,
+        limits: Limits,
+        probe: Option<SpaceProbe>,
+    ) -> Result<CacheDir, CacheError> {
+        Self::open_inner(root, limits, probe, false)
     }
 
     /// Opens (creating if needed) the cache at `root` and locks it for this process.

@@ -200,7 +200,9 @@ fn warming_reads_only_records_of_cached_objects_not_in_memory() {
         assert!(std::time::Instant::now() < deadline, "records not warmed");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    // Warming loads nothing: the objects open (and check their records) as before.
+    // Warming loads nothing: 1 is still not in memory (so warming it again reads it), and
+    // the objects open (and check their records) as before.
+    assert_eq!(c.warm([key(1)]), 1, "warming left the object out of memory");
     assert!(c.object(key(1), 5, MIB).unwrap().is_complete());
     assert!(loaded.is_complete());
     drop(loaded);

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use hoardfs_cache::{CacheDir, Limits, ObjectKey, Space};
+use hoardfs_cache::{CacheDir, CachedObject, Limits, ObjectKey, Space};
 
 const MIB: u64 = 1 << 20;
 
@@ -41,13 +41,18 @@ fn files(dir: &Path) -> Vec<std::fs::Metadata> {
 
 /// Fills object `id` (`size` bytes) chunk by chunk; returns how many chunks were stored.
 fn fill(c: &CacheDir, id: u64, size: u64) -> u64 {
+    fill_held(c, id, size).0
+}
+
+/// Like [`fill`], also returning the object, which stays in memory while held.
+fn fill_held(c: &CacheDir, id: u64, size: u64) -> (u64, Arc<CachedObject>) {
     let o = c.object(key(id), 1, size).unwrap();
     let mut stored = 0;
     for i in 0..size.div_ceil(MIB) {
         let len = MIB.min(size - i * MIB);
         stored += u64::from(o.write_chunk(i, &chunk(id, i, len), 1).unwrap());
     }
-    stored
+    (stored, o)
 }
 
 #[test]
@@ -247,7 +252,9 @@ fn short_of_inodes(d: &tempfile::TempDir, foreign: u64) -> CacheDir {
             files_avail: 1000u64.saturating_sub(foreign + count(&root)),
         })
     });
-    CacheDir::open_with(d.path(), Limits::default(), Some(probe)).unwrap()
+    // No background culler: it would run throughout (these caches start below the cull
+    // threshold) and race with the reservations and explicit culls under test.
+    CacheDir::open_without_culler(d.path(), Limits::default(), Some(probe)).unwrap()
 }
 
 #[test]
@@ -273,10 +280,11 @@ fn short_of_inodes_only_objects_with_files_to_remove_are_evicted() {
     let d = tempfile::tempdir().unwrap();
     // 1000 inodes, 30 must stay free; others use all but 36.
     let c = short_of_inodes(&d, 964);
-    assert_eq!(fill(&c, 1, 4096), 1);
+    // Object 1 stays in memory (not open) from its creation on: emptying it in place would
+    // free no inode.
+    let (stored, in_memory) = fill_held(&c, 1, 4096);
+    assert_eq!(stored, 1);
     assert_eq!(fill(&c, 2, 4096), 1);
-    // Object 1 stays in memory (not open): emptying it in place would free no inode.
-    let in_memory = c.object(key(1), 1, 4096).unwrap();
     assert_eq!(fill(&c, 3, 4096), 1);
     assert_eq!(fill(&c, 4, 4096), 1);
     assert!(
@@ -289,15 +297,15 @@ fn short_of_inodes_only_objects_with_files_to_remove_are_evicted() {
 #[test]
 fn culling_for_inodes_ends_when_every_object_is_in_memory() {
     let d = tempfile::tempdir().unwrap();
-    // 1000 inodes, others use 964: below the cull threshold once the cache holds 4 files.
+    // 1000 inodes, others use 964: below the cull threshold (7 %) from the start.
     let c = std::sync::Arc::new(short_of_inodes(&d, 964));
-    assert_eq!(fill(&c, 1, 4096), 1);
-    assert_eq!(fill(&c, 2, 4096), 1);
-    // Both stay in memory: emptying them in place would free no inode, so nothing can go.
-    let held = [
-        c.object(key(1), 1, 4096).unwrap(),
-        c.object(key(2), 1, 4096).unwrap(),
-    ];
+    // Both stay in memory from their creation on: emptying them in place would free no
+    // inode, so nothing can go.
+    let held = [1, 2].map(|id| {
+        let (stored, o) = fill_held(&c, id, 4096);
+        assert_eq!(stored, 1);
+        o
+    });
     let (tx, rx) = std::sync::mpsc::channel();
     let culler = c.clone();
     std::thread::spawn(move || tx.send(culler.cull_now()).unwrap());

@@ -231,7 +231,7 @@ fn reopening_a_cached_file_reuses_its_passthrough_registration_until_it_changes(
     // Each read goes to the file itself, not to the kernel's page cache of an earlier one.
     let read = |want: &[u8]| {
         drop_page_cache();
-        assert_bytes_eq("f", &std::fs::read(m.p("f")).unwrap(), want);
+        assert_content("f", &m.p("f"), want);
     };
     read(&bytes(1, 3 * MIB)); // fetched
     for _ in 0..4 {
