@@ -48,17 +48,18 @@ pub(crate) fn start_adoption(store: &Arc<Store>) {
         });
 }
 
-/// Parses `objects/<export>/<xx>/<file>.meta` back into a key.
-fn key_of(export_dir: &Path, file: &Path) -> Option<ObjectKey> {
+/// Parses `objects/<export>/<xx>/<file>.meta` (given the export's directory and `<file>`)
+/// back into a key.
+fn key_of(export_dir: &Path, file_stem: &str) -> Option<ObjectKey> {
     let export_id = u128::from_str_radix(export_dir.file_name()?.to_str()?, 16).ok()?;
-    let file_id = u64::from_str_radix(file.file_stem()?.to_str()?, 16).ok()?;
+    let file_id = u64::from_str_radix(file_stem, 16).ok()?;
     Some(ObjectKey { export_id, file_id })
 }
 
 /// Walks the object tree; every object the index lacks is adopted (marked unverified, so
 /// its chunks are checked on first use) or, if unreadable, removed. Leftover temporary
 /// records are removed. Returns the number adopted, `None` if the store went away.
-fn adopt_orphans(root: &Path, store: &Weak<Store>) -> Option<u64> {
+pub(crate) fn adopt_orphans(root: &Path, store: &Weak<Store>) -> Option<u64> {
     let mut adopted = 0;
     let Ok(exports) = fs::read_dir(root.join("objects")) else {
         return Some(0);
@@ -75,17 +76,23 @@ fn adopt_orphans(root: &Path, store: &Weak<Store>) -> Option<u64> {
                 let path = f.path();
                 let name = f.file_name();
                 let name = name.to_string_lossy();
-                if name.ends_with(".meta.tmp") {
-                    let _ = fs::remove_file(&path);
-                    continue;
-                }
-                if !name.ends_with(".meta") {
-                    continue;
-                }
-                let Some(key) = key_of(&export.path(), &path) else {
+                let (stem, leftover) = if let Some(s) = name.strip_suffix(".meta.tmp") {
+                    (s, true)
+                } else if let Some(s) = name.strip_suffix(".meta") {
+                    (s, false)
+                } else {
                     continue;
                 };
-                if adopt(&store.upgrade()?, key) {
+                let Some(key) = key_of(&export.path(), stem) else {
+                    continue;
+                };
+                let store = store.upgrade()?;
+                if leftover {
+                    // Under the object's lock: `CachedObject::open` writes and renames its
+                    // temporary record while holding it, so one seen here is a leftover.
+                    let _files = store.shard(&key).lock();
+                    let _ = fs::remove_file(&path);
+                } else if adopt(&store, key) {
                     adopted += 1;
                 }
             }

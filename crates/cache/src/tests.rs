@@ -208,3 +208,40 @@ fn warming_reads_only_records_of_cached_objects_not_in_memory() {
     drop(loaded);
     assert_eq!(c.warm([key(3)]), 1, "no longer in memory");
 }
+
+/// A temporary record (`<file>.meta.tmp`) left in an object's directory.
+fn temporary_record(c: &CacheDir, k: &ObjectKey) -> PathBuf {
+    let (_, meta) = c.object_paths(k);
+    fs::create_dir_all(meta.parent().unwrap()).unwrap();
+    let tmp = meta.with_extension("meta.tmp");
+    fs::write(&tmp, b"half written").unwrap();
+    tmp
+}
+
+#[test]
+fn adoption_removes_a_temporary_record_only_under_its_objects_lock() {
+    let d = tempfile::tempdir().unwrap();
+    let c = CacheDir::open_without_culler(d.path(), Limits::default(), None).unwrap();
+    let tmp = temporary_record(&c, &key(3));
+    let (root, store) = (c.store.root().to_path_buf(), Arc::downgrade(&c.store));
+    // As `CachedObject::open` holds it between writing and renaming the record.
+    let opening = c.store.shard(&key(3)).lock();
+    let walk = std::thread::spawn(move || recover::adopt_orphans(&root, &store));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(tmp.exists(), "removed while its object was being opened");
+    drop(opening);
+    assert_eq!(walk.join().unwrap(), Some(0));
+    assert!(!tmp.exists(), "a leftover outlived the walk");
+}
+
+#[test]
+fn adoption_after_the_cache_is_closed_touches_nothing() {
+    // Another process may own the directory by then.
+    let d = tempfile::tempdir().unwrap();
+    let c = CacheDir::open_without_culler(d.path(), Limits::default(), None).unwrap();
+    let tmp = temporary_record(&c, &key(3));
+    let (root, store) = (c.store.root().to_path_buf(), Arc::downgrade(&c.store));
+    drop(c);
+    assert_eq!(recover::adopt_orphans(&root, &store), None);
+    assert!(tmp.exists());
+}
