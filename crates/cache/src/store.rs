@@ -245,22 +245,32 @@ impl Store {
         let used = q.policy.total_bytes() + q.reserved;
         let (mut need, mut files) = shortfall(&self.limits, used, bytes, 0, space);
         let mut tries = q.policy.len() + 16;
+        let mut looked_again = false;
         let ok = loop {
             if need == 0 && files == 0 {
                 q.reserved += bytes;
                 break true;
             }
-            if tries == 0 {
-                break false;
-            }
-            match self.evict_one(&mut q, &mut dropped, need == 0) {
+            let freed = if tries == 0 {
+                None
+            } else {
+                tries -= 1;
+                self.evict_one(&mut q, &mut dropped, need == 0)
+            };
+            match freed {
                 Some((b, f)) => {
                     need = need.saturating_sub(b);
                     files = files.saturating_sub(f);
                 }
+                // Nothing left to evict. The look at the free space may predate what the
+                // culler freed meanwhile: before refusing, look again (under the lock).
+                None if !looked_again => {
+                    looked_again = true;
+                    let used = q.policy.total_bytes() + q.reserved;
+                    (need, files) = shortfall(&self.limits, used, bytes, 0, (self.probe)());
+                }
                 None => break false,
             }
-            tries -= 1;
         };
         drop(q);
         drop(dropped);

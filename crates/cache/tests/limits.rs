@@ -3,7 +3,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use hoardfs_cache::{CacheDir, CachedObject, Limits, ObjectKey, Space};
 
@@ -159,6 +159,32 @@ fn free_space_thresholds_stop_caching_and_cull_back_to_run() {
         avail >= 3 * MIB - MIB,
         "cache ate into the stop reserve: {avail}"
     );
+}
+
+#[test]
+fn a_reservation_looks_at_the_free_space_again_before_refusing() {
+    // The disk was nearly full when the write first looked, and room was made (by the
+    // culler, or by someone else) before it found nothing of its own to evict.
+    let d = tempfile::tempdir().unwrap();
+    let tight = Arc::new(AtomicBool::new(false));
+    let t = tight.clone();
+    let probe = Box::new(move || {
+        let avail = if t.swap(false, Ordering::SeqCst) {
+            MIB
+        } else {
+            50 * MIB
+        };
+        Some(Space {
+            bytes_total: 100 * MIB,
+            bytes_avail: avail,
+            files_total: 1 << 20,
+            files_avail: 1 << 19,
+        })
+    });
+    let c = CacheDir::open_without_culler(d.path(), Limits::default(), Some(probe)).unwrap();
+    tight.store(true, Ordering::SeqCst);
+    assert_eq!(fill(&c, 1, MIB), 1, "refused though the room was there");
+    assert_eq!(c.usage().refused_chunks, 0);
 }
 
 #[test]
