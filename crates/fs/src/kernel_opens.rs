@@ -76,8 +76,8 @@ impl ImplicitOpens {
 
 impl HoardFs {
     /// Whether the kernel opens files itself (see the module docs): asked for, and the
-    /// mount is read-only and has a disk cache (without one, idle implicit opens would
-    /// hold fetched chunks and shrink every open's share of the memory budget).
+    /// mount is read-only and has a disk cache (the mode is made for warm reads of cached
+    /// trees; `hoardfs mount` refuses it with `--no-cache`).
     pub fn kernel_opens(&self) -> bool {
         self.config.kernel_opens && self.read_only && self.cache.is_some()
     }

@@ -142,7 +142,7 @@ impl HoardFs {
             ..Prefetched::default()
         };
         for c in 0..view.chunks() {
-            if let Some(bytes) = self.ensure_chunk(&node, &view, c, None)? {
+            if let Some(bytes) = self.ensure_chunk(&node, &view, c)? {
                 done.fetched += bytes.len() as u64;
             }
         }

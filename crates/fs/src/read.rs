@@ -9,16 +9,16 @@
 //! ([`crate::kernel_opens`]).
 //!
 //! Misses are fetched a whole chunk at a time, by [`crate::fetch`]: one fetch per chunk
-//! however many readers want it, readahead for sequential readers, and without a disk
-//! cache (`--no-cache`) the chunks each open keeps in memory.
+//! however many readers want it, and readahead for sequential readers. Without a disk
+//! cache (`--no-cache`) a read fetches just the bytes it asks for (see `read_uncached`).
 //!
-//! Lock ordering: `files` is a leaf, as are `fetch`'s `inflight` and an open's `mem`
-//! (never held while taking another lock or doing I/O); a node's `state` lock is never
+//! Lock ordering: `files` is a leaf, as is `fetch`'s `inflight` (never held while taking
+//! another lock or doing I/O); a node's `state` lock is never
 //! held across origin I/O, and across disk I/O only to create that node's cached object or
 //! passthrough backing registration (and to drop a registration, whose release is an
 //! ioctl on `/dev/fuse`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
@@ -28,7 +28,7 @@ use hoardfs_cache::{CacheDir, CachedObject, ObjectKey, OpenHold, meta::chunk_shi
 use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::{Mutex, RwLock};
 
-use crate::fetch::{ChunkKey, Flight, HeldChunk, PrefetchJob, served};
+use crate::fetch::{ChunkKey, Flight, PrefetchJob};
 use crate::kernel_opens::ImplicitOpens;
 use crate::nodes::{Backing, BackingError, HeldBacking, Ino, MakeBacking, Node, NodeState};
 use crate::stats::Stats;
@@ -44,31 +44,9 @@ const MAX_DRAINING: usize = 2;
 /// Kernel-visible file handle number.
 pub type FileHandle = u64;
 
-/// The bytes of one read: a range of a fetched chunk (shared, not copied: the FUSE reply
-/// is written straight from it), or a buffer filled from the disk cache.
-pub enum ReadData {
-    /// `bytes[start..end]` of a fetched chunk.
-    Chunk {
-        /// The whole chunk.
-        bytes: Arc<Recycled>,
-        /// Where the read starts in it.
-        start: usize,
-        /// Where it ends.
-        end: usize,
-    },
-    /// A buffer of its own (back to the buffer pool when dropped).
-    Owned(Recycled),
-}
-
-impl std::ops::Deref for ReadData {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            ReadData::Chunk { bytes, start, end } => &bytes[*start..*end],
-            ReadData::Owned(v) => v,
-        }
-    }
-}
+/// The bytes of one read, in a pooled buffer (back to the pool when dropped, once the
+/// FUSE reply is written).
+pub type ReadData = Recycled;
 
 /// How an open is served.
 #[derive(Clone)]
@@ -110,15 +88,10 @@ pub(crate) struct OpenFile {
     /// Sequential detection: where the next read would start, and the highest chunk already
     /// scheduled for readahead.
     pub(crate) seq: Mutex<(u64, Option<u64>)>,
-    /// Without a disk cache: chunks fetched for this open (at most the readahead window
-    /// plus two; the one farthest behind is dropped first).
-    pub(crate) mem: Mutex<VecDeque<HeldChunk>>,
     /// Released: queued readahead for it is skipped.
     pub(crate) closed: std::sync::atomic::AtomicBool,
     /// The end of the farthest read asked for through this open: queued readahead of a
-    /// chunk wholly before it is skipped (the reader fetched that chunk itself, and
-    /// without a disk cache may already have dropped it: fetching it again would fetch
-    /// it twice).
+    /// chunk wholly before it is skipped (the reader fetched that chunk itself).
     pub(crate) read_to: AtomicU64,
 }
 
@@ -365,7 +338,6 @@ impl HoardFs {
             access,
             _hold: hold,
             seq: Mutex::new((0, None)),
-            mem: Mutex::new(VecDeque::new()),
             closed: false.into(),
             read_to: AtomicU64::new(0),
         });
@@ -457,30 +429,16 @@ impl HoardFs {
         Stats::add(&self.stats.reads, 1);
         let view = View::of(&of.node);
         if offset >= view.size || size == 0 {
-            return Ok(ReadData::Owned(Recycled::default()));
+            return Ok(Recycled::default());
         }
         let end = (offset + size as u64).min(view.size);
+        if view.object.is_none() {
+            return self.read_uncached(&of.node, offset, end);
+        }
         let first = offset >> view.chunk_shift;
         let last = (end - 1) >> view.chunk_shift;
         of.read_to.fetch_max(end, Ordering::Relaxed);
         self.schedule_readahead(of, &view, offset, end, last);
-        // Without a disk cache a read within one chunk (nearly every read) is answered from
-        // the fetched bytes, without a copy or a fresh buffer per request. With one, hits
-        // are read from the cache file below (one presence check, in `read_chunk_at`).
-        if first == last
-            && view.object.is_none()
-            && let Some(bytes) = self.ensure_chunk(&of.node, &view, first, Some(of))?
-        {
-            let (cs, _) = view.chunk_range(first);
-            let stop = ((end - cs) as usize).min(bytes.len());
-            let start = ((offset - cs) as usize).min(stop);
-            served(of, (of.node.ino, view.version, first), stop - start);
-            return Ok(ReadData::Chunk {
-                bytes,
-                start,
-                end: stop,
-            });
-        }
         // A pooled buffer (no freshly faulted pages per read): fetched bytes are appended,
         // cache-file reads go into zeroed room.
         let mut out = buffers::take((end - offset) as usize);
@@ -488,9 +446,7 @@ impl HoardFs {
             let (cs, ce) = view.chunk_range(c);
             let (from, to) = (offset.max(cs), end.min(ce));
             let (at, want) = (out.len(), (to - from) as usize);
-            if view.object.is_some() {
-                out.resize(at + want, 0);
-            }
+            out.resize(at + want, 0);
             let Some(bytes) = self.cached_or_fetched(of, &view, c, &mut out[at..], from)? else {
                 continue;
             };
@@ -498,15 +454,26 @@ impl HoardFs {
             let avail = bytes.len().saturating_sub(lo).min(want);
             out.truncate(at);
             out.extend_from_slice(&bytes[lo..lo + avail]);
-            if view.object.is_none() {
-                served(of, (of.node.ino, view.version, c), avail);
-            }
             if avail < want {
                 // The file shrank while we read it: end the read there.
                 break;
             }
         }
-        Ok(ReadData::Owned(Recycled::from(out)))
+        Ok(Recycled::from(out))
+    }
+
+    /// A read without a disk cache: the bytes asked for, fetched into a pooled buffer that
+    /// goes back to the pool once the reply is written. Nothing is kept between reads (the
+    /// kernel's page cache and readahead do that), so the memory in use is that of the
+    /// requests in progress however many files are open, and stays in the CPU caches.
+    /// (Fetching whole chunks and keeping them for the next reads cost a cold chunk per
+    /// open at 256 readers, and a copy for every reply that spanned two chunks.)
+    fn read_uncached(&self, node: &Node, offset: u64, end: u64) -> FsResult<ReadData> {
+        let len = (end - offset) as u32;
+        let r = self.with_handle(node, |h| self.origin.read(h, offset, len))?;
+        Stats::add(&self.stats.chunk_fetches, 1);
+        Stats::add(&self.stats.bytes_from_network, r.data.len() as u64);
+        Ok(Recycled::from(r.data))
     }
 
     /// Fills `dst` (chunk `c`'s bytes from offset `from`) from the disk cache and returns
@@ -529,7 +496,7 @@ impl HoardFs {
                 Stats::add(&self.stats.bytes_from_cache, dst.len() as u64);
                 return Ok(None);
             }
-            if let Some(bytes) = self.ensure_chunk(&of.node, view, c, Some(of))? {
+            if let Some(bytes) = self.ensure_chunk(&of.node, view, c)? {
                 return Ok(Some(bytes));
             }
         }
@@ -542,7 +509,6 @@ impl HoardFs {
             return;
         };
         of.closed.store(true, Ordering::Relaxed);
-        of.mem.lock().clear();
         let mut st = of.node.state.lock();
         match of.mode {
             ModeKind::Passthrough => {
