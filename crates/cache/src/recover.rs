@@ -58,7 +58,7 @@ fn key_of(export_dir: &Path, file_stem: &str) -> Option<ObjectKey> {
 
 /// Walks the object tree; every object the index lacks is adopted (marked unverified, so
 /// its chunks are checked on first use) or, if unreadable, removed. Leftover temporary
-/// records are removed. Returns the number adopted, `None` if the store went away.
+/// records are removed. Returns the number adopted, `None` if the cache was closed or dropped meanwhile.
 pub(crate) fn adopt_orphans(root: &Path, store: &Weak<Store>) -> Option<u64> {
     let mut adopted = 0;
     let Ok(exports) = fs::read_dir(root.join("objects")) else {
@@ -87,6 +87,9 @@ pub(crate) fn adopt_orphans(root: &Path, store: &Weak<Store>) -> Option<u64> {
                     continue;
                 };
                 let store = store.upgrade()?;
+                if store.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                    return None;
+                }
                 if leftover {
                     // Under the object's lock: `CachedObject::open` writes and renames its
                     // temporary record while holding it, so one seen here is a leftover.

@@ -75,7 +75,7 @@ pub(crate) struct Store {
     pub(crate) recovered: bool,
     shards: Vec<Mutex<()>>,
     pub(crate) counters: Counters,
-    closed: AtomicBool,
+    pub(crate) closed: AtomicBool,
     /// False while orphans are still being adopted: the index is then not marked clean.
     pub(crate) adopted: AtomicBool,
     /// Wakes the culler early (a reservation saw the free space fall below `cull`).
@@ -234,8 +234,9 @@ impl Store {
         if self.closed.load(Ordering::SeqCst) {
             return false;
         }
-        // One look at the free space per reservation, outside the lock; evictions then
-        // count down the shortfall by what they free.
+        // One look at the free space per reservation, outside the lock (a second one under
+        // it only before refusing); evictions then count down the shortfall by what they
+        // free.
         let space = (self.probe)();
         if cull_target(&self.limits, space) != (0, 0) {
             self.wake_culler();

@@ -241,6 +241,9 @@ fn adoption_after_the_cache_is_closed_touches_nothing() {
     let c = CacheDir::open_without_culler(d.path(), Limits::default(), None).unwrap();
     let tmp = temporary_record(&c, &key(3));
     let (root, store) = (c.store.root().to_path_buf(), Arc::downgrade(&c.store));
+    c.close().unwrap();
+    assert_eq!(recover::adopt_orphans(&root, &store), None);
+    assert!(tmp.exists());
     drop(c);
     assert_eq!(recover::adopt_orphans(&root, &store), None);
     assert!(tmp.exists());

@@ -1,5 +1,6 @@
 //! Many readers at once through one client: every byte right, and fetched from the server
-//! once (a reader's chunks are not pushed out by the others' fetches).
+//! once (with a disk cache: a reader's chunks are not pushed out by the others' fetches;
+//! without one: no read is fetched twice or rounded up to whole chunks).
 
 mod common;
 
@@ -69,8 +70,8 @@ fn one_sequential_reader_without_a_cache_fetches_each_byte_once() {
     let r = uncached(|exp| std::fs::write(exp.join("big"), &want).unwrap());
     let (m, srv) = (&r.m, &r.srv);
     let before = srv.counters().bytes_read;
-    // The kernel's readahead sends several reads at once, out of order: each fetched
-    // chunk must stay until all of them were served.
+    // The kernel's readahead sends several reads at once, out of order: each must fetch
+    // its own bytes, none twice.
     assert_bytes_eq("big", &std::fs::read(m.p("big")).unwrap(), &want);
     let fetched = srv.counters().bytes_read - before;
     assert!(

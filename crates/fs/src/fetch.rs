@@ -81,14 +81,19 @@ impl HoardFs {
         }
     }
 
-    /// A queued readahead job: fetches chunk `c` for `of` unless the open was released,
-    /// the file shrank below it, or the reader already asked for all of it.
+    /// A queued readahead job: fetches chunk `c` for `of` into the disk cache unless the
+    /// open was released, the file has no cached object any more, shrank below the chunk,
+    /// or the reader already asked for all of it.
     pub(crate) fn read_ahead(&self, of: &Arc<OpenFile>, c: u64) {
         if of.closed.load(Ordering::Relaxed) {
             return;
         }
         let view = View::of(&of.node);
-        if c >= view.chunks() || view.chunk_range(c).1 <= of.read_to.load(Ordering::Relaxed) {
+        // No object any more (replaced by an uncacheable version): nothing to fill.
+        if view.object.is_none()
+            || c >= view.chunks()
+            || view.chunk_range(c).1 <= of.read_to.load(Ordering::Relaxed)
+        {
             return;
         }
         if let Err(e) = self.ensure_chunk(&of.node, &view, c) {

@@ -120,7 +120,7 @@ impl HoardFs {
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
             export_id: info.export_id,
-            reads: read::ReadEngine::new(weak.clone(), &config),
+            reads: read::ReadEngine::new(weak.clone(), &config, cache.is_some()),
             origin,
             cache,
             read_only: config.read_only || info.read_only,

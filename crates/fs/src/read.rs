@@ -9,8 +9,9 @@
 //! ([`crate::kernel_opens`]).
 //!
 //! Misses are fetched a whole chunk at a time, by [`crate::fetch`]: one fetch per chunk
-//! however many readers want it, and readahead for sequential readers. Without a disk
-//! cache (`--no-cache`) a read fetches just the bytes it asks for (see `read_uncached`).
+//! however many readers want it, and readahead for sequential readers. A file without a
+//! cached object (`--no-cache`, or one the cache could not take) is read through: a read
+//! fetches just the bytes it asks for (see `read_uncached`).
 //!
 //! Lock ordering: `files` is a leaf, as is `fetch`'s `inflight` (never held while taking
 //! another lock or doing I/O); a node's `state` lock is never
@@ -149,10 +150,17 @@ pub(crate) struct ReadEngine {
 }
 
 impl ReadEngine {
-    pub(crate) fn new(fs: Weak<HoardFs>, config: &FsConfig) -> Self {
+    /// The engine; readahead threads only with a disk cache (`with_cache`): without one
+    /// there is no readahead (see `read_uncached`).
+    pub(crate) fn new(fs: Weak<HoardFs>, config: &FsConfig, with_cache: bool) -> Self {
         let (tx, rx) = mpsc::channel::<PrefetchJob>();
         let rx = Arc::new(Mutex::new(rx));
-        for i in 0..config.fetch_threads.max(1) {
+        let threads = if with_cache {
+            config.fetch_threads.max(1)
+        } else {
+            0
+        };
+        for i in 0..threads {
             let (rx, fs) = (rx.clone(), fs.clone());
             std::thread::Builder::new()
                 .name(format!("hoardfs-fetch-{i}"))
@@ -462,7 +470,8 @@ impl HoardFs {
         Ok(Recycled::from(out))
     }
 
-    /// A read without a disk cache: the bytes asked for, fetched into a pooled buffer that
+    /// A read of a file without a cached object (`--no-cache`, or a file the cache could
+    /// not take: out of room or inodes): the bytes asked for, fetched into a pooled buffer that
     /// goes back to the pool once the reply is written. Nothing is kept between reads (the
     /// kernel's page cache and readahead do that), so the memory in use is that of the
     /// requests in progress however many files are open, and stays in the CPU caches.

@@ -31,7 +31,8 @@ pub struct StatsSnapshot {
     pub bytes_from_network: u64,
     /// Chunks found in the cache by daemon reads.
     pub chunk_hits: u64,
-    /// Chunks fetched from the origin.
+    /// Chunks fetched from the origin (for files without a cached object: reads passed
+    /// on to it).
     pub chunk_fetches: u64,
     /// Opens handed to the kernel in passthrough mode.
     pub passthrough_opens: u64,
