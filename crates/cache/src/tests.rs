@@ -209,21 +209,22 @@ fn warming_reads_only_records_of_cached_objects_not_in_memory() {
     assert_eq!(c.warm([key(3)]), 1, "no longer in memory");
 }
 
-/// A temporary record (`<file>.meta.tmp`) left in an object's directory.
-fn temporary_record(c: &CacheDir, k: &ObjectKey) -> PathBuf {
-    let (_, meta) = c.object_paths(k);
+/// A cache (no culler) with a temporary record (`<file>.meta.tmp`) of `key(3)` left in
+/// its object's directory; also what an adoption walk of it is given.
+fn cache_with_temporary_record(d: &Path) -> (CacheDir, PathBuf, PathBuf, std::sync::Weak<Store>) {
+    let c = CacheDir::open_without_culler(d, Limits::default(), None).unwrap();
+    let (_, meta) = c.object_paths(&key(3));
     fs::create_dir_all(meta.parent().unwrap()).unwrap();
     let tmp = meta.with_extension("meta.tmp");
     fs::write(&tmp, b"half written").unwrap();
-    tmp
+    let (root, store) = (c.store.root().to_path_buf(), Arc::downgrade(&c.store));
+    (c, tmp, root, store)
 }
 
 #[test]
 fn adoption_removes_a_temporary_record_only_under_its_objects_lock() {
     let d = tempfile::tempdir().unwrap();
-    let c = CacheDir::open_without_culler(d.path(), Limits::default(), None).unwrap();
-    let tmp = temporary_record(&c, &key(3));
-    let (root, store) = (c.store.root().to_path_buf(), Arc::downgrade(&c.store));
+    let (c, tmp, root, store) = cache_with_temporary_record(d.path());
     // As `CachedObject::open` holds it between writing and renaming the record.
     let opening = c.store.shard(&key(3)).lock();
     let walk = std::thread::spawn(move || recover::adopt_orphans(&root, &store));
@@ -238,9 +239,7 @@ fn adoption_removes_a_temporary_record_only_under_its_objects_lock() {
 fn adoption_after_the_cache_is_closed_touches_nothing() {
     // Another process may own the directory by then.
     let d = tempfile::tempdir().unwrap();
-    let c = CacheDir::open_without_culler(d.path(), Limits::default(), None).unwrap();
-    let tmp = temporary_record(&c, &key(3));
-    let (root, store) = (c.store.root().to_path_buf(), Arc::downgrade(&c.store));
+    let (c, tmp, root, store) = cache_with_temporary_record(d.path());
     c.close().unwrap();
     assert_eq!(recover::adopt_orphans(&root, &store), None);
     assert!(tmp.exists());
