@@ -8,11 +8,11 @@
 //! (doc/BENCHMARKS.md), at the price of passthrough and of the open-time version check
 //! (doc/SEMANTICS.md), and only on read-only mounts: writes need real opens.
 //!
-//! This module gives such reads an open of their own: an *implicit open* per recently read
-//! inode, created at the first read of the file's current version and replaced when the
-//! version changes. Each one keeps its cached object from eviction, so only the
-//! [`IMPLICIT_OPENS`] newest are kept; an older one is released (a later read simply opens
-//! it again).
+//! This module gives such reads an open of their own: an *implicit open* per inode,
+//! created at the first read of the file's current version and replaced when the version
+//! changes. Each one keeps its cached object from eviction, so only the [`IMPLICIT_OPENS`]
+//! most recently created are kept (first in, first out: later reads do not refresh an
+//! entry); an older one is released (a later read simply opens it again).
 //!
 //! Lock ordering: the implicit-open table is a leaf; it is never held across `open_node`
 //! or `release`, which take node locks and the open-file table.
@@ -65,7 +65,7 @@ impl ImplicitOpens {
             }
         }
         // Entries of replaced opens are skipped above; drop them once they dominate.
-        if self.order.len() > 2 * cap.max(self.by_ino.len()) {
+        if self.order.len() > 2 * cap {
             let live = &self.by_ino;
             self.order
                 .retain(|(i, h)| live.get(i).is_some_and(|&(cur, _)| cur == *h));

@@ -63,9 +63,9 @@ pub struct FsConfig {
     /// Serve extended attributes (each call a round trip to the origin). Off, the FUSE
     /// bridge tells the kernel they are unsupported, once for the whole mount.
     pub xattrs: bool,
-    /// Let the kernel open files without asking the daemon (read-only mounts): no
-    /// per-open round trip, no passthrough, no open-time version check
-    /// (`crate::kernel_opens`).
+    /// Let the kernel open files without asking the daemon (read-only mounts with a disk
+    /// cache; ignored otherwise): no per-open round trip, no passthrough, no open-time
+    /// version check (`crate::kernel_opens`).
     pub kernel_opens: bool,
 }
 

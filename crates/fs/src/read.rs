@@ -13,8 +13,8 @@
 //! cached object (`--no-cache`, or one the cache could not take) is read through: a read
 //! fetches just the bytes it asks for (see `read_uncached`).
 //!
-//! Lock ordering: `files` is a leaf, as is `fetch`'s `inflight` (never held while taking
-//! another lock or doing I/O); a node's `state` lock is never
+//! Lock ordering: `files` is a leaf, as are `fetch`'s `inflight` and the `implicit` table
+//! of `crate::kernel_opens` (never held while taking another lock or doing I/O); a node's `state` lock is never
 //! held across origin I/O, and across disk I/O only to create that node's cached object or
 //! passthrough backing registration (and to drop a registration, whose release is an
 //! ioctl on `/dev/fuse`).
@@ -179,7 +179,7 @@ impl ReadEngine {
             next_fh: AtomicU64::new(1),
             inflight: Mutex::new(HashMap::new()),
             readahead: config.readahead_chunks,
-            prefetch: Mutex::new(Some(tx)),
+            prefetch: Mutex::new((threads > 0).then_some(tx)),
             passthrough_failed: false.into(),
             draining: AtomicUsize::new(0),
             implicit: Mutex::new(ImplicitOpens::default()),
@@ -368,8 +368,7 @@ impl HoardFs {
         // both replace its data file (one would then write into a file the other deleted).
         let mut st = node.state.lock();
         if let Some(o) = &st.object
-            && o.version() == version
-            && o.size() == size
+            && matches!(o.shape(), (v, s, _) if v == version && s == size)
         {
             return Some(o.clone());
         }
