@@ -115,8 +115,14 @@ pub fn all_cached(fd: RawFd, offset: u64, len: u64) -> io::Result<bool> {
         nr_evicted: u64,
         nr_recently_evicted: u64,
     }
+    // Set once the kernel said it has no cachestat: no syscall per read after that.
+    static MISSING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     if len == 0 {
         return Ok(true); // (a zero length would mean "to the end of the file")
+    }
+    if MISSING.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(io::Error::from_raw_os_error(libc::ENOSYS));
     }
     let range = Range { off: offset, len };
     let mut st = Stat::default();
@@ -131,10 +137,14 @@ pub fn all_cached(fd: RawFd, offset: u64, len: u64) -> io::Result<bool> {
         )
     };
     if rc < 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOSYS) {
+            MISSING.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        return Err(e);
     }
     // SAFETY: sysconf has no preconditions.
-    let page = (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(1) as u64;
+    let page = *PAGE.get_or_init(|| (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(1) as u64);
     let pages = (offset + len - 1) / page - offset / page + 1;
     Ok(st.nr_cache >= pages)
 }
