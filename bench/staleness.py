@@ -84,7 +84,8 @@ class Rig:
         marker = "hoardfs: serving"
         self.wait_for(p, lambda: marker in self.log_of(p), "hoardfs serve")
         line = next(l for l in self.log_of(p).splitlines() if l.startswith(marker))
-        return line.rsplit(" ", 1)[1]
+        # "hoardfs: serving DIR on ADDR (TLS, identity SHA256:...)"
+        return line.rsplit(" on ", 1)[1].split()[0]
 
     def mount(self, addr, name, *opts):
         mnt, cache = os.path.join(WORK, f"mnt-{name}"), os.path.join(WORK, f"cache-{name}")

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use clap::Args;
-use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin};
+use hoardfs_origin::remote::{ClientTls, RemoteOptions, RemoteOrigin, Security, Trust};
 
 /// Options of `hoardfs demo`.
 #[derive(Args, Debug)]
@@ -43,8 +43,7 @@ impl Drop for Proc {
     }
 }
 
-/// Starts `hoardfs ARGS`, waits for its ready line on stdout and returns the line's last
-/// word (the server's address for `serve`).
+/// Starts `hoardfs ARGS`, waits for its ready line on stdout and returns the line.
 fn start(args: &[&str], ready: &str) -> Result<(Proc, String), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
@@ -60,15 +59,9 @@ fn start(args: &[&str], ready: &str) -> Result<(Proc, String), String> {
         let _ = child.kill();
         return Err(format!("hoardfs {} did not start", args[0]));
     }
-    let addr = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .unwrap_or_default()
-        .to_string();
     // Keep draining stdout so the child never blocks on it.
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    Ok((Proc(child), addr))
+    Ok((Proc(child), line.trim().to_owned()))
 }
 
 fn drop_caches() -> Result<(), String> {
@@ -135,12 +128,29 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?;
     }
-    let (server, addr) = start(
-        &["serve", exp.to_str().unwrap(), "--listen", "127.0.0.1:0"],
+    let state = tmp.path().join("state");
+    let (server, line) = start(
+        &[
+            "serve",
+            exp.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
         "hoardfs: serving",
     )?;
-    let counter = RemoteOrigin::connect(&addr, Vec::new(), RemoteOptions::default())
-        .map_err(|e| e.to_string())?;
+    let (addr, fingerprint) = crate::serve::parse_ready_line(&line)
+        .ok_or_else(|| format!("unexpected ready line {line:?}"))?;
+    let fingerprint = fingerprint.ok_or("the demo server runs without TLS")?;
+    let tls = ClientTls::new(Trust::Pinned(fingerprint)).map_err(|e| e.to_string())?;
+    let counter = RemoteOrigin::connect(
+        &addr,
+        Security::tls(Vec::new(), tls),
+        RemoteOptions::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    let pin = fingerprint.to_string();
     let fetched = || counter.counters().map(|c| c.bytes_read).unwrap_or(0);
     let file = exp.join("big.bin");
     let target = mnt.join("big.bin");
@@ -157,25 +167,35 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     timed_read(&file)?;
     measure("Server (local, page cache)", &file, false)?;
     let (m, _) = start(
-        &["mount", &addr, mnt.to_str().unwrap(), "--no-cache"],
+        &[
+            "mount",
+            &addr,
+            mnt.to_str().unwrap(),
+            "--no-cache",
+            "--server-fingerprint",
+            &pin,
+        ],
         "hoardfs: mounted",
     )?;
     measure("None (--no-cache)", &target, true)?;
     umount(&mnt);
     m.finish();
     let c = cache.to_str().unwrap();
-    let (m, _) = start(
-        &["mount", &addr, mnt.to_str().unwrap(), "--cache-dir", c],
-        "hoardfs: mounted",
-    )?;
+    let cached_mount = [
+        "mount",
+        &addr,
+        mnt.to_str().unwrap(),
+        "--cache-dir",
+        c,
+        "--server-fingerprint",
+        &pin,
+    ];
+    let (m, _) = start(&cached_mount, "hoardfs: mounted")?;
     measure("COLD (empty cache)", &target, true)?;
     measure("PGCACHE (read again)", &target, false)?;
     umount(&mnt);
     m.finish();
-    let (m, _) = start(
-        &["mount", &addr, mnt.to_str().unwrap(), "--cache-dir", c],
-        "hoardfs: mounted",
-    )?;
+    let (m, _) = start(&cached_mount, "hoardfs: mounted")?;
     measure("HOT (remount, page cache dropped)", &target, true)?;
     measure("PGCACHE (after HOT)", &target, false)?;
     umount(&mnt);

@@ -8,6 +8,7 @@ mod hoard;
 mod metrics;
 mod mount;
 mod prefetch;
+mod security;
 mod serve;
 mod tools;
 

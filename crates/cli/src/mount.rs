@@ -28,9 +28,8 @@ pub struct MountArgs {
     /// Persistent cache directory (created if missing; one client at a time).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
-    /// File holding the server's shared secret.
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub security: crate::security::ClientSecurityArgs,
     /// Read through without a disk cache.
     #[arg(long)]
     pub no_cache: bool,
@@ -104,7 +103,8 @@ pub struct MountArgs {
     /// root (it is the mount's `read_ahead_kb` in /sys/class/bdi); 0 leaves it alone.
     #[arg(long, default_value_t = 1024)]
     pub readahead_kb: u32,
-    /// Mount options, `-o key[=value],...`: cache_dir=, token_file=, no_cache, daemon,
+    /// Mount options, `-o key[=value],...`: cache_dir=, token_file=, server_fingerprint=,
+    /// tls_ca=, insecure_plaintext, no_cache, daemon,
     /// attr_timeout=, callback_timeout=, timeout=, no_passthrough, xattrs, allow_other,
     /// ro, kernel_opens, cache_size=, hoard_file=, readahead_kb=.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -133,7 +133,10 @@ impl MountArgs {
             };
             match k {
                 "cache_dir" => a.cache_dir = Some(need()?.into()),
-                "token_file" => a.token_file = Some(need()?.into()),
+                "token_file" => a.security.token_file = Some(need()?.into()),
+                "server_fingerprint" => a.security.server_fingerprint = Some(need()?.into()),
+                "tls_ca" => a.security.tls_ca = Some(need()?.into()),
+                "insecure_plaintext" => a.security.insecure_plaintext = true,
                 "no_cache" => a.no_cache = true,
                 "daemon" => a.daemon = true,
                 "attr_timeout" => a.attr_timeout = num()?,
@@ -284,19 +287,16 @@ fn open_origin(a: &MountArgs) -> Result<Arc<dyn Origin>, String> {
             .map_err(|e| format!("cannot use {} as a source: {e}", a.source))?;
         return Ok(Arc::new(o));
     }
-    let token = a
-        .token_file
-        .as_deref()
-        .map(crate::read_token)
-        .transpose()?
-        .unwrap_or_default();
+    let known = a.cache_dir.as_deref().filter(|_| !a.no_cache);
+    let sec = a.security.build(known)?;
     let opts = RemoteOptions {
         request_timeout: Duration::from_secs_f64(a.timeout),
         connect_timeout: Duration::from_secs_f64(a.timeout.min(5.0)),
         ..Default::default()
     };
-    let o = RemoteOrigin::connect(&a.source, token, opts)
-        .map_err(|e| format!("cannot connect to hoardfs server {}: {e}", a.source))?;
+    let o = RemoteOrigin::connect(&a.source, sec.security.clone(), opts)
+        .map_err(|e| sec.explain(&a.source, &e))?;
+    sec.connected(&a.source)?;
     Ok(Arc::new(o))
 }
 

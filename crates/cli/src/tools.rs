@@ -186,9 +186,11 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
 pub struct ServerStatsArgs {
     /// `HOST:PORT` of the server.
     pub server: String,
-    /// File holding the shared secret, if the server requires one.
+    #[command(flatten)]
+    pub security: crate::security::ClientSecurityArgs,
+    /// Check the server against the identity recorded in this mount's cache directory.
     #[arg(long)]
-    pub token_file: Option<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -198,14 +200,15 @@ pub struct ServerStatsArgs {
 /// requests, which the counters include.
 pub fn server_stats(a: ServerStatsArgs) -> Result<(), String> {
     use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin};
-    let token = a.token_file.as_deref().map(crate::read_token).transpose()?;
-    let c = RemoteOrigin::connect(
-        &a.server,
-        token.unwrap_or_default(),
-        RemoteOptions::default(),
-    )
-    .and_then(|o| o.counters())
-    .map_err(|e| format!("cannot query hoardfs server {}: {e}", a.server))?;
+    let sec = a.security.build(a.cache_dir.as_deref())?;
+    let o = RemoteOrigin::connect(&a.server, sec.security.clone(), RemoteOptions::default())
+        .map_err(|e| sec.explain(&a.server, &e))?;
+    if a.cache_dir.is_none() {
+        sec.connected(&a.server)?;
+    }
+    let c = o
+        .counters()
+        .map_err(|e| format!("cannot query hoardfs server {}: {e}", a.server))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&c).expect("json"));
         return Ok(());

@@ -4,7 +4,6 @@
 mod common;
 
 use common::Server;
-use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin};
 use hoardfs_origin::{FileKind, Origin, OriginError, WireError};
 
 #[test]
@@ -17,7 +16,7 @@ fn traversal_and_symlink_escapes_fail() {
     std::os::unix::fs::symlink("/", exp.join("root-link")).unwrap();
     std::os::unix::fs::symlink("..", exp.join("up-link")).unwrap();
     let srv = Server::start(&exp);
-    let o = RemoteOrigin::connect(&srv.addr, Vec::new(), RemoteOptions::default()).unwrap();
+    let o = srv.client();
     let root = o.info().unwrap().root.handle;
 
     for name in [

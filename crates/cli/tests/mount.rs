@@ -9,12 +9,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn tmp() -> tempfile::TempDir {
-    // Not /tmp: it may be tmpfs; the cache must live on a real disk file system.
-    std::fs::create_dir_all("/var/tmp/hoardfs-tests").unwrap();
-    tempfile::tempdir_in("/var/tmp/hoardfs-tests").unwrap()
-}
-
 #[test]
 fn content_listing_and_symlinks_match_the_server() {
     require_fuse();
@@ -204,11 +198,18 @@ fn wrong_token_is_refused_and_right_token_works() {
     )
     .err()
     .expect("a wrong token must not mount");
-    assert!(err.contains("authentication"), "unclear error: {err}");
+    assert!(
+        err.contains("refused our credential"),
+        "unclear error: {err}"
+    );
+    assert!(err.contains("--token-file"), "no hint: {err}");
     let err = Mount::start(&srv.addr, &mnt, &["--cache-dir", c])
         .err()
         .expect("no token must not mount");
-    assert!(err.contains("authentication"), "unclear error: {err}");
+    assert!(
+        err.contains("refused our credential"),
+        "unclear error: {err}"
+    );
     let m = Mount::start(
         &srv.addr,
         &mnt,
@@ -238,13 +239,26 @@ fn serve_refuses_open_network_without_token() {
 
 #[test]
 fn malformed_frames_do_not_disturb_a_concurrent_client() {
+    malformed_frames_with(&[]);
+}
+
+#[test]
+fn malformed_frames_do_not_disturb_a_concurrent_plaintext_client() {
+    malformed_frames_with(&["--insecure-plaintext"]);
+}
+
+/// Garbage on fresh connections (before a TLS handshake, or as hoardfs frames to a
+/// plaintext server) closes them; a mounted client reading meanwhile sees only true bytes.
+fn malformed_frames_with(flags: &[&str]) {
     require_fuse();
     let t = tmp();
     let exp = t.path().join("export");
     std::fs::create_dir_all(&exp).unwrap();
     std::fs::write(exp.join("data"), bytes(9, 16 << 20)).unwrap();
-    let srv = Server::start(&exp);
-    let m = Mount::start(&srv.addr, &t.path().join("mnt"), &["--no-cache"]).unwrap();
+    let srv = Server::start_args(&exp, flags);
+    let mut mount_flags = vec!["--no-cache"];
+    mount_flags.extend_from_slice(flags);
+    let m = Mount::start(&srv.addr, &t.path().join("mnt"), &mount_flags).unwrap();
     let path = m.p("data");
     let reader = std::thread::spawn(move || (0..3).map(|_| hash_file(&path)).collect::<Vec<_>>());
     for garbage in [
@@ -256,9 +270,22 @@ fn malformed_frames_do_not_disturb_a_concurrent_client() {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         s.write_all(garbage).unwrap();
         let mut buf = [0u8; 64];
-        // The server closes the connection (EOF or reset), it does not hang or crash.
+        // The server closes the connection (EOF or reset), it does not hang or crash. A
+        // TLS server answers what looks like a plaintext hoardfs frame with one frame
+        // saying that TLS is required, then closes.
         match s.read(&mut buf) {
             Ok(0) | Err(_) => {}
+            Ok(n) if srv.fingerprint.is_some() && buf.starts_with(b"HFS1") => {
+                let mut rest = Vec::new();
+                let _ = s.read_to_end(&mut rest);
+                assert!(
+                    n + rest.len() < 64,
+                    "more than a refusal: {} bytes",
+                    n + rest.len()
+                );
+            }
+            // ... and garbage that is not TLS with a TLS alert record (0x15).
+            Ok(7) if srv.fingerprint.is_some() && buf[0] == 0x15 => {}
             Ok(n) => panic!("server answered garbage with {n} bytes"),
         }
     }

@@ -32,6 +32,7 @@ impl From<OriginError> for FsError {
             OriginError::Unreachable(m) => FsError::Offline(m),
             OriginError::Timeout(d) => FsError::Offline(format!("no answer within {d:?}")),
             OriginError::Protocol(m) => FsError::Protocol(m),
+            OriginError::Security(m) => FsError::Offline(m),
         }
     }
 }

@@ -151,7 +151,7 @@ pub fn errno(e: &FsError) -> Errno {
             WireError::NoSpace => Errno::ENOSPC,
             WireError::Unsupported => Errno::EOPNOTSUPP,
             WireError::Busy => Errno::EAGAIN,
-            WireError::Protocol | WireError::Io => Errno::EIO,
+            WireError::Protocol | WireError::Io | WireError::TlsRequired => Errno::EIO,
             WireError::Exists => Errno::EEXIST,
             WireError::NotEmpty => Errno::ENOTEMPTY,
             WireError::NoData => Errno::ENODATA,

@@ -36,13 +36,20 @@ pub enum OriginError {
     /// The origin sent something that violates the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The server could not prove the expected identity (or refused to talk without TLS):
+    /// nothing is sent to it and nothing it sends is believed.
+    #[error("{0}")]
+    Security(String),
 }
 
 impl OriginError {
     /// True when the failure means "cannot talk to the origin right now" (so cached state
     /// may be served instead), as opposed to a definite answer from it.
     pub fn is_offline(&self) -> bool {
-        matches!(self, OriginError::Unreachable(_) | OriginError::Timeout(_))
+        matches!(
+            self,
+            OriginError::Unreachable(_) | OriginError::Timeout(_) | OriginError::Security(_)
+        )
     }
 }
 

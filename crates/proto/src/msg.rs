@@ -587,4 +587,7 @@ pub enum WireError {
     /// Too many hard links.
     #[error("too many links")]
     TooManyLinks,
+    /// The server accepts only TLS connections and this one is plaintext.
+    #[error("the server requires TLS")]
+    TlsRequired,
 }

@@ -21,7 +21,9 @@ use hoardfs_proto::frame::{self, FrameError, FrameHeader, HEADER_LEN, Limits};
 use hoardfs_proto::{
     MAX_WRITE_LEN, Op, PROTOCOL_VERSION, Reply, Request, Response, ServerMessage, WireError,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter, Interest};
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, Interest,
+};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{Semaphore, mpsc};
@@ -114,11 +116,93 @@ enum End {
     },
 }
 
-/// Serves one accepted connection until it closes.
+/// Serves one accepted connection until it closes: TLS handshake first when the server
+/// has TLS, then the hoardfs protocol.
 pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     Stats::bump(&shared.stats.connections);
     let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
+    hoardfs_tls::enable_keepalive(&stream);
+    // The first byte tells a TLS ClientHello (0x16, a handshake record) from a plaintext
+    // hoardfs frame (`H` of the magic), so a mismatch gets a clear answer.
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(HELLO_TIMEOUT, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => {}
+        _ => return,
+    }
+    let Some(tls) = shared.cfg.tls.clone() else {
+        if first[0] == TLS_HANDSHAKE {
+            tracing::warn!(%peer, "client speaks TLS, but this server runs with --insecure-plaintext");
+            Stats::bump(&shared.stats.bad_frames);
+            return;
+        }
+        let (rd, wr) = stream.into_split();
+        return serve_on(rd, wr, peer, shared).await;
+    };
+    if first[0] == frame::MAGIC[0] {
+        tracing::warn!(%peer, "refusing a plaintext client: this server requires TLS");
+        Stats::bump(&shared.stats.bad_frames);
+        refuse_plaintext(stream).await;
+        return;
+    }
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let session = match tokio::time::timeout(HELLO_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::warn!(%peer, "TLS handshake failed: {e}");
+            Stats::bump(&shared.stats.bad_frames);
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "no TLS handshake within {HELLO_TIMEOUT:?}");
+            return;
+        }
+    };
+    let (rd, wr) = tokio::io::split(session);
+    serve_on(rd, wr, peer, shared).await
+}
+
+/// First byte of a TLS handshake record.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// Tells a plaintext client, in plaintext, that TLS is required (it sent `Hello` as
+/// request 0), then closes.
+async fn refuse_plaintext(mut stream: TcpStream) {
+    let out = Outgoing::new(0, Err(WireError::TlsRequired), Vec::new());
+    let send = async {
+        stream
+            .write_all(&FrameHeader::encode(out.body.len(), 0))
+            .await?;
+        stream.write_all(&out.body).await?;
+        stream.shutdown().await
+    };
+    let _ = tokio::time::timeout(REFUSAL_LINGER, send).await;
+}
+
+/// Where replies go: a plaintext socket half (which can also send file data with
+/// `sendfile`) or a TLS session half (which must copy it through the cipher).
+pub(crate) trait ReplySink: AsyncWrite + Unpin + Send + 'static {
+    /// The socket, when file data may be sent from the page cache directly.
+    fn socket(&self) -> Option<&TcpStream>;
+}
+
+impl ReplySink for OwnedWriteHalf {
+    fn socket(&self) -> Option<&TcpStream> {
+        Some(self.as_ref())
+    }
+}
+
+impl ReplySink for tokio::io::WriteHalf<tokio_rustls::server::TlsStream<TcpStream>> {
+    fn socket(&self) -> Option<&TcpStream> {
+        None
+    }
+}
+
+/// The hoardfs protocol over an established transport.
+async fn serve_on<R, W>(rd: R, wr: W, peer: SocketAddr, shared: Arc<Shared>)
+where
+    R: AsyncRead + Unpin,
+    W: ReplySink,
+{
     let mut rd = BufReader::with_capacity(IO_BUF, rd);
     let max_in_flight = shared.cfg.max_in_flight_per_conn.max(1);
     // Unbounded, but replies are bounded by the in-flight permits and break frames by the
@@ -362,8 +446,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Writes queued replies, flushing whenever the queue runs dry.
-async fn write_loop(
-    wr: OwnedWriteHalf,
+async fn write_loop<W: ReplySink>(
+    wr: W,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     pending_breaks: Arc<AtomicUsize>,
 ) -> io::Result<()> {
@@ -380,8 +464,8 @@ async fn write_loop(
     w.shutdown().await
 }
 
-async fn write_one(
-    w: &mut BufWriter<OwnedWriteHalf>,
+async fn write_one<W: ReplySink>(
+    w: &mut BufWriter<W>,
     out: &Outgoing,
     pending_breaks: &AtomicUsize,
 ) -> io::Result<()> {
@@ -392,13 +476,25 @@ async fn write_one(
     w.write_all(&FrameHeader::encode(out.body.len(), data_len))
         .await?;
     w.write_all(&out.body).await?;
-    match &out.file {
-        Some(range) => {
+    let zero_copy = w.get_ref().socket().is_some();
+    match (&out.file, zero_copy) {
+        (Some(range), true) => {
             w.flush().await?;
-            send_range(w.get_ref().as_ref(), range).await
+            let sock = w.get_ref().socket().expect("checked above");
+            send_range(sock, range).await
+        }
+        // Through TLS the bytes must pass the cipher. (A TLS server does not offer
+        // zero-copy ranges; this keeps a range correct should one arrive.)
+        (Some(range), false) => {
+            let mut buf = buffers::take(range.len as usize);
+            buf.resize(range.len as usize, 0);
+            std::os::unix::fs::FileExt::read_exact_at(&*range.file, &mut buf, range.offset)?;
+            let sent = w.write_all(&buf).await;
+            buffers::give(buf);
+            sent
         }
         // Large data sections bypass the buffer (BufWriter writes them straight through).
-        None => w.write_all(&out.data).await,
+        (None, _) => w.write_all(&out.data).await,
     }
 }
 

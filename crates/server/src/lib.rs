@@ -27,10 +27,13 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinSet;
 
 /// How a server listens and whom it serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Address to bind (port 0 picks a free port).
     pub listen: SocketAddr,
+    /// TLS 1.3 for every connection (see `hoardfs_tls::server_config`); `None` serves
+    /// plaintext, which the CLI allows only with `--insecure-plaintext`.
+    pub tls: Option<Arc<hoardfs_tls::rustls::ServerConfig>>,
     /// Shared secret clients must present in `Hello`; `None` accepts everyone.
     pub token: Option<Vec<u8>>,
     /// Announce the export as read-only (it is also read-only if the origin says so).
@@ -59,11 +62,12 @@ impl ServerConfig {
 }
 
 impl Default for ServerConfig {
-    /// All interfaces on [`DEFAULT_PORT`], no token, writable, 64 requests in flight,
-    /// zero-copy for files unchanged for [`ZERO_COPY_QUIET`].
+    /// All interfaces on [`DEFAULT_PORT`], plaintext (set `tls`), no token, writable, 64
+    /// requests in flight, zero-copy for files unchanged for [`ZERO_COPY_QUIET`].
     fn default() -> Self {
         ServerConfig {
             listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, DEFAULT_PORT)),
+            tls: None,
             token: None,
             read_only: false,
             max_in_flight_per_conn: 64,
@@ -195,9 +199,14 @@ impl Server {
         if !self.origin.subscribe(Arc::new(move |b| sink.changed(b))) {
             tracing::warn!("the origin cannot report changes: clients will revalidate by time");
         }
+        let mut cfg = self.cfg;
+        if cfg.tls.is_some() {
+            // File data must pass through the cipher: no sendfile ranges.
+            cfg.zero_copy = None;
+        }
         let shared = Arc::new(Shared {
             origin: self.origin,
-            cfg: self.cfg,
+            cfg,
             stats: self.stats,
             origin_counters: self.origin_counters,
             callbacks,

@@ -21,8 +21,12 @@ fn serves_until_sigterm() {
     });
     let addr = rx.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_ne!(addr.port(), 0);
-    let o =
-        hoardfs_origin::remote::RemoteOrigin::connect(&addr.to_string(), vec![], opts()).unwrap();
+    let o = hoardfs_origin::remote::RemoteOrigin::connect(
+        &addr.to_string(),
+        hoardfs_origin::remote::Security::default(),
+        opts(),
+    )
+    .unwrap();
     assert_eq!(o.getattr(FILE).unwrap().size, 1 << 20);
 
     let status = std::process::Command::new("kill")

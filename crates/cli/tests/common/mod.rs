@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
 pub mod rig;
 
 use std::io::{BufRead, BufReader};
@@ -12,7 +13,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hoardfs_origin::ServerCounters;
-use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin};
+use hoardfs_origin::remote::{
+    ClientTls, Fingerprint, RemoteOptions, RemoteOrigin, Security, Trust,
+};
 
 /// The binary under test.
 pub fn bin() -> &'static str {
@@ -86,6 +89,52 @@ pub struct Server {
     pub dir: PathBuf,
     /// Token, if any.
     pub token: Vec<u8>,
+    /// The server's TLS identity (`None`: it runs with --insecure-plaintext).
+    pub fingerprint: Option<Fingerprint>,
+}
+
+/// A temporary directory on a real disk (not /tmp, which may be tmpfs: the cache must
+/// live on a real disk file system).
+pub fn tmp() -> tempfile::TempDir {
+    std::fs::create_dir_all("/var/tmp/hoardfs-tests").unwrap();
+    tempfile::tempdir_in("/var/tmp/hoardfs-tests").unwrap()
+}
+
+/// The state directory every test server uses, so that a server restarted on the same
+/// address keeps its identity (clients pinned it) and no test writes /var/lib/hoardfs.
+pub fn state_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("server-state")
+}
+
+/// Reads `hoardfs: serving DIR on ADDR (TLS, identity SHA256:…)`.
+pub fn parse_ready(line: &str) -> (String, Option<Fingerprint>) {
+    let after = line
+        .rsplit_once(" on ")
+        .expect("ready line names the address")
+        .1;
+    let (addr, how) = after
+        .split_once(' ')
+        .expect("ready line says how it serves");
+    let fingerprint = how
+        .split_once("identity ")
+        .map(|(_, f)| f.trim_end_matches(')').parse().expect("fingerprint"));
+    (addr.to_string(), fingerprint)
+}
+
+/// A `hoardfs serve` command for `dir` on `addr` with the tests' state directory.
+fn serve_cmd(dir: &Path, addr: &str) -> Command {
+    serve_cmd_in(dir, addr, &state_dir())
+}
+
+/// A `hoardfs serve` command for `dir` on `addr` keeping its identity in `state`.
+fn serve_cmd_in(dir: &Path, addr: &str, state: &Path) -> Command {
+    let mut cmd = Command::new(bin());
+    cmd.arg("serve")
+        .arg(dir)
+        .args(["--listen", addr])
+        .arg("--state-dir")
+        .arg(state);
+    cmd
 }
 
 impl Server {
@@ -96,13 +145,12 @@ impl Server {
 
     /// Serves `dir`, requiring `token` if given.
     pub fn start_with(dir: &Path, token_file: Option<&Path>) -> Server {
-        let mut cmd = Command::new(bin());
-        cmd.arg("serve").arg(dir).args(["--listen", "127.0.0.1:0"]);
+        let mut cmd = serve_cmd(dir, "127.0.0.1:0");
         if let Some(t) = token_file {
             cmd.arg("--token-file").arg(t);
         }
         let (child, line) = spawn_until_line(cmd, "hoardfs: serving").expect("server starts");
-        let addr = line.rsplit(' ').next().expect("address").to_string();
+        let (addr, fingerprint) = parse_ready(&line);
         let token = token_file
             .map(|t| std::fs::read(t).unwrap())
             .unwrap_or_default();
@@ -112,12 +160,30 @@ impl Server {
             addr,
             dir: dir.to_path_buf(),
             token,
+            fingerprint,
         }
+    }
+
+    /// How a test client talks to this server: TLS pinned to its identity, with its token.
+    pub fn security(&self) -> Security {
+        match self.fingerprint {
+            Some(f) => Security::tls(
+                self.token.clone(),
+                ClientTls::new(Trust::Pinned(f)).expect("client TLS"),
+            ),
+            None => Security::plaintext(self.token.clone()),
+        }
+    }
+
+    /// A protocol client of this server (not a mount).
+    pub fn client(&self) -> RemoteOrigin {
+        RemoteOrigin::connect(&self.addr, self.security(), RemoteOptions::default())
+            .expect("connect to the server")
     }
 
     /// The server's counters (over a fresh protocol connection).
     pub fn counters(&self) -> ServerCounters {
-        RemoteOrigin::connect(&self.addr, self.token.clone(), RemoteOptions::default())
+        RemoteOrigin::connect(&self.addr, self.security(), RemoteOptions::default())
             .expect("connect for counters")
             .counters()
             .expect("counters")
@@ -311,18 +377,21 @@ impl Server {
 
     /// Serves `dir` on `addr` (e.g. the address of a server that was killed).
     pub fn start_at(dir: &Path, addr: &str, args: &[&str]) -> Server {
-        let mut cmd = Command::new(bin());
-        cmd.arg("serve")
-            .arg(dir)
-            .args(["--listen", addr])
-            .args(args);
+        Self::start_in(dir, addr, &state_dir(), args)
+    }
+
+    /// Serves `dir` on `addr` with its identity (and tokens) in `state`.
+    pub fn start_in(dir: &Path, addr: &str, state: &Path, args: &[&str]) -> Server {
+        let mut cmd = serve_cmd_in(dir, addr, state);
+        cmd.args(args);
         let (child, line) = spawn_until_line(cmd, "hoardfs: serving").expect("server starts");
-        let addr = line.rsplit(' ').next().expect("address").to_string();
+        let (addr, fingerprint) = parse_ready(&line);
         Server {
             child: Some(child),
             addr,
             dir: dir.to_path_buf(),
             token: Vec::new(),
+            fingerprint,
         }
     }
 }

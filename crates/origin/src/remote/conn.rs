@@ -1,13 +1,14 @@
 //! One multiplexed connection to a `hoardfs serve` process.
 //!
-//! A [`Conn`] owns a TCP stream. Callers write whole request frames under a mutex and then
+//! A [`Conn`] owns a TCP stream, TLS-protected unless the caller chose plaintext (module
+//! `tls`). Callers write whole request frames under a mutex and then
 //! wait on a private channel; a single reader thread reads reply frames and hands each one to
 //! the caller registered under its request id. When the stream breaks (read or write error,
 //! malformed reply, or a reply timeout with no sign of life), the connection is marked dead
 //! and every waiting caller is woken with [`OriginError::Unreachable`] at once.
 
 use std::collections::HashMap;
-use std::io::{BufReader, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,7 +20,9 @@ use hoardfs_proto::frame::{self, Limits};
 use hoardfs_proto::{Break, Op, Reply, Request, ServerMessage};
 use parking_lot::Mutex;
 
+use super::tls::{self, TlsRead, TlsWrite};
 use crate::{BreakSink, OriginError, Result};
+use hoardfs_tls::ClientTls;
 
 /// Where callback breaks go; shared by every connection of one origin, set by `subscribe`.
 pub(crate) type SinkSlot = Arc<Mutex<Option<BreakSink>>>;
@@ -76,28 +79,89 @@ impl Shared {
     }
 }
 
+/// The write side of a connection.
+enum Writer {
+    Plain(TcpStream),
+    Tls(TlsWrite),
+}
+
+impl Write for Writer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Writer::Plain(s) => s.write(buf),
+            Writer::Tls(t) => t.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Writer::Plain(s) => s.write_vectored(bufs),
+            Writer::Tls(t) => t.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Writer::Plain(s) => s.flush(),
+            Writer::Tls(t) => t.flush(),
+        }
+    }
+}
+
+/// The read side of a connection.
+enum Reader {
+    Plain(TcpStream),
+    Tls(TlsRead),
+}
+
+impl Read for Reader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Reader::Plain(s) => s.read(buf),
+            Reader::Tls(t) => t.read(buf),
+        }
+    }
+}
+
 /// A live (or dead) connection; see the module docs.
 pub(crate) struct Conn {
-    writer: Mutex<TcpStream>,
+    writer: Mutex<Writer>,
     /// Another handle on the socket, to shut it down without waiting for the writer lock.
     ctl: TcpStream,
     shared: Arc<Shared>,
 }
 
 impl Conn {
-    /// Connects to `addr` within `connect_timeout` and starts the reader thread. Writes
-    /// that block longer than `write_timeout` fail (and kill the connection).
+    /// Connects to `addr` within `connect_timeout`, runs the TLS handshake when `tls` is
+    /// given (`name` is the address as the user wrote it, for the server name and
+    /// messages), and starts the reader thread. Writes that block longer than
+    /// `write_timeout` fail (and kill the connection).
     pub(crate) fn open(
         addr: SocketAddr,
+        name: &str,
+        tls: Option<&ClientTls>,
         connect_timeout: Duration,
         write_timeout: Duration,
         sink: SinkSlot,
-    ) -> std::io::Result<Conn> {
-        let stream = TcpStream::connect_timeout(&addr, connect_timeout)?;
-        stream.set_nodelay(true)?;
-        stream.set_write_timeout(Some(write_timeout.max(Duration::from_millis(1))))?;
-        let reader = stream.try_clone()?;
-        let ctl = stream.try_clone()?;
+    ) -> Result<Conn> {
+        let io = |e: std::io::Error| OriginError::Unreachable(format!("{name} ({addr}): {e}"));
+        let stream = TcpStream::connect_timeout(&addr, connect_timeout).map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        stream
+            .set_write_timeout(Some(write_timeout.max(Duration::from_millis(1))))
+            .map_err(io)?;
+        hoardfs_tls::enable_keepalive(&stream);
+        let ctl = stream.try_clone().map_err(io)?;
+        let (reader, writer) = match tls {
+            Some(tls) => {
+                let (r, w) = tls::handshake(stream, tls, name, connect_timeout)?;
+                (Reader::Tls(r), Writer::Tls(w))
+            }
+            None => (
+                Reader::Plain(stream.try_clone().map_err(io)?),
+                Writer::Plain(stream),
+            ),
+        };
         let shared = Arc::new(Shared {
             pending: Mutex::new(Some(HashMap::new())),
             alive: AtomicBool::new(true),
@@ -108,9 +172,10 @@ impl Conn {
         let s = Arc::clone(&shared);
         thread::Builder::new()
             .name(format!("hoardfs-rx-{addr}"))
-            .spawn(move || reader_loop(reader, s))?;
+            .spawn(move || reader_loop(reader, s))
+            .map_err(io)?;
         Ok(Conn {
-            writer: Mutex::new(stream),
+            writer: Mutex::new(writer),
             ctl,
             shared,
         })
@@ -200,7 +265,7 @@ impl Drop for Conn {
 }
 
 /// Reads reply frames until the stream fails, dispatching each to its waiter.
-fn reader_loop(stream: TcpStream, shared: Arc<Shared>) {
+fn reader_loop(stream: Reader, shared: Arc<Shared>) {
     let mut r = BufReader::with_capacity(READ_BUF, stream);
     let reason = loop {
         let mut data = Vec::new();

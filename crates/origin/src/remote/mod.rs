@@ -12,6 +12,7 @@
 //! [`Origin::info`] always returns what the most recent handshake said.
 
 mod conn;
+mod tls;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -28,6 +29,32 @@ use crate::{
     WriteReply,
 };
 use conn::{Answer, Conn, SinkSlot};
+pub use hoardfs_tls::{ClientTls, Fingerprint, Trust};
+
+/// How a client proves who it is (a token, sent only after the server proved who it is)
+/// and how it checks the server (TLS, or none with `--insecure-plaintext`).
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    /// Credential from `--token-file` (empty: none).
+    pub token: Vec<u8>,
+    /// TLS settings; `None` is plaintext.
+    pub tls: Option<ClientTls>,
+}
+
+impl Security {
+    /// Plaintext with `token`: for benchmarks and tests only.
+    pub fn plaintext(token: Vec<u8>) -> Security {
+        Security { token, tls: None }
+    }
+
+    /// TLS, checking the server with `tls`, then presenting `token`.
+    pub fn tls(token: Vec<u8>, tls: ClientTls) -> Security {
+        Security {
+            token,
+            tls: Some(tls),
+        }
+    }
+}
 
 /// Timeouts and pacing of a [`RemoteOrigin`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +92,7 @@ struct State {
 /// Client side of the hoardfs protocol; see the module docs.
 pub struct RemoteOrigin {
     addr: String,
-    token: Vec<u8>,
+    security: Security,
     opts: RemoteOptions,
     state: Mutex<State>,
     /// Serialises reconnect attempts, so a burst of callers makes one attempt, not many.
@@ -84,15 +111,17 @@ impl std::fmt::Debug for RemoteOrigin {
 }
 
 impl RemoteOrigin {
-    /// Connects to `addr` (`HOST:PORT`) and performs the handshake with `token` (empty when
-    /// the server has none). A refused token yields `OriginError::Fs(WireError::AuthFailed)`.
-    pub fn connect(addr: &str, token: Vec<u8>, opts: RemoteOptions) -> Result<RemoteOrigin> {
+    /// Connects to `addr` (`HOST:PORT`), checks the server's identity and presents the
+    /// token as `security` says. A refused token yields
+    /// `OriginError::Fs(WireError::AuthFailed)`; a server that is not who it should be,
+    /// `OriginError::Security`.
+    pub fn connect(addr: &str, security: Security, opts: RemoteOptions) -> Result<RemoteOrigin> {
         let sink = SinkSlot::default();
-        let (conn, info) = handshake(addr, &token, &opts, &sink)?;
+        let (conn, info) = handshake(addr, &security, &opts, &sink)?;
         Ok(RemoteOrigin {
             sink,
             addr: addr.to_owned(),
-            token,
+            security,
             opts,
             state: Mutex::new(State {
                 conn: Some(Arc::new(conn)),
@@ -145,7 +174,7 @@ impl RemoteOrigin {
                 )));
             }
         }
-        match handshake(&self.addr, &self.token, &self.opts, &self.sink) {
+        match handshake(&self.addr, &self.security, &self.opts, &self.sink) {
             Ok((conn, info)) => {
                 let conn = Arc::new(conn);
                 let mut st = self.state.lock();
@@ -163,6 +192,9 @@ impl RemoteOrigin {
                 Ok(conn)
             }
             Err(e) => {
+                if let OriginError::Security(msg) = &e {
+                    tracing::error!(addr = %self.addr, "refusing the server: {msg}");
+                }
                 let mut st = self.state.lock();
                 st.conn = None;
                 st.last_failure = Some((Instant::now(), e.clone()));
@@ -455,7 +487,7 @@ impl Origin for RemoteOrigin {
 /// Connects to the first reachable address of `addr` and performs the `Hello` handshake.
 fn handshake(
     addr: &str,
-    token: &[u8],
+    security: &Security,
     opts: &RemoteOptions,
     sink: &SinkSlot,
 ) -> Result<(Conn, OriginInfo)> {
@@ -466,29 +498,46 @@ fn handshake(
     let mut last_err = None;
     let mut conn = None;
     for a in addrs {
-        match Conn::open(a, opts.connect_timeout, opts.request_timeout, sink.clone()) {
+        let opened = Conn::open(
+            a,
+            addr,
+            security.tls.as_ref(),
+            opts.connect_timeout,
+            opts.request_timeout,
+            sink.clone(),
+        );
+        match opened {
             Ok(c) => {
                 conn = Some(c);
                 break;
             }
+            // Another address of the same name would be the same (wrong) server.
+            Err(e @ OriginError::Security(_)) => return Err(e),
             Err(e) => last_err = Some(e),
         }
     }
-    let conn = conn.ok_or_else(|| {
-        OriginError::Unreachable(match last_err {
-            Some(e) => format!("cannot connect to {addr}: {e}"),
-            None => format!("{addr} resolves to no address"),
-        })
+    let conn = conn.ok_or_else(|| match last_err {
+        Some(OriginError::Unreachable(e)) => {
+            OriginError::Unreachable(format!("cannot connect to {e}"))
+        }
+        Some(e) => e,
+        None => OriginError::Unreachable(format!("{addr} resolves to no address")),
     })?;
     let hello = Op::Hello {
         version: PROTOCOL_VERSION,
-        token: token.to_vec(),
+        token: security.token.clone(),
     };
-    let answer = conn.call(0, hello, opts.connect_timeout).inspect_err(|e| {
-        if *e == OriginError::Fs(WireError::AuthFailed) {
-            tracing::warn!(%addr, "server refused our token (check --token-file)");
-        }
-    })?;
+    let answer = conn
+        .call(0, hello, opts.connect_timeout)
+        .map_err(|e| match e {
+            OriginError::Fs(WireError::TlsRequired) => OriginError::Security(format!(
+                "{addr} accepts only TLS connections: drop --insecure-plaintext"
+            )),
+            OriginError::Unreachable(_) if security.tls.is_none() => OriginError::Unreachable(
+                format!("{addr} closed the connection at the handshake (a TLS server? drop --insecure-plaintext)"),
+            ),
+            e => e,
+        })?;
     match answer {
         (
             Reply::Hello {

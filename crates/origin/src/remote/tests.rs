@@ -154,7 +154,8 @@ fn echo_handler() -> Handler {
 #[test]
 fn hello_and_simple_calls() {
     let fake = Fake::start(b"secret", echo_handler());
-    let o = RemoteOrigin::connect(&fake.addr, b"secret".to_vec(), opts()).unwrap();
+    let o =
+        RemoteOrigin::connect(&fake.addr, Security::plaintext(b"secret".to_vec()), opts()).unwrap();
     let info = o.info().unwrap();
     assert_eq!(info.export_id, 9);
     assert_eq!(info.root, root());
@@ -182,7 +183,8 @@ fn hello_and_simple_calls() {
 #[test]
 fn wrong_token_is_auth_failed() {
     let fake = Fake::start(b"secret", echo_handler());
-    let e = RemoteOrigin::connect(&fake.addr, b"nope".to_vec(), opts()).unwrap_err();
+    let e = RemoteOrigin::connect(&fake.addr, Security::plaintext(b"nope".to_vec()), opts())
+        .unwrap_err();
     assert_eq!(e, OriginError::Fs(WireError::AuthFailed));
     assert_eq!(e.to_string(), "authentication failed");
     fake.stop();
@@ -191,7 +193,7 @@ fn wrong_token_is_auth_failed() {
 #[test]
 fn out_of_order_replies_reach_the_right_callers() {
     let fake = Fake::start(b"", echo_handler());
-    let o = Arc::new(RemoteOrigin::connect(&fake.addr, Vec::new(), opts()).unwrap());
+    let o = Arc::new(RemoteOrigin::connect(&fake.addr, Security::default(), opts()).unwrap());
     let threads: Vec<_> = (0..16u64)
         .map(|i| {
             let o = Arc::clone(&o);
@@ -223,7 +225,7 @@ fn broken_connection_wakes_callers_and_next_call_reconnects() {
     let fake = Fake::start(b"", h);
     let mut o = opts();
     o.request_timeout = Duration::from_secs(30);
-    let o = Arc::new(RemoteOrigin::connect(&fake.addr, Vec::new(), o).unwrap());
+    let o = Arc::new(RemoteOrigin::connect(&fake.addr, Security::default(), o).unwrap());
     let waiter = {
         let o = Arc::clone(&o);
         thread::spawn(move || {
@@ -251,7 +253,7 @@ fn broken_connection_wakes_callers_and_next_call_reconnects() {
 #[test]
 fn unreachable_server_fails_fast_within_backoff() {
     let fake = Fake::start(b"", echo_handler());
-    let o = RemoteOrigin::connect(&fake.addr, Vec::new(), opts()).unwrap();
+    let o = RemoteOrigin::connect(&fake.addr, Security::default(), opts()).unwrap();
     fake.stop();
     // Drop the established connection by making the server side go away: stop() only
     // stops accepting, so kill ours from the client side.
@@ -275,7 +277,7 @@ fn silent_server_times_out_and_drops_connection() {
     let fake = Fake::start(b"", h);
     let mut op = opts();
     op.request_timeout = Duration::from_millis(200);
-    let o = RemoteOrigin::connect(&fake.addr, Vec::new(), op).unwrap();
+    let o = RemoteOrigin::connect(&fake.addr, Security::default(), op).unwrap();
     let e = o.getattr(root().handle).unwrap_err();
     assert_eq!(e, OriginError::Timeout(Duration::from_millis(200)));
     assert!(e.is_offline());
@@ -290,7 +292,7 @@ fn read_length_mismatch_is_protocol_error() {
         true
     });
     let fake = Fake::start(b"", h);
-    let o = RemoteOrigin::connect(&fake.addr, Vec::new(), opts()).unwrap();
+    let o = RemoteOrigin::connect(&fake.addr, Security::default(), opts()).unwrap();
     assert!(matches!(
         o.read(root().handle, 0, 5),
         Err(OriginError::Protocol(_))
@@ -303,6 +305,6 @@ fn connect_refused_is_unreachable() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     drop(l);
-    let e = RemoteOrigin::connect(&addr, Vec::new(), opts()).unwrap_err();
+    let e = RemoteOrigin::connect(&addr, Security::default(), opts()).unwrap_err();
     assert!(matches!(e, OriginError::Unreachable(_)), "{e:?}");
 }

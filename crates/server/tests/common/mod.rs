@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin};
+use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin, Security};
 use hoardfs_origin::{
     Attr, DirEntry, DirPage, Entry, FileKind, Handle, Origin, OriginInfo, ReadReply, Result,
     ServerCounters, StatFs, Timestamp, WireError,
@@ -82,7 +82,11 @@ impl Running {
 
     /// A client with short timeouts.
     pub fn client(&self, token: &[u8]) -> Result<RemoteOrigin> {
-        RemoteOrigin::connect(&self.addr.to_string(), token.to_vec(), opts())
+        RemoteOrigin::connect(
+            &self.addr.to_string(),
+            Security::plaintext(token.to_vec()),
+            opts(),
+        )
     }
 }
 
