@@ -10,6 +10,7 @@ mod mount;
 mod prefetch;
 mod security;
 mod serve;
+mod token;
 mod tools;
 
 use std::process::ExitCode;
@@ -46,6 +47,10 @@ enum Command {
     Pin(prefetch::PrefetchArgs),
     /// Let pinned files be evicted again.
     Unpin(prefetch::UnpinArgs),
+    /// Manage a server's client credentials: add, list, revoke (a running server picks
+    /// changes up within a second and closes revoked clients' connections).
+    #[command(subcommand)]
+    Token(token::TokenCommand),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +79,7 @@ fn main() -> ExitCode {
         Command::Prefetch(a) => prefetch::run(a, false),
         Command::Pin(a) => prefetch::run(a, true),
         Command::Unpin(a) => prefetch::unpin(a),
+        Command::Token(c) => token::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -97,15 +103,24 @@ pub fn read_token(path: &std::path::Path) -> Result<Vec<u8>, String> {
     Ok(t)
 }
 
-/// Handles, cached open files and cache objects are descriptors: allow as many as the hard
-/// limit permits.
-pub fn raise_fd_limit() {
+/// Handles, cached open files, connections and cache objects are descriptors: allow as
+/// many as the hard limit permits. Returns the soft limit in force afterwards.
+pub fn raise_fd_limit() -> u64 {
     // SAFETY: plain getrlimit/setrlimit on a local struct.
     unsafe {
         let mut r: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 1024;
         }
+        if r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r = raised;
+            }
+        }
+        r.rlim_cur
     }
 }

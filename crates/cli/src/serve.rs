@@ -23,15 +23,31 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
-    /// File holding the shared secret clients must present.
+    /// File holding one secret shared by every client. Named, revocable credentials
+    /// (`hoardfs token add NAME`, kept in --state-dir) work alongside it.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
     /// Refuse all modifications (EROFS for clients).
     #[arg(long)]
     pub read_only: bool,
-    /// Allow listening on a non-loopback address without a token.
+    /// Allow listening on a non-loopback address without any credential.
     #[arg(long)]
     pub allow_unauthenticated: bool,
+    /// Most authenticated client connections at once (each mount holds one); more are
+    /// refused with "server busy". Lowered to fit the open-file limit if needed.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Seconds a connection may stay silent (clients ping every 30 s while idle) or leave
+    /// its replies unread before it is closed.
+    #[arg(long, default_value_t = 120.0)]
+    pub idle_timeout: f64,
+    /// MiB of request and reply data in flight for the whole server; a client that stops
+    /// reading replies holds at most --conn-memory-mib of it.
+    #[arg(long, default_value_t = 1024)]
+    pub max_memory_mib: usize,
+    /// MiB of request and reply data in flight per connection (at least 8).
+    #[arg(long, default_value_t = 32)]
+    pub conn_memory_mib: usize,
     /// Most files kept open for reading at once.
     #[arg(long, default_value_t = 4096)]
     pub max_open_files: usize,
@@ -48,12 +64,27 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         return Ok(());
     }
     let dir = a.dir.clone().expect("clap requires DIR");
-    if !a.listen.ip().is_loopback() && a.token_file.is_none() && !a.allow_unauthenticated {
+    let state_dir = a.tls.state_dir();
+    let named_tokens = state_dir
+        .join(hoardfs_server::credentials::TOKENS_FILE)
+        .exists();
+    if !a.listen.ip().is_loopback()
+        && a.token_file.is_none()
+        && !named_tokens
+        && !a.allow_unauthenticated
+    {
         return Err(format!(
             "refusing to listen on {} without authentication: anyone who can reach it could read {}. \
-             Pass --token-file FILE, or --allow-unauthenticated on a trusted network",
+             Create client credentials with `hoardfs token add NAME` (or pass --token-file FILE), \
+             or pass --allow-unauthenticated on a trusted network",
             a.listen,
             dir.display()
+        ));
+    }
+    if !(a.idle_timeout.is_finite() && a.idle_timeout > 0.0) {
+        return Err(format!(
+            "--idle-timeout {} must be a positive number of seconds",
+            a.idle_timeout
         ));
     }
     let token = a.token_file.as_deref().map(crate::read_token).transpose()?;
@@ -67,19 +98,25 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         let cfg = hoardfs_tls::server_config(&id).map_err(|e| e.to_string())?;
         (Some(cfg), format!("TLS, identity {}", id.fingerprint()))
     };
+    let limits = FdBudget::split(crate::raise_fd_limit(), a.max_connections, a.max_open_files);
     let opts = LocalOptions {
         read_only: a.read_only,
-        max_open_files: a.max_open_files,
+        max_open_files: limits.open_files,
+        max_handles: limits.handles,
         ..Default::default()
     };
     let origin = Arc::new(
         LocalOrigin::new(&dir, opts)
             .map_err(|e| format!("cannot export {}: {e}", dir.display()))?,
     );
-    crate::raise_fd_limit();
     let mut cfg = ServerConfig::new(a.listen);
     cfg.token = token;
+    cfg.tokens_dir = Some(state_dir);
     cfg.tls = tls;
+    cfg.max_connections = limits.connections;
+    cfg.idle_timeout = std::time::Duration::from_secs_f64(a.idle_timeout);
+    cfg.memory_per_conn = a.conn_memory_mib.max(8) << 20;
+    cfg.memory_total = a.max_memory_mib.max(a.conn_memory_mib.max(8)) << 20;
     cfg.read_only = a.read_only;
     if a.no_zero_copy {
         cfg.zero_copy = None;
@@ -109,4 +146,65 @@ pub fn parse_ready_line(line: &str) -> Option<(String, Option<hoardfs_tls::Finge
         None => None,
     };
     Some((addr.to_owned(), fingerprint))
+}
+
+/// How the open-file limit is shared between client connections, cached open files (for
+/// reading and, as many again, for writing) and handles (one `O_PATH` descriptor each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdBudget {
+    /// Most authenticated connections.
+    pub connections: usize,
+    /// Most cached open files of each kind.
+    pub open_files: usize,
+    /// Most handles remembered.
+    pub handles: usize,
+}
+
+impl FdBudget {
+    /// Descriptors kept for everything else (listening socket, inotify, logs, ...).
+    const RESERVE: usize = 128;
+    /// Most handles remembered when descriptors are plentiful.
+    const MAX_HANDLES: usize = 500_000;
+
+    /// Splits `nofile` descriptors, lowering the requested connection and open-file counts
+    /// (with a warning) where they would not fit beside a useful number of handles.
+    pub fn split(nofile: u64, connections: usize, open_files: usize) -> FdBudget {
+        let total = (nofile as usize).saturating_sub(Self::RESERVE).max(64);
+        // Connections and the two open-file caches get at most a quarter each.
+        let connections_fit = connections.min(total / 4).max(1);
+        let open_fit = open_files.min(total / 8).max(1);
+        if connections_fit < connections || open_fit < open_files {
+            tracing::warn!(
+                nofile,
+                connections = connections_fit,
+                open_files = open_fit,
+                "the open-file limit is low: serving fewer connections and open files than asked"
+            );
+        }
+        let handles = total
+            .saturating_sub(connections_fit + 2 * open_fit)
+            .clamp(16, Self::MAX_HANDLES);
+        FdBudget {
+            connections: connections_fit,
+            open_files: open_fit,
+            handles,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_are_shared_without_overcommitting() {
+        let b = FdBudget::split(1 << 20, 1024, 4096);
+        assert_eq!(
+            (b.connections, b.open_files, b.handles),
+            (1024, 4096, 500_000)
+        );
+        let b = FdBudget::split(1024, 1024, 4096);
+        assert!(b.connections + 2 * b.open_files + b.handles <= 1024 - FdBudget::RESERVE);
+        assert!(b.connections >= 200 && b.open_files >= 100 && b.handles >= 16);
+    }
 }

@@ -12,7 +12,7 @@ use common::*;
 #[test]
 fn content_listing_and_symlinks_match_the_server() {
     require_fuse();
-    let t = tmp();
+    let t = scratch();
     let exp = t.path().join("export");
     let files = make_tree(&exp);
     let srv = Server::start(&exp);
@@ -64,7 +64,7 @@ fn content_listing_and_symlinks_match_the_server() {
 #[test]
 fn cache_survives_remount_and_kill9_without_refetching() {
     require_fuse();
-    let t = tmp();
+    let t = scratch();
     let exp = t.path().join("export");
     let files = make_tree(&exp);
     let srv = Server::start(&exp);
@@ -108,7 +108,7 @@ fn cache_survives_remount_and_kill9_without_refetching() {
 #[test]
 fn kill9_during_a_cold_fill_leaves_a_consistent_cache() {
     require_fuse();
-    let t = tmp();
+    let t = scratch();
     let exp = t.path().join("export");
     std::fs::create_dir_all(&exp).unwrap();
     std::fs::write(exp.join("f"), bytes(77, 40 << 20)).unwrap();
@@ -130,7 +130,7 @@ fn kill9_during_a_cold_fill_leaves_a_consistent_cache() {
 #[test]
 fn a_change_on_the_server_is_seen_after_its_callback_break() {
     require_fuse();
-    let t = tmp();
+    let t = scratch();
     let exp = t.path().join("export");
     std::fs::create_dir_all(&exp).unwrap();
     std::fs::write(exp.join("doc"), b"version one").unwrap();
@@ -180,7 +180,7 @@ fn eventually(cond: impl Fn() -> bool) {
 #[test]
 fn wrong_token_is_refused_and_right_token_works() {
     require_fuse();
-    let t = tmp();
+    let t = scratch();
     let exp = t.path().join("export");
     std::fs::create_dir_all(&exp).unwrap();
     std::fs::write(exp.join("x"), b"secret data").unwrap();
@@ -222,7 +222,7 @@ fn wrong_token_is_refused_and_right_token_works() {
 
 #[test]
 fn serve_refuses_open_network_without_token() {
-    let t = tmp();
+    let t = scratch();
     let out = Command::new(bin())
         .arg("serve")
         .arg(t.path())
@@ -251,7 +251,7 @@ fn malformed_frames_do_not_disturb_a_concurrent_plaintext_client() {
 /// plaintext server) closes them; a mounted client reading meanwhile sees only true bytes.
 fn malformed_frames_with(flags: &[&str]) {
     require_fuse();
-    let t = tmp();
+    let t = scratch();
     let exp = t.path().join("export");
     std::fs::create_dir_all(&exp).unwrap();
     std::fs::write(exp.join("data"), bytes(9, 16 << 20)).unwrap();
@@ -298,7 +298,7 @@ fn malformed_frames_with(flags: &[&str]) {
 #[test]
 fn server_death_keeps_cached_files_readable_and_fails_others_fast() {
     require_fuse();
-    let t = tmp();
+    let t = scratch();
     let exp = t.path().join("export");
     std::fs::create_dir_all(exp.join("d")).unwrap();
     std::fs::write(exp.join("d/cached"), bytes(3, 5 << 20)).unwrap();
@@ -346,7 +346,7 @@ fn server_death_keeps_cached_files_readable_and_fails_others_fast() {
 #[test]
 fn local_directory_source_is_cached_the_same_way() {
     require_fuse();
-    let t = tmp();
+    let t = scratch();
     let exp = t.path().join("export");
     let files = make_tree(&exp);
     let cache = t.path().join("cache");

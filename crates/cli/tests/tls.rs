@@ -14,7 +14,7 @@ use common::*;
 fn the_link_carries_no_file_bytes_and_no_credential() {
     require_fuse();
     for plaintext in [false, true] {
-        let t = tmp();
+        let t = scratch();
         let exp = t.path().join("export");
         std::fs::create_dir_all(&exp).unwrap();
         let marker = b"FILE-CONTENT-MARKER-0123456789".repeat(1000);
@@ -67,7 +67,7 @@ fn the_link_carries_no_file_bytes_and_no_credential() {
 fn tampered_server_bytes_are_detected_and_never_cached() {
     require_fuse();
     for plaintext in [false, true] {
-        let t = tmp();
+        let t = scratch();
         let exp = t.path().join("export");
         std::fs::create_dir_all(&exp).unwrap();
         let truth = bytes(77, 8 << 20);
@@ -122,7 +122,7 @@ fn tampered_server_bytes_are_detected_and_never_cached() {
 #[test]
 fn a_server_with_another_identity_on_the_same_address_is_refused() {
     require_fuse();
-    let t = tmp();
+    let t = scratch();
     let exp = t.path().join("export");
     std::fs::create_dir_all(&exp).unwrap();
     std::fs::write(exp.join("f"), b"hello").unwrap();

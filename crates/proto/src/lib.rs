@@ -8,6 +8,8 @@
 //! and may come back in any order, so many requests can be in flight on one connection.
 //!
 //! The first request on a connection must be [`msg::Op::Hello`] (protocol version + token).
+//! Unless both sides chose plaintext, the connection is a TLS 1.3 session first (crate
+//! `hoardfs-tls`), so frames, tokens and file data never cross the network in clear.
 
 pub mod buffers;
 pub mod frame;
@@ -17,7 +19,11 @@ pub use frame::{FrameError, FrameHeader, Limits};
 pub use msg::*;
 
 /// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
+
+/// An idle client sends [`msg::Op::Ping`] this often, so that the server can close
+/// connections that say nothing for longer (its idle timeout) without closing idle mounts.
+pub const PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Default TCP port of `hoardfs serve`.
 pub const DEFAULT_PORT: u16 = 7070;

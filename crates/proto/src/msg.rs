@@ -336,6 +336,8 @@ pub enum Op {
         /// Attribute name.
         name: Vec<u8>,
     },
+    /// Keeps an idle connection open (answered with `Done`).
+    Ping,
 }
 
 /// `renameat2` flag: fail with `Exists` instead of replacing the target.

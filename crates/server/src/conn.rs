@@ -1,19 +1,25 @@
 //! One client connection: handshake, concurrent request handling, ordered-by-completion
 //! replies.
 //!
-//! The connection task reads frames. The first must be `Hello` (small, no data, within
-//! [`HELLO_TIMEOUT`]); afterwards each request takes a permit of a per-connection
-//! semaphore and runs on the blocking pool, so a slow request never holds up the others.
-//! Replies go through a channel to a writer task that batches whatever is queued before
-//! flushing. A frame with a bad magic, an oversized length or an undecodable body closes the
-//! connection (logged with the peer address, counted in `bad_frames`).
+//! A TLS server first completes the TLS handshake (a plaintext `Hello` gets a plaintext
+//! `TlsRequired` answer). The connection task then reads frames. The first must be `Hello`
+//! (small, no data, within [`HELLO_TIMEOUT`] of accept) with a valid credential; the
+//! connection is then admitted if a `--max-connections` slot is free. Afterwards each
+//! request takes a slot of a per-connection semaphore and a memory charge (module
+//! `admission`) and runs on the blocking pool, so a slow request never holds up the
+//! others. Replies go through a channel to a writer task that batches whatever is queued
+//! before flushing; a reply releases its slot and charge only once written, so a client
+//! that stops reading replies stops being served, at bounded cost. A connection that sends
+//! nothing for the idle timeout, whose replies stall that long, or whose credential is
+//! revoked is closed. A frame with a bad magic, an oversized length or an undecodable body
+//! closes the connection (logged with the peer address, counted in `bad_frames`).
 
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hoardfs_origin::FileRange;
 use hoardfs_proto::buffers;
@@ -26,10 +32,12 @@ use tokio::io::{
 };
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
+use crate::admission::{self, HandshakeTicket, SessionGuard};
 use crate::callbacks::ConnId;
+use crate::credentials::Check;
 use crate::{Shared, Stats};
 
 /// How long a new connection may take to send its `Hello`.
@@ -52,6 +60,8 @@ pub(crate) struct Outgoing {
     file: Option<FileRange>,
     /// A callback-break frame (counted in the connection's pending breaks until written).
     is_break: bool,
+    /// What its request holds until this is written.
+    held: Option<Held>,
 }
 
 impl Outgoing {
@@ -88,7 +98,14 @@ impl Outgoing {
             data: Vec::new(),
             file: None,
             is_break,
+            held: None,
         }
+    }
+
+    /// Keeps `held` until this reply has been written.
+    fn holding(mut self, held: Held) -> Outgoing {
+        self.held = Some(held);
+        self
     }
 }
 
@@ -105,13 +122,15 @@ impl<T> Drop for AbortOnDrop<T> {
 enum End {
     /// Clean EOF at a frame boundary, or an I/O error (peer went away).
     Closed(Option<io::Error>),
+    /// The server ended it (idle, revoked, evicted): close at once, log why.
+    Ended(String),
     /// Protocol violation: close at once, no reply.
     Bad(String),
     /// Handshake refused: send this reply, then close. `bad` says whether it counts as a
     /// bad frame.
     Refuse {
         reason: String,
-        reply: Outgoing,
+        reply: Box<Outgoing>,
         bad: bool,
     },
 }
@@ -122,43 +141,69 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
     Stats::bump(&shared.stats.connections);
     let _ = stream.set_nodelay(true);
     hoardfs_tls::enable_keepalive(&stream);
-    // The first byte tells a TLS ClientHello (0x16, a handshake record) from a plaintext
-    // hoardfs frame (`H` of the magic), so a mismatch gets a clear answer.
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(HELLO_TIMEOUT, stream.peek(&mut first)).await {
-        Ok(Ok(1)) => {}
-        _ => return,
-    }
-    let Some(tls) = shared.cfg.tls.clone() else {
-        if first[0] == TLS_HANDSHAKE {
-            tracing::warn!(%peer, "client speaks TLS, but this server runs with --insecure-plaintext");
+    let ticket = shared.admission.begin_handshake();
+    let evicted = Arc::clone(&ticket.evicted);
+    // Until the client is authenticated, a newer connection may push this one out.
+    let setup = async {
+        // The first byte tells a TLS ClientHello (0x16, a handshake record) from a
+        // plaintext hoardfs frame (`H` of the magic), so a mismatch gets a clear answer.
+        let mut first = [0u8; 1];
+        match tokio::time::timeout(HELLO_TIMEOUT, stream.peek(&mut first)).await {
+            Ok(Ok(1)) => {}
+            _ => return None,
+        }
+        let Some(tls) = shared.cfg.tls.clone() else {
+            if first[0] == TLS_HANDSHAKE {
+                tracing::warn!(%peer, "client speaks TLS, but this server runs with --insecure-plaintext");
+                Stats::bump(&shared.stats.bad_frames);
+                return None;
+            }
+            return Some(Transport::Plain(stream));
+        };
+        if first[0] == frame::MAGIC[0] {
+            tracing::warn!(%peer, "refusing a plaintext client: this server requires TLS");
             Stats::bump(&shared.stats.bad_frames);
-            return;
+            refuse_plaintext(stream).await;
+            return None;
         }
-        let (rd, wr) = stream.into_split();
-        return serve_on(rd, wr, peer, shared).await;
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        match tokio::time::timeout(HELLO_TIMEOUT, acceptor.accept(stream)).await {
+            Ok(Ok(s)) => Some(Transport::Tls(Box::new(s))),
+            Ok(Err(e)) => {
+                tracing::warn!(%peer, "TLS handshake failed: {e}");
+                Stats::bump(&shared.stats.bad_frames);
+                None
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "no TLS handshake within {HELLO_TIMEOUT:?}");
+                None
+            }
+        }
     };
-    if first[0] == frame::MAGIC[0] {
-        tracing::warn!(%peer, "refusing a plaintext client: this server requires TLS");
-        Stats::bump(&shared.stats.bad_frames);
-        refuse_plaintext(stream).await;
-        return;
+    let transport = tokio::select! {
+        t = setup => t,
+        () = evicted.notified() => {
+            tracing::debug!(%peer, "dropping a pending handshake to make room for a newer one");
+            None
+        }
+    };
+    match transport {
+        None => {}
+        Some(Transport::Plain(stream)) => {
+            let (rd, wr) = stream.into_split();
+            serve_on(rd, wr, peer, shared, ticket).await
+        }
+        Some(Transport::Tls(session)) => {
+            let (rd, wr) = tokio::io::split(*session);
+            serve_on(rd, wr, peer, shared, ticket).await
+        }
     }
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let session = match tokio::time::timeout(HELLO_TIMEOUT, acceptor.accept(stream)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            tracing::warn!(%peer, "TLS handshake failed: {e}");
-            Stats::bump(&shared.stats.bad_frames);
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(%peer, "no TLS handshake within {HELLO_TIMEOUT:?}");
-            return;
-        }
-    };
-    let (rd, wr) = tokio::io::split(session);
-    serve_on(rd, wr, peer, shared).await
+}
+
+/// An accepted connection, after the TLS handshake if there is one.
+enum Transport {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
 /// First byte of a TLS handshake record.
@@ -198,21 +243,32 @@ impl ReplySink for tokio::io::WriteHalf<tokio_rustls::server::TlsStream<TcpStrea
 }
 
 /// The hoardfs protocol over an established transport.
-async fn serve_on<R, W>(rd: R, wr: W, peer: SocketAddr, shared: Arc<Shared>)
-where
+async fn serve_on<R, W>(
+    rd: R,
+    wr: W,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    ticket: HandshakeTicket,
+) where
     R: AsyncRead + Unpin,
     W: ReplySink,
 {
     let mut rd = BufReader::with_capacity(IO_BUF, rd);
-    let max_in_flight = shared.cfg.max_in_flight_per_conn.max(1);
-    // Unbounded, but replies are bounded by the in-flight permits and break frames by the
-    // callback registry's per-connection limit.
+    // Unbounded, but every reply holds its request's slot (and memory charge) until it
+    // is written, and break frames are bounded by the callback registry's per-connection
+    // limit.
     let (tx, rx) = mpsc::unbounded_channel();
     let pending_breaks = Arc::new(AtomicUsize::new(0));
     // Aborted if this task is (server shutdown), so the socket closes with it.
-    let mut writer = AbortOnDrop(tokio::spawn(write_loop(wr, rx, pending_breaks.clone())));
+    let stall = shared.cfg.idle_timeout;
+    let mut writer = AbortOnDrop(tokio::spawn(write_loop(
+        wr,
+        rx,
+        pending_breaks.clone(),
+        stall,
+    )));
     let mut conn_id = None;
-    let end = read_loop(&mut rd, &tx, peer, &shared, max_in_flight, || {
+    let end = read_loop(&mut rd, &tx, peer, &shared, ticket, || {
         let id = shared
             .callbacks
             .add_conn(tx.clone(), pending_breaks.clone());
@@ -229,94 +285,123 @@ where
                 Some(e) => tracing::debug!(%peer, "connection closed: {e}"),
                 None => tracing::debug!(%peer, "connection closed by peer"),
             }
-            // Let in-flight requests finish and their replies go out.
+            // Let in-flight requests finish and their replies go out (bounded by the
+            // writer's stall timeout).
             drop(tx);
             let _ = (&mut writer.0).await;
+        }
+        End::Ended(reason) => {
+            tracing::info!(%peer, "closing connection: {reason}");
         }
         End::Bad(reason) => {
             tracing::warn!(%peer, "closing connection: {reason}");
             Stats::bump(&shared.stats.bad_frames);
         }
         End::Refuse { reason, reply, bad } => {
-            tracing::warn!(%peer, "refusing connection: {reason}");
+            if !reason.is_empty() {
+                tracing::warn!(%peer, "refusing connection: {reason}");
+            }
             if bad {
                 Stats::bump(&shared.stats.bad_frames);
             }
-            let _ = tx.send(reply);
+            let _ = tx.send(*reply);
             drop(tx);
             let _ = tokio::time::timeout(REFUSAL_LINGER, &mut writer.0).await;
         }
     }
 }
 
-/// Reads and dispatches frames until the connection ends.
-async fn read_loop<R: AsyncRead + Unpin>(
+/// What an authenticated connection holds while it is served.
+struct Session {
+    conn: ConnId,
+    /// Its place among the `--max-connections`.
+    _slot: OwnedSemaphorePermit,
+    /// Fires when its credential is revoked.
+    _guard: SessionGuard,
+    revoked: Arc<Notify>,
+}
+
+/// The handshake: reads `Hello`, checks version and credential, admits the connection
+/// and answers. `Err` says how the connection ends instead.
+async fn handshake<R: AsyncRead + Unpin>(
     rd: &mut R,
     tx: &mpsc::UnboundedSender<Outgoing>,
     peer: SocketAddr,
     shared: &Arc<Shared>,
-    max_in_flight: usize,
+    ticket: HandshakeTicket,
     register: impl FnOnce() -> ConnId,
-) -> End {
-    // Handshake.
-    let first = match tokio::time::timeout(HELLO_TIMEOUT, read_frame(rd, HELLO_LIMITS)).await {
-        Err(_) => return End::Closed(Some(io::ErrorKind::TimedOut.into())),
+) -> Result<Session, End> {
+    let hello = tokio::select! {
+        r = tokio::time::timeout(HELLO_TIMEOUT, read_frame(rd, HELLO_LIMITS)) => r,
+        () = ticket.evicted.notified() => {
+            return Err(End::Ended("dropped a pending handshake to make room".into()));
+        }
+    };
+    let first = match hello {
+        Err(_) => return Err(End::Closed(Some(io::ErrorKind::TimedOut.into()))),
         Ok(Ok(Some(f))) => f,
-        Ok(Ok(None)) => return End::Closed(None),
-        Ok(Err(e)) => return frame_end(e),
+        Ok(Ok(None)) => return Err(End::Closed(None)),
+        Ok(Err(e)) => return Err(frame_end(e)),
     };
-    let req: Request = match frame::decode_body(&first.0) {
-        Ok(r) => r,
-        Err(e) => return End::Bad(e.to_string()),
-    };
+    let req: Request = frame::decode_body(&first.0).map_err(|e| End::Bad(e.to_string()))?;
     Stats::bump(&shared.stats.requests);
     let Op::Hello { version, token } = req.op else {
-        return End::Bad("request before hello".into());
+        return Err(End::Bad("request before hello".into()));
+    };
+    let refuse = |err, reason: String, bad| {
+        Err(End::Refuse {
+            reason,
+            reply: Box::new(Outgoing::new(req.id, Err(err), Vec::new())),
+            bad,
+        })
     };
     if version != PROTOCOL_VERSION {
-        let reply = Outgoing::new(req.id, Err(WireError::Protocol), Vec::new());
         let reason = format!("client speaks protocol {version}, we speak {PROTOCOL_VERSION}");
-        return End::Refuse {
-            reason,
-            reply,
-            bad: true,
-        };
+        return refuse(WireError::Protocol, reason, true);
     }
-    if let Some(expected) = &shared.cfg.token
-        && !constant_time_eq(expected, &token)
-    {
-        let reply = Outgoing::new(req.id, Err(WireError::AuthFailed), Vec::new());
-        return End::Refuse {
-            reason: "wrong token".into(),
-            reply,
-            bad: true,
-        };
-    }
+    let name = match shared.credentials.check(&token) {
+        Check::Open => None,
+        Check::Accepted(name) => {
+            shared.admission.failures.clear(peer.ip());
+            Some(name)
+        }
+        Check::Refused(claimed) => {
+            let v = shared.admission.failures.record(peer.ip(), Instant::now());
+            let claimed = claimed.as_deref().unwrap_or("(none)");
+            if v.log {
+                tracing::warn!(
+                    %peer,
+                    credential = claimed,
+                    failures = v.count,
+                    "refused a credential"
+                );
+            }
+            // Past a few failures, answering slowly makes guessing slow.
+            tokio::time::sleep(v.delay).await;
+            drop(ticket);
+            return refuse(WireError::AuthFailed, String::new(), true);
+        }
+    };
+    drop(ticket);
+    let Some(slot) = shared.admission.admit() else {
+        let reason = format!(
+            "connection limit reached ({} authenticated connections)",
+            shared.cfg.max_connections
+        );
+        return refuse(WireError::Busy, reason, false);
+    };
+    let label = name.clone().unwrap_or_default();
+    let (revoked, guard) = shared.admission.register_session(label);
     let conn = register();
     let seq_before = shared.callbacks.seq();
     let origin = Arc::clone(&shared.origin);
     let info = match tokio::task::spawn_blocking(move || origin.info()).await {
         Ok(Ok(info)) => info,
         Ok(Err(e)) => {
-            let reply = Outgoing::new(
-                req.id,
-                Err(crate::handle::wire_error(e.clone())),
-                Vec::new(),
-            );
-            return End::Refuse {
-                reason: format!("origin unavailable: {e}"),
-                reply,
-                bad: false,
-            };
+            let reason = format!("origin unavailable: {e}");
+            return refuse(crate::handle::wire_error(e), reason, false);
         }
-        Err(e) => {
-            let reply = Outgoing::new(req.id, Err(WireError::Io), Vec::new());
-            return End::Refuse {
-                reason: format!("origin panicked: {e}"),
-                reply,
-                bad: false,
-            };
-        }
+        Err(e) => return refuse(WireError::Io, format!("origin panicked: {e}"), false),
     };
     let root_id = info.root.attr.file_id;
     let hello = Reply::Hello {
@@ -330,7 +415,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
         .send(Outgoing::new(req.id, Ok(hello), Vec::new()))
         .is_err()
     {
-        return End::Closed(None);
+        return Err(End::Closed(None));
     }
     if raced {
         shared.callbacks.send_to(
@@ -341,44 +426,122 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }],
         );
     }
-    tracing::debug!(%peer, "client authenticated");
+    match &name {
+        Some(n) => tracing::info!(%peer, credential = %n, "client authenticated"),
+        None => tracing::debug!(%peer, "client connected"),
+    }
+    Ok(Session {
+        conn,
+        _slot: slot,
+        _guard: guard,
+        revoked,
+    })
+}
 
-    // Requests.
-    let permits = Arc::new(Semaphore::new(max_in_flight));
+/// What a request holds until its reply has been written: its slot among the
+/// connection's requests in flight and its memory charges.
+pub(crate) struct Held {
+    _slot: OwnedSemaphorePermit,
+    _conn: OwnedSemaphorePermit,
+    _server: OwnedSemaphorePermit,
+}
+
+/// Waits for `fut` unless the connection is closing (writer gone) or revoked.
+async fn unless_ending<T>(
+    fut: impl std::future::Future<Output = T>,
+    tx: &mpsc::UnboundedSender<Outgoing>,
+    revoked: &Notify,
+) -> Result<T, End> {
+    tokio::select! {
+        v = fut => Ok(v),
+        () = tx.closed() => Err(End::Closed(Some(io::Error::other("replies could not be written")))),
+        () = revoked.notified() => Err(End::Ended("its credential was revoked".into())),
+    }
+}
+
+/// Reads and dispatches frames until the connection ends.
+async fn read_loop<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    tx: &mpsc::UnboundedSender<Outgoing>,
+    peer: SocketAddr,
+    shared: &Arc<Shared>,
+    ticket: HandshakeTicket,
+    register: impl FnOnce() -> ConnId,
+) -> End {
+    let session = match handshake(rd, tx, peer, shared, ticket, register).await {
+        Ok(s) => s,
+        Err(end) => return end,
+    };
+    let conn = session.conn;
+    let slots = Arc::new(Semaphore::new(shared.cfg.max_in_flight_per_conn.max(1)));
+    let budget = Arc::new(Semaphore::new(shared.admission.per_conn_units));
+    let idle = shared.cfg.idle_timeout;
+    let revoked = &*session.revoked;
     loop {
-        // Waiting for a permit before reading applies back-pressure to this client only.
-        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
-            return End::Closed(None);
+        // Waiting for a slot before reading applies back-pressure to this client only.
+        let slot = match unless_ending(Arc::clone(&slots).acquire_owned(), tx, revoked).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(_)) => return End::Closed(None),
+            Err(end) => return end,
         };
-        let (body, data) = match read_frame(rd, Limits::REQUEST).await {
-            Ok(Some(f)) => f,
-            Ok(None) => return End::Closed(None),
-            Err(e) => return frame_end(e),
+        let frame = match unless_ending(
+            tokio::time::timeout(idle, read_frame(rd, Limits::REQUEST)),
+            tx,
+            revoked,
+        )
+        .await
+        {
+            Err(end) => return end,
+            Ok(Err(_)) => return End::Ended(format!("idle for {idle:?}")),
+            Ok(Ok(Ok(Some(f)))) => f,
+            Ok(Ok(Ok(None))) => return End::Closed(None),
+            Ok(Ok(Err(e))) => return frame_end(e),
         };
+        let (body, data) = frame;
         let req: Request = match frame::decode_body(&body) {
             Ok(r) => r,
             Err(e) => return End::Bad(e.to_string()),
         };
         Stats::bump(&shared.stats.requests);
         let Request { id, op } = req;
-        let takes_data = matches!(op, Op::Write { .. } | Op::SetXattr { .. });
-        if matches!(op, Op::Hello { .. }) || (!data.is_empty() && !takes_data) {
-            // A second hello, or data on a request that takes none.
-            let err = if data.is_empty() {
-                WireError::Protocol
-            } else {
-                WireError::Invalid
+        // Memory this request may hold until its reply is written: its payload, or the
+        // bytes it asks to read.
+        let cost = match &op {
+            Op::Read { len, .. } => data.len() + *len as usize,
+            _ => data.len(),
+        };
+        let units =
+            admission::units_for(cost.min(shared.admission.per_conn_units * admission::UNIT));
+        let conn_units =
+            match unless_ending(Arc::clone(&budget).acquire_many_owned(units), tx, revoked).await {
+                Ok(Ok(p)) => p,
+                Ok(Err(_)) => return End::Closed(None),
+                Err(end) => return end,
             };
-            if tx.send(Outgoing::new(id, Err(err), Vec::new())).is_err() {
-                return End::Closed(None);
-            }
-            continue;
-        }
-        if data.len() > MAX_WRITE_LEN as usize {
-            if tx
-                .send(Outgoing::new(id, Err(WireError::TooBig), Vec::new()))
-                .is_err()
-            {
+        let server_units = match unless_ending(shared.admission.charge(units), tx, revoked).await {
+            Ok(Some(p)) => p,
+            Ok(None) => return End::Closed(None),
+            Err(end) => return end,
+        };
+        let held = Held {
+            _slot: slot,
+            _conn: conn_units,
+            _server: server_units,
+        };
+        let takes_data = matches!(op, Op::Write { .. } | Op::SetXattr { .. });
+        let refusal = if matches!(op, Op::Hello { .. }) {
+            // A second hello.
+            Some(WireError::Protocol)
+        } else if !data.is_empty() && !takes_data {
+            Some(WireError::Invalid)
+        } else if data.len() > MAX_WRITE_LEN as usize {
+            Some(WireError::TooBig)
+        } else {
+            None
+        };
+        if let Some(err) = refusal {
+            let out = Outgoing::new(id, Err(err), Vec::new()).holding(held);
+            if tx.send(out).is_err() {
                 return End::Closed(None);
             }
             continue;
@@ -388,17 +551,15 @@ async fn read_loop<R: AsyncRead + Unpin>(
         tokio::spawn(async move {
             let req = crate::handle::Req { conn, id, op, data };
             let out = tokio::task::spawn_blocking(move || crate::handle::handle(&shared, req));
-            match out.await {
-                // Fails only when the writer is gone (connection closing): nothing to do.
-                Ok(reply) => {
-                    let _ = tx.send(reply);
-                }
+            let reply = match out.await {
+                Ok(reply) => reply,
                 Err(e) => {
                     tracing::error!(id, "request handler panicked: {e}");
-                    let _ = tx.send(Outgoing::new(id, Err(WireError::Io), Vec::new()));
+                    Outgoing::new(id, Err(WireError::Io), Vec::new())
                 }
-            }
-            drop(permit);
+            };
+            // Fails only when the writer is gone (connection closing): nothing to do.
+            let _ = tx.send(reply.holding(held));
         });
     }
 }
@@ -437,29 +598,35 @@ async fn read_frame<R: AsyncRead + Unpin>(
     Ok(Some((body, data)))
 }
 
-/// Compares secrets without an early exit on the first differing byte.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// Writes queued replies, flushing whenever the queue runs dry.
+/// Writes queued replies, flushing whenever the queue runs dry. A write that makes no
+/// progress for `stall` (the peer stopped reading) ends the connection, which releases
+/// what its queued replies hold.
 async fn write_loop<W: ReplySink>(
     wr: W,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     pending_breaks: Arc<AtomicUsize>,
+    stall: Duration,
 ) -> io::Result<()> {
+    let stalled = || {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the client stopped reading replies",
+        )
+    };
     let mut w = BufWriter::with_capacity(IO_BUF, wr);
     while let Some(first) = rx.recv().await {
-        write_one(&mut w, &first, &pending_breaks).await?;
-        buffers::give(first.data);
-        while let Ok(next) = rx.try_recv() {
-            write_one(&mut w, &next, &pending_breaks).await?;
-            buffers::give(next.data);
+        let mut next = Some(first);
+        while let Some(out) = next {
+            tokio::time::timeout(stall, write_one(&mut w, &out, &pending_breaks))
+                .await
+                .map_err(|_| stalled())??;
+            buffers::give(out.data);
+            // `out.held` is released here: the reply is on its way.
+            next = rx.try_recv().ok();
         }
-        w.flush().await?;
+        tokio::time::timeout(stall, w.flush())
+            .await
+            .map_err(|_| stalled())??;
     }
     w.shutdown().await
 }
@@ -586,13 +753,5 @@ mod tests {
         rx.read_to_end(&mut got).await.unwrap();
         // What was sent is the file's true bytes; nothing made up fills the rest.
         assert_eq!(got, b"0123456789");
-    }
-
-    #[test]
-    fn token_compare() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"ab"));
-        assert!(constant_time_eq(b"", b""));
     }
 }

@@ -250,6 +250,7 @@ fn run(
             flags,
         } => done(origin.setxattr(handle, &name, &data, flags)),
         Op::RemoveXattr { handle, name } => done(origin.removexattr(handle, &name)),
+        Op::Ping => (Ok(Reply::Done), none()),
     }
 }
 

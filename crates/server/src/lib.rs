@@ -9,8 +9,10 @@
 //!
 //! The CLI uses [`run_blocking`]; tests and embedders use [`Server`] directly.
 
+mod admission;
 mod callbacks;
 mod conn;
+pub mod credentials;
 mod handle;
 
 use std::future::Future;
@@ -34,13 +36,31 @@ pub struct ServerConfig {
     /// TLS 1.3 for every connection (see `hoardfs_tls::server_config`); `None` serves
     /// plaintext, which the CLI allows only with `--insecure-plaintext`.
     pub tls: Option<Arc<hoardfs_tls::rustls::ServerConfig>>,
-    /// Shared secret clients must present in `Hello`; `None` accepts everyone.
+    /// Shared secret clients may present in `Hello` (`--token-file`).
     pub token: Option<Vec<u8>>,
+    /// Directory whose `tokens` file lists named, revocable credentials (module
+    /// [`credentials`]). With neither this file nor `token`, everyone is accepted.
+    pub tokens_dir: Option<std::path::PathBuf>,
     /// Announce the export as read-only (it is also read-only if the origin says so).
     pub read_only: bool,
-    /// Requests of one connection that may run at the same time; further requests wait
-    /// unread in the socket (back-pressure on that client only).
+    /// Requests of one connection that may run at the same time (or whose replies wait to
+    /// be written); further requests wait unread in the socket (back-pressure on that
+    /// client only).
     pub max_in_flight_per_conn: usize,
+    /// Authenticated connections served at once; one more is refused with `Busy`.
+    pub max_connections: usize,
+    /// Connections between accept and an accepted `Hello` at once; a newer one evicts the
+    /// oldest.
+    pub max_handshakes: usize,
+    /// Bytes of request and reply data one connection may have in flight (reads charge
+    /// their length, writes their payload) until its replies are written.
+    pub memory_per_conn: usize,
+    /// The same bound for the whole server.
+    pub memory_total: usize,
+    /// An authenticated connection that sends nothing for this long (clients ping every
+    /// [`hoardfs_proto::PING_INTERVAL`]), or whose replies make no progress for this long,
+    /// is closed.
+    pub idle_timeout: Duration,
     /// Send file data with `sendfile(2)` (no copy through the server's memory) for files
     /// unchanged for at least this long; `None` copies every read. Files changed more
     /// recently are read and copied, so that a write landing while the kernel copies the
@@ -63,14 +83,22 @@ impl ServerConfig {
 
 impl Default for ServerConfig {
     /// All interfaces on [`DEFAULT_PORT`], plaintext (set `tls`), no token, writable, 64
-    /// requests in flight, zero-copy for files unchanged for [`ZERO_COPY_QUIET`].
+    /// requests in flight, 1024 connections, 256 handshakes, 32 MiB per connection and
+    /// 1 GiB in all of request data in flight, 120 s idle timeout, zero-copy for files
+    /// unchanged for [`ZERO_COPY_QUIET`].
     fn default() -> Self {
         ServerConfig {
             listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, DEFAULT_PORT)),
             tls: None,
             token: None,
+            tokens_dir: None,
             read_only: false,
             max_in_flight_per_conn: 64,
+            max_connections: 1024,
+            max_handshakes: 256,
+            memory_per_conn: 32 << 20,
+            memory_total: 1 << 30,
+            idle_timeout: Duration::from_secs(120),
             zero_copy: Some(ZERO_COPY_QUIET),
         }
     }
@@ -113,6 +141,8 @@ pub(crate) struct Shared {
     pub(crate) stats: Arc<Stats>,
     pub(crate) origin_counters: Option<OriginCounters>,
     pub(crate) callbacks: Arc<callbacks::Callbacks>,
+    pub(crate) admission: Arc<admission::Admission>,
+    pub(crate) credentials: credentials::Credentials,
 }
 
 impl Shared {
@@ -204,7 +234,11 @@ impl Server {
             // File data must pass through the cipher: no sendfile ranges.
             cfg.zero_copy = None;
         }
+        let credentials =
+            credentials::Credentials::new(cfg.token.clone(), cfg.tokens_dir.as_deref())?;
         let shared = Arc::new(Shared {
+            credentials,
+            admission: Arc::new(admission::Admission::new(&cfg)),
             origin: self.origin,
             cfg,
             stats: self.stats,
@@ -213,9 +247,13 @@ impl Server {
         });
         let mut conns = JoinSet::new();
         tokio::pin!(shutdown);
+        // Picks up `hoardfs token revoke` while no client connects.
+        let mut recheck = tokio::time::interval(Duration::from_secs(1));
+        recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = &mut shutdown => break,
+                _ = recheck.tick() => revoke_gone(&shared),
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
@@ -232,6 +270,18 @@ impl Server {
         // Dropping the set aborts the connection tasks, which closes their sockets.
         drop(conns);
         Ok(())
+    }
+}
+
+/// Rereads the credentials and closes the connections of names that went away.
+fn revoke_gone(shared: &Shared) {
+    match shared.credentials.refresh() {
+        Ok(gone) if !gone.is_empty() => {
+            let n = shared.admission.sessions.revoke(&gone);
+            tracing::info!(names = ?gone, connections = n, "credentials revoked");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot read the tokens file: {e}"),
     }
 }
 

@@ -37,14 +37,28 @@ pub fn require_fuse() {
 }
 
 /// Spawns `cmd` and waits (bounded) for a stdout line starting with `prefix`.
-fn spawn_until_line(mut cmd: Command, prefix: &str) -> Result<(Child, String), String> {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
+fn spawn_until_line(cmd: Command, prefix: &str) -> Result<(Child, String), String> {
+    spawn_logged(cmd, prefix, None)
+}
+
+/// As [`spawn_until_line`], with the child's stderr going to `log` if given.
+fn spawn_logged(
+    mut cmd: Command,
+    prefix: &str,
+    log: Option<std::fs::File>,
+) -> Result<(Child, String), String> {
+    cmd.stdout(Stdio::piped());
+    match log {
+        Some(f) => cmd.stderr(f),
+        None => cmd.stderr(Stdio::piped()),
+    };
+    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
     let stdout = child.stdout.take().expect("piped");
-    let stderr = child.stderr.take().expect("piped");
+    let stderr: Box<dyn std::io::Read + Send> = match child.stderr.take() {
+        Some(e) => Box::new(e),
+        None => Box::new(std::io::empty()),
+    };
+
     let (tx, rx) = mpsc::channel();
     let p = prefix.to_string();
     std::thread::spawn(move || {
@@ -91,13 +105,6 @@ pub struct Server {
     pub token: Vec<u8>,
     /// The server's TLS identity (`None`: it runs with --insecure-plaintext).
     pub fingerprint: Option<Fingerprint>,
-}
-
-/// A temporary directory on a real disk (not /tmp, which may be tmpfs: the cache must
-/// live on a real disk file system).
-pub fn tmp() -> tempfile::TempDir {
-    std::fs::create_dir_all("/var/tmp/hoardfs-tests").unwrap();
-    tempfile::tempdir_in("/var/tmp/hoardfs-tests").unwrap()
 }
 
 /// The state directory every test server uses, so that a server restarted on the same
@@ -187,6 +194,11 @@ impl Server {
             .expect("connect for counters")
             .counters()
             .expect("counters")
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
     }
 
     /// `kill -9` the server.
@@ -382,9 +394,28 @@ impl Server {
 
     /// Serves `dir` on `addr` with its identity (and tokens) in `state`.
     pub fn start_in(dir: &Path, addr: &str, state: &Path, args: &[&str]) -> Server {
+        Self::start_full(dir, addr, state, args, None)
+    }
+
+    /// Serves `dir` on a fresh port, logging at `info` to the file `log`.
+    pub fn start_logged(dir: &Path, state: &Path, args: &[&str], log: &Path) -> Server {
+        let f = std::fs::File::create(log).unwrap();
+        Self::start_full(dir, "127.0.0.1:0", state, args, Some(f))
+    }
+
+    fn start_full(
+        dir: &Path,
+        addr: &str,
+        state: &Path,
+        args: &[&str],
+        log: Option<std::fs::File>,
+    ) -> Server {
         let mut cmd = serve_cmd_in(dir, addr, state);
         cmd.args(args);
-        let (child, line) = spawn_until_line(cmd, "hoardfs: serving").expect("server starts");
+        if log.is_some() {
+            cmd.env("HOARDFS_LOG", "info");
+        }
+        let (child, line) = spawn_logged(cmd, "hoardfs: serving", log).expect("server starts");
         let (addr, fingerprint) = parse_ready(&line);
         Server {
             child: Some(child),

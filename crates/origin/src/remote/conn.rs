@@ -17,7 +17,7 @@ use std::thread;
 use std::time::Duration;
 
 use hoardfs_proto::frame::{self, Limits};
-use hoardfs_proto::{Break, Op, Reply, Request, ServerMessage};
+use hoardfs_proto::{Break, Op, PING_INTERVAL, Reply, Request, ServerMessage};
 use parking_lot::Mutex;
 
 use super::tls::{self, TlsRead, TlsWrite};
@@ -45,6 +45,8 @@ struct Shared {
     alive: AtomicBool,
     /// Reply frames received so far (a sign of life).
     frames_rx: AtomicU64,
+    /// Request frames sent so far (the pinger stays quiet while this moves).
+    frames_tx: AtomicU64,
     /// Peer address, for messages.
     peer: SocketAddr,
     /// Receiver of callback breaks (and of `Break::All` when this connection dies).
@@ -125,7 +127,9 @@ impl Read for Reader {
 
 /// A live (or dead) connection; see the module docs.
 pub(crate) struct Conn {
-    writer: Mutex<Writer>,
+    writer: Arc<Mutex<Writer>>,
+    /// Dropped with the connection, which stops its pinger thread.
+    _stop_pinger: mpsc::SyncSender<()>,
     /// Another handle on the socket, to shut it down without waiting for the writer lock.
     ctl: TcpStream,
     shared: Arc<Shared>,
@@ -166,6 +170,7 @@ impl Conn {
             pending: Mutex::new(Some(HashMap::new())),
             alive: AtomicBool::new(true),
             frames_rx: AtomicU64::new(0),
+            frames_tx: AtomicU64::new(0),
             peer: addr,
             sink,
         });
@@ -174,8 +179,16 @@ impl Conn {
             .name(format!("hoardfs-rx-{addr}"))
             .spawn(move || reader_loop(reader, s))
             .map_err(io)?;
+        let writer = Arc::new(Mutex::new(writer));
+        let (stop_pinger, stopped) = mpsc::sync_channel(0);
+        let (w, s) = (Arc::downgrade(&writer), Arc::clone(&shared));
+        thread::Builder::new()
+            .name(format!("hoardfs-ping-{addr}"))
+            .spawn(move || pinger(w, s, stopped))
+            .map_err(io)?;
         Ok(Conn {
-            writer: Mutex::new(writer),
+            writer,
+            _stop_pinger: stop_pinger,
             ctl,
             shared,
         })
@@ -221,6 +234,7 @@ impl Conn {
             let mut w = self.writer.lock();
             frame::write_frame(&mut *w, &body, data).and_then(|()| w.flush())
         };
+        self.shared.frames_tx.fetch_add(1, Ordering::SeqCst);
         if let Err(e) = written {
             self.forget(id);
             self.kill(&format!("write failed: {e}"));
@@ -261,6 +275,41 @@ impl Drop for Conn {
         // Unblocks the reader thread, which then exits.
         let _ = self.ctl.shutdown(Shutdown::Both);
         self.shared.kill("connection closed");
+    }
+}
+
+/// Ids of pings: no caller waits for their replies, which the reader drops.
+const PING_ID_BASE: u64 = 1 << 63;
+
+/// Sends a `Ping` whenever the connection was quiet for [`PING_INTERVAL`], so the server
+/// (which closes connections silent for its idle timeout) keeps an idle mount's
+/// connection, and its callbacks. Stops when the connection is dropped or dies.
+fn pinger(writer: std::sync::Weak<Mutex<Writer>>, shared: Arc<Shared>, stop: mpsc::Receiver<()>) {
+    let mut seen = shared.frames_tx.load(Ordering::SeqCst);
+    let mut n = 0u64;
+    while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(PING_INTERVAL) {
+        if !shared.alive.load(Ordering::SeqCst) {
+            return;
+        }
+        let now = shared.frames_tx.load(Ordering::SeqCst);
+        if now != seen {
+            seen = now;
+            continue;
+        }
+        let Some(w) = writer.upgrade() else { return };
+        n += 1;
+        let body = frame::encode_body(&Request {
+            id: PING_ID_BASE + n,
+            op: Op::Ping,
+        });
+        let sent = {
+            let mut w = w.lock();
+            frame::write_frame(&mut *w, &body, &[]).and_then(|()| w.flush())
+        };
+        if let Err(e) = sent {
+            shared.kill(&format!("ping failed: {e}"));
+            return;
+        }
     }
 }
 

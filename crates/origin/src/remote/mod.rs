@@ -533,6 +533,10 @@ fn handshake(
             OriginError::Fs(WireError::TlsRequired) => OriginError::Security(format!(
                 "{addr} accepts only TLS connections: drop --insecure-plaintext"
             )),
+            OriginError::Fs(WireError::Busy) => OriginError::Unreachable(format!(
+                "{addr} is serving as many clients as it allows (its --max-connections); \
+                 try again later"
+            )),
             OriginError::Unreachable(_) if security.tls.is_none() => OriginError::Unreachable(
                 format!("{addr} closed the connection at the handshake (a TLS server? drop --insecure-plaintext)"),
             ),

@@ -1,0 +1,321 @@
+//! Clients that misbehave on purpose, against a real `hoardfs serve` over TLS: one that
+//! never reads its replies, a crowd of idle connections, a credential guesser, and a
+//! client whose credential is revoked. Each costs the server bounded resources and none
+//! keeps an honest client out.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use hoardfs_origin::Origin;
+use hoardfs_origin::remote::{ClientTls, RemoteOptions, RemoteOrigin, Security, Trust};
+use hoardfs_proto::frame;
+use hoardfs_proto::{Op, PROTOCOL_VERSION, Request};
+use hoardfs_tls::rustls;
+
+/// A TLS session to `srv` as a raw protocol client.
+fn raw_session(srv: &Server) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let tls = ClientTls::new(Trust::Pinned(srv.fingerprint.unwrap())).unwrap();
+    let conn =
+        rustls::ClientConnection::new(tls.config(), ClientTls::server_name(&srv.addr)).unwrap();
+    let sock = TcpStream::connect(&srv.addr).unwrap();
+    rustls::StreamOwned::new(conn, sock)
+}
+
+fn send(s: &mut impl Write, id: u64, op: Op) -> std::io::Result<()> {
+    frame::write_frame(s, &frame::encode_body(&Request { id, op }), &[])
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A client pipelines thousands of 8 MiB reads and never reads a reply: the server stops
+/// serving it once its 32 MiB budget is spent, its memory stays bounded, a mounted client
+/// keeps reading, and the stalled connection is closed after the idle timeout.
+#[test]
+fn a_client_that_never_reads_replies_costs_bounded_memory() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    std::fs::write(exp.join("big"), bytes(5, 64 << 20)).unwrap();
+    std::fs::write(exp.join("other"), bytes(6, 4 << 20)).unwrap();
+    let srv = Server::start_args(&exp, &["--idle-timeout", "4"]);
+    let base = rss_kib(srv.pid());
+    let honest = srv.client();
+    let reads_before = srv.counters().reads;
+    let root = honest.info().unwrap().root.handle;
+    let big = honest.lookup(root, b"big").unwrap().handle;
+
+    let mut s = raw_session(&srv);
+    s.sock
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    send(
+        &mut s,
+        0,
+        Op::Hello {
+            version: PROTOCOL_VERSION,
+            token: Vec::new(),
+        },
+    )
+    .unwrap();
+    let mut sent = 0u64;
+    for i in 1..=10_000u64 {
+        let op = Op::Read {
+            handle: big,
+            offset: (i % 8) << 23,
+            len: 8 << 20,
+        };
+        if send(&mut s, i, op).is_err() {
+            break; // the server stopped reading: back-pressure reached us
+        }
+        sent += 1;
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let peak = rss_kib(srv.pid());
+    eprintln!("pipelined {sent} reads; server RSS {base} KiB -> {peak} KiB");
+    // The requests are small enough to sit in socket buffers; what matters is that the
+    // server answers only as many as its budget allows (32 MiB = 4 reads of 8 MiB) plus
+    // what the socket can hold.
+    let served = srv.counters().reads - reads_before;
+    eprintln!("the server answered {served} of them");
+    assert!(
+        served < 20,
+        "the server answered {served} reads nobody collected"
+    );
+    // Documented bound (doc/SECURITY.md): 32 MiB of reply data per connection, plus
+    // buffers; allow generous slack for the allocator.
+    assert!(
+        peak < base + 96 * 1024,
+        "server RSS grew by {} KiB",
+        peak - base
+    );
+
+    // An honest client is served meanwhile, through a real mount.
+    let m = Mount::start(&srv.addr, &t.path().join("mnt"), &["--no-cache"]).unwrap();
+    assert_eq!(hash_file(&m.p("other")), hash_file(&exp.join("other")));
+    m.unmount();
+
+    // The stalled connection is dropped once its replies made no progress for 4 s: after
+    // that, reading yields what was already in flight and then the end, not the
+    // thousands of replies still asked for.
+    std::thread::sleep(Duration::from_secs(6));
+    s.sock
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut sink = vec![0u8; 1 << 20];
+    let mut drained = 0usize;
+    let closed = loop {
+        match s.sock.read(&mut sink) {
+            Ok(0) => break true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+            Err(_) => break true,
+            Ok(n) => drained += n,
+        }
+        if drained > 200 << 20 {
+            break false;
+        }
+    };
+    eprintln!("drained {drained} bytes after the stall");
+    assert!(closed, "the stalled connection was not closed");
+}
+
+/// 2,000 connections that never say anything do not keep a new client from mounting and
+/// reading within 10 s: the oldest pending handshakes make room for newer ones.
+#[test]
+fn idle_connections_do_not_lock_out_a_new_client() {
+    require_fuse();
+    raise_nofile();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    std::fs::write(exp.join("f"), b"still here").unwrap();
+    let srv = Server::start(&exp);
+    let idle: Vec<TcpStream> = (0..2000)
+        .map(|_| TcpStream::connect(&srv.addr).expect("connect"))
+        .collect();
+    let started = Instant::now();
+    let m = Mount::start(&srv.addr, &t.path().join("mnt"), &["--no-cache"]).unwrap();
+    assert_eq!(std::fs::read(m.p("f")).unwrap(), b"still here");
+    let took = started.elapsed();
+    eprintln!("mounted and read behind 2000 idle connections in {took:?}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    m.unmount();
+    drop(idle);
+}
+
+/// Runs `hoardfs token ARGS --state-dir STATE`, which must succeed; returns its stdout.
+fn token(state: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(bin())
+        .arg("token")
+        .args(args)
+        .arg("--state-dir")
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn raise_nofile() {
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+    }
+}
+
+/// Wrong credentials: the first few are answered at once, then each waits longer; every
+/// one is refused; the log names the address and the claimed credential but does not
+/// grow by a line per attempt; an honest client still gets in at once.
+#[test]
+fn wrong_credentials_are_slowed_and_logged() {
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    let state = t.path().join("state");
+    let good = token(&state, &["add", "honest"]).trim().to_string();
+    let log = t.path().join("server.log");
+    let srv = Server::start_logged(&exp, &state, &[], &log);
+    let tls = ClientTls::new(Trust::Pinned(srv.fingerprint.unwrap())).unwrap();
+    let opts = RemoteOptions {
+        connect_timeout: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let attempt = |token: &str| {
+        let started = Instant::now();
+        let r = RemoteOrigin::connect(
+            &srv.addr,
+            Security::tls(token.as_bytes().to_vec(), tls.clone()),
+            opts,
+        );
+        (r.map(|_| ()), started.elapsed())
+    };
+    let mut times = Vec::new();
+    for i in 0..9 {
+        let (r, took) = attempt(&format!("hoardfs1.mallory.guess{i}"));
+        assert!(
+            matches!(
+                r,
+                Err(hoardfs_origin::OriginError::Fs(
+                    hoardfs_origin::WireError::AuthFailed
+                ))
+            ),
+            "attempt {i}: {r:?}"
+        );
+        times.push(took);
+    }
+    eprintln!("refusal times: {times:?}");
+    assert!(
+        times[..5].iter().all(|t| *t < Duration::from_millis(500)),
+        "{times:?}"
+    );
+    // 6th: 100 ms, 7th: 200 ms, 8th: 400 ms, 9th: 800 ms.
+    assert!(times[8] >= Duration::from_millis(800), "{times:?}");
+    // Many more, in parallel: none gets in, and the log stays short.
+    let tls2 = tls.clone();
+    let addr = srv.addr.clone();
+    let threads: Vec<_> = (0..40)
+        .map(|i| {
+            let (tls, addr) = (tls2.clone(), addr.clone());
+            std::thread::spawn(move || {
+                RemoteOrigin::connect(
+                    &addr,
+                    Security::tls(format!("wrong-{i}").into_bytes(), tls),
+                    opts,
+                )
+                .is_err()
+            })
+        })
+        .collect();
+    // The honest client is not slowed by someone else's failures (nor by its address's).
+    let (r, took) = attempt(&good);
+    assert!(r.is_ok(), "{r:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(
+        threads.into_iter().all(|h| h.join().unwrap()),
+        "a wrong token got in"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let refusals = text.matches("refused a credential").count();
+    assert!(text.contains("mallory"), "the claimed name is not logged");
+    assert!(text.contains("127.0.0.1"), "the address is not logged");
+    assert!(
+        (5..20).contains(&refusals),
+        "{refusals} log lines for 49 refusals"
+    );
+    assert!(
+        text.contains("credential=honest") || text.contains("honest"),
+        "{text}"
+    );
+}
+
+/// Revoking a name closes its clients' connections at once and keeps them out.
+#[test]
+fn a_revoked_token_loses_its_connection_and_cannot_reconnect() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    std::fs::write(exp.join("f"), b"data").unwrap();
+    let state = t.path().join("state");
+    let token_file = t.path().join("laptop.token");
+    token(
+        &state,
+        &["add", "laptop", "--output", token_file.to_str().unwrap()],
+    );
+    assert!(token(&state, &["list"]).contains("laptop"));
+    let srv = Server::start_in(&exp, "127.0.0.1:0", &state, &[]);
+    let tf = token_file.to_str().unwrap();
+    let mnt = t.path().join("mnt");
+    let m = Mount::start(&srv.addr, &mnt, &["--no-cache", "--token-file", tf]).unwrap();
+    assert_eq!(std::fs::read(m.p("f")).unwrap(), b"data");
+    let client = RemoteOrigin::connect(
+        &srv.addr,
+        Security::tls(
+            std::fs::read_to_string(&token_file)
+                .unwrap()
+                .trim()
+                .as_bytes()
+                .to_vec(),
+            ClientTls::new(Trust::Pinned(srv.fingerprint.unwrap())).unwrap(),
+        ),
+        RemoteOptions::default(),
+    )
+    .unwrap();
+    let client = Arc::new(client);
+    assert!(client.is_connected());
+    token(&state, &["revoke", "laptop"]);
+    assert_soon("the revoked connection closes", || {
+        if client.is_connected() {
+            Err("still connected".into())
+        } else {
+            Ok(())
+        }
+    });
+    // The mount's next request must reconnect, and is refused.
+    std::fs::write(exp.join("g"), b"new").unwrap();
+    assert!(
+        std::fs::read(m.p("g")).is_err(),
+        "a revoked client read a new file"
+    );
+    m.unmount();
+    let err = Mount::start(&srv.addr, &mnt, &["--no-cache", "--token-file", tf])
+        .err()
+        .expect("a revoked token must not mount");
+    assert!(err.contains("refused our credential"), "{err}");
+}

@@ -1,0 +1,308 @@
+//! Who gets in and how much they may hold: the server's resource bounds.
+//!
+//! - **Handshakes**: at most `max_handshakes` connections may be between accept and an
+//!   accepted `Hello` (TLS handshake included). A new one beyond that evicts the oldest,
+//!   so a flood of idle sockets delays nobody for long (as sshd's MaxStartups drops).
+//! - **Connections**: at most `max_connections` authenticated at once; one more is told
+//!   `Busy` and closed.
+//! - **Memory**: every request's data (write payloads, read lengths) is charged, in
+//!   [`UNIT`]s, to its connection's budget and to the server's; the charge is released
+//!   when the reply has been *written* to the socket. A client that stops reading replies
+//!   therefore stops being served once its budget is spent: it costs bounded memory, and
+//!   others keep working.
+//! - **Failed credentials**: counted per source address ([`Failures`]); past a few, each
+//!   further attempt waits longer before it is answered, and log lines are thinned.
+//!
+//! Locks: each mutex here is a leaf, held for a few map operations and never across an
+//! await.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+/// Granularity of the memory budgets.
+pub(crate) const UNIT: usize = 64 << 10;
+
+/// The admission state of one server.
+pub(crate) struct Admission {
+    handshakes: Mutex<VecDeque<(u64, Arc<Notify>)>>,
+    max_handshakes: usize,
+    next_ticket: AtomicU64,
+    connections: Arc<Semaphore>,
+    /// Budget units of the whole server.
+    memory: Arc<Semaphore>,
+    /// Budget units of one connection.
+    pub(crate) per_conn_units: usize,
+    pub(crate) failures: Failures,
+    pub(crate) sessions: Sessions,
+}
+
+impl Admission {
+    pub(crate) fn new(cfg: &crate::ServerConfig) -> Admission {
+        let units = |bytes: usize| bytes.div_ceil(UNIT).max(1);
+        // One request must always fit (a read of up to MAX_READ_LEN).
+        let min = units(hoardfs_proto::MAX_READ_LEN.max(hoardfs_proto::MAX_WRITE_LEN) as usize);
+        let per_conn = units(cfg.memory_per_conn).max(min);
+        Admission {
+            handshakes: Mutex::new(VecDeque::new()),
+            max_handshakes: cfg.max_handshakes.max(1),
+            next_ticket: AtomicU64::new(0),
+            connections: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
+            memory: Arc::new(Semaphore::new(units(cfg.memory_total).max(per_conn))),
+            per_conn_units: per_conn,
+            failures: Failures::default(),
+            sessions: Sessions::default(),
+        }
+    }
+
+    /// Registers a connection in its handshake; the oldest one is evicted (its ticket's
+    /// `evicted` fires) if there are too many.
+    pub(crate) fn begin_handshake(self: &Arc<Self>) -> HandshakeTicket {
+        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let evicted = Arc::new(Notify::new());
+        let mut q = self.handshakes.lock();
+        while q.len() >= self.max_handshakes {
+            if let Some((_, oldest)) = q.pop_front() {
+                oldest.notify_one();
+            }
+        }
+        q.push_back((id, Arc::clone(&evicted)));
+        HandshakeTicket {
+            id,
+            evicted,
+            admission: Arc::clone(self),
+        }
+    }
+
+    /// A slot for one authenticated connection, if any is free.
+    pub(crate) fn admit(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.connections).try_acquire_owned().ok()
+    }
+
+    /// Charges `units` to the server's budget, waiting until they are free.
+    pub(crate) async fn charge(&self, units: u32) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.memory)
+            .acquire_many_owned(units)
+            .await
+            .ok()
+    }
+}
+
+/// A connection's place among the handshakes; leaves the queue when dropped.
+pub(crate) struct HandshakeTicket {
+    id: u64,
+    /// Fires when this handshake was evicted to make room for a newer one.
+    pub(crate) evicted: Arc<Notify>,
+    admission: Arc<Admission>,
+}
+
+impl Drop for HandshakeTicket {
+    fn drop(&mut self) {
+        self.admission
+            .handshakes
+            .lock()
+            .retain(|(id, _)| *id != self.id);
+    }
+}
+
+/// Authenticated connections by credential name, so that revoking a name closes them.
+#[derive(Default)]
+pub(crate) struct Sessions {
+    live: Mutex<HashMap<u64, (String, Arc<Notify>)>>,
+    next: AtomicU64,
+}
+
+impl Admission {
+    /// Registers a connection authenticated as `name`; the notify fires on revocation,
+    /// and the session is forgotten when the guard is dropped.
+    pub(crate) fn register_session(self: &Arc<Self>, name: String) -> (Arc<Notify>, SessionGuard) {
+        let id = self.sessions.next.fetch_add(1, Ordering::Relaxed);
+        let n = Arc::new(Notify::new());
+        self.sessions.live.lock().insert(id, (name, Arc::clone(&n)));
+        (
+            n,
+            SessionGuard {
+                id,
+                admission: Arc::clone(self),
+            },
+        )
+    }
+}
+
+impl Sessions {
+    /// Ends the sessions of `names`; returns how many.
+    pub(crate) fn revoke(&self, names: &[String]) -> usize {
+        let live = self.live.lock();
+        let mut n = 0;
+        for (name, notify) in live.values() {
+            if names.contains(name) {
+                notify.notify_one();
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// A registered session; forgotten when dropped (its connection ended).
+pub(crate) struct SessionGuard {
+    id: u64,
+    admission: Arc<Admission>,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.admission.sessions.live.lock().remove(&self.id);
+    }
+}
+
+/// Units a request's data costs (at least one, so that every reply in the queue counts).
+pub(crate) fn units_for(bytes: usize) -> u32 {
+    bytes.div_ceil(UNIT).max(1) as u32
+}
+
+/// Failed credential attempts by source address.
+#[derive(Default)]
+pub(crate) struct Failures {
+    by_addr: Mutex<HashMap<IpAddr, Record>>,
+}
+
+#[derive(Clone, Copy)]
+struct Record {
+    count: u32,
+    since: Instant,
+}
+
+/// Failures of one address forgotten after this long without another.
+const FAILURE_WINDOW: Duration = Duration::from_secs(600);
+/// Failures answered at once; beyond them each waits longer.
+const FREE_FAILURES: u32 = 5;
+/// Longest wait before a refusal is sent.
+const MAX_DELAY: Duration = Duration::from_secs(10);
+/// Addresses remembered at most (the oldest are forgotten first).
+const MAX_ADDRS: usize = 65_536;
+
+/// What to do about one failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// Failures of this address within the window, this one included.
+    pub(crate) count: u32,
+    /// Wait this long before answering.
+    pub(crate) delay: Duration,
+    /// Whether to log this one (the first few, then every 100th).
+    pub(crate) log: bool,
+}
+
+impl Failures {
+    /// Records a failure from `addr` and says how to answer it.
+    pub(crate) fn record(&self, addr: IpAddr, now: Instant) -> Verdict {
+        let mut map = self.by_addr.lock();
+        if map.len() >= MAX_ADDRS && !map.contains_key(&addr) {
+            map.retain(|_, r| now.duration_since(r.since) < FAILURE_WINDOW);
+            if map.len() >= MAX_ADDRS
+                && let Some(oldest) = map.iter().min_by_key(|(_, r)| r.since).map(|(a, _)| *a)
+            {
+                map.remove(&oldest);
+            }
+        }
+        let r = map.entry(addr).or_insert(Record {
+            count: 0,
+            since: now,
+        });
+        if now.duration_since(r.since) >= FAILURE_WINDOW {
+            *r = Record {
+                count: 0,
+                since: now,
+            };
+        }
+        r.count = r.count.saturating_add(1);
+        r.since = now;
+        let over = r.count.saturating_sub(FREE_FAILURES);
+        let delay = if over == 0 {
+            Duration::ZERO
+        } else {
+            (Duration::from_millis(100) * 2u32.saturating_pow(over.min(10) - 1)).min(MAX_DELAY)
+        };
+        Verdict {
+            count: r.count,
+            delay,
+            log: r.count <= FREE_FAILURES || r.count.is_multiple_of(100),
+        }
+    }
+
+    /// Forgets an address's failures (after it authenticated).
+    pub(crate) fn clear(&self, addr: IpAddr) {
+        self.by_addr.lock().remove(&addr);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_slow_down_past_the_free_ones_and_reset_after_the_window() {
+        let f = Failures::default();
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let t0 = Instant::now();
+        for i in 1..=FREE_FAILURES {
+            let v = f.record(a, t0);
+            assert_eq!((v.count, v.delay, v.log), (i, Duration::ZERO, true));
+        }
+        let v = f.record(a, t0);
+        assert_eq!(v.delay, Duration::from_millis(100));
+        assert!(!v.log);
+        let v = f.record(a, t0);
+        assert_eq!(v.delay, Duration::from_millis(200));
+        for _ in 0..50 {
+            f.record(a, t0);
+        }
+        assert_eq!(f.record(a, t0).delay, MAX_DELAY);
+        // Another address is not slowed by the first one's failures.
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        assert_eq!(f.record(b, t0).delay, Duration::ZERO);
+        // After a quiet window, the count starts over.
+        let later = t0 + FAILURE_WINDOW + Duration::from_secs(1);
+        assert_eq!(f.record(a, later).count, 1);
+        f.clear(b);
+        assert_eq!(f.record(b, later).count, 1);
+    }
+
+    #[tokio::test]
+    async fn the_oldest_handshake_is_evicted_beyond_the_limit() {
+        let cfg = crate::ServerConfig {
+            max_handshakes: 2,
+            ..Default::default()
+        };
+        let adm = Arc::new(Admission::new(&cfg));
+        let a = adm.begin_handshake();
+        let b = adm.begin_handshake();
+        let evicted = a.evicted.notified();
+        let _c = adm.begin_handshake();
+        tokio::time::timeout(Duration::from_secs(1), evicted)
+            .await
+            .expect("the oldest handshake is told to go");
+        drop(a);
+        drop(b);
+        assert_eq!(adm.handshakes.lock().len(), 1);
+    }
+
+    #[test]
+    fn connections_beyond_the_limit_are_not_admitted() {
+        let cfg = crate::ServerConfig {
+            max_connections: 2,
+            ..Default::default()
+        };
+        let adm = Admission::new(&cfg);
+        let x = adm.admit().unwrap();
+        let _y = adm.admit().unwrap();
+        assert!(adm.admit().is_none());
+        drop(x);
+        assert!(adm.admit().is_some());
+    }
+}

@@ -1,0 +1,367 @@
+//! Client credentials: named, revocable tokens kept hashed in the state directory
+//! (`STATE/tokens`), and optionally one shared token (`--token-file`).
+//!
+//! A token is `hoardfs1.NAME.SECRET` (SECRET: 32 random bytes, base64url). The file keeps,
+//! per line, `NAME SHA256(token) CREATED`, never the token itself, so reading the file
+//! does not let anyone connect. `hoardfs token add|list|revoke` edit it; a running server
+//! notices a change (checked at every handshake and every second) and closes the
+//! connections of revoked names.
+//!
+//! Authentication is required as soon as a shared token is configured or the tokens file
+//! exists, even empty: revoking the last name locks everybody out rather than opening the
+//! server.
+//!
+//! Lock: one mutex, a leaf, held for a stat and (on change) a small file read.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use parking_lot::Mutex;
+
+/// Name of the tokens file in the state directory.
+pub const TOKENS_FILE: &str = "tokens";
+/// Prefix of every named token.
+const PREFIX: &str = "hoardfs1.";
+/// The name the shared `--token-file` credential is logged as.
+pub const SHARED_NAME: &str = "(shared token)";
+
+/// What a presented token is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    /// No credential is required.
+    Open,
+    /// A valid credential with this name.
+    Accepted(String),
+    /// Not valid; the name it claimed, if it had the form of a named token.
+    Refused(Option<String>),
+}
+
+/// The credentials a server accepts.
+#[derive(Debug)]
+pub struct Credentials {
+    shared: Option<Vec<u8>>,
+    file: Option<PathBuf>,
+    loaded: Mutex<Loaded>,
+}
+
+#[derive(Debug, Default)]
+struct Loaded {
+    /// (inode, size, mtime ns) of the file as last read; `None`: absent.
+    stamp: Option<(u64, u64, i128)>,
+    /// Name → SHA-256 of its token.
+    hashes: HashMap<String, [u8; 32]>,
+}
+
+impl Credentials {
+    /// Accepts `shared` (if any) and the named tokens of `STATE/tokens` (if the state
+    /// directory is given).
+    pub fn new(shared: Option<Vec<u8>>, state_dir: Option<&Path>) -> io::Result<Credentials> {
+        let c = Credentials {
+            shared,
+            file: state_dir.map(|d| d.join(TOKENS_FILE)),
+            loaded: Mutex::new(Loaded::default()),
+        };
+        c.refresh()?;
+        Ok(c)
+    }
+
+    /// Whether any credential is required.
+    pub fn required(&self) -> bool {
+        self.shared.is_some() || self.loaded.lock().stamp.is_some()
+    }
+
+    /// Rereads the tokens file if it changed; returns the names that disappeared.
+    pub fn refresh(&self) -> io::Result<Vec<String>> {
+        let Some(path) = &self.file else {
+            return Ok(Vec::new());
+        };
+        let stamp = match fs::metadata(path) {
+            Ok(m) => Some((
+                m.ino(),
+                m.size(),
+                m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+            )),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        let mut l = self.loaded.lock();
+        if l.stamp == stamp && stamp.is_some() {
+            return Ok(Vec::new());
+        }
+        let hashes = match stamp {
+            Some(_) => parse(&fs::read_to_string(path)?),
+            None => HashMap::new(),
+        };
+        let gone = l
+            .hashes
+            .keys()
+            .filter(|n| !hashes.contains_key(*n))
+            .cloned()
+            .collect();
+        *l = Loaded { stamp, hashes };
+        Ok(gone)
+    }
+
+    /// Checks a presented token.
+    pub fn check(&self, token: &[u8]) -> Check {
+        if let Err(e) = self.refresh() {
+            tracing::warn!("cannot read the tokens file: {e}; keeping the tokens read before");
+        }
+        if !self.required() {
+            return Check::Open;
+        }
+        if let Some(shared) = &self.shared
+            && constant_time_eq(shared, token)
+        {
+            return Check::Accepted(SHARED_NAME.to_owned());
+        }
+        let Some(name) = token_name(token) else {
+            return Check::Refused(None);
+        };
+        let hash = sha256(token);
+        match self.loaded.lock().hashes.get(name) {
+            Some(h) if constant_time_eq(h, &hash) => Check::Accepted(name.to_owned()),
+            _ => Check::Refused(Some(name.to_owned())),
+        }
+    }
+}
+
+/// The NAME of a `hoardfs1.NAME.SECRET` token.
+fn token_name(token: &[u8]) -> Option<&str> {
+    let s = std::str::from_utf8(token).ok()?.strip_prefix(PREFIX)?;
+    let (name, _) = s.split_once('.')?;
+    valid_name(name).then_some(name)
+}
+
+/// Names are 1–64 of `A-Z a-z 0-9 _ -`: safe in logs, file lines and tokens.
+pub fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn parse(text: &str) -> HashMap<String, [u8; 32]> {
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(name), Some(hex)) = (f.next(), f.next()) else {
+            continue;
+        };
+        if let Some(h) = from_hex(hex)
+            && valid_name(name)
+        {
+            out.insert(name.to_owned(), h);
+        }
+    }
+    out
+}
+
+fn sha256(b: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, b);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+fn to_hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn from_hex(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Compares secrets without an early exit on the first differing byte.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// One line of `hoardfs token list`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenInfo {
+    /// Its name.
+    pub name: String,
+    /// When it was added (seconds since the Unix epoch).
+    pub created: u64,
+}
+
+/// Editing the tokens file (the `hoardfs token` commands).
+pub mod admin {
+    use super::*;
+
+    fn path(state_dir: &Path) -> PathBuf {
+        state_dir.join(TOKENS_FILE)
+    }
+
+    fn lines(state_dir: &Path) -> io::Result<Vec<String>> {
+        match fs::read_to_string(path(state_dir)) {
+            Ok(t) => Ok(t.lines().map(str::to_owned).collect()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn write(state_dir: &Path, lines: &[String]) -> io::Result<()> {
+        let tmp = state_dir.join(format!(".{TOKENS_FILE}.{}.tmp", std::process::id()));
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        for l in lines {
+            writeln!(f, "{l}")?;
+        }
+        f.sync_all()?;
+        fs::rename(&tmp, path(state_dir))
+    }
+
+    /// Adds a credential named `name` and returns its token (shown once; only its hash is
+    /// kept).
+    pub fn add(state_dir: &Path, name: &str) -> Result<String, String> {
+        if !valid_name(name) {
+            return Err(format!(
+                "invalid token name {name:?}: use 1 to 64 letters, digits, '_' or '-'"
+            ));
+        }
+        hoardfs_tls::create_private_dir(state_dir).map_err(|e| e.to_string())?;
+        let mut ls = lines(state_dir).map_err(|e| e.to_string())?;
+        if ls.iter().any(|l| l.split_whitespace().next() == Some(name)) {
+            return Err(format!(
+                "a token named {name} exists already: revoke it first, or pick another name"
+            ));
+        }
+        let mut secret = [0u8; 32];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
+            .map_err(|_| "the system random number generator failed".to_owned())?;
+        let token = format!("{PREFIX}{name}.{}", URL_SAFE_NO_PAD.encode(secret));
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        ls.push(format!(
+            "{name} {} {created}",
+            to_hex(&sha256(token.as_bytes()))
+        ));
+        write(state_dir, &ls).map_err(|e| e.to_string())?;
+        Ok(token)
+    }
+
+    /// The credentials in the file.
+    pub fn list(state_dir: &Path) -> Result<Vec<TokenInfo>, String> {
+        Ok(lines(state_dir)
+            .map_err(|e| e.to_string())?
+            .iter()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let name = f.next()?.to_owned();
+                let _hash = f.next()?;
+                let created = f.next().and_then(|c| c.parse().ok()).unwrap_or(0);
+                Some(TokenInfo { name, created })
+            })
+            .collect())
+    }
+
+    /// Removes the credential `name`; running servers close its connections.
+    pub fn revoke(state_dir: &Path, name: &str) -> Result<(), String> {
+        let ls = lines(state_dir).map_err(|e| e.to_string())?;
+        let kept: Vec<String> = ls
+            .iter()
+            .filter(|l| l.split_whitespace().next() != Some(name))
+            .cloned()
+            .collect();
+        if kept.len() == ls.len() {
+            return Err(format!("no token named {name} (see `hoardfs token list`)"));
+        }
+        write(state_dir, &kept).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_tokens_are_checked_by_hash_and_revocation_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path();
+        let c = Credentials::new(None, Some(state)).unwrap();
+        assert!(!c.required());
+        assert_eq!(c.check(b"anything"), Check::Open);
+        let alice = admin::add(state, "alice").unwrap();
+        let bob = admin::add(state, "bob").unwrap();
+        assert!(admin::add(state, "alice").is_err());
+        assert!(admin::add(state, "bad name").is_err());
+        // The file holds hashes, never the tokens.
+        let text = fs::read_to_string(state.join(TOKENS_FILE)).unwrap();
+        assert!(!text.contains(&alice[PREFIX.len() + 6..]));
+        assert_eq!(c.check(alice.as_bytes()), Check::Accepted("alice".into()));
+        assert_eq!(c.check(bob.as_bytes()), Check::Accepted("bob".into()));
+        let forged = format!("{}x", &alice[..alice.len() - 1]);
+        assert_eq!(
+            c.check(forged.as_bytes()),
+            Check::Refused(Some("alice".into()))
+        );
+        assert_eq!(c.check(b"junk"), Check::Refused(None));
+        let names: Vec<_> = admin::list(state)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(names, ["alice", "bob"]);
+        admin::revoke(state, "alice").unwrap();
+        assert!(admin::revoke(state, "alice").is_err());
+        assert_eq!(
+            c.check(alice.as_bytes()),
+            Check::Refused(Some("alice".into()))
+        );
+        assert_eq!(c.check(bob.as_bytes()), Check::Accepted("bob".into()));
+        // Revoking everybody locks everybody out; it does not open the server.
+        admin::revoke(state, "bob").unwrap();
+        assert!(c.required());
+        assert_eq!(c.check(bob.as_bytes()), Check::Refused(Some("bob".into())));
+    }
+
+    #[test]
+    fn refresh_reports_the_names_that_went_away() {
+        let dir = tempfile::tempdir().unwrap();
+        admin::add(dir.path(), "a").unwrap();
+        admin::add(dir.path(), "b").unwrap();
+        let c = Credentials::new(None, Some(dir.path())).unwrap();
+        assert!(c.refresh().unwrap().is_empty());
+        admin::revoke(dir.path(), "a").unwrap();
+        assert_eq!(c.refresh().unwrap(), ["a"]);
+    }
+
+    #[test]
+    fn the_shared_token_works_alongside() {
+        let c = Credentials::new(Some(b"s3cret".to_vec()), None).unwrap();
+        assert!(c.required());
+        assert_eq!(c.check(b"s3cret"), Check::Accepted(SHARED_NAME.into()));
+        assert_eq!(c.check(b"s3cre"), Check::Refused(None));
+    }
+
+    #[test]
+    fn token_compare() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}
