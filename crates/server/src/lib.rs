@@ -12,6 +12,9 @@
 mod callbacks;
 mod conn;
 mod handle;
+mod idmap;
+
+pub use idmap::{ANON_ID, IdMapping, Squash};
 
 use std::future::Future;
 use std::io;
@@ -35,6 +38,9 @@ pub struct ServerConfig {
     pub token: Option<Vec<u8>>,
     /// Announce the export as read-only (it is also read-only if the origin says so).
     pub read_only: bool,
+    /// Which client uids, gids, set-id bits and device nodes the server accepts (default:
+    /// root squash to 65534/65534, set-id bits dropped, devices refused).
+    pub id_map: IdMapping,
     /// Requests of one connection that may run at the same time; further requests wait
     /// unread in the socket (back-pressure on that client only).
     pub max_in_flight_per_conn: usize,
@@ -66,6 +72,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, DEFAULT_PORT)),
             token: None,
             read_only: false,
+            id_map: IdMapping::default(),
             max_in_flight_per_conn: 64,
             zero_copy: Some(ZERO_COPY_QUIET),
         }
