@@ -47,9 +47,9 @@ pub enum Squash {
 pub struct IdMapping {
     /// Which ids are squashed.
     pub squash: Squash,
-    /// The uid squashed uids become.
+    /// The uid squashed uids become (not `u32::MAX`, which no object can be given).
     pub anon_uid: u32,
-    /// The gid squashed gids become.
+    /// The gid squashed gids become (not `u32::MAX`).
     pub anon_gid: u32,
     /// Keep set-user-id and set-group-id bits clients ask for.
     pub allow_setid: bool,
@@ -101,12 +101,17 @@ impl IdMapping {
         }
     }
 
-    /// The owner a new object gets for the client's `owner`.
-    pub fn owner(&self, owner: Owner) -> Owner {
-        Owner {
+    /// The owner a new object gets for the client's `owner`; `Invalid` if that would be
+    /// `u32::MAX` (an anonymous id of `u32::MAX` would leave the object the server's).
+    pub fn owner(&self, owner: Owner) -> Result<Owner, WireError> {
+        let mapped = Owner {
             uid: self.uid(owner.uid),
             gid: self.gid(owner.gid),
+        };
+        if mapped.uid == NO_ID || mapped.gid == NO_ID {
+            return Err(WireError::Invalid);
         }
+        Ok(mapped)
     }
 
     /// The mode applied for a client's `mode` (type bits, if any, untouched): without
@@ -168,7 +173,7 @@ impl IdMapping {
                 name,
                 mode: self.mode(mode),
                 exclusive,
-                owner: self.owner(owner),
+                owner: self.owner(owner)?,
             },
             Op::MkNod {
                 parent,
@@ -183,7 +188,7 @@ impl IdMapping {
                     name,
                     mode: self.mode(mode),
                     rdev,
-                    owner: self.owner(owner),
+                    owner: self.owner(owner)?,
                 }
             }
             Op::MkDir {
@@ -195,7 +200,7 @@ impl IdMapping {
                 parent,
                 name,
                 mode: self.mode(mode),
-                owner: self.owner(owner),
+                owner: self.owner(owner)?,
             },
             Op::Symlink {
                 parent,
@@ -206,7 +211,7 @@ impl IdMapping {
                 parent,
                 name,
                 target,
-                owner: self.owner(owner),
+                owner: self.owner(owner)?,
             },
             Op::SetAttr { handle, set } => Op::SetAttr {
                 handle,
@@ -239,18 +244,23 @@ mod tests {
         }
     }
 
+    /// The owner `m` gives a new object of `owner`, which must be a valid one.
+    fn mapped(m: IdMapping, owner: Owner) -> Owner {
+        m.owner(owner).expect("a valid owner")
+    }
+
+    const ANON: Owner = Owner { uid: 7, gid: 8 };
+
     #[test]
     fn default_squashes_root_strips_setid_and_refuses_devices() {
         let m = IdMapping::default();
         assert_eq!(m.squash, Squash::Root);
         assert_eq!((m.anon_uid, m.anon_gid), (65534, 65534));
-        assert_eq!(
-            m.owner(ROOT),
-            Owner {
-                uid: 65534,
-                gid: 65534
-            }
-        );
+        let nobody = Owner {
+            uid: 65534,
+            gid: 65534,
+        };
+        assert_eq!(mapped(m, ROOT), nobody);
         assert_eq!(m.mode(0o4755), 0o755);
         assert_eq!(
             m.check_node(libc::S_IFCHR | 0o600),
@@ -263,21 +273,17 @@ mod tests {
         let none = with(Squash::None);
         let root = with(Squash::Root);
         let all = with(Squash::All);
-        assert_eq!(none.owner(ROOT), ROOT);
-        assert_eq!(none.owner(USER), USER);
-        assert_eq!(root.owner(ROOT), Owner { uid: 7, gid: 8 });
-        assert_eq!(root.owner(USER), USER);
+        assert_eq!(mapped(none, ROOT), ROOT);
+        assert_eq!(mapped(none, USER), USER);
+        assert_eq!(mapped(root, ROOT), ANON);
+        assert_eq!(mapped(root, USER), USER);
         // Uid and gid are squashed independently.
-        assert_eq!(
-            root.owner(Owner { uid: 0, gid: 100 }),
-            Owner { uid: 7, gid: 100 }
-        );
-        assert_eq!(
-            root.owner(Owner { uid: 1000, gid: 0 }),
-            Owner { uid: 1000, gid: 8 }
-        );
-        assert_eq!(all.owner(ROOT), Owner { uid: 7, gid: 8 });
-        assert_eq!(all.owner(USER), Owner { uid: 7, gid: 8 });
+        let uid0 = Owner { uid: 0, gid: 100 };
+        assert_eq!(mapped(root, uid0), Owner { uid: 7, gid: 100 });
+        let gid0 = Owner { uid: 1000, gid: 0 };
+        assert_eq!(mapped(root, gid0), Owner { uid: 1000, gid: 8 });
+        assert_eq!(mapped(all, ROOT), ANON);
+        assert_eq!(mapped(all, USER), ANON);
     }
 
     #[test]
@@ -288,8 +294,15 @@ mod tests {
             gid: u32::MAX,
         };
         for squash in [Squash::None, Squash::Root, Squash::All] {
-            assert_eq!(with(squash).owner(minus_one), Owner { uid: 7, gid: 8 });
+            assert_eq!(mapped(with(squash), minus_one), ANON);
         }
+        // Nor can a mapping make it one.
+        let broken = IdMapping {
+            anon_uid: u32::MAX,
+            ..IdMapping::default()
+        };
+        assert_eq!(broken.owner(ROOT), Err(WireError::Invalid));
+        assert_eq!(broken.owner(USER), Ok(USER));
         // In a setattr it asks for no change, and no change is made.
         let set = SetAttrs {
             uid: Some(u32::MAX),
@@ -430,7 +443,7 @@ mod tests {
                 name: name.clone(),
                 mode: 0o755,
                 exclusive: true,
-                owner: Owner { uid: 7, gid: 8 },
+                owner: ANON,
             })
         );
         let mkdir = Op::MkDir {
@@ -462,7 +475,7 @@ mod tests {
                 name: name.clone(),
                 mode: libc::S_IFIFO | 0o644,
                 rdev: 0,
-                owner: Owner { uid: 7, gid: 8 },
+                owner: ANON,
             })
         );
         let null = Op::MkNod {
@@ -485,7 +498,7 @@ mod tests {
                 parent: H,
                 name: name.clone(),
                 target: b"t".to_vec(),
-                owner: Owner { uid: 7, gid: 8 },
+                owner: ANON,
             })
         );
         let chown = Op::SetAttr {
