@@ -30,6 +30,8 @@ pub struct ServeArgs {
     /// Refuse all modifications (EROFS for clients).
     #[arg(long)]
     pub read_only: bool,
+    #[command(flatten)]
+    pub id_map: IdMapArgs,
     /// Allow listening on a non-loopback address without any credential.
     #[arg(long)]
     pub allow_unauthenticated: bool,
@@ -118,6 +120,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     cfg.memory_per_conn = a.conn_memory_mib.max(8) << 20;
     cfg.memory_total = a.max_memory_mib.max(a.conn_memory_mib.max(8)) << 20;
     cfg.read_only = a.read_only;
+    cfg.id_map = a.id_map.mapping();
     if a.no_zero_copy {
         cfg.zero_copy = None;
     }
@@ -188,6 +191,64 @@ impl FdBudget {
             connections: connections_fit,
             open_files: open_fit,
             handles,
+        }
+    }
+}
+
+/// Identity mapping options of `hoardfs serve` (see doc/SEMANTICS.md, "Identity mapping").
+#[derive(Args, Debug)]
+pub struct IdMapArgs {
+    /// Which ids clients send (as owner of a new object, or in a chown) the server records
+    /// as --anon-uid/--anon-gid instead, like NFS root_squash and all_squash.
+    #[arg(long, value_enum, default_value_t = SquashArg::Root)]
+    pub squash: SquashArg,
+    /// The uid recorded instead of a squashed uid (65534 is nobody on most systems).
+    #[arg(long, default_value_t = hoardfs_server::ANON_ID, value_parser = anon_id())]
+    pub anon_uid: u32,
+    /// The gid recorded instead of a squashed gid.
+    #[arg(long, default_value_t = hoardfs_server::ANON_ID, value_parser = anon_id())]
+    pub anon_gid: u32,
+    /// Keep the set-user-id and set-group-id bits clients set (by default they are
+    /// dropped from every mode a client sets or creates with).
+    #[arg(long)]
+    pub allow_setid: bool,
+    /// Let clients create character and block devices (by default EPERM; fifos and
+    /// sockets are always allowed).
+    #[arg(long)]
+    pub allow_devices: bool,
+}
+
+/// Parses an anonymous id: any uid or gid but 4294967295, which chown(2) reads as "no
+/// change" (a new object would stay the server's).
+fn anon_id() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(..i64::from(u32::MAX))
+}
+
+/// Values of `--squash`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SquashArg {
+    /// Record every id as the client sends it.
+    None,
+    /// Record uid 0 and gid 0 as the anonymous ids.
+    Root,
+    /// Record every id as the anonymous ids.
+    All,
+}
+
+impl IdMapArgs {
+    /// The server's mapping.
+    pub fn mapping(&self) -> hoardfs_server::IdMapping {
+        use hoardfs_server::Squash;
+        hoardfs_server::IdMapping {
+            squash: match self.squash {
+                SquashArg::None => Squash::None,
+                SquashArg::Root => Squash::Root,
+                SquashArg::All => Squash::All,
+            },
+            anon_uid: self.anon_uid,
+            anon_gid: self.anon_gid,
+            allow_setid: self.allow_setid,
+            allow_devices: self.allow_devices,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! reply, and register callbacks for the objects the reply tells the client about.
 
 use hoardfs_origin::{Origin, OriginError};
-use hoardfs_proto::{Break, MAX_READ_LEN, Op, Reply, WireError};
+use hoardfs_proto::{Break, Handle, MAX_READ_LEN, Op, Reply, SetAttrs, WireError};
 
 use crate::Shared;
 use crate::callbacks::ConnId;
@@ -46,6 +46,11 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
     if shared.cfg.read_only && modifies(&op) {
         return Outgoing::new(id, Err(WireError::ReadOnly), Vec::new());
     }
+    // Client identities and privileges are mapped before anything reaches the origin.
+    let op = match shared.cfg.id_map.apply(op) {
+        Ok(op) => op,
+        Err(e) => return Outgoing::new(id, Err(e), Vec::new()),
+    };
     let origin = &*shared.origin;
     if let (
         Op::Read {
@@ -225,7 +230,7 @@ fn run(
             new_name,
             flags,
         } => done(origin.rename(parent, &name, new_parent, &new_name, flags)),
-        Op::SetAttr { handle, set } => (origin.setattr(handle, &set).map(Reply::Attr), none()),
+        Op::SetAttr { handle, set } => (setattr(shared, origin, handle, &set), none()),
         Op::Write {
             handle,
             offset,
@@ -252,6 +257,25 @@ fn run(
         Op::RemoveXattr { handle, name } => done(origin.removexattr(handle, &name)),
         Op::Ping => (Ok(Reply::Done), none()),
     }
+}
+
+/// A setattr (already mapped); then, if a change of owner left set-id bits on a regular
+/// file that the mapping does not allow, clears them.
+fn setattr(
+    shared: &Shared,
+    origin: &dyn Origin,
+    handle: Handle,
+    set: &SetAttrs,
+) -> Result<Reply, OriginError> {
+    let attr = origin.setattr(handle, set)?;
+    let Some(mode) = shared.cfg.id_map.setid_left_after_chown(set, &attr) else {
+        return Ok(Reply::Attr(attr));
+    };
+    let clear = SetAttrs {
+        mode: Some(mode),
+        ..SetAttrs::default()
+    };
+    origin.setattr(handle, &clear).map(Reply::Attr)
 }
 
 fn xattr(r: Result<Vec<u8>, OriginError>) -> (Result<Reply, OriginError>, Vec<u8>) {

@@ -14,6 +14,9 @@ mod callbacks;
 mod conn;
 pub mod credentials;
 mod handle;
+mod idmap;
+
+pub use idmap::{ANON_ID, IdMapping, Squash};
 
 use std::future::Future;
 use std::io;
@@ -43,6 +46,9 @@ pub struct ServerConfig {
     pub tokens_dir: Option<std::path::PathBuf>,
     /// Announce the export as read-only (it is also read-only if the origin says so).
     pub read_only: bool,
+    /// Which client uids, gids, set-id bits and device nodes the server accepts (default:
+    /// root squash to 65534/65534, set-id bits dropped, devices refused).
+    pub id_map: IdMapping,
     /// Requests of one connection that may run at the same time (or whose replies wait to
     /// be written); further requests wait unread in the socket (back-pressure on that
     /// client only).
@@ -93,6 +99,7 @@ impl Default for ServerConfig {
             token: None,
             tokens_dir: None,
             read_only: false,
+            id_map: IdMapping::default(),
             max_in_flight_per_conn: 64,
             max_connections: 1024,
             max_handshakes: 256,

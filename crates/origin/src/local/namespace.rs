@@ -6,6 +6,11 @@
 //! objects get exactly the requested permission bits (the client already applied its umask;
 //! the server's umask is undone) and, when the server runs as root, the requesting owner
 //! (the group of a set-group-id parent directory wins, as the kernel would choose it).
+//!
+//! Creation and ownership are separate steps, so every object is made with no permission
+//! bits at all ([`CREATE_PERM`]), then given to its owner, and only then given its mode: in
+//! between it belongs to the server's user (root) but nobody else can open, execute or
+//! write it, and it never carries set-id bits for the wrong owner.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -14,6 +19,10 @@ use hoardfs_proto::{Entry, FileKind, Handle, Owner, RENAME_EXCHANGE, RENAME_NORE
 use super::handles::Node;
 use super::{LocalOrigin, check_name, sys, sys_write, werr, wire_error};
 use crate::{OriginError, Result};
+
+/// Permission bits every new object is created with, before [`LocalOrigin::adopt`] gives
+/// it its owner and then its mode: none.
+const CREATE_PERM: u32 = 0;
 
 /// Maps an error of `rename`/`link`, where `EXDEV` means "different file systems".
 fn werr_xdev(e: std::io::Error) -> OriginError {
@@ -27,6 +36,14 @@ fn werr_xdev(e: std::io::Error) -> OriginError {
 /// `O_PATH | O_NOFOLLOW` descriptor of `dir/name`.
 fn open_path(dir: &Node, name: &std::ffi::CStr) -> std::io::Result<OwnedFd> {
     sys::openat_beneath(dir.fd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// `stat` of each object this thread created, taken as [`LocalOrigin::adopt`] starts:
+    /// what others could see of it before it has its owner and mode.
+    pub(super) static BEFORE_ADOPT: std::cell::RefCell<Vec<libc::stat>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl LocalOrigin {
@@ -47,7 +64,7 @@ impl LocalOrigin {
         let perm = mode & 0o7777;
         let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_NOFOLLOW;
         loop {
-            match sys::openat_beneath_mode(dir.fd.as_raw_fd(), &name, flags, perm) {
+            match sys::openat_beneath_mode(dir.fd.as_raw_fd(), &name, flags, CREATE_PERM) {
                 Ok(rw) => {
                     let path = sys::reopen(self.proc_fd.as_raw_fd(), rw.as_raw_fd(), libc::O_PATH)
                         .map_err(werr)?;
@@ -95,7 +112,7 @@ impl LocalOrigin {
             _ => return Err(WireError::Invalid.into()),
         };
         let perm = mode & 0o7777;
-        sys_write::mknodat(dir.fd.as_raw_fd(), &name, kind | perm, rdev).map_err(werr)?;
+        sys_write::mknodat(dir.fd.as_raw_fd(), &name, kind | CREATE_PERM, rdev).map_err(werr)?;
         let fd = open_path(&dir, &name).map_err(werr)?;
         self.adopt(&dir, &name, fd, owner, Some(perm))
     }
@@ -112,7 +129,7 @@ impl LocalOrigin {
         let name = check_name(name)?;
         let dir = self.dir_node(parent)?;
         let perm = mode & 0o7777;
-        sys_write::mkdirat(dir.fd.as_raw_fd(), &name, perm).map_err(werr)?;
+        sys_write::mkdirat(dir.fd.as_raw_fd(), &name, CREATE_PERM).map_err(werr)?;
         let fd = sys::openat_beneath(
             dir.fd.as_raw_fd(),
             &name,
@@ -224,9 +241,10 @@ impl LocalOrigin {
         Ok(())
     }
 
-    /// Finishes a new object `dir/name` open (`O_PATH`) at `fd`: gives it to `owner` when
-    /// running as root, restores the exact permission bits `perm` (none for symlinks) and
-    /// registers it. If that fails, the object is removed again and the error returned.
+    /// Finishes a new object `dir/name` open (`O_PATH`) at `fd`, made with [`CREATE_PERM`]:
+    /// gives it to `owner` when running as root, then sets the exact permission bits `perm`
+    /// (none for symlinks) and registers it. If that fails, the object is removed again and
+    /// the error returned.
     fn adopt(
         &self,
         dir: &Node,
@@ -235,6 +253,10 @@ impl LocalOrigin {
         owner: Owner,
         perm: Option<u32>,
     ) -> Result<Entry> {
+        #[cfg(test)]
+        if let Ok(st) = sys::fstat(fd.as_raw_fd()) {
+            BEFORE_ADOPT.with(|v| v.borrow_mut().push(st));
+        }
         match self.apply_owner_and_mode(dir, &fd, owner, perm) {
             Ok(st) => Ok(self.register(fd, &st)),
             Err(e) => {
@@ -257,7 +279,8 @@ impl LocalOrigin {
         }
     }
 
-    /// The ownership and mode part of [`LocalOrigin::adopt`]; returns the final `stat`.
+    /// The ownership and mode part of [`LocalOrigin::adopt`], in that order (the mode may
+    /// hold set-id bits meant for the new owner only); returns the final `stat`.
     fn apply_owner_and_mode(
         &self,
         dir: &Node,
@@ -281,8 +304,8 @@ impl LocalOrigin {
             }
         }
         if let Some(perm) = perm {
-            // chown may have cleared set-id bits; a new directory in a set-group-id
-            // directory keeps the bit the kernel gave it.
+            // A new directory in a set-group-id directory keeps the bit the kernel gave it
+            // (chown leaves it on directories).
             if changed {
                 st = sys::fstat(fd.as_raw_fd())?;
             }

@@ -139,6 +139,36 @@ fn new_objects_belong_to_the_owner() {
 }
 
 #[test]
+fn new_objects_grant_nothing_until_they_have_their_owner() {
+    assert!(sys_write::is_root(), "these tests run as root");
+    let (_d, o, root, path) = writable();
+    let owner = Owner {
+        uid: 1234,
+        gid: 5678,
+    };
+    namespace::BEFORE_ADOPT.with(|v| v.borrow_mut().clear());
+    let f = o.create(root, b"f", 0o6755, true, owner).unwrap();
+    let d = o.mkdir(root, b"d", 0o6777, owner).unwrap();
+    let p = o
+        .mknod(root, b"p", libc::S_IFIFO | 0o6666, 0, owner)
+        .unwrap();
+    let made = namespace::BEFORE_ADOPT.with(|v| std::mem::take(&mut *v.borrow_mut()));
+    assert_eq!(made.len(), 3);
+    for st in &made {
+        // Still the server's, so it must grant nothing: no permission, no set-id bit.
+        assert_eq!(st.st_uid, 0);
+        assert_eq!(st.st_mode & 0o7777, 0, "mode {:o} before chown", st.st_mode);
+    }
+    // Afterwards: the owner's, with exactly the requested bits.
+    for (e, name, want) in [(f, "f", 0o6755), (d, "d", 0o6777), (p, "p", 0o6666)] {
+        assert_eq!((e.attr.uid, e.attr.gid, e.attr.perm), (1234, 5678, want));
+        let md = std::fs::symlink_metadata(path.join(name)).unwrap();
+        let perm = md.mode() & 0o7777;
+        assert_eq!((md.uid(), md.gid(), perm), (1234, 5678, u32::from(want)));
+    }
+}
+
+#[test]
 fn link_shares_the_inode() {
     let (_d, o, root, path) = writable();
     let a = o.lookup(root, b"a.txt").unwrap();
