@@ -5,6 +5,7 @@ mod cachedir;
 mod control;
 mod demo;
 mod hoard;
+mod instance;
 mod metrics;
 mod mount;
 mod prefetch;

@@ -128,14 +128,23 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         let o = origin.clone();
         Arc::new(move || o.counters()) as hoardfs_server::OriginCounters
     };
-    let dir = origin.root_path().display().to_string();
+    let root = origin.root_path().to_path_buf();
+    let dir = root.display().to_string();
+    if let Err(e) = hoardfs_tls::create_private_dir(cfg.tokens_dir.as_deref().expect("set above")) {
+        tracing::warn!("{e}");
+    }
+    let instance =
+        crate::instance::Instance::start(cfg.tokens_dir.as_deref().expect("set above"), &root);
+    cfg.verifier = instance.verifier;
     run_blocking(cfg, origin, Some(counters), |addr| {
         use std::io::Write;
         let mut out = std::io::stdout();
         let _ = writeln!(out, "hoardfs: serving {dir} on {addr} ({identity})");
         let _ = out.flush();
     })
-    .map_err(|e| format!("cannot serve on {}: {e}", a.listen))
+    .map_err(|e| format!("cannot serve on {}: {e}", a.listen))?;
+    instance.stopped_cleanly(&root);
+    Ok(())
 }
 
 /// Reads the address and, with TLS, the identity out of the line `serve` prints when it is

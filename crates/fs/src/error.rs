@@ -23,6 +23,9 @@ pub enum FsError {
     /// An inode or handle number the kernel gave us is unknown.
     #[error("unknown inode or file handle")]
     BadHandle,
+    /// Writes the server acknowledged may have been lost before they became durable.
+    #[error(transparent)]
+    WritesLost(#[from] crate::durability::WritesMayBeLost),
 }
 
 impl From<OriginError> for FsError {

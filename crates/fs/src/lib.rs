@@ -11,6 +11,7 @@
 //! attributes, names and data are served and everything else fails fast.
 
 mod callbacks;
+mod durability;
 mod error;
 mod fetch;
 mod kernel_opens;
@@ -99,6 +100,8 @@ pub struct HoardFs {
     breaks: Arc<BreakLog>,
     notifier: OnceLock<Arc<dyn KernelNotifier>>,
     read_only: bool,
+    /// Writes acknowledged but not yet durable on the server.
+    durability: durability::Durability,
 }
 
 impl HoardFs {
@@ -129,6 +132,7 @@ impl HoardFs {
             callbacks,
             breaks,
             notifier: OnceLock::new(),
+            durability: durability::Durability::default(),
         });
         let weak = Arc::downgrade(&fs);
         std::thread::Builder::new()
@@ -146,6 +150,11 @@ impl HoardFs {
     /// Where kernel invalidations go (set once by the FUSE bridge when the session exists).
     pub fn set_notifier(&self, n: Arc<dyn KernelNotifier>) {
         let _ = self.notifier.set(n);
+    }
+
+    /// The origin's current write verifier (see `durability`).
+    fn verifier(&self) -> u64 {
+        self.origin.info().map(|i| i.verifier).unwrap_or(0)
     }
 
     /// Whether the mount refuses modifications.
@@ -294,7 +303,10 @@ impl HoardFs {
 
     /// The kernel forgot `n` lookups of `ino`.
     pub fn forget(&self, ino: Ino, n: u64) {
-        self.nodes.forget(ino, n);
+        if self.nodes.forget(ino, n) {
+            // No descriptor of it is left to fsync or close.
+            self.durability.forget(ino);
+        }
     }
 
     /// Records (`parent`, `name`) → `e` learned after break number `since`; the callback

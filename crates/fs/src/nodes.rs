@@ -274,21 +274,22 @@ impl NodeTable {
         node
     }
 
-    /// Drops `n` kernel lookups. A node nobody references any more is kept for offline use
-    /// and removed only when the table grows past its bound (never the root).
-    pub fn forget(&self, ino: Ino, n: u64) {
+    /// Drops `n` kernel lookups; true if the kernel now references the node no more. A
+    /// node nobody references any more is kept for offline use and removed only when the
+    /// table grows past its bound (never the root).
+    pub fn forget(&self, ino: Ino, n: u64) -> bool {
         if ino == ROOT_INO {
-            return;
+            return false;
         }
         let mut inner = self.inner.write();
         let Some(node) = inner.nodes.get(&ino).cloned() else {
-            return;
+            return true;
         };
         {
             let mut st = node.state.lock();
             st.lookups = st.lookups.saturating_sub(n);
             if st.lookups > 0 || st.is_open() {
-                return;
+                return false;
             }
             // Release the cache files' descriptors (and the passthrough registration); the
             // object reopens on the next open.
@@ -312,6 +313,7 @@ impl NodeTable {
                 }
             }
         }
+        true
     }
 
     /// Number of nodes.

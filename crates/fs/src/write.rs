@@ -28,7 +28,9 @@ impl HoardFs {
         let node = &of.node;
         let since = self.breaks.seq();
         let append = of.access.append;
+        let verifier = self.verifier();
         let w = self.with_handle(node, |h| self.origin.write(h, offset, data, append))?;
+        self.durability.wrote(node.ino, verifier, self.verifier());
         Stats::add(&self.stats.writes, 1);
         Stats::add(&self.stats.bytes_written, w.written as u64);
         self.follow_write(node, &w, &data[..w.written as usize]);
@@ -89,10 +91,26 @@ impl HoardFs {
         Ok((attr, self.install_attr(&node, attr, since)))
     }
 
-    /// Makes `ino`'s data (and with `!datasync` its metadata) durable on the origin.
+    /// Makes `ino`'s data (and with `!datasync` its metadata) durable on the origin. Fails
+    /// (once) if writes to it were acknowledged by a server instance that may have lost
+    /// them (module `durability`).
     pub fn fsync(&self, ino: Ino, datasync: bool) -> FsResult<()> {
         let node = self.node(ino)?;
-        self.with_handle(&node, |h| self.origin.fsync(h, datasync))
+        let verifier = self.verifier();
+        self.with_handle(&node, |h| self.origin.fsync(h, datasync))?;
+        self.durability
+            .synced(ino, verifier, self.verifier())
+            .inspect_err(|e| tracing::error!(ino, "fsync fails: {e}"))?;
+        Ok(())
+    }
+
+    /// A file descriptor of `ino` is closed: fails if writes to it may have been lost
+    /// (they are not synced here; close-to-open needs only that they reached the server).
+    pub fn flush(&self, ino: Ino) -> FsResult<()> {
+        self.durability
+            .closed(ino, self.verifier())
+            .inspect_err(|e| tracing::error!(ino, "close fails: {e}"))?;
+        Ok(())
     }
 
     /// Value of extended attribute `name`.

@@ -167,6 +167,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::Protocol(_) | FsError::Cache(_) => Errno::EIO,
         FsError::ReadOnly => Errno::EROFS,
         FsError::BadHandle => Errno::EBADF,
+        FsError::WritesLost(_) => Errno::EIO,
     }
 }
 
@@ -326,7 +327,7 @@ impl Filesystem for FuseBridge {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _lo: LockOwner,
         reply: ReplyEmpty,
@@ -335,7 +336,7 @@ impl Filesystem for FuseBridge {
             // Opens by the kernel carry no FOPEN_NOFLUSH: ENOSYS stops FLUSH for the mount.
             return reply.error(Errno::ENOSYS);
         }
-        reply.ok();
+        modify::reply_empty(self.fs.flush(ino.0), reply);
     }
 
     fn release(

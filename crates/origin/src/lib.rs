@@ -62,6 +62,9 @@ pub struct OriginInfo {
     pub root: Entry,
     /// Whether the origin refuses modifications.
     pub read_only: bool,
+    /// Write verifier of the server instance (0 for origins that write straight to a local
+    /// file system): see `hoardfs_proto::Reply::Hello`.
+    pub verifier: u64,
 }
 
 /// Bytes returned by [`Origin::read`].

@@ -463,6 +463,11 @@ pub enum Reply {
         root: Entry,
         /// Whether the export refuses modifications.
         read_only: bool,
+        /// Write verifier: changes only when the server may have lost writes it
+        /// acknowledged but had not made durable (it did not stop cleanly). A client whose
+        /// unsynced writes were acknowledged under another verifier must not report a
+        /// later fsync or close as successful.
+        verifier: u64,
     },
     /// Lookup result.
     Entry(Entry),

@@ -409,6 +409,7 @@ async fn handshake<R: AsyncRead + Unpin>(
         export_id: info.export_id,
         root: info.root,
         read_only: shared.cfg.read_only || info.read_only,
+        verifier: shared.cfg.verifier,
     };
     let raced = shared.callbacks.register(conn, &[root_id], seq_before);
     if tx

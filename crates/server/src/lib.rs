@@ -46,6 +46,10 @@ pub struct ServerConfig {
     pub tokens_dir: Option<std::path::PathBuf>,
     /// Announce the export as read-only (it is also read-only if the origin says so).
     pub read_only: bool,
+    /// Write verifier announced in `Hello`: must change whenever acknowledged writes may
+    /// have been lost (the CLI keeps it across clean restarts, see `hoardfs serve`).
+    /// Default: random, i.e. a new one for every server instance.
+    pub verifier: u64,
     /// Which client uids, gids, set-id bits and device nodes the server accepts (default:
     /// root squash to 65534/65534, set-id bits dropped, devices refused).
     pub id_map: IdMapping,
@@ -96,6 +100,7 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, DEFAULT_PORT)),
             tls: None,
+            verifier: random_verifier(),
             token: None,
             tokens_dir: None,
             read_only: false,
@@ -109,6 +114,13 @@ impl Default for ServerConfig {
             zero_copy: Some(ZERO_COPY_QUIET),
         }
     }
+}
+
+/// A random write verifier (never 0, which local origins use).
+pub fn random_verifier() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    u64::from_le_bytes(b) | 1
 }
 
 /// Supplies the origin's share of the counters (reads, bytes_read, opens), e.g.

@@ -41,7 +41,16 @@ fn browse_and_read_a_local_tree() {
     let (srv, local) = start(&dir);
     let o = srv.client(b"t0k3n").unwrap();
     let info = o.info().unwrap();
-    assert_eq!(info, local.info().unwrap());
+    // The same export, as the server announces it (with the server's write verifier).
+    let direct = local.info().unwrap();
+    assert_ne!(info.verifier, 0);
+    assert_eq!(
+        hoardfs_origin::OriginInfo {
+            verifier: 0,
+            ..info.clone()
+        },
+        direct
+    );
     let root = info.root.handle;
 
     let hello = o.lookup(root, b"hello.txt").unwrap();

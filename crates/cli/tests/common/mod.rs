@@ -201,6 +201,19 @@ impl Server {
         self.child.as_ref().expect("running").id()
     }
 
+    /// Stops the server cleanly (SIGTERM) and waits for it to exit.
+    pub fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+            let status = c.wait().expect("wait for the server");
+            assert!(
+                status.success(),
+                "the server did not stop cleanly: {status}"
+            );
+        }
+    }
+
     /// `kill -9` the server.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -55,13 +55,28 @@ impl OpenFiles {
     /// Caches `file` for `id` (keeping an existing entry if another thread won the race) and
     /// returns the cached file.
     pub fn insert(&self, id: u64, file: File) -> Arc<File> {
+        self.insert_evicting(id, file).0
+    }
+
+    /// As [`OpenFiles::insert`], also returning the files closed to make room or for being
+    /// idle (with their ids), for a caller that must do something before they close.
+    pub fn insert_evicting(&self, id: u64, file: File) -> (Arc<File>, Vec<(u64, Arc<File>)>) {
+        let mut evicted = Vec::new();
         let mut inner = self.inner.lock();
         let now = Instant::now();
         if now.duration_since(inner.last_sweep) > self.idle / 4 || inner.files.len() >= self.cap {
             let idle = self.idle;
-            inner
+            let expired: Vec<u64> = inner
                 .files
-                .retain(|_, (_, t)| now.duration_since(*t) < idle);
+                .iter()
+                .filter(|(_, (_, t))| now.duration_since(*t) >= idle)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in expired {
+                if let Some((f, _)) = inner.files.remove(&k) {
+                    evicted.push((k, f));
+                }
+            }
             inner.last_sweep = now;
             while inner.files.len() >= self.cap {
                 let oldest = inner
@@ -69,17 +84,18 @@ impl OpenFiles {
                     .iter()
                     .min_by_key(|(_, (_, t))| *t)
                     .map(|(k, _)| *k);
-                match oldest {
-                    Some(k) => inner.files.remove(&k),
+                match oldest.and_then(|k| inner.files.remove(&k).map(|(f, _)| (k, f))) {
+                    Some(e) => evicted.push(e),
                     None => break,
-                };
+                }
             }
         }
-        inner
+        let f = inner
             .files
             .entry(id)
             .or_insert_with(|| (Arc::new(file), now))
             .0
-            .clone()
+            .clone();
+        (f, evicted)
     }
 }

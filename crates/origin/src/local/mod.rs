@@ -76,6 +76,9 @@ pub struct LocalOrigin {
     /// first reads of one file (a client's read and its readahead) open it once.
     open_misses: [parking_lot::Mutex<()>; 16],
     wfiles: OpenFiles,
+    /// Handles whose writable descriptor failed its fsync when it left `wfiles`: the next
+    /// fsync of the handle reports the failure.
+    write_errors: parking_lot::Mutex<std::collections::HashSet<u64>>,
     locks: write::WriteLocks,
     proc_fd: OwnedFd,
     reads: AtomicU64,
@@ -166,6 +169,7 @@ impl LocalOrigin {
             files: OpenFiles::new(opts.max_open_files, opts.open_file_idle),
             open_misses: Default::default(),
             wfiles: OpenFiles::new(opts.max_open_files, opts.open_file_idle),
+            write_errors: Default::default(),
             locks: write::WriteLocks::new(),
             proc_fd: sys::open_proc_self_fd()?,
             opts,
@@ -277,6 +281,7 @@ impl LocalOrigin {
 impl Origin for LocalOrigin {
     fn info(&self) -> Result<OriginInfo> {
         Ok(OriginInfo {
+            verifier: 0,
             export_id: self.export_id,
             root: Entry {
                 handle: self.root_handle(),

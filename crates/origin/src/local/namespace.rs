@@ -70,7 +70,8 @@ impl LocalOrigin {
                         .map_err(werr)?;
                     let entry = self.adopt(&dir, &name, path.into(), owner, Some(perm))?;
                     // The first write will not need to reopen the file.
-                    self.wfiles.insert(entry.handle.id, rw.into());
+                    let (_, evicted) = self.wfiles.insert_evicting(entry.handle.id, rw.into());
+                    self.sync_evicted(evicted);
                     return Ok(entry);
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) && !exclusive => {

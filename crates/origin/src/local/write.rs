@@ -13,6 +13,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use crate::OriginError;
 use hoardfs_proto::{Attr, FileKind, Handle, SetAttrs, WireError};
 use parking_lot::{Mutex, MutexGuard};
 
@@ -74,7 +75,21 @@ impl LocalOrigin {
             r => r,
         }
         .map_err(werr)?;
-        Ok(self.wfiles.insert(id, f))
+        let (f, evicted) = self.wfiles.insert_evicting(id, f);
+        self.sync_evicted(evicted);
+        Ok(f)
+    }
+
+    /// Writable descriptors leave the cache only after an fsync, so that an fsync later
+    /// asked for on a fresh descriptor cannot miss a write error only the old one would have
+    /// seen: a failure is kept and reported by the next fsync of that handle.
+    pub(super) fn sync_evicted(&self, evicted: Vec<(u64, Arc<File>)>) {
+        for (id, f) in evicted {
+            if let Err(e) = sys_write::fsync(f.as_raw_fd(), true) {
+                tracing::warn!(handle = id, "writeback of a closing file failed: {e}");
+                self.write_errors.lock().insert(id);
+            }
+        }
     }
 
     /// [`crate::Origin::write`]: regular files only, under the file's write lock.
@@ -160,6 +175,9 @@ impl LocalOrigin {
     /// special files have nothing of their own to sync and succeed at once.
     pub(super) fn sync(&self, handle: Handle, datasync: bool) -> Result<()> {
         let node = self.handles.get(handle)?;
+        if self.write_errors.lock().remove(&handle.id) {
+            return Err(OriginError::Fs(WireError::Io));
+        }
         match node.kind {
             FileKind::File => {
                 let file = match self.wfiles.get(handle.id) {

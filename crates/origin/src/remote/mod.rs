@@ -549,6 +549,7 @@ fn handshake(
                 export_id,
                 root,
                 read_only,
+                verifier,
             },
             d,
         ) if d.is_empty() => {
@@ -560,6 +561,7 @@ fn handshake(
             Ok((
                 conn,
                 OriginInfo {
+                    verifier,
                     export_id,
                     root,
                     read_only,

@@ -96,6 +96,7 @@ fn serve_conn(s: TcpStream, token: &[u8], h: Handler) {
                     export_id: 9,
                     root: root(),
                     read_only: true,
+                    verifier: 7,
                 };
                 reply(&w, req.id, Ok(hello), &[]);
             }

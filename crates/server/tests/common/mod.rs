@@ -216,6 +216,7 @@ const NAMES: [(&[u8], Handle); 3] = [(b"file", FILE), (b"link", LINK), (b"slow",
 impl Origin for FakeOrigin {
     fn info(&self) -> Result<OriginInfo> {
         Ok(OriginInfo {
+            verifier: 0,
             export_id: 5,
             root: self.entry(ROOT)?,
             read_only: true,

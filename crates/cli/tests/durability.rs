@@ -1,0 +1,105 @@
+//! No false fsync: writes the server acknowledged but had not made durable are reported
+//! lost (EIO from fsync or close) when the server crashed in between, and not when it
+//! stopped cleanly.
+
+mod common;
+
+use std::fs::OpenOptions;
+use std::io::Write;
+
+use common::*;
+
+/// Writes through the mount, then the server goes away and comes back on the same
+/// address; returns what fsync and close of the still-open descriptor said.
+fn write_restart_fsync(crash: bool) -> (std::io::Result<()>, std::io::Result<()>) {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    let state = t.path().join("state");
+    let mut srv = Server::start_in(&exp, "127.0.0.1:0", &state, &[]);
+    let cache = t.path().join("cache");
+    let m = Mount::start(
+        &srv.addr,
+        &t.path().join("mnt"),
+        &["--cache-dir", cache.to_str().unwrap(), "--timeout", "5"],
+    )
+    .unwrap();
+    let mut f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(m.p("journal"))
+        .unwrap();
+    f.write_all(&bytes(1, 1 << 20)).unwrap();
+    let addr = srv.addr.clone();
+    if crash {
+        srv.kill();
+    } else {
+        srv.terminate();
+    }
+    let _srv = Server::start_in(&exp, &addr, &state, &[]);
+    let synced = f.sync_all();
+    let closed = close(f);
+    m.unmount();
+    (synced, closed)
+}
+
+/// close(2) of `f`, with its result (dropping a File ignores it).
+fn close(f: std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let fd = f.into_raw_fd();
+    // SAFETY: we own fd and close it once.
+    match unsafe { libc::close(fd) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+#[test]
+fn fsync_after_a_server_crash_reports_the_writes_lost() {
+    let (synced, closed) = write_restart_fsync(true);
+    let e = synced.expect_err("fsync reported success for writes a crashed server may have lost");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    // Reported once, as Linux reports a writeback error.
+    assert!(closed.is_ok(), "{closed:?}");
+}
+
+#[test]
+fn fsync_after_a_clean_server_restart_succeeds() {
+    let (synced, closed) = write_restart_fsync(false);
+    synced.expect("a clean stop syncs the export and keeps the verifier");
+    closed.expect("close");
+}
+
+/// Without an fsync, close itself reports the loss.
+#[test]
+fn close_after_a_server_crash_reports_the_writes_lost() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    let state = t.path().join("state");
+    let mut srv = Server::start_in(&exp, "127.0.0.1:0", &state, &[]);
+    let m = Mount::start(
+        &srv.addr,
+        &t.path().join("mnt"),
+        &["--no-cache", "--timeout", "5"],
+    )
+    .unwrap();
+    let mut f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(m.p("log"))
+        .unwrap();
+    f.write_all(b"acknowledged, not durable").unwrap();
+    let addr = srv.addr.clone();
+    srv.kill();
+    let _srv = Server::start_in(&exp, &addr, &state, &[]);
+    // Something must talk to the server for the client to learn the new verifier.
+    assert!(std::fs::metadata(m.p("log")).is_ok());
+    let e = close(f).expect_err("close reported success for writes that may be lost");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    m.unmount();
+}
