@@ -10,9 +10,11 @@
 //! The first request on a connection must be [`msg::Op::Hello`] (protocol version + token).
 
 pub mod buffers;
+pub mod check;
 pub mod frame;
 pub mod msg;
 
+pub use check::{check_name, check_target, check_xattr_list};
 pub use frame::{FrameError, FrameHeader, Limits};
 pub use msg::*;
 
