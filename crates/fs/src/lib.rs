@@ -42,6 +42,10 @@ use nodes::{NodeState, NodeTable};
 /// name; the disk cache's queue bounds it further).
 pub(crate) const WARM_PER_LISTING: usize = 1024;
 
+/// Entries plus pages of one directory listing at most: a server that keeps answering
+/// with further pages (each with a new cookie) cannot make a listing grow without bound.
+pub(crate) const MAX_LISTING: usize = 1 << 22;
+
 /// Tunables of a mount.
 #[derive(Debug, Clone)]
 pub struct FsConfig {
@@ -387,8 +391,15 @@ impl HoardFs {
         let fetched = self.with_handle(&node, |h| {
             entries.clear();
             cookie = 0;
+            let mut pages = 0;
             loop {
                 let page = self.origin.readdir(h, cookie, 1024)?;
+                pages += 1;
+                if entries.len() + page.entries.len() + pages > MAX_LISTING {
+                    return Err(OriginError::Protocol(format!(
+                        "directory listing longer than {MAX_LISTING} entries"
+                    )));
+                }
                 entries.extend(page.entries);
                 match page.next {
                     Some(c) => cookie = c,
@@ -460,5 +471,7 @@ impl HoardFs {
     }
 }
 
+#[cfg(test)]
+mod hostile_tests;
 #[cfg(test)]
 mod tests;
