@@ -18,9 +18,7 @@ use std::time::Duration;
 use hoardfs_origin::FileRange;
 use hoardfs_proto::buffers;
 use hoardfs_proto::frame::{self, FrameError, FrameHeader, HEADER_LEN, Limits};
-use hoardfs_proto::{
-    MAX_WRITE_LEN, Op, PROTOCOL_VERSION, Reply, Request, Response, ServerMessage, WireError,
-};
+use hoardfs_proto::{Op, PROTOCOL_VERSION, Reply, Request, Response, ServerMessage, WireError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter, Interest};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
@@ -28,15 +26,13 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
 use crate::callbacks::ConnId;
+use crate::decode::{Decoded, Phase, decode_request};
 use crate::{Shared, Stats};
 
 /// How long a new connection may take to send its `Hello`.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// What is accepted before authentication: a `Hello` body and nothing else.
-const HELLO_LIMITS: Limits = Limits {
-    max_body: 4096,
-    max_data: 0,
-};
+const HELLO_LIMITS: Limits = Phase::Hello.limits();
 /// Socket buffer sizes of the reader and writer.
 const IO_BUF: usize = 64 << 10;
 /// How long a refused peer gets to receive the error reply before the socket closes.
@@ -181,8 +177,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
         Ok(Ok(None)) => return End::Closed(None),
         Ok(Err(e)) => return frame_end(e),
     };
-    let req: Request = match frame::decode_body(&first.0) {
-        Ok(r) => r,
+    let req = match decode_request(Phase::Hello, &first.0, first.1.len()) {
+        Ok(Decoded::Run(r)) => r,
+        Ok(Decoded::Refuse { .. }) => return End::Bad("refused hello".into()),
         Err(e) => return End::Bad(e.to_string()),
     };
     Stats::bump(&shared.stats.requests);
@@ -271,34 +268,21 @@ async fn read_loop<R: AsyncRead + Unpin>(
             Ok(None) => return End::Closed(None),
             Err(e) => return frame_end(e),
         };
-        let req: Request = match frame::decode_body(&body) {
-            Ok(r) => r,
+        let decoded = match decode_request(Phase::Requests, &body, data.len()) {
+            Ok(d) => d,
             Err(e) => return End::Bad(e.to_string()),
         };
         Stats::bump(&shared.stats.requests);
-        let Request { id, op } = req;
-        let takes_data = matches!(op, Op::Write { .. } | Op::SetXattr { .. });
-        if matches!(op, Op::Hello { .. }) || (!data.is_empty() && !takes_data) {
-            // A second hello, or data on a request that takes none.
-            let err = if data.is_empty() {
-                WireError::Protocol
-            } else {
-                WireError::Invalid
-            };
-            if tx.send(Outgoing::new(id, Err(err), Vec::new())).is_err() {
-                return End::Closed(None);
+        let Request { id, op } = match decoded {
+            Decoded::Run(req) => req,
+            // A second hello, data on a request that takes none, a bad name...
+            Decoded::Refuse { id, error } => {
+                if tx.send(Outgoing::new(id, Err(error), Vec::new())).is_err() {
+                    return End::Closed(None);
+                }
+                continue;
             }
-            continue;
-        }
-        if data.len() > MAX_WRITE_LEN as usize {
-            if tx
-                .send(Outgoing::new(id, Err(WireError::TooBig), Vec::new()))
-                .is_err()
-            {
-                return End::Closed(None);
-            }
-            continue;
-        }
+        };
         let shared = Arc::clone(shared);
         let tx = tx.clone();
         tokio::spawn(async move {

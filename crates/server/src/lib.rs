@@ -11,7 +11,10 @@
 
 mod callbacks;
 mod conn;
+mod decode;
 mod handle;
+
+pub use decode::{Decoded, Phase, decode_frame, decode_request};
 
 use std::future::Future;
 use std::io;
