@@ -278,18 +278,10 @@ fn dir_page(
         ));
     }
     for e in entries {
-        check_name(&e.name).map_err(|err| {
-            format!(
-                "directory entry {:?}: {err}",
-                String::from_utf8_lossy(&e.name[..e.name.len().min(64)])
-            )
-        })?;
-        entry(&mut e.entry, None).map_err(|err| {
-            format!(
-                "directory entry {:?}: {err}",
-                String::from_utf8_lossy(&e.name)
-            )
-        })?;
+        // (Names in messages are cut short: a name is as long as the server likes.)
+        let shown = || String::from_utf8_lossy(&e.name[..e.name.len().min(64)]).into_owned();
+        check_name(&e.name).map_err(|err| format!("directory entry {:?}: {err}", shown()))?;
+        entry(&mut e.entry, None).map_err(|err| format!("directory entry {:?}: {err}", shown()))?;
     }
     Ok(())
 }
