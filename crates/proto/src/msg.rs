@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Server-issued, opaque reference to one file system object.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Handle {
     /// Random value chosen when the server started; a mismatch means the handle is stale.
@@ -18,6 +19,7 @@ pub struct Handle {
 }
 
 /// Kind of a file system object.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum FileKind {
     /// Regular file.
@@ -37,6 +39,7 @@ pub enum FileKind {
 }
 
 /// A point in time as seconds and nanoseconds since the Unix epoch.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct Timestamp {
     /// Whole seconds (may be negative).
@@ -46,6 +49,7 @@ pub struct Timestamp {
 }
 
 /// Attributes of an object as the origin sees them.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Attr {
     /// Stable identity of the object on the origin (inode number); the same across
@@ -80,6 +84,7 @@ pub struct Attr {
 }
 
 /// A named object: its handle and attributes.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     /// Handle for further requests.
@@ -89,6 +94,7 @@ pub struct Entry {
 }
 
 /// One directory entry with its attributes (readdirplus).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirEntry {
     /// Name within the directory (raw bytes; never contains `/` or NUL).
@@ -98,6 +104,7 @@ pub struct DirEntry {
 }
 
 /// File system statistics (statvfs).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct StatFs {
     /// Total blocks.
@@ -119,6 +126,7 @@ pub struct StatFs {
 }
 
 /// Counters a server keeps; used by tests, `stats` and benchmarks.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ServerCounters {
     /// Connections accepted since start.
@@ -142,6 +150,7 @@ pub struct ServerCounters {
 }
 
 /// One request. `id` is echoed in the matching [`Response`].
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
     /// Client-chosen id, unique among the client's requests in flight.
@@ -151,6 +160,7 @@ pub struct Request {
 }
 
 /// The operations a client may request.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Op {
     /// Must come first: protocol version and the shared token (empty if none).
@@ -344,6 +354,7 @@ pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
 
 /// Identity a new object is created with.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct Owner {
     /// User id of the creating process.
@@ -353,6 +364,7 @@ pub struct Owner {
 }
 
 /// A new access or modification time.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TimeSet {
     /// The server's current time.
@@ -362,6 +374,7 @@ pub enum TimeSet {
 }
 
 /// Attribute changes of a [`Op::SetAttr`]; `None` fields are left alone.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct SetAttrs {
     /// New permission bits.
@@ -404,6 +417,7 @@ pub fn change_id(a: &Attr) -> u64 {
 }
 
 /// A callback break: the server tells a client that something it may cache has changed.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Break {
     /// Attributes (and possibly content) of `file_id` changed; `version` is the
@@ -430,6 +444,7 @@ pub enum Break {
 }
 
 /// Every frame a server sends: a reply to a request, or callback breaks nobody asked for.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ServerMessage {
     /// Reply to one request.
@@ -439,6 +454,7 @@ pub enum ServerMessage {
 }
 
 /// Reply to one [`Request`].
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
     /// Id of the request this answers.
@@ -448,6 +464,7 @@ pub struct Response {
 }
 
 /// Successful outcomes.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     /// Handshake accepted.
@@ -510,6 +527,7 @@ pub enum Reply {
 }
 
 /// Typed failure reasons. Mapped to errno only at the FUSE boundary.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, thiserror::Error)]
 pub enum WireError {
     /// No such file or directory.
