@@ -450,7 +450,7 @@ pub enum ServerMessage {
     /// Reply to one request.
     Response(Response),
     /// Callback breaks.
-    Breaks(Vec<Break>),
+    Breaks(#[serde(deserialize_with = "bounded::breaks")] Vec<Break>),
 }
 
 /// Reply to one [`Request`].
@@ -486,6 +486,7 @@ pub enum Reply {
     /// A directory page. `next` is the cookie to continue with, `None` at the end.
     DirPage {
         /// Entries (without `.` and `..`).
+        #[serde(deserialize_with = "bounded::dir_entries")]
         entries: Vec<DirEntry>,
         /// Continue from here, or end.
         next: Option<u64>,
@@ -605,4 +606,122 @@ pub enum WireError {
     /// Too many hard links.
     #[error("too many links")]
     TooManyLinks,
+}
+
+/// Most callback breaks one message may carry (a server sends a batch of changes, or the
+/// objects of one reply and their names: far fewer).
+pub const MAX_BREAKS: usize = 1 << 20;
+/// Most entries one directory page may carry (a server clamps pages to 8192 entries).
+pub const MAX_DIR_PAGE_ENTRIES: usize = 1 << 16;
+
+/// Decoding of the long lists of a server message with an upper bound on their length, so
+/// that a frame of minimal elements (one byte each, for `Break::All`) cannot expand into
+/// tens of times its size in memory.
+mod bounded {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::{Deserialize, Deserializer, Error, SeqAccess, Visitor};
+
+    struct Bounded<T>(usize, PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Bounded<T> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a sequence of at most {} elements", self.0)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let hint = seq.size_hint().unwrap_or(0);
+            if hint > self.0 {
+                return Err(A::Error::invalid_length(hint, &self));
+            }
+            // Room for what the length says, within reason: the length is the peer's word.
+            let mut v = Vec::with_capacity(hint.min(4096));
+            while let Some(x) = seq.next_element()? {
+                if v.len() == self.0 {
+                    return Err(A::Error::invalid_length(v.len() + 1, &self));
+                }
+                v.push(x);
+            }
+            Ok(v)
+        }
+    }
+
+    fn vec<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+        max: usize,
+    ) -> Result<Vec<T>, D::Error> {
+        d.deserialize_seq(Bounded(max, PhantomData))
+    }
+
+    pub(super) fn breaks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<super::Break>, D::Error> {
+        vec(d, super::MAX_BREAKS)
+    }
+
+    pub(super) fn dir_entries<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Vec<super::DirEntry>, D::Error> {
+        vec(d, super::MAX_DIR_PAGE_ENTRIES)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{decode_body, encode_body};
+
+    #[test]
+    fn long_lists_are_bounded_when_decoded() {
+        let at_most = ServerMessage::Breaks(vec![Break::All; MAX_BREAKS]);
+        let body = encode_body(&at_most);
+        assert_eq!(decode_body::<ServerMessage>(&body).unwrap(), at_most);
+        let over = encode_body(&ServerMessage::Breaks(vec![Break::All; MAX_BREAKS + 1]));
+        assert!(decode_body::<ServerMessage>(&over).is_err());
+        // A length claiming more than the bound fails before any element is read.
+        let mut claim = vec![1u8]; // ServerMessage::Breaks
+        claim.extend_from_slice(&[0xff, 0xff, 0xff, 0x0f]); // 2^32 - 1 elements
+        claim.extend_from_slice(&[2u8; 64]);
+        assert!(decode_body::<ServerMessage>(&claim).is_err());
+    }
+
+    #[test]
+    fn directory_pages_are_bounded_when_decoded() {
+        let entry = DirEntry {
+            name: b"a".to_vec(),
+            entry: Entry {
+                handle: Handle { epoch: 1, id: 1 },
+                attr: Attr {
+                    file_id: 1,
+                    version: 1,
+                    kind: FileKind::File,
+                    perm: 0,
+                    nlink: 1,
+                    uid: 0,
+                    gid: 0,
+                    size: 0,
+                    blocks: 0,
+                    rdev: 0,
+                    blksize: 0,
+                    atime: Timestamp::default(),
+                    mtime: Timestamp::default(),
+                    ctime: Timestamp::default(),
+                },
+            },
+        };
+        let page = |n| {
+            ServerMessage::Response(Response {
+                id: 1,
+                result: Ok(Reply::DirPage {
+                    entries: vec![entry.clone(); n],
+                    next: None,
+                }),
+            })
+        };
+        let ok = page(MAX_DIR_PAGE_ENTRIES);
+        assert_eq!(decode_body::<ServerMessage>(&encode_body(&ok)).unwrap(), ok);
+        let over = encode_body(&page(MAX_DIR_PAGE_ENTRIES + 1));
+        assert!(decode_body::<ServerMessage>(&over).is_err());
+    }
 }
