@@ -117,9 +117,13 @@ impl HoardFs {
         let breaks = Arc::new(BreakLog::default());
         let (tx, rx) = std::sync::mpsc::channel::<Vec<hoardfs_origin::Break>>();
         let log = breaks.clone();
+        let backlog = Arc::new(callbacks::Backlog::default());
+        let queued = backlog.clone();
         let callbacks = origin.subscribe(Arc::new(move |b| {
             log.record(&b);
-            let _ = tx.send(b);
+            if let Some(b) = queued.admit(b) {
+                let _ = tx.send(b);
+            }
         }));
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
@@ -139,6 +143,7 @@ impl HoardFs {
             .name("hoardfs-callbacks".into())
             .spawn(move || {
                 while let Ok(b) = rx.recv() {
+                    backlog.taken(&b);
                     let Some(fs) = weak.upgrade() else { return };
                     fs.apply_breaks(b);
                 }
