@@ -148,7 +148,8 @@ impl HoardFs {
         while (data.len() as u64) < end - start {
             let pos = start + data.len() as u64;
             let len = (end - pos).min(PIECE) as u32;
-            let r = self.with_handle(node, |h| self.origin.read(h, pos, len))?;
+            let mut r = self.with_handle(node, |h| self.origin.read(h, pos, len))?;
+            r.data.truncate(len as usize);
             cacheable &= r.version == view.version;
             let short = (r.data.len() as u32) < len;
             if data.is_empty() {

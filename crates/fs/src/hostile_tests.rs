@@ -24,6 +24,8 @@ struct Odd {
     write_extra: u32,
     /// Directory pages never end: each is empty and names the next cookie.
     endless: bool,
+    /// Reads return this many bytes more than asked.
+    read_extra: usize,
 }
 
 impl Odd {
@@ -81,7 +83,9 @@ impl Origin for Odd {
         Ok(p)
     }
     fn read(&self, handle: Handle, offset: u64, len: u32) -> Result<ReadReply> {
-        self.inner.read(handle, offset, len)
+        let mut r = self.inner.read(handle, offset, len)?;
+        r.data.resize(r.data.len() + self.read_extra, b'!');
+        Ok(r)
     }
     fn readlink(&self, handle: Handle) -> Result<Vec<u8>> {
         self.inner.readlink(handle)
@@ -139,6 +143,7 @@ fn odd(export: &std::path::Path, size: Option<u64>) -> Odd {
         write_offset: None,
         write_extra: 0,
         endless: false,
+        read_extra: 0,
     }
 }
 
@@ -212,4 +217,23 @@ fn a_listing_that_never_ends_is_an_error() {
     o.endless = true;
     let fs = fs_over(o, None);
     assert!(matches!(fs.listing(ROOT_INO), Err(FsError::Protocol(_))));
+}
+
+#[test]
+fn reads_never_return_more_than_asked() {
+    let t = tempfile::tempdir().unwrap();
+    let export = t.path().join("export");
+    std::fs::create_dir(&export).unwrap();
+    std::fs::write(export.join("f"), b"0123456789").unwrap();
+    for cached in [false, true] {
+        let mut o = odd(&export, None);
+        o.read_extra = 100;
+        let cache = cached.then(|| CacheDir::open(&t.path().join("c")).unwrap());
+        let fs = fs_over(o, cache);
+        let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
+        let (fh, _, _) = fs.open(f, Access::default(), &refused).unwrap();
+        assert_eq!(&fs.read(fh, 2, 4).unwrap()[..], b"2345");
+        assert_eq!(&fs.read(fh, 0, 4096).unwrap()[..], b"0123456789");
+        fs.release(fh);
+    }
 }

@@ -481,7 +481,9 @@ impl HoardFs {
     /// open at 256 readers, and a copy for every reply that spanned two chunks.)
     fn read_uncached(&self, node: &Node, offset: u64, end: u64) -> FsResult<ReadData> {
         let len = (end - offset) as u32;
-        let r = self.with_handle(node, |h| self.origin.read(h, offset, len))?;
+        let mut r = self.with_handle(node, |h| self.origin.read(h, offset, len))?;
+        // Never more than asked (a remote origin's replies are checked for that already).
+        r.data.truncate(len as usize);
         Stats::add(&self.stats.chunk_fetches, 1);
         Stats::add(&self.stats.bytes_from_network, r.data.len() as u64);
         Ok(Recycled::from(r.data))
