@@ -122,7 +122,8 @@ fn connect(addr: &str) -> RemoteOrigin {
         request_timeout: Duration::from_secs(5),
         ..RemoteOptions::default()
     };
-    RemoteOrigin::connect(addr, Vec::new(), opts).unwrap()
+    // (No token: `Default` whatever form the credentials take.)
+    RemoteOrigin::connect(addr, Default::default(), opts).unwrap()
 }
 
 fn is_protocol<T: std::fmt::Debug>(r: crate::Result<T>) -> bool {
