@@ -115,7 +115,10 @@ impl ObjectMeta {
     /// Byte range `[start, end)` of chunk `i`.
     pub fn chunk_range(&self, i: u64) -> (u64, u64) {
         let start = i << self.chunk_shift;
-        (start, (start + self.chunk_size()).min(self.size))
+        (
+            start,
+            start.saturating_add(self.chunk_size()).min(self.size),
+        )
     }
 
     /// Whether chunk `i` is present.

@@ -107,11 +107,11 @@ pub(crate) fn shortfall(
 ) -> (u64, u64) {
     let mut bytes = limits
         .max_bytes
-        .map_or(0, |m| (used + incoming).saturating_sub(m));
+        .map_or(0, |m| used.saturating_add(incoming).saturating_sub(m));
     let mut files = 0;
     if let Some(s) = space {
         let stop = s.bytes_total / 100 * limits.bstop as u64;
-        bytes = bytes.max((stop + incoming).saturating_sub(s.bytes_avail));
+        bytes = bytes.max(stop.saturating_add(incoming).saturating_sub(s.bytes_avail));
         if s.files_total > 0 {
             let fstop = s.files_total / 100 * limits.fstop as u64;
             files = (fstop + new_files).saturating_sub(s.files_avail);

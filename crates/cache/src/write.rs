@@ -34,7 +34,10 @@ impl CachedObject {
         // Room for the written bytes (and the file's growth) is reserved first; without
         // room the caller replaces the object (an empty one costs nothing).
         let growth = post_size.saturating_sub(self.size());
-        let want = (data.len() as u64 + growth).div_ceil(4096) * 4096;
+        let want = (data.len() as u64)
+            .saturating_add(growth)
+            .div_ceil(4096)
+            .saturating_mul(4096);
         if !self.store.reserve(want) {
             return Ok(false);
         }
@@ -53,7 +56,11 @@ impl CachedObject {
         post_size: u64,
     ) -> Result<(bool, i64), CacheError> {
         let mut st = self.state.lock();
-        let end = offset + data.len() as u64;
+        // (A write ending past the largest file size cannot be followed: the caller
+        // replaces the object.)
+        let Some(end) = offset.checked_add(data.len() as u64) else {
+            return Ok((false, 0));
+        };
         if st.retired
             || st.meta.version != pre_version
             || post_size < st.meta.size

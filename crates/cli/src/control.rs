@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,25 +14,100 @@ use hoardfs_cache::Usage;
 use hoardfs_fs::{FsError, HoardFs};
 use serde_json::{Value, json};
 
-/// Directory holding control sockets: `/run/hoardfs` for root, else the user's runtime dir.
-fn runtime_dir() -> PathBuf {
+/// Directory holding control sockets: `/run/hoardfs` for root, else the user's runtime
+/// directory. Never a directory in a place others can write to (such as `/tmp`), where
+/// another user could create it first and watch or fake the sockets.
+fn runtime_dir() -> Result<PathBuf, String> {
     // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    runtime_dir_for(
+        unsafe { libc::geteuid() },
+        std::env::var_os("XDG_RUNTIME_DIR"),
+    )
+}
+
+fn runtime_dir_for(uid: u32, xdg: Option<std::ffi::OsString>) -> Result<PathBuf, String> {
     if uid == 0 {
-        return PathBuf::from("/run/hoardfs");
+        return Ok(PathBuf::from("/run/hoardfs"));
     }
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) => PathBuf::from(d).join("hoardfs"),
-        None => PathBuf::from(format!("/tmp/hoardfs-{uid}")),
+    match xdg.map(PathBuf::from) {
+        Some(d) if d.is_absolute() => Ok(d.join("hoardfs")),
+        _ => Err(
+            "XDG_RUNTIME_DIR is not set (or not an absolute path): the control socket lives in \
+             $XDG_RUNTIME_DIR/hoardfs. Set it to your runtime directory (usually /run/user/$(id -u), \
+             which your login session creates) or run as root (/run/hoardfs)"
+                .into(),
+        ),
     }
+}
+
+/// Checks that `dir` is a directory (not a symlink) owned by `uid` that nobody else can
+/// write to, in a parent that nobody else can rename it in (or one with the sticky bit).
+fn check_dir(dir: &Path, uid: u32) -> Result<(), String> {
+    let md = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !md.file_type().is_dir() {
+        return Err(format!(
+            "{} is not a directory: refusing to use it for control sockets",
+            dir.display()
+        ));
+    }
+    if md.uid() != uid {
+        return Err(format!(
+            "{} belongs to uid {}, not to uid {uid}: refusing to use it for control sockets \
+             (remove it, or point XDG_RUNTIME_DIR elsewhere)",
+            dir.display(),
+            md.uid()
+        ));
+    }
+    if md.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} is writable by group or others (mode {:o}): refusing to use it for control \
+             sockets (chmod 700 it)",
+            dir.display(),
+            md.mode() & 0o7777
+        ));
+    }
+    if let Some(parent) = dir.parent()
+        && let Ok(p) = std::fs::metadata(parent)
+        && p.mode() & 0o022 != 0
+        && p.mode() & 0o1000 == 0
+    {
+        return Err(format!(
+            "{} is writable by others without the sticky bit: refusing to keep control \
+             sockets in it",
+            parent.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Creates `dir` (mode 0700) unless it exists, then checks it with [`check_dir`].
+fn ensure_dir(dir: &Path, uid: u32) -> Result<(), String> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+    }
+    check_dir(dir, uid)
 }
 
 /// The control socket of the mount at `mountpoint`, an absolute path without symlinks (as
 /// /proc/self/mountinfo shows it; not canonicalised here, since a path on a mount that is
 /// not served yet would hang).
-pub fn socket_path(mountpoint: &Path) -> PathBuf {
+pub fn socket_path(mountpoint: &Path) -> Result<PathBuf, String> {
     let h = xxhash_rust::xxh3::xxh3_64(mountpoint.as_os_str().as_bytes());
-    runtime_dir().join(format!("{h:016x}.sock"))
+    Ok(runtime_dir()?.join(format!("{h:016x}.sock")))
+}
+
+/// [`socket_path`], for connecting: its directory must pass [`check_dir`] (a socket in a
+/// directory someone else controls may be someone else's).
+pub fn checked_socket_path(mountpoint: &Path) -> Result<PathBuf, String> {
+    let path = socket_path(mountpoint)?;
+    if let Some(dir) = path.parent() {
+        // SAFETY: geteuid has no preconditions.
+        check_dir(dir, unsafe { libc::geteuid() })
+            .map_err(|e| format!("no usable hoardfs control socket directory: {e}"))?;
+    }
+    Ok(path)
 }
 
 /// A listening control socket; removed when dropped.
@@ -57,10 +132,12 @@ pub struct MountInfo {
 
 /// Binds the control socket of `info.mountpoint` (canonical) and serves it on a thread.
 pub fn start(fs: Arc<HoardFs>, info: MountInfo) -> Result<ControlServer, String> {
-    let path = socket_path(&info.mountpoint);
-    let dir = path.parent().expect("socket has a directory");
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    let path = socket_path(&info.mountpoint)?;
+    let dir = path
+        .parent()
+        .ok_or("the control socket path has no directory")?;
+    // SAFETY: geteuid has no preconditions.
+    ensure_dir(dir, unsafe { libc::geteuid() })?;
     if UnixStream::connect(&path).is_ok() {
         return Err(format!(
             "{} is already mounted by a running hoardfs client",
@@ -225,4 +302,69 @@ pub fn stats_json(fs: &HoardFs, info: &MountInfo) -> Value {
         },
         "cache": fs.cache_usage().map(|u| usage_json(&u)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_dir_never_falls_back_to_a_shared_directory() {
+        assert_eq!(
+            runtime_dir_for(0, None).unwrap(),
+            PathBuf::from("/run/hoardfs")
+        );
+        assert_eq!(
+            runtime_dir_for(1000, Some("/run/user/1000".into())).unwrap(),
+            PathBuf::from("/run/user/1000/hoardfs")
+        );
+        let e = runtime_dir_for(1000, None).unwrap_err();
+        assert!(e.contains("XDG_RUNTIME_DIR") && e.contains("root"), "{e}");
+        assert!(runtime_dir_for(1000, Some("relative".into())).is_err());
+        assert!(runtime_dir_for(1000, Some("".into())).is_err());
+    }
+
+    #[test]
+    fn socket_directories_are_created_private_and_checked() {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("hoardfs");
+        ensure_dir(&dir, me).unwrap();
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(&dir), 0o700);
+        // Existing and private: fine, again and again.
+        ensure_dir(&dir, me).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        check_dir(&dir, me).unwrap();
+        // Writable by others: refused.
+        for m in [0o777, 0o770, 0o702, 0o1777] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(m)).unwrap();
+            let e = ensure_dir(&dir, me).unwrap_err();
+            assert!(e.contains("writable"), "{m:o}: {e}");
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        // Someone else's: refused.
+        let e = check_dir(&dir, me + 1).unwrap_err();
+        assert!(e.contains("belongs to uid"), "{e}");
+        // A symlink to a good directory, or a file: refused.
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert!(
+            check_dir(&link, me)
+                .unwrap_err()
+                .contains("not a directory")
+        );
+        let file = t.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        assert!(ensure_dir(&file, me).is_err());
+        // In a parent anyone can write to (without the sticky bit): refused.
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = ensure_dir(&open.join("hoardfs"), me).unwrap_err();
+        assert!(e.contains("sticky"), "{e}");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        ensure_dir(&open.join("hoardfs"), me).unwrap();
+    }
 }

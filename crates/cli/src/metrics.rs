@@ -1,9 +1,12 @@
 //! `mount --metrics-listen ADDR`: the counters of `hoardfs stats`, in the Prometheus text
-//! exposition format, over a minimal HTTP/1.0 responder (any GET path).
+//! exposition format, over a minimal HTTP/1.0 responder (any GET path). Each scrape is
+//! served on its own thread with read and write timeouts, at most [`MAX_SCRAPES`] at once;
+//! a port alone binds loopback.
 
 use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hoardfs_fs::HoardFs;
@@ -60,31 +63,181 @@ pub fn render(stats: &Value) -> String {
     out
 }
 
-/// Binds `addr` and serves metrics on a thread.
+/// Scrapes served at once; connections beyond are closed at once (a scraper retries).
+const MAX_SCRAPES: usize = 16;
+/// How long a scraper may take to send its request (then it gets the metrics anyway).
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a scraper may take to read the reply.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where `--metrics-listen ADDR` binds: `PORT` or `:PORT` is loopback (127.0.0.1), anything
+/// else is taken as given (`HOST:PORT`, `[V6]:PORT`); only an explicit address reaches
+/// beyond this machine.
+pub fn listen_addrs(addr: &str) -> Result<Vec<SocketAddr>, String> {
+    let port_only = addr.strip_prefix(':').unwrap_or(addr);
+    if let Ok(port) = port_only.parse::<u16>() {
+        return Ok(vec![SocketAddr::from((Ipv4Addr::LOCALHOST, port))]);
+    }
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("--metrics-listen {addr}: {e} (give PORT or HOST:PORT)"))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(format!("--metrics-listen {addr}: resolves to no address"));
+    }
+    Ok(addrs)
+}
+
+/// Binds `addr` (see [`listen_addrs`]) and serves metrics on a thread.
 pub fn start(addr: &str, fs: Arc<HoardFs>, info: MountInfo) -> Result<(), String> {
-    let l = TcpListener::bind(addr).map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
+    let addrs = listen_addrs(addr)?;
+    let l = TcpListener::bind(&addrs[..]).map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
+    if let Ok(a) = l.local_addr()
+        && !a.ip().is_loopback()
+    {
+        tracing::warn!("metrics are served without authentication on {a}, beyond this machine");
+    }
+    serve(l, move || render(&stats_json(&fs, &info)))
+}
+
+/// Serves `body()` to every connection on `l`, each on its own thread (at most
+/// [`MAX_SCRAPES`] at once), so that a slow or stuck scraper holds up nobody else.
+fn serve(l: TcpListener, body: impl Fn() -> String + Send + Sync + 'static) -> Result<(), String> {
+    let body = Arc::new(body);
+    let active = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("hoardfs-metrics".into())
         .spawn(move || {
-            for mut s in l.incoming().flatten() {
-                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                let mut buf = [0u8; 4096];
-                let mut got = Vec::new();
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") && got.len() < 16384 {
-                    match s.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
+            for s in l.incoming().flatten() {
+                if active.fetch_add(1, Ordering::SeqCst) >= MAX_SCRAPES {
+                    active.fetch_sub(1, Ordering::SeqCst);
+                    continue; // (closed when dropped)
                 }
-                let body = render(&stats_json(&fs, &info));
-                let _ = write!(
-                    s,
-                    "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
-                     Content-Length: {}\r\n\r\n{body}",
-                    body.len()
-                );
+                let (body, slot) = (body.clone(), Slot(active.clone()));
+                let spawned = std::thread::Builder::new()
+                    .name("hoardfs-metrics-conn".into())
+                    .spawn(move || {
+                        let _slot = slot;
+                        answer(s, &*body);
+                    });
+                // (On failure the closure, and with it the slot, is dropped.)
+                drop(spawned);
             }
         })
         .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// One of the [`MAX_SCRAPES`] connection slots, given back when dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Reads (and ignores) a request, then sends the metrics.
+fn answer(mut s: TcpStream, body: &dyn Fn() -> String) {
+    let _ = s.set_read_timeout(Some(READ_TIMEOUT));
+    let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
+    let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") && got.len() < 16384 {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let body = body();
+    let _ = write!(
+        s,
+        "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn scrape(addr: SocketAddr) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        reply
+    }
+
+    #[test]
+    fn a_stuck_scraper_does_not_hold_up_another() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        serve(l, || "hoardfs_test 1\n".to_string()).unwrap();
+        // Connects and sends nothing (nor reads).
+        let _stuck = TcpStream::connect(addr).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let t = Instant::now();
+        let reply = scrape(addr);
+        assert!(reply.ends_with("\r\n\r\nhoardfs_test 1\n"), "{reply:?}");
+        assert!(t.elapsed() < READ_TIMEOUT / 2, "waited {:?}", t.elapsed());
+    }
+
+    #[test]
+    fn scrapes_beyond_the_limit_are_closed_and_the_rest_served() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        serve(l, || "x 1\n".to_string()).unwrap();
+        let stuck: Vec<TcpStream> = (0..MAX_SCRAPES)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut extra = TcpStream::connect(addr).unwrap();
+        extra
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .unwrap();
+        let mut b = [0u8; 16];
+        let t = Instant::now();
+        assert!(matches!(extra.read(&mut b), Ok(0) | Err(_)));
+        assert!(t.elapsed() < Duration::from_secs(1), "closed at once");
+        drop(stuck);
+        // The stuck ones end (EOF): their slots come back.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+            let mut reply = String::new();
+            let _ = s.read_to_string(&mut reply);
+            if reply.ends_with("x 1\n") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never served again");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn a_port_alone_is_loopback() {
+        let lo = |p| vec![SocketAddr::from((Ipv4Addr::LOCALHOST, p))];
+        assert_eq!(listen_addrs("9477").unwrap(), lo(9477));
+        assert_eq!(listen_addrs(":9477").unwrap(), lo(9477));
+        assert_eq!(
+            listen_addrs("0.0.0.0:9477").unwrap(),
+            vec!["0.0.0.0:9477".parse().unwrap()]
+        );
+        assert_eq!(
+            listen_addrs("[::1]:9").unwrap(),
+            vec!["[::1]:9".parse().unwrap()]
+        );
+        assert!(
+            listen_addrs("localhost:9477").unwrap()[0]
+                .ip()
+                .is_loopback()
+        );
+        assert!(listen_addrs("nonsense").is_err());
+    }
 }

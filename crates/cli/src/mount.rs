@@ -94,7 +94,7 @@ pub struct MountArgs {
     /// Hoard file: paths or globs (one per line, optional priority) to pin and fetch.
     #[arg(long)]
     pub hoard_file: Option<PathBuf>,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9477).
+    /// Serve Prometheus metrics on this address: PORT (loopback) or HOST:PORT.
     #[arg(long)]
     pub metrics_listen: Option<String>,
     /// Kernel readahead for reads the daemon serves (misses, partly cached files,

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use crate::control::socket_path;
+use crate::control::checked_socket_path;
 
 /// A connection to a mount's control socket.
 pub struct Control {
@@ -21,7 +21,7 @@ pub struct Control {
 impl Control {
     /// Connects to the mount at `mountpoint`.
     pub fn connect(mountpoint: &Path) -> Result<Control, String> {
-        let path = socket_path(mountpoint);
+        let path = checked_socket_path(mountpoint)?;
         let s = UnixStream::connect(&path).map_err(|e| {
             format!(
                 "cannot reach the hoardfs client of {} ({}): {e}",

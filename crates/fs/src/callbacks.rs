@@ -14,6 +14,7 @@
 //! so a break handled after the check clears what the check granted).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use hoardfs_origin::Break;
 use parking_lot::Mutex;
@@ -33,6 +34,47 @@ pub trait KernelNotifier: Send + Sync {
 
 /// Breaks remembered individually; older ones are summarised by a horizon.
 const LOG_CAP: usize = 1 << 16;
+
+/// Breaks waiting for the callback thread at most; beyond, they are summarised by one
+/// `Break::All`.
+const BACKLOG_CAP: usize = 1 << 16;
+
+/// Bounds the breaks queued for the callback thread: an origin that sends breaks faster
+/// than they are applied (a flood of `Break::All`, each of which invalidates every node)
+/// must not make the queue grow without bound. Past [`BACKLOG_CAP`] one `Break::All` is
+/// queued and further breaks are dropped until the thread takes a `Break::All` off the
+/// queue: that one is applied after every dropped break arrived, and covers them.
+#[derive(Default)]
+pub(crate) struct Backlog {
+    queued: AtomicUsize,
+    overflowed: AtomicBool,
+}
+
+impl Backlog {
+    /// What to queue for breaks `b` as they arrive: `b`, or past the bound one
+    /// `Break::All` (the first time) or nothing.
+    pub(crate) fn admit(&self, b: Vec<Break>) -> Option<Vec<Break>> {
+        let n = b.len();
+        if self.queued.fetch_add(n, Ordering::SeqCst) + n <= BACKLOG_CAP {
+            return Some(b);
+        }
+        self.queued.fetch_sub(n, Ordering::SeqCst);
+        if self.overflowed.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        tracing::warn!("the origin sends breaks faster than they are applied: breaking everything");
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        Some(vec![Break::All])
+    }
+
+    /// The callback thread took `b` off the queue (before applying it).
+    pub(crate) fn taken(&self, b: &[Break]) {
+        if b.contains(&Break::All) {
+            self.overflowed.store(false, Ordering::SeqCst);
+        }
+        self.queued.fetch_sub(b.len(), Ordering::SeqCst);
+    }
+}
 
 /// Numbered record of recent breaks; see the module docs. Lock: a leaf.
 #[derive(Default)]
@@ -218,6 +260,34 @@ mod tests {
         let before = log.seq();
         log.record(&[Break::All]);
         assert!(log.broken_since(12345, before));
+    }
+
+    #[test]
+    fn the_backlog_is_bounded_and_summarised_by_one_break_all() {
+        use super::{BACKLOG_CAP, Backlog};
+        let attr = |file_id| Break::Attr {
+            file_id,
+            version: 0,
+        };
+        let b = Backlog::default();
+        let mut queue = Vec::new();
+        for i in 0..BACKLOG_CAP as u64 * 4 {
+            queue.extend(b.admit(vec![attr(i)]));
+        }
+        assert_eq!(queue.len(), BACKLOG_CAP + 1);
+        assert_eq!(queue.last(), Some(&vec![Break::All]));
+        // Until the Break::All is taken, breaks are dropped; then queued again.
+        for q in &queue[..BACKLOG_CAP] {
+            b.taken(q);
+        }
+        assert_eq!(b.admit(vec![attr(1)]), Some(vec![attr(1)]));
+        assert_eq!(
+            b.admit(vec![attr(2); BACKLOG_CAP]),
+            None,
+            "still overflowed"
+        );
+        b.taken(&queue[BACKLOG_CAP]);
+        assert_eq!(b.admit(vec![attr(3)]), Some(vec![attr(3)]));
     }
 
     #[test]

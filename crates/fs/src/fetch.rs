@@ -141,19 +141,25 @@ impl HoardFs {
     /// version this open is for.
     fn fetch_chunk(&self, node: &Node, view: &View, c: u64) -> FsResult<Vec<u8>> {
         const PIECE: u64 = 4 << 20;
+        const MAX_RESERVE: u64 = 64 << 20;
         let (start, end) = view.chunk_range(c);
         let mut data = Vec::new();
         let mut cacheable = true;
         while (data.len() as u64) < end - start {
             let pos = start + data.len() as u64;
             let len = (end - pos).min(PIECE) as u32;
-            let r = self.with_handle(node, |h| self.origin.read(h, pos, len))?;
+            let mut r = self.with_handle(node, |h| self.origin.read(h, pos, len))?;
+            r.data.truncate(len as usize);
             cacheable &= r.version == view.version;
             let short = (r.data.len() as u32) < len;
             if data.is_empty() {
                 // Usually the whole chunk: keep the received buffer rather than copy it.
+                // Room for the rest is reserved up front only up to a bound, so that the
+                // size a server claims cannot by itself make us allocate (chunks of
+                // huge files are large): beyond it the buffer grows as bytes arrive.
                 data = r.data;
-                data.reserve_exact((end - start) as usize - data.len());
+                let rest = (end - start).saturating_sub(data.len() as u64);
+                data.reserve_exact(rest.min(MAX_RESERVE) as usize);
             } else {
                 data.extend_from_slice(&r.data);
             }

@@ -43,6 +43,10 @@ use nodes::{NodeState, NodeTable};
 /// name; the disk cache's queue bounds it further).
 pub(crate) const WARM_PER_LISTING: usize = 1024;
 
+/// Entries plus pages of one directory listing at most: a server that keeps answering
+/// with further pages (each with a new cookie) cannot make a listing grow without bound.
+pub(crate) const MAX_LISTING: usize = 1 << 22;
+
 /// Tunables of a mount.
 #[derive(Debug, Clone)]
 pub struct FsConfig {
@@ -116,9 +120,13 @@ impl HoardFs {
         let breaks = Arc::new(BreakLog::default());
         let (tx, rx) = std::sync::mpsc::channel::<Vec<hoardfs_origin::Break>>();
         let log = breaks.clone();
+        let backlog = Arc::new(callbacks::Backlog::default());
+        let queued = backlog.clone();
         let callbacks = origin.subscribe(Arc::new(move |b| {
             log.record(&b);
-            let _ = tx.send(b);
+            if let Some(b) = queued.admit(b) {
+                let _ = tx.send(b);
+            }
         }));
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
@@ -139,6 +147,7 @@ impl HoardFs {
             .name("hoardfs-callbacks".into())
             .spawn(move || {
                 while let Ok(b) = rx.recv() {
+                    backlog.taken(&b);
                     let Some(fs) = weak.upgrade() else { return };
                     fs.apply_breaks(b);
                 }
@@ -399,8 +408,15 @@ impl HoardFs {
         let fetched = self.with_handle(&node, |h| {
             entries.clear();
             cookie = 0;
+            let mut pages = 0;
             loop {
                 let page = self.origin.readdir(h, cookie, 1024)?;
+                pages += 1;
+                if entries.len() + page.entries.len() + pages > MAX_LISTING {
+                    return Err(OriginError::Protocol(format!(
+                        "directory listing longer than {MAX_LISTING} entries"
+                    )));
+                }
                 entries.extend(page.entries);
                 match page.next {
                     Some(c) => cookie = c,
@@ -472,5 +488,7 @@ impl HoardFs {
     }
 }
 
+#[cfg(test)]
+mod hostile_tests;
 #[cfg(test)]
 mod tests;

@@ -131,7 +131,8 @@ impl View {
     }
     pub(crate) fn chunk_range(&self, c: u64) -> (u64, u64) {
         let start = c << self.chunk_shift;
-        (start, (start + (1 << self.chunk_shift)).min(self.size))
+        let end = start.saturating_add(1 << self.chunk_shift);
+        (start, end.min(self.size))
     }
 }
 
@@ -438,7 +439,7 @@ impl HoardFs {
         if offset >= view.size || size == 0 {
             return Ok(Recycled::default());
         }
-        let end = (offset + size as u64).min(view.size);
+        let end = offset.saturating_add(size as u64).min(view.size);
         if view.object.is_none() {
             return self.read_uncached(&of.node, offset, end);
         }
@@ -457,8 +458,10 @@ impl HoardFs {
             let Some(bytes) = self.cached_or_fetched(of, &view, c, &mut out[at..], from)? else {
                 continue;
             };
-            let lo = (from - cs) as usize;
-            let avail = bytes.len().saturating_sub(lo).min(want);
+            // (The chunk may have come back shorter than the read's start in it: the file
+            // shrank, or is shorter than its attributes said.)
+            let lo = ((from - cs) as usize).min(bytes.len());
+            let avail = (bytes.len() - lo).min(want);
             out.truncate(at);
             out.extend_from_slice(&bytes[lo..lo + avail]);
             if avail < want {
@@ -478,7 +481,9 @@ impl HoardFs {
     /// open at 256 readers, and a copy for every reply that spanned two chunks.)
     fn read_uncached(&self, node: &Node, offset: u64, end: u64) -> FsResult<ReadData> {
         let len = (end - offset) as u32;
-        let r = self.with_handle(node, |h| self.origin.read(h, offset, len))?;
+        let mut r = self.with_handle(node, |h| self.origin.read(h, offset, len))?;
+        // Never more than asked (a remote origin's replies are checked for that already).
+        r.data.truncate(len as usize);
         Stats::add(&self.stats.chunk_fetches, 1);
         Stats::add(&self.stats.bytes_from_network, r.data.len() as u64);
         Ok(Recycled::from(r.data))

@@ -30,10 +30,19 @@ impl HoardFs {
         let append = of.access.append;
         let verifier = self.verifier();
         let w = self.with_handle(node, |h| self.origin.write(h, offset, data, append))?;
+        // An origin cannot have written more than it was given (a remote one's replies
+        // are checked for that, this guards any other).
+        let Some(written) = data.get(..w.written as usize) else {
+            return Err(FsError::Protocol(format!(
+                "origin wrote {} bytes of {}",
+                w.written,
+                data.len()
+            )));
+        };
         self.durability.wrote(node.ino, verifier, self.verifier());
         Stats::add(&self.stats.writes, 1);
         Stats::add(&self.stats.bytes_written, w.written as u64);
-        self.follow_write(node, &w, &data[..w.written as usize]);
+        self.follow_write(node, &w, written);
         self.install_attr(node, w.attr, since);
         if append && let Some(n) = self.notifier.get() {
             // The kernel guessed the offset from a size that may be stale.

@@ -171,13 +171,19 @@ pub fn errno(e: &FsError) -> Errno {
     }
 }
 
+/// A wire time as the kernel's. Never panics: nanoseconds out of range are clamped, and a
+/// time the platform cannot represent saturates (on Linux every `i64` second is fine).
 fn time(t: Timestamp) -> std::time::SystemTime {
-    if t.secs >= 0 {
-        UNIX_EPOCH + Duration::new(t.secs as u64, t.nanos)
+    let t = t.clamped();
+    let nanos = Duration::from_nanos(u64::from(t.nanos));
+    let st = if t.secs >= 0 {
+        UNIX_EPOCH.checked_add(Duration::from_secs(t.secs as u64) + nanos)
     } else {
-        UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs())
-            + Duration::from_nanos(t.nanos as u64)
-    }
+        UNIX_EPOCH
+            .checked_sub(Duration::from_secs(t.secs.unsigned_abs()))
+            .and_then(|s| s.checked_add(nanos))
+    };
+    st.unwrap_or(UNIX_EPOCH)
 }
 
 fn file_type(k: FileKind) -> FileType {
@@ -203,7 +209,8 @@ pub fn fuse_attr(ino: Ino, a: &Attr) -> FileAttr {
         ctime: time(a.ctime),
         crtime: time(a.ctime),
         kind: file_type(a.kind),
-        perm: a.perm,
+        // Only permission bits: higher ones would change the type the kernel sees.
+        perm: a.perm & 0o7777,
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
@@ -670,5 +677,170 @@ impl Filesystem for FuseBridge {
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
         // Permissions are enforced by the kernel (default_permissions) from origin attributes.
         reply.ok();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hoardfs_origin::TimeSet;
+
+    fn attr(t: Timestamp) -> Attr {
+        Attr {
+            file_id: 1,
+            version: 1,
+            kind: FileKind::File,
+            perm: 0o170_644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size: u64::MAX,
+            blocks: u64::MAX,
+            rdev: u64::MAX,
+            blksize: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        }
+    }
+
+    #[test]
+    fn extreme_attributes_convert_without_panic() {
+        for secs in [i64::MAX, i64::MAX - 1, i64::MIN, i64::MIN + 1, -1, 0, 1] {
+            for nanos in [0, 1, 999_999_999, 1_000_000_000, u32::MAX] {
+                let a = fuse_attr(2, &attr(Timestamp { secs, nanos }));
+                assert_eq!(a.perm, 0o644);
+                let _ = time(Timestamp { secs, nanos });
+            }
+        }
+        let far = time(Timestamp {
+            secs: i64::MAX,
+            nanos: u32::MAX,
+        });
+        assert!(far > UNIX_EPOCH);
+        let before = time(Timestamp {
+            secs: -1,
+            nanos: 500_000_000,
+        });
+        assert_eq!(
+            UNIX_EPOCH.duration_since(before).unwrap(),
+            Duration::from_millis(500)
+        );
+    }
+
+    /// An origin of one directory holding one file, both with extreme attributes.
+    struct Extreme;
+
+    impl Extreme {
+        fn entry(id: u64, kind: FileKind) -> hoardfs_origin::Entry {
+            let mut a = attr(Timestamp {
+                secs: i64::MAX,
+                nanos: u32::MAX,
+            });
+            a.file_id = id;
+            a.kind = kind;
+            a.mtime = Timestamp {
+                secs: i64::MIN,
+                nanos: 1_000_000_000,
+            };
+            hoardfs_origin::Entry {
+                handle: hoardfs_origin::Handle { epoch: 1, id },
+                attr: a,
+            }
+        }
+    }
+
+    impl hoardfs_origin::Origin for Extreme {
+        fn info(&self) -> hoardfs_origin::Result<hoardfs_origin::OriginInfo> {
+            Ok(hoardfs_origin::OriginInfo {
+                verifier: 0,
+                export_id: 1,
+                root: Extreme::entry(1, FileKind::Dir),
+                read_only: true,
+            })
+        }
+        fn lookup(
+            &self,
+            _: hoardfs_origin::Handle,
+            _: &[u8],
+        ) -> hoardfs_origin::Result<hoardfs_origin::Entry> {
+            Ok(Extreme::entry(2, FileKind::File))
+        }
+        fn getattr(&self, h: hoardfs_origin::Handle) -> hoardfs_origin::Result<Attr> {
+            let kind = if h.id == 1 {
+                FileKind::Dir
+            } else {
+                FileKind::File
+            };
+            Ok(Extreme::entry(h.id, kind).attr)
+        }
+        fn readdir(
+            &self,
+            _: hoardfs_origin::Handle,
+            _: u64,
+            _: u32,
+        ) -> hoardfs_origin::Result<hoardfs_origin::DirPage> {
+            Ok(hoardfs_origin::DirPage {
+                entries: vec![hoardfs_origin::DirEntry {
+                    name: b"f".to_vec(),
+                    entry: Extreme::entry(2, FileKind::File),
+                }],
+                next: None,
+            })
+        }
+        fn read(
+            &self,
+            _: hoardfs_origin::Handle,
+            _: u64,
+            _: u32,
+        ) -> hoardfs_origin::Result<hoardfs_origin::ReadReply> {
+            Ok(hoardfs_origin::ReadReply {
+                data: Vec::new(),
+                version: 1,
+            })
+        }
+        fn readlink(&self, _: hoardfs_origin::Handle) -> hoardfs_origin::Result<Vec<u8>> {
+            Err(WireError::Invalid.into())
+        }
+        fn statfs(&self) -> hoardfs_origin::Result<hoardfs_origin::StatFs> {
+            Ok(hoardfs_origin::StatFs::default())
+        }
+    }
+
+    #[test]
+    fn extreme_attributes_convert_through_the_fs_layer() {
+        let fs = HoardFs::new(Arc::new(Extreme), None, hoardfs_fs::FsConfig::default()).unwrap();
+        let root = fs.getattr(hoardfs_fs::ROOT_INO).unwrap().0;
+        let (ino, a, _) = fs.lookup(hoardfs_fs::ROOT_INO, b"f").unwrap();
+        let listing = fs.listing(hoardfs_fs::ROOT_INO).unwrap();
+        let attrs = [
+            root,
+            a,
+            fs.getattr(ino).unwrap().0,
+            listing.entries[0].entry.attr,
+        ];
+        for a in attrs {
+            let k = fuse_attr(ino, &a);
+            assert!(k.atime > UNIX_EPOCH && k.mtime < UNIX_EPOCH);
+            assert_eq!(k.perm, 0o644);
+        }
+    }
+
+    #[test]
+    fn kernel_times_before_the_epoch_convert_without_panic() {
+        let early = UNIX_EPOCH
+            .checked_sub(Duration::new(i64::MAX as u64, 999_999_999))
+            .unwrap();
+        for t in [
+            early,
+            UNIX_EPOCH - Duration::from_nanos(1),
+            UNIX_EPOCH - Duration::from_millis(1500),
+        ] {
+            let TimeSet::At(ts) = modify::time_set(TimeOrNow::SpecificTime(t)) else {
+                panic!()
+            };
+            assert!(ts.nanos < 1_000_000_000);
+            assert_eq!(time(ts), t, "{ts:?}");
+        }
     }
 }

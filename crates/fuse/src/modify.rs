@@ -64,17 +64,24 @@ pub(crate) fn time_set(t: TimeOrNow) -> TimeSet {
         TimeOrNow::Now => TimeSet::Now,
         TimeOrNow::SpecificTime(st) => TimeSet::At(match st.duration_since(UNIX_EPOCH) {
             Ok(d) => Timestamp {
-                secs: d.as_secs() as i64,
+                secs: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
                 nanos: d.subsec_nanos(),
             },
             Err(e) => {
+                // Saturating: `SystemTime` may reach further back than `i64` seconds.
                 let d = e.duration();
-                let (mut secs, mut nanos) = (-(d.as_secs() as i64), d.subsec_nanos());
-                if nanos > 0 {
-                    secs -= 1;
-                    nanos = 1_000_000_000 - nanos;
+                let secs = i64::try_from(d.as_secs()).map_or(i64::MIN, |s| -s);
+                match (d.subsec_nanos(), secs.checked_sub(1)) {
+                    (0, _) => Timestamp { secs, nanos: 0 },
+                    (n, Some(s)) => Timestamp {
+                        secs: s,
+                        nanos: 1_000_000_000 - n,
+                    },
+                    (_, None) => Timestamp {
+                        secs: i64::MIN,
+                        nanos: 0,
+                    },
                 }
-                Timestamp { secs, nanos }
             }
         }),
     }

@@ -12,9 +12,11 @@
 //! `hoardfs-tls`), so frames, tokens and file data never cross the network in clear.
 
 pub mod buffers;
+pub mod check;
 pub mod frame;
 pub mod msg;
 
+pub use check::{check_name, check_target, check_xattr_list};
 pub use frame::{FrameError, FrameHeader, Limits};
 pub use msg::*;
 

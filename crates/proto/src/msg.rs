@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Server-issued, opaque reference to one file system object.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Handle {
     /// Random value chosen when the server started; a mismatch means the handle is stale.
@@ -18,6 +19,7 @@ pub struct Handle {
 }
 
 /// Kind of a file system object.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum FileKind {
     /// Regular file.
@@ -37,6 +39,7 @@ pub enum FileKind {
 }
 
 /// A point in time as seconds and nanoseconds since the Unix epoch.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct Timestamp {
     /// Whole seconds (may be negative).
@@ -46,6 +49,7 @@ pub struct Timestamp {
 }
 
 /// Attributes of an object as the origin sees them.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Attr {
     /// Stable identity of the object on the origin (inode number); the same across
@@ -80,6 +84,7 @@ pub struct Attr {
 }
 
 /// A named object: its handle and attributes.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     /// Handle for further requests.
@@ -89,6 +94,7 @@ pub struct Entry {
 }
 
 /// One directory entry with its attributes (readdirplus).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirEntry {
     /// Name within the directory (raw bytes; never contains `/` or NUL).
@@ -98,6 +104,7 @@ pub struct DirEntry {
 }
 
 /// File system statistics (statvfs).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct StatFs {
     /// Total blocks.
@@ -119,6 +126,7 @@ pub struct StatFs {
 }
 
 /// Counters a server keeps; used by tests, `stats` and benchmarks.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ServerCounters {
     /// Connections accepted since start.
@@ -142,6 +150,7 @@ pub struct ServerCounters {
 }
 
 /// One request. `id` is echoed in the matching [`Response`].
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
     /// Client-chosen id, unique among the client's requests in flight.
@@ -151,6 +160,7 @@ pub struct Request {
 }
 
 /// The operations a client may request.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Op {
     /// Must come first: protocol version and the shared token (empty if none).
@@ -346,6 +356,7 @@ pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
 
 /// Identity a new object is created with.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct Owner {
     /// User id of the creating process.
@@ -355,6 +366,7 @@ pub struct Owner {
 }
 
 /// A new access or modification time.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TimeSet {
     /// The server's current time.
@@ -364,6 +376,7 @@ pub enum TimeSet {
 }
 
 /// Attribute changes of a [`Op::SetAttr`]; `None` fields are left alone.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct SetAttrs {
     /// New permission bits.
@@ -406,6 +419,7 @@ pub fn change_id(a: &Attr) -> u64 {
 }
 
 /// A callback break: the server tells a client that something it may cache has changed.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Break {
     /// Attributes (and possibly content) of `file_id` changed; `version` is the
@@ -432,15 +446,17 @@ pub enum Break {
 }
 
 /// Every frame a server sends: a reply to a request, or callback breaks nobody asked for.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ServerMessage {
     /// Reply to one request.
     Response(Response),
     /// Callback breaks.
-    Breaks(Vec<Break>),
+    Breaks(#[serde(deserialize_with = "bounded::breaks")] Vec<Break>),
 }
 
 /// Reply to one [`Request`].
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
     /// Id of the request this answers.
@@ -450,6 +466,7 @@ pub struct Response {
 }
 
 /// Successful outcomes.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     /// Handshake accepted.
@@ -476,6 +493,7 @@ pub enum Reply {
     /// A directory page. `next` is the cookie to continue with, `None` at the end.
     DirPage {
         /// Entries (without `.` and `..`).
+        #[serde(deserialize_with = "bounded::dir_entries")]
         entries: Vec<DirEntry>,
         /// Continue from here, or end.
         next: Option<u64>,
@@ -517,6 +535,7 @@ pub enum Reply {
 }
 
 /// Typed failure reasons. Mapped to errno only at the FUSE boundary.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, thiserror::Error)]
 pub enum WireError {
     /// No such file or directory.
@@ -597,4 +616,122 @@ pub enum WireError {
     /// The server accepts only TLS connections and this one is plaintext.
     #[error("the server requires TLS")]
     TlsRequired,
+}
+
+/// Most callback breaks one message may carry (a server sends a batch of changes, or the
+/// objects of one reply and their names: far fewer).
+pub const MAX_BREAKS: usize = 1 << 20;
+/// Most entries one directory page may carry (a server clamps pages to 8192 entries).
+pub const MAX_DIR_PAGE_ENTRIES: usize = 1 << 16;
+
+/// Decoding of the long lists of a server message with an upper bound on their length, so
+/// that a frame of minimal elements (one byte each, for `Break::All`) cannot expand into
+/// tens of times its size in memory.
+mod bounded {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::{Deserialize, Deserializer, Error, SeqAccess, Visitor};
+
+    struct Bounded<T>(usize, PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Bounded<T> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a sequence of at most {} elements", self.0)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let hint = seq.size_hint().unwrap_or(0);
+            if hint > self.0 {
+                return Err(A::Error::invalid_length(hint, &self));
+            }
+            // Room for what the length says, within reason: the length is the peer's word.
+            let mut v = Vec::with_capacity(hint.min(4096));
+            while let Some(x) = seq.next_element()? {
+                if v.len() == self.0 {
+                    return Err(A::Error::invalid_length(v.len() + 1, &self));
+                }
+                v.push(x);
+            }
+            Ok(v)
+        }
+    }
+
+    fn vec<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+        max: usize,
+    ) -> Result<Vec<T>, D::Error> {
+        d.deserialize_seq(Bounded(max, PhantomData))
+    }
+
+    pub(super) fn breaks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<super::Break>, D::Error> {
+        vec(d, super::MAX_BREAKS)
+    }
+
+    pub(super) fn dir_entries<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Vec<super::DirEntry>, D::Error> {
+        vec(d, super::MAX_DIR_PAGE_ENTRIES)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{decode_body, encode_body};
+
+    #[test]
+    fn long_lists_are_bounded_when_decoded() {
+        let at_most = ServerMessage::Breaks(vec![Break::All; MAX_BREAKS]);
+        let body = encode_body(&at_most);
+        assert_eq!(decode_body::<ServerMessage>(&body).unwrap(), at_most);
+        let over = encode_body(&ServerMessage::Breaks(vec![Break::All; MAX_BREAKS + 1]));
+        assert!(decode_body::<ServerMessage>(&over).is_err());
+        // A length claiming more than the bound fails before any element is read.
+        let mut claim = vec![1u8]; // ServerMessage::Breaks
+        claim.extend_from_slice(&[0xff, 0xff, 0xff, 0x0f]); // 2^32 - 1 elements
+        claim.extend_from_slice(&[2u8; 64]);
+        assert!(decode_body::<ServerMessage>(&claim).is_err());
+    }
+
+    #[test]
+    fn directory_pages_are_bounded_when_decoded() {
+        let entry = DirEntry {
+            name: b"a".to_vec(),
+            entry: Entry {
+                handle: Handle { epoch: 1, id: 1 },
+                attr: Attr {
+                    file_id: 1,
+                    version: 1,
+                    kind: FileKind::File,
+                    perm: 0,
+                    nlink: 1,
+                    uid: 0,
+                    gid: 0,
+                    size: 0,
+                    blocks: 0,
+                    rdev: 0,
+                    blksize: 0,
+                    atime: Timestamp::default(),
+                    mtime: Timestamp::default(),
+                    ctime: Timestamp::default(),
+                },
+            },
+        };
+        let page = |n| {
+            ServerMessage::Response(Response {
+                id: 1,
+                result: Ok(Reply::DirPage {
+                    entries: vec![entry.clone(); n],
+                    next: None,
+                }),
+            })
+        };
+        let ok = page(MAX_DIR_PAGE_ENTRIES);
+        assert_eq!(decode_body::<ServerMessage>(&encode_body(&ok)).unwrap(), ok);
+        let over = encode_body(&page(MAX_DIR_PAGE_ENTRIES + 1));
+        assert!(decode_body::<ServerMessage>(&over).is_err());
+    }
 }

@@ -24,9 +24,7 @@ use std::time::{Duration, Instant};
 use hoardfs_origin::FileRange;
 use hoardfs_proto::buffers;
 use hoardfs_proto::frame::{self, FrameError, FrameHeader, HEADER_LEN, Limits};
-use hoardfs_proto::{
-    MAX_WRITE_LEN, Op, PROTOCOL_VERSION, Reply, Request, Response, ServerMessage, WireError,
-};
+use hoardfs_proto::{Op, PROTOCOL_VERSION, Reply, Request, Response, ServerMessage, WireError};
 use tokio::io::{
     AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, Interest,
 };
@@ -38,15 +36,13 @@ use tokio::task::JoinHandle;
 use crate::admission::{self, HandshakeTicket, SessionGuard};
 use crate::callbacks::ConnId;
 use crate::credentials::Check;
+use crate::decode::{Decoded, Phase, decode_request};
 use crate::{Shared, Stats};
 
 /// How long a new connection may take to send its `Hello`.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// What is accepted before authentication: a `Hello` body and nothing else.
-const HELLO_LIMITS: Limits = Limits {
-    max_body: 4096,
-    max_data: 0,
-};
+const HELLO_LIMITS: Limits = Phase::Hello.limits();
 /// Socket buffer sizes of the reader and writer.
 const IO_BUF: usize = 64 << 10;
 /// How long a refused peer gets to receive the error reply before the socket closes.
@@ -343,7 +339,11 @@ async fn handshake<R: AsyncRead + Unpin>(
         Ok(Ok(None)) => return Err(End::Closed(None)),
         Ok(Err(e)) => return Err(frame_end(e)),
     };
-    let req: Request = frame::decode_body(&first.0).map_err(|e| End::Bad(e.to_string()))?;
+    let req = match decode_request(Phase::Hello, &first.0, first.1.len()) {
+        Ok(Decoded::Run(r)) => r,
+        Ok(Decoded::Refuse { .. }) => return Err(End::Bad("refused hello".into())),
+        Err(e) => return Err(End::Bad(e.to_string())),
+    };
     Stats::bump(&shared.stats.requests);
     let Op::Hello { version, token } = req.op else {
         return Err(End::Bad("request before hello".into()));
@@ -499,16 +499,18 @@ async fn read_loop<R: AsyncRead + Unpin>(
             Ok(Ok(Err(e))) => return frame_end(e),
         };
         let (body, data) = frame;
-        let req: Request = match frame::decode_body(&body) {
-            Ok(r) => r,
+        let decoded = match decode_request(Phase::Requests, &body, data.len()) {
+            Ok(d) => d,
             Err(e) => return End::Bad(e.to_string()),
         };
         Stats::bump(&shared.stats.requests);
-        let Request { id, op } = req;
         // Memory this request may hold until its reply is written: its payload, or the
         // bytes it asks to read.
-        let cost = match &op {
-            Op::Read { len, .. } => data.len() + *len as usize,
+        let cost = match &decoded {
+            Decoded::Run(Request {
+                op: Op::Read { len, .. },
+                ..
+            }) => data.len() + *len as usize,
             _ => data.len(),
         };
         let units =
@@ -529,24 +531,17 @@ async fn read_loop<R: AsyncRead + Unpin>(
             _conn: conn_units,
             _server: server_units,
         };
-        let takes_data = matches!(op, Op::Write { .. } | Op::SetXattr { .. });
-        let refusal = if matches!(op, Op::Hello { .. }) {
-            // A second hello.
-            Some(WireError::Protocol)
-        } else if !data.is_empty() && !takes_data {
-            Some(WireError::Invalid)
-        } else if data.len() > MAX_WRITE_LEN as usize {
-            Some(WireError::TooBig)
-        } else {
-            None
-        };
-        if let Some(err) = refusal {
-            let out = Outgoing::new(id, Err(err), Vec::new()).holding(held);
-            if tx.send(out).is_err() {
-                return End::Closed(None);
+        let Request { id, op } = match decoded {
+            Decoded::Run(req) => req,
+            // A second hello, data on a request that takes none, a bad name...
+            Decoded::Refuse { id, error } => {
+                let out = Outgoing::new(id, Err(error), Vec::new()).holding(held);
+                if tx.send(out).is_err() {
+                    return End::Closed(None);
+                }
+                continue;
             }
-            continue;
-        }
+        };
         let shared = Arc::clone(shared);
         let tx = tx.clone();
         tokio::spawn(async move {

@@ -13,10 +13,13 @@ mod admission;
 mod callbacks;
 mod conn;
 pub mod credentials;
+mod decode;
 mod handle;
 mod idmap;
 
 pub use idmap::{ANON_ID, IdMapping, Squash};
+
+pub use decode::{Decoded, Phase, decode_frame, decode_request};
 
 use std::future::Future;
 use std::io;

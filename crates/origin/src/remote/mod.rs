@@ -13,6 +13,7 @@
 
 mod conn;
 mod tls;
+pub mod validate;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -221,7 +222,9 @@ impl RemoteOrigin {
     fn request_with_data(&self, op: Op, data: &[u8]) -> Result<Answer> {
         let conn = self.conn()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        conn.call_with_data(id, op, data, self.opts.request_timeout)
+        let expect = validate::Expect::of(&op, data.len());
+        let answer = conn.call_with_data(id, op, data, self.opts.request_timeout)?;
+        validate::answer(&expect, answer)
     }
 
     /// A request whose reply is an `Entry`.
@@ -324,7 +327,7 @@ impl Origin for RemoteOrigin {
     }
 
     fn subscribe(&self, sink: BreakSink) -> bool {
-        *self.sink.lock() = Some(sink);
+        *self.sink.lock() = Some(validate::break_sink(sink));
         true
     }
 
@@ -542,7 +545,7 @@ fn handshake(
             ),
             e => e,
         })?;
-    match answer {
+    match validate::answer(&validate::Expect::Hello, answer)? {
         (
             Reply::Hello {
                 version,
