@@ -249,6 +249,13 @@ impl Mount {
         })
     }
 
+    /// Whether the client process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
     /// Path inside the mount.
     pub fn p(&self, rel: &str) -> PathBuf {
         self.path.join(rel)
