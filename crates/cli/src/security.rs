@@ -42,6 +42,8 @@ pub struct ClientSecurity {
     /// Where a first-use fingerprint is recorded, and the one recorded before.
     record: Option<PathBuf>,
     recorded: Option<Fingerprint>,
+    /// Whether the server is trusted on first use (no pin, no CA, nothing recorded).
+    first_use: bool,
 }
 
 impl ClientSecurityArgs {
@@ -63,6 +65,7 @@ impl ClientSecurityArgs {
                 security: Security::plaintext(token),
                 record: None,
                 recorded: None,
+                first_use: false,
             });
         }
         let record = cache_dir.map(|d| d.join(KNOWN_SERVER_FILE));
@@ -76,11 +79,13 @@ impl ClientSecurityArgs {
             (None, None, Some(f)) => Trust::Pinned(f),
             (None, None, None) => Trust::FirstUse,
         };
+        let first_use = matches!(trust, Trust::FirstUse);
         let tls = ClientTls::new(trust).map_err(|e| e.to_string())?;
         Ok(ClientSecurity {
             security: Security::tls(token, tls),
             record,
             recorded,
+            first_use,
         })
     }
 }
@@ -104,7 +109,7 @@ impl ClientSecurity {
                 write_record(p, &text).map_err(|e| {
                     format!("cannot record the server identity in {}: {e}", p.display())
                 })?;
-                if self.recorded.is_none() {
+                if self.first_use {
                     eprintln!(
                         "hoardfs: trusting {server} on first use: its identity is {seen} \
                          (recorded in {}; compare with `hoardfs serve --print-fingerprint` \
@@ -113,10 +118,11 @@ impl ClientSecurity {
                     );
                 }
             }
-            None => eprintln!(
+            None if self.first_use => eprintln!(
                 "hoardfs: {server} presented identity {seen} (not recorded: no cache \
                  directory; pass --server-fingerprint to pin it)"
             ),
+            None => {}
         }
         Ok(())
     }

@@ -238,11 +238,23 @@ fn run(
         } => {
             let r = origin.write(handle, offset, &data, append);
             hoardfs_proto::buffers::give(data);
-            let reply = r.map(|w| Reply::Written {
-                len: w.written,
-                offset: w.offset,
-                pre_version: w.pre_version,
-                attr: w.attr,
+            let reply = r.and_then(|w| {
+                let attr = match shared.cfg.id_map.setid_left_after_write(&w.attr) {
+                    Some(mode) => {
+                        let clear = SetAttrs {
+                            mode: Some(mode),
+                            ..SetAttrs::default()
+                        };
+                        origin.setattr(handle, &clear)?
+                    }
+                    None => w.attr,
+                };
+                Ok(Reply::Written {
+                    len: w.written,
+                    offset: w.offset,
+                    pre_version: w.pre_version,
+                    attr,
+                })
             });
             (reply, none())
         }

@@ -158,6 +158,16 @@ impl IdMapping {
         (chown && left && !self.allow_setid).then_some(perm & !SETID_BITS)
     }
 
+    /// The mode to give a regular file after a client wrote to it, when it still has set-id
+    /// bits and they are not allowed: the kernel clears them on a write by an unprivileged
+    /// process, but the server writes with the privilege to keep them (`CAP_FSETID`), so a
+    /// client could otherwise plant code in a set-id file it may write to.
+    pub fn setid_left_after_write(&self, attr: &Attr) -> Option<u32> {
+        let perm = u32::from(attr.perm);
+        let left = attr.kind == FileKind::File && perm & SETID_BITS != 0;
+        (left && !self.allow_setid).then_some(perm & !SETID_BITS)
+    }
+
     /// Applies the mapping to a request: the request to run, or the error to answer.
     /// Requests that carry no identity, mode or node type pass unchanged.
     pub fn apply(&self, op: Op) -> Result<Op, WireError> {

@@ -135,3 +135,28 @@ fn the_trusting_mapping_passes_everything_through() {
         (libc::S_IFCHR, libc::makedev(1, 3))
     );
 }
+
+#[test]
+fn a_write_into_a_set_id_file_clears_its_set_id_bits() {
+    // A set-uid root program already in the export (put there by the administrator).
+    let d = tempfile::tempdir().unwrap();
+    let prog = d.path().join("prog");
+    std::fs::write(&prog, b"#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o6755)).unwrap();
+    let (_srv, o, root) = serve(d.path(), IdMapping::default());
+    let h = o.lookup(root, b"prog").unwrap().handle;
+    let w = o.write(h, 0, b"#!/bin/sh\nid\n", false).unwrap();
+    // The server writes with CAP_FSETID, which keeps the bits; the mapping clears them as
+    // the kernel does for an unprivileged writer.
+    assert_eq!(w.attr.perm, 0o755);
+    assert_eq!(ids_and_perm(&prog), (0, 0, 0o755));
+
+    // With set-id bits allowed, the kernel's privileged behaviour shows: they stay.
+    let d2 = tempfile::tempdir().unwrap();
+    let prog2 = d2.path().join("prog");
+    std::fs::write(&prog2, b"#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&prog2, std::fs::Permissions::from_mode(0o6755)).unwrap();
+    let (_srv2, o2, root2) = serve(d2.path(), IdMapping::trusting());
+    let h2 = o2.lookup(root2, b"prog").unwrap().handle;
+    assert_eq!(o2.write(h2, 0, b"x", false).unwrap().attr.perm, 0o6755);
+}
