@@ -16,6 +16,8 @@ use std::sync::Arc;
 use globset::{GlobBuilder, GlobMatcher};
 use hoardfs_fs::HoardFs;
 
+use crate::tools::{human, plural, took};
+
 /// One line of a hoard file.
 #[derive(Debug, Clone)]
 pub struct HoardEntry {
@@ -97,6 +99,11 @@ pub fn start(fs: Arc<HoardFs>, mountpoint: PathBuf, entries: Vec<HoardEntry>) {
     let _ = std::thread::Builder::new()
         .name("hoardfs-hoard".into())
         .spawn(move || {
+            let start = std::time::Instant::now();
+            tracing::info!(
+                "hoard: pinning and fetching what {} names",
+                plural(entries.len() as u64, "hoard-file line")
+            );
             let (mut files, mut bytes, mut failed) = (0u64, 0u64, 0u64);
             for e in &entries {
                 for (path, ino) in matches(&mountpoint, e) {
@@ -115,7 +122,16 @@ pub fn start(fs: Arc<HoardFs>, mountpoint: PathBuf, entries: Vec<HoardEntry>) {
                     }
                 }
             }
-            tracing::info!("hoard: {files} files pinned, {bytes} bytes fetched, {failed} failed");
+            let failed = match failed {
+                0 => String::new(),
+                n => format!("; {} failed (see above)", plural(n, "file")),
+            };
+            tracing::info!(
+                "hoard: pinned {}, fetched {} from the server {}{failed}",
+                plural(files, "file"),
+                human(bytes),
+                took(bytes, start.elapsed())
+            );
         });
 }
 

@@ -6,6 +6,7 @@ mod control;
 mod demo;
 mod hoard;
 mod instance;
+mod logging;
 mod metrics;
 mod mount;
 mod prefetch;
@@ -56,6 +57,20 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Opened before daemonising, so that a bad path fails in the foreground.
+    let log_file = match &cli.command {
+        Command::Serve(a) => a.log_file.as_deref(),
+        Command::Mount(a) => a.log_file.as_deref(),
+        _ => None,
+    };
+    let log_file = match log_file.map(logging::open_log_file).transpose() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("hoardfs: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let logs_to_file = log_file.is_some();
     // Daemonising forks, which must happen before any thread exists (logging included).
     if let Command::Mount(args) = &cli.command
         && let Err(e) = mount::maybe_daemonize(args)
@@ -63,13 +78,7 @@ fn main() -> ExitCode {
         eprintln!("hoardfs: {e}");
         return ExitCode::FAILURE;
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HOARDFS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init(log_file);
     let result = match cli.command {
         Command::Serve(a) => serve::run(a),
         Command::Mount(a) => mount::run(a),
@@ -85,6 +94,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if logs_to_file {
+                tracing::error!("{e}");
+            }
             eprintln!("hoardfs: {e}");
             ExitCode::FAILURE
         }

@@ -103,6 +103,10 @@ pub struct MountArgs {
     /// root (it is the mount's `read_ahead_kb` in /sys/class/bdi); 0 leaves it alone.
     #[arg(long, default_value_t = 1024)]
     pub readahead_kb: u32,
+    /// Append log lines to FILE instead of writing them to stderr (never coloured; a
+    /// failure to mount is logged there too).
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
     /// Mount options, `-o key[=value],...`: cache_dir=, token_file=, server_fingerprint=,
     /// tls_ca=, insecure_plaintext, no_cache, daemon,
     /// attr_timeout=, callback_timeout=, timeout=, no_passthrough, xattrs, allow_other,

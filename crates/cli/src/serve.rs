@@ -57,6 +57,9 @@ pub struct ServeArgs {
     /// sendfile(2) (zero-copy is used only for files unchanged for 2 s).
     #[arg(long)]
     pub no_zero_copy: bool,
+    /// Append log lines to FILE instead of writing them to stderr (never coloured).
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
 }
 
 /// Runs the server until SIGINT/SIGTERM.

@@ -121,6 +121,31 @@ pub fn human(n: u64) -> String {
     }
 }
 
+/// `n word`, with an `s` unless `n` is 1: "1 file", "0 files", "2 files".
+pub fn plural(n: u64, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
+/// "in 1.25 s (80.0 MiB/s)" for `bytes` moved in `elapsed`; no rate when nothing moved or
+/// it took under 10 ms (too short to measure), and milliseconds below a second.
+pub fn took(bytes: u64, elapsed: std::time::Duration) -> String {
+    let secs = elapsed.as_secs_f64();
+    let time = if secs < 1.0 {
+        format!("in {} ms", elapsed.as_millis())
+    } else {
+        format!("in {secs:.2} s")
+    };
+    if bytes == 0 || secs < 0.01 {
+        time
+    } else {
+        format!("{time} ({}/s)", human((bytes as f64 / secs) as u64))
+    }
+}
+
 /// Options of `hoardfs stats`.
 #[derive(Args, Debug)]
 pub struct StatsArgs {
@@ -361,4 +386,28 @@ fn walk(p: &Path, out: &mut Vec<FoundFile>) -> Result<(), String> {
         out.push((p.to_path_buf(), md.ino(), md.size()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn summaries_use_plurals_and_give_no_rate_for_unmeasurable_times() {
+        assert_eq!(plural(0, "file"), "0 files");
+        assert_eq!(plural(1, "file"), "1 file");
+        assert_eq!(plural(2, "file"), "2 files");
+        assert_eq!(took(1 << 20, Duration::from_micros(300)), "in 0 ms");
+        assert_eq!(took(1 << 20, Duration::from_millis(9)), "in 9 ms");
+        assert_eq!(took(0, Duration::from_secs(3)), "in 3.00 s");
+        assert_eq!(
+            took(10 << 20, Duration::from_millis(500)),
+            "in 500 ms (20.0 MiB/s)"
+        );
+        assert_eq!(
+            took(100 << 20, Duration::from_secs(2)),
+            "in 2.00 s (50.0 MiB/s)"
+        );
+    }
 }
