@@ -5,10 +5,11 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use hoardfs_cache::Usage;
 use hoardfs_fs::{FsError, HoardFs};
@@ -138,6 +139,7 @@ pub fn start(fs: Arc<HoardFs>, info: MountInfo) -> Result<ControlServer, String>
         .ok_or("the control socket path has no directory")?;
     // SAFETY: geteuid has no preconditions.
     ensure_dir(dir, unsafe { libc::geteuid() })?;
+    remove_stale_sockets(dir, Duration::from_secs(10));
     if UnixStream::connect(&path).is_ok() {
         return Err(format!(
             "{} is already mounted by a running hoardfs client",
@@ -160,6 +162,31 @@ pub fn start(fs: Arc<HoardFs>, info: MountInfo) -> Result<ControlServer, String>
         })
         .map_err(|e| e.to_string())?;
     Ok(ControlServer { path })
+}
+
+/// Removes control sockets in `dir` that nobody listens on any more (their client was
+/// killed or crashed), unless younger than `min_age` (a client may be starting).
+fn remove_stale_sockets(dir: &Path, min_age: Duration) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let stale = p.extension().is_some_and(|x| x == "sock")
+            && std::fs::symlink_metadata(&p).is_ok_and(|md| {
+                md.file_type().is_socket()
+                    && md
+                        .modified()
+                        .ok()
+                        .and_then(|m| m.elapsed().ok())
+                        .is_some_and(|age| age >= min_age)
+            })
+            && UnixStream::connect(&p)
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+        if stale && std::fs::remove_file(&p).is_ok() {
+            tracing::info!("removed stale control socket {}", p.display());
+        }
+    }
 }
 
 /// Uid of the peer process.
@@ -322,6 +349,25 @@ mod tests {
         assert!(e.contains("XDG_RUNTIME_DIR") && e.contains("root"), "{e}");
         assert!(runtime_dir_for(1000, Some("relative".into())).is_err());
         assert!(runtime_dir_for(1000, Some("".into())).is_err());
+    }
+
+    #[test]
+    fn only_old_sockets_nobody_listens_on_are_removed() {
+        let t = tempfile::tempdir().unwrap();
+        let live = t.path().join("live.sock");
+        let _listener = UnixListener::bind(&live).unwrap();
+        let dead = t.path().join("dead.sock");
+        drop(UnixListener::bind(&dead).unwrap());
+        let other = t.path().join("notes.txt");
+        std::fs::write(&other, b"").unwrap();
+        remove_stale_sockets(t.path(), Duration::from_secs(3600));
+        assert!(
+            dead.exists(),
+            "a young socket may belong to a client starting up"
+        );
+        remove_stale_sockets(t.path(), Duration::ZERO);
+        assert!(!dead.exists(), "stale socket kept");
+        assert!(live.exists() && other.exists());
     }
 
     #[test]

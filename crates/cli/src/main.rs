@@ -12,6 +12,7 @@ mod mount;
 mod prefetch;
 mod security;
 mod serve;
+mod source;
 mod token;
 mod tools;
 

@@ -21,7 +21,8 @@ use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin};
 /// Options of `hoardfs mount`.
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
-    /// `HOST:PORT` of a hoardfs server, or an absolute path to a local directory.
+    /// `HOST:PORT` of a hoardfs server (`HOST` alone: port 7070), or an absolute path to
+    /// a local directory.
     pub source: String,
     /// Where to mount.
     pub mountpoint: PathBuf,
@@ -276,13 +277,40 @@ fn report_to_parent(msg: &str) {
     }
 }
 
-/// Mounts and serves until unmounted.
+/// Set once the mount is up: from then on the cache directory holds real data.
+static MOUNTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Mounts and serves until unmounted. A mount that fails leaves nothing behind: a cache
+/// directory it created (with any missing parents) is removed again.
 pub fn run(args: MountArgs) -> Result<(), String> {
+    let created = args
+        .resolve()
+        .ok()
+        .filter(|a| !a.no_cache)
+        .and_then(|a| a.cache_dir)
+        .and_then(|d| first_missing_ancestor(&d));
     let result = mount_and_serve(args);
     if let Err(e) = &result {
+        if let Some(dir) = created
+            && !MOUNTED.load(Ordering::SeqCst)
+        {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
         report_to_parent(e);
     }
     result
+}
+
+/// The outermost of `path` and its ancestors that does not exist yet (what creating
+/// `path` with its parents would create), if any.
+fn first_missing_ancestor(path: &Path) -> Option<PathBuf> {
+    let mut missing = None;
+    let mut p = path;
+    while !p.as_os_str().is_empty() && std::fs::symlink_metadata(p).is_err() {
+        missing = Some(p.to_path_buf());
+        p = p.parent()?;
+    }
+    missing
 }
 
 fn open_origin(a: &MountArgs) -> Result<Arc<dyn Origin>, String> {
@@ -305,7 +333,10 @@ fn open_origin(a: &MountArgs) -> Result<Arc<dyn Origin>, String> {
 }
 
 fn mount_and_serve(args: MountArgs) -> Result<(), String> {
-    let a = args.resolve()?;
+    let mut a = args.resolve()?;
+    if let crate::source::Source::Server(addr) = crate::source::parse(&a.source)? {
+        a.source = addr;
+    }
     crate::raise_fd_limit();
     if !a.mountpoint.is_dir() {
         return Err(format!(
@@ -333,6 +364,13 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     };
     let cache = match (&a.cache_dir, a.no_cache) {
         (Some(dir), false) => {
+            if dir.exists() && !dir.is_dir() {
+                return Err(format!(
+                    "--cache-dir {} is a file, not a directory: give a directory (it is \
+                     created if missing)",
+                    dir.display()
+                ));
+            }
             Some(CacheDir::open_with(dir, limits, None).map_err(|e| e.to_string())?)
         }
         _ => None,
@@ -420,6 +458,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         a.mountpoint.display()
     );
     let _ = std::io::stdout().flush();
+    MOUNTED.store(true, Ordering::SeqCst);
     if READY_FD.load(Ordering::SeqCst) >= 0 {
         report_to_parent("ok");
         redirect_stdio_to_null();
@@ -497,6 +536,18 @@ fn redirect_stdio_to_null() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_mount_knows_which_directories_it_created() {
+        let t = tempfile::tempdir().unwrap();
+        assert_eq!(first_missing_ancestor(t.path()), None);
+        let deep = t.path().join("a/b/c");
+        assert_eq!(first_missing_ancestor(&deep), Some(t.path().join("a")));
+        assert_eq!(
+            first_missing_ancestor(Path::new("no-such-relative-dir/x")),
+            Some(PathBuf::from("no-such-relative-dir"))
+        );
+    }
 
     #[test]
     fn finds_the_last_fuse_mount_on_an_escaped_mount_point() {

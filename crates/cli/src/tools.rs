@@ -21,13 +21,34 @@ pub struct Control {
 impl Control {
     /// Connects to the mount at `mountpoint`.
     pub fn connect(mountpoint: &Path) -> Result<Control, String> {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if let Some(owner) = hoardfs_mounts()?
+            .into_iter()
+            .find(|m| m.path == mountpoint)
+            .and_then(|m| m.owner)
+            && owner != me
+        {
+            return Err(format!(
+                "{} was mounted by uid {owner}, and only that user can query its hoardfs \
+                 client (its control socket is private to that user): run this command as \
+                 uid {owner}",
+                mountpoint.display()
+            ));
+        }
         let path = checked_socket_path(mountpoint)?;
-        let s = UnixStream::connect(&path).map_err(|e| {
-            format!(
+        let s = UnixStream::connect(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::ConnectionRefused => format!(
+                "the hoardfs client of {} is not running (killed?): unmount it (`umount -l \
+                 {}`) and mount it again",
+                mountpoint.display(),
+                mountpoint.display()
+            ),
+            _ => format!(
                 "cannot reach the hoardfs client of {} ({}): {e}",
                 mountpoint.display(),
                 path.display()
-            )
+            ),
         })?;
         let input = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
         Ok(Control { out: s, input })
@@ -52,14 +73,18 @@ impl Control {
     }
 }
 
-/// Mount point of the hoardfs mount holding `path` (which must exist).
-pub fn mount_of(path: &Path) -> Result<PathBuf, String> {
-    let canon = path
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+/// A hoardfs mount, from /proc/self/mountinfo.
+struct HoardfsMount {
+    path: PathBuf,
+    /// The mounting user (`user_id=` of the FUSE mount).
+    owner: Option<u32>,
+}
+
+/// Every hoardfs mount this process can see.
+fn hoardfs_mounts() -> Result<Vec<HoardfsMount>, String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
-    let mut best: Option<PathBuf> = None;
+    let mut out = Vec::new();
     for line in info.lines() {
         // id parent major:minor root mountpoint options ... - fstype source superopts
         let f: Vec<&str> = line.split(' ').collect();
@@ -73,16 +98,29 @@ pub fn mount_of(path: &Path) -> Result<PathBuf, String> {
         if !ours || f.len() < 5 {
             continue;
         }
-        let mp = PathBuf::from(unescape(f[4]));
-        if canon.starts_with(&mp)
-            && best
-                .as_ref()
-                .is_none_or(|b| mp.as_os_str().len() > b.as_os_str().len())
-        {
-            best = Some(mp);
-        }
+        let owner = f
+            .get(dash + 3)
+            .and_then(|o| o.split(',').find_map(|kv| kv.strip_prefix("user_id=")))
+            .and_then(|u| u.parse().ok());
+        out.push(HoardfsMount {
+            path: PathBuf::from(unescape(f[4])),
+            owner,
+        });
     }
-    best.ok_or_else(|| format!("{} is not on a hoardfs mount", path.display()))
+    Ok(out)
+}
+
+/// Mount point of the hoardfs mount holding `path` (which must exist).
+pub fn mount_of(path: &Path) -> Result<PathBuf, String> {
+    let canon = path
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    hoardfs_mounts()?
+        .into_iter()
+        .map(|m| m.path)
+        .filter(|mp| canon.starts_with(mp))
+        .max_by_key(|mp| mp.as_os_str().len())
+        .ok_or_else(|| format!("{} is not on a hoardfs mount", path.display()))
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space).
@@ -209,7 +247,7 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
 /// Options of `hoardfs server-stats`.
 #[derive(Args, Debug)]
 pub struct ServerStatsArgs {
-    /// `HOST:PORT` of the server.
+    /// `HOST:PORT` of the server (`HOST` alone: port 7070).
     pub server: String,
     #[command(flatten)]
     pub security: crate::security::ClientSecurityArgs,
@@ -225,6 +263,8 @@ pub struct ServerStatsArgs {
 /// requests, which the counters include.
 pub fn server_stats(a: ServerStatsArgs) -> Result<(), String> {
     use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin};
+    let server = crate::source::server_addr(&a.server)?;
+    let a = ServerStatsArgs { server, ..a };
     let sec = a.security.build(a.cache_dir.as_deref())?;
     let o = RemoteOrigin::connect(&a.server, sec.security.clone(), RemoteOptions::default())
         .map_err(|e| sec.explain(&a.server, &e))?;

@@ -99,3 +99,96 @@ fn a_refused_credential_is_one_plain_line_and_both_sides_can_log_to_files() {
     assert!(err.contains("DEBUG"), "no debug lines: {err}");
     assert!(!err.contains('\x1b'), "colour codes on a pipe: {err}");
 }
+
+/// A loopback port nothing listens on (bound, then released).
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[test]
+fn mount_errors_say_what_to_do_and_leave_nothing_behind() {
+    let t = scratch();
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mnt_s = mnt.to_str().unwrap();
+    let cache = t.path().join("new/cache");
+    let cache_s = cache.to_str().unwrap();
+    let fails = |source: &str, cache: &str| {
+        let (ok, _, err) = tool(&["mount", source, mnt_s, "--cache-dir", cache]);
+        assert!(!ok, "mount {source} succeeded");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        err
+    };
+    // A stopped server: say how to start one, and create no cache directory.
+    let addr = format!("127.0.0.1:{}", closed_port());
+    let err = fails(&addr, cache_s);
+    assert!(err.contains("Is `hoardfs serve` running"), "{err}");
+    assert!(
+        !t.path().join("new").exists(),
+        "a failed mount left the cache directory it created"
+    );
+    // A bad address names the expected form; a missing port means 7070.
+    let err = fails("127.0.0.1:http", cache_s);
+    assert!(err.contains("HOST:PORT") && err.contains("7070"), "{err}");
+    let (ok, _, err) = tool(&["server-stats", "127.0.0.1:"]);
+    assert!(!ok && err.contains("HOST:PORT"), "{err}");
+    // A relative local source: the absolute path to use instead.
+    let err = fails("export/dir", cache_s);
+    assert!(
+        err.contains("must be absolute") && err.contains("/export/dir"),
+        "{err}"
+    );
+    // A cache directory that is a file.
+    let file = t.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let err = fails(&addr, file.to_str().unwrap());
+    assert!(err.contains("is a file, not a directory"), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+    assert!(!t.path().join("new").exists());
+}
+
+#[test]
+fn tools_tell_another_user_to_run_as_the_mounting_one_and_stale_sockets_go() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    require_fuse();
+    let t = scratch();
+    // Others must reach the mount point to ask about it.
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    std::fs::write(exp.join("f"), b"data").unwrap();
+    // A socket left by a client killed long ago, in root's control socket directory.
+    std::fs::create_dir_all("/run/hoardfs").unwrap();
+    let stale = std::path::Path::new("/run/hoardfs")
+        .join(format!("test-stale-{}.sock", std::process::id()));
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let st = Command::new("touch")
+        .args(["-h", "-d", "1 hour ago"])
+        .arg(&stale)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let m = Mount::with_cache(
+        exp.to_str().unwrap(),
+        &t.path().join("mnt"),
+        &t.path().join("cache"),
+        &[],
+    );
+    assert!(!stale.exists(), "the stale control socket was not removed");
+    let out = Command::new(bin())
+        .args(["stats", m.path.to_str().unwrap()])
+        .uid(65534)
+        .gid(65534)
+        .env("XDG_RUNTIME_DIR", "/nonexistent")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("was mounted by uid 0") && err.contains("run this command as uid 0"),
+        "{err}"
+    );
+    m.unmount();
+}
