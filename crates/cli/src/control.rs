@@ -251,7 +251,15 @@ fn handle(fs: &HoardFs, info: &MountInfo, req: &Value) -> Result<Value, String> 
             .ok_or_else(|| "request needs an \"ino\"".to_string())
     };
     match req["op"].as_str().unwrap_or("") {
-        "stats" => Ok(stats_json(fs, info)),
+        "stats" => {
+            // The client reconnects on the next operation: let `stats` be one, so that it
+            // shows a server that came back. Costs one connection attempt at most (none
+            // within the reconnect backoff), bounded by the connect timeout.
+            if !fs.stats().connected {
+                let _ = fs.statfs();
+            }
+            Ok(stats_json(fs, info))
+        }
         "status" => Ok(json!({"usage": fs.cache_usage().map(|u| usage_json(&u))})),
         "ls" => {
             let entries: Vec<Value> = fs

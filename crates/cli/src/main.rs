@@ -47,7 +47,7 @@ enum Command {
     /// Fetch files (recursively) into the cache of their mount, with progress.
     Prefetch(prefetch::PrefetchArgs),
     /// Keep files (recursively) from eviction, and fetch them unless --no-fetch.
-    Pin(prefetch::PrefetchArgs),
+    Pin(prefetch::PinArgs),
     /// Let pinned files be evicted again.
     Unpin(prefetch::UnpinArgs),
     /// Manage a server's client credentials: add, list, revoke (a running server picks
@@ -87,8 +87,8 @@ fn main() -> ExitCode {
         Command::Stats(a) => tools::stats(a),
         Command::ServerStats(a) => tools::server_stats(a),
         Command::Cache(c) => tools::cache(c),
-        Command::Prefetch(a) => prefetch::run(a, false),
-        Command::Pin(a) => prefetch::run(a, true),
+        Command::Prefetch(a) => prefetch::prefetch(a),
+        Command::Pin(a) => prefetch::pin(a),
         Command::Unpin(a) => prefetch::unpin(a),
         Command::Token(c) => token::run(c),
     };

@@ -18,8 +18,26 @@ use hoardfs_origin::Origin;
 use hoardfs_origin::local::{LocalOptions, LocalOrigin};
 use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin};
 
+/// Shown after the options of `hoardfs mount --help`.
+const MOUNT_AFTER_HELP: &str = "\
+Examples:
+  hoardfs mount fileserver:7070 /mnt/data --cache-dir /var/cache/hoardfs/data
+  hoardfs mount fileserver /mnt/data --cache-dir /var/cache/hoardfs/data --cache-size 50G \\
+      --token-file /etc/hoardfs/token --daemon          # port 7070 when omitted
+  hoardfs mount fileserver:7070 /mnt/data -o cache_dir=/var/cache/hoardfs/data,ro
+  hoardfs mount /mnt/nfs/share /mnt/cached --cache-dir /var/cache/share   # any local directory
+  umount /mnt/data
+
+Cache size: the cache shares its file system with everything else on it. When free space
+there drops below --bcull % (default 7), the least useful cached files are evicted until
+--brun % (default 10) is free again; below --bstop % (default 3) nothing new is cached
+(reads still work, straight from the server). --fcull, --frun and --fstop do the same for
+free inodes. --cache-size adds a limit on the cache itself. Open and pinned files are never
+evicted.";
+
 /// Options of `hoardfs mount`.
 #[derive(Args, Debug, Clone)]
+#[command(after_help = MOUNT_AFTER_HELP)]
 pub struct MountArgs {
     /// `HOST:PORT` of a hoardfs server (`HOST` alone: port 7070), or an absolute path to
     /// a local directory.
@@ -74,23 +92,25 @@ pub struct MountArgs {
     /// Default: none; the free-space thresholds alone bound it.
     #[arg(long, value_parser = parse_size)]
     pub cache_size: Option<u64>,
-    /// Culling stops when this % of the cache file system's blocks is free.
-    #[arg(long, default_value_t = 10)]
+    /// Eviction, once started, goes on until this % of the cache file system's space is
+    /// free.
+    #[arg(long, default_value_t = 10, value_name = "PERCENT")]
     pub brun: u8,
-    /// Culling starts when less than this % of blocks is free.
-    #[arg(long, default_value_t = 7)]
+    /// Eviction starts when less than this % of the cache file system's space is free.
+    #[arg(long, default_value_t = 7, value_name = "PERCENT")]
     pub bcull: u8,
-    /// Nothing new is cached while less than this % of blocks is free.
-    #[arg(long, default_value_t = 3)]
+    /// Nothing new is cached while less than this % of the cache file system's space is
+    /// free (reads go straight to the server).
+    #[arg(long, default_value_t = 3, value_name = "PERCENT")]
     pub bstop: u8,
-    /// As --brun, for inodes.
-    #[arg(long, default_value_t = 10)]
+    /// As --brun, for free inodes (number of files) instead of space.
+    #[arg(long, default_value_t = 10, value_name = "PERCENT")]
     pub frun: u8,
-    /// As --bcull, for inodes.
-    #[arg(long, default_value_t = 7)]
+    /// As --bcull, for free inodes (number of files) instead of space.
+    #[arg(long, default_value_t = 7, value_name = "PERCENT")]
     pub fcull: u8,
-    /// As --bstop, for inodes.
-    #[arg(long, default_value_t = 3)]
+    /// As --bstop, for free inodes (number of files) instead of space.
+    #[arg(long, default_value_t = 3, value_name = "PERCENT")]
     pub fstop: u8,
     /// Hoard file: paths or globs (one per line, optional priority) to pin and fetch.
     #[arg(long)]

@@ -11,9 +11,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 
-use crate::tools::{Control, collect_files, human};
+use crate::tools::{Control, collect_files, human, plural, took};
 
-/// Options of `hoardfs prefetch` and `hoardfs pin`.
+/// Options of `hoardfs prefetch` (and the common part of `hoardfs pin`).
 #[derive(Args, Debug)]
 pub struct PrefetchArgs {
     /// Files or directories (recursive) on a hoardfs mount.
@@ -22,15 +22,43 @@ pub struct PrefetchArgs {
     /// Files fetched in parallel.
     #[arg(long, default_value_t = 4)]
     pub jobs: usize,
-    /// Hoard priority of pinned files (higher is fetched first by hoard files).
-    #[arg(long, default_value_t = 0)]
-    pub priority: u16,
-    /// Only pin, do not fetch now (`pin` only).
-    #[arg(long)]
-    pub no_fetch: bool,
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+/// Options of `hoardfs pin`.
+#[derive(Args, Debug)]
+pub struct PinArgs {
+    #[command(flatten)]
+    pub files: PrefetchArgs,
+    /// Hoard priority of the pinned files (kept in the cache record; hoard files fetch
+    /// higher priorities first).
+    #[arg(long, default_value_t = 0)]
+    pub priority: u16,
+    /// Only pin, do not fetch now (the files are cached as they are read).
+    #[arg(long)]
+    pub no_fetch: bool,
+}
+
+/// How `hoardfs pin` pins.
+struct Pin {
+    priority: u16,
+    fetch: bool,
+}
+
+/// `hoardfs prefetch`.
+pub fn prefetch(a: PrefetchArgs) -> Result<(), String> {
+    run(a, None)
+}
+
+/// `hoardfs pin`.
+pub fn pin(a: PinArgs) -> Result<(), String> {
+    let pin = Pin {
+        priority: a.priority,
+        fetch: !a.no_fetch,
+    };
+    run(a.files, Some(pin))
 }
 
 /// Options of `hoardfs unpin`.
@@ -41,11 +69,11 @@ pub struct UnpinArgs {
     pub paths: Vec<PathBuf>,
 }
 
-/// `hoardfs prefetch` (`pin == false`) or `hoardfs pin`.
-pub fn run(a: PrefetchArgs, pin: bool) -> Result<(), String> {
+/// Fetches (prefetch, or pin unless --no-fetch) and/or pins the files.
+fn run(a: PrefetchArgs, pin: Option<Pin>) -> Result<(), String> {
     let (mp, files) = collect_files(&a.paths)?;
     let total_bytes: u64 = files.iter().map(|f| f.2).sum();
-    let fetch = !(pin && a.no_fetch);
+    let fetch = pin.as_ref().is_none_or(|p| p.fetch);
     let bar = if a.quiet || !fetch {
         ProgressBar::with_draw_target(Some(total_bytes), ProgressDrawTarget::hidden())
     } else {
@@ -69,9 +97,9 @@ pub fn run(a: PrefetchArgs, pin: bool) -> Result<(), String> {
                 return Ok(());
             };
             let mut result = Ok(());
-            if pin {
+            if let Some(p) = &pin {
                 result = c
-                    .call(json!({"op": "pin", "ino": ino, "priority": a.priority}))
+                    .call(json!({"op": "pin", "ino": ino, "priority": p.priority}))
                     .map(|_| ());
             }
             if fetch && result.is_ok() {
@@ -103,19 +131,26 @@ pub fn run(a: PrefetchArgs, pin: bool) -> Result<(), String> {
     if let Some(e) = errors.first() {
         return Err(e.clone());
     }
-    let secs = start.elapsed().as_secs_f64();
     let f = fetched.load(Relaxed);
-    let verb = if pin { "pinned" } else { "prefetched" };
+    let from_server = if fetch {
+        format!(" ({} from the server)", human(f))
+    } else {
+        String::new()
+    };
     println!(
-        "{verb} {} files, {} ({} from the server) in {secs:.2} s ({}/s)",
-        done.load(Relaxed) - failed.load(Relaxed),
+        "{} {}, {}{from_server} {}",
+        if pin.is_some() {
+            "pinned"
+        } else {
+            "prefetched"
+        },
+        plural(done.load(Relaxed) - failed.load(Relaxed), "file"),
         human(total_bytes),
-        human(f),
-        human((f as f64 / secs.max(1e-9)) as u64)
+        took(f, start.elapsed())
     );
     match failed.load(Relaxed) {
         0 => Ok(()),
-        n => Err(format!("{n} files failed")),
+        n => Err(format!("{} failed", plural(n, "file"))),
     }
 }
 
@@ -127,6 +162,6 @@ pub fn unpin(a: UnpinArgs) -> Result<(), String> {
         c.call(json!({"op": "unpin", "ino": ino}))
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    println!("unpinned {} files", files.len());
+    println!("unpinned {}", plural(files.len() as u64, "file"));
     Ok(())
 }

@@ -42,7 +42,7 @@ fn reading_three_times_the_cache_size_stays_under_the_limit_and_pinned_files_sur
     );
     let (ok, out, err) = tool(&["pin", m.p("keep").to_str().unwrap(), "--quiet"]);
     assert!(ok, "pin failed: {err}");
-    assert!(out.contains("pinned 1 files"), "{out}");
+    assert!(out.contains("pinned 1 file,"), "{out}");
     let limit = 8 * MIB as u64;
     for round in 0..2 {
         for i in 0..12 {

@@ -192,3 +192,58 @@ fn tools_tell_another_user_to_run_as_the_mounting_one_and_stale_sockets_go() {
     );
     m.unmount();
 }
+
+#[test]
+fn pin_without_fetch_and_summaries_read_well_and_stats_sees_a_server_return() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(exp.join("d")).unwrap();
+    std::fs::write(exp.join("d/a"), b"aaaa").unwrap();
+    std::fs::write(exp.join("d/b"), b"bbbb").unwrap();
+    let mut srv = Server::start(&exp);
+    let m = Mount::with_cache(
+        &srv.addr,
+        &t.path().join("mnt"),
+        &t.path().join("cache"),
+        &[],
+    );
+    let a = m.p("d/a");
+    let a = a.to_str().unwrap();
+    // prefetch has no pin options; pin --no-fetch pins without fetching.
+    for flag in ["--no-fetch", "--priority=3"] {
+        let (ok, _, err) = tool(&["prefetch", a, flag]);
+        assert!(!ok && err.contains("unexpected argument"), "{flag}: {err}");
+    }
+    let (ok, out, err) = tool(&["pin", a, "--no-fetch", "--priority", "3", "--quiet"]);
+    assert!(ok, "{err}");
+    assert_eq!(counter(&m, "bytes_from_network"), 0, "--no-fetch fetched");
+    assert!(out.starts_with("pinned 1 file, 4 B in "), "{out}");
+    assert!(!out.contains("/s") && !out.contains("server"), "{out}");
+    let (ok, out, err) = tool(&["prefetch", m.p("d").to_str().unwrap(), "--quiet"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("prefetched 2 files, 8 B (8 B from the server) in "),
+        "{out}"
+    );
+    let (ok, out, _) = tool(&["unpin", a]);
+    assert!(ok && out.trim() == "unpinned 1 file", "{out}");
+    // The server goes away and comes back: stats alone notices both.
+    let addr = srv.addr.clone();
+    srv.kill();
+    assert_soon("stats shows the server gone", || {
+        let s = stats(&m);
+        (s["connected"] == false).then_some(()).ok_or(s.to_string())
+    });
+    let _srv = Server::start_at(&exp, &addr, &[]);
+    assert_soon("stats shows the server back", || {
+        let s = stats(&m);
+        (s["connected"] == true).then_some(()).ok_or(s.to_string())
+    });
+    let (ok, out, _) = tool(&["stats", m.path.to_str().unwrap()]);
+    assert!(
+        ok && out.lines().next().unwrap().ends_with(": connected"),
+        "{out}"
+    );
+    m.unmount();
+}
