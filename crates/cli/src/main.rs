@@ -4,6 +4,7 @@
 mod cachedir;
 mod control;
 mod demo;
+mod docs;
 mod hoard;
 mod instance;
 mod logging;
@@ -18,7 +19,7 @@ mod tools;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// hoardfs: a network file system whose clients keep a persistent, coherent disk cache.
 #[derive(Parser)]
@@ -54,6 +55,10 @@ enum Command {
     /// changes up within a second and closes revoked clients' connections).
     #[command(subcommand)]
     Token(token::TokenCommand),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(docs::CompletionsArgs),
+    /// Write man pages (hoardfs.1, hoardfs-mount.1, ...) into a directory.
+    Man(docs::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -91,6 +96,8 @@ fn main() -> ExitCode {
         Command::Pin(a) => prefetch::pin(a),
         Command::Unpin(a) => prefetch::unpin(a),
         Command::Token(c) => token::run(c),
+        Command::Completions(a) => docs::completions(a, Cli::command()),
+        Command::Man(a) => docs::man(a, Cli::command()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -247,3 +247,47 @@ fn pin_without_fetch_and_summaries_read_well_and_stats_sees_a_server_return() {
     );
     m.unmount();
 }
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_line_definitions() {
+    for (shell, marker) in [
+        ("bash", "_hoardfs()"),
+        ("zsh", "#compdef hoardfs"),
+        ("fish", "complete -c hoardfs"),
+    ] {
+        let (ok, out, err) = tool(&["completions", shell]);
+        assert!(ok, "{shell}: {err}");
+        assert!(out.contains(marker), "{shell}: {out}");
+        assert!(
+            out.contains("cache-dir") && out.contains("prefetch"),
+            "{shell}"
+        );
+    }
+    let (ok, _, err) = tool(&["completions", "cmd.exe"]);
+    assert!(!ok && err.contains("possible values"), "{err}");
+    let t = scratch();
+    let dir = t.path().join("man/man1");
+    let (ok, out, err) = tool(&["man", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("wrote ") && out.contains(" man pages to "),
+        "{out}"
+    );
+    for page in [
+        "hoardfs",
+        "hoardfs-mount",
+        "hoardfs-serve",
+        "hoardfs-cache-ls",
+        "hoardfs-token-add",
+    ] {
+        let text = std::fs::read_to_string(dir.join(format!("{page}.1")))
+            .unwrap_or_else(|e| panic!("{page}.1: {e}"));
+        assert!(text.contains(".TH "), "{page}.1 is not a man page");
+    }
+    let mount = std::fs::read_to_string(dir.join("hoardfs-mount.1")).unwrap();
+    assert!(mount.contains("\\-\\-cache\\-dir") && mount.contains(".SH EXAMPLES\n.nf\n"));
+    assert!(
+        mount.contains("hoardfs mount fileserver:7070 /mnt/data \\-\\-cache\\-dir"),
+        "examples are kept line by line"
+    );
+}
