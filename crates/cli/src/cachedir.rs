@@ -53,15 +53,19 @@ pub fn cache(cmd: CacheCommand) -> Result<(), String> {
                     .as_array()
                     .cloned()
                     .unwrap_or_default(),
-                Target::Dir(d) => d
-                    .entries()
-                    .into_iter()
-                    .map(|e| {
-                        json!({"file_id": e.key.file_id, "path": null, "bytes": e.bytes,
-                               "pinned": e.tracked.pinned, "open": false,
-                               "priority": e.tracked.priority})
-                    })
-                    .collect(),
+                Target::Dir(d) => {
+                    let names = crate::names::load(&t);
+                    d.entries()
+                        .into_iter()
+                        .map(|e| {
+                            let path = names.get(&(e.key.export_id, e.key.file_id));
+                            json!({"file_id": e.key.file_id, "path": path,
+                                   "path_from_earlier_mount": path.is_some(),
+                                   "bytes": e.bytes, "pinned": e.tracked.pinned,
+                                   "open": false, "priority": e.tracked.priority})
+                        })
+                        .collect()
+                }
             };
             if json {
                 println!("{}", serde_json::to_string_pretty(&entries).expect("json"));
@@ -79,7 +83,14 @@ pub fn cache(cmd: CacheCommand) -> Result<(), String> {
                     human(e["bytes"].as_u64().unwrap_or(0)),
                     flags,
                     e["file_id"].as_u64().unwrap_or(0),
-                    e["path"].as_str().unwrap_or("(name not seen since mount)")
+                    match (
+                        e["path"].as_str(),
+                        e["path_from_earlier_mount"] == json!(true)
+                    ) {
+                        (Some(p), false) => p.to_owned(),
+                        (Some(p), true) => format!("{p}  (name seen before this mount)"),
+                        (None, _) => "(name not known)".to_owned(),
+                    }
                 );
             }
             println!("{} objects", entries.len());
@@ -100,7 +111,10 @@ pub fn cache(cmd: CacheCommand) -> Result<(), String> {
             }
             println!("freed {}", human(freed));
             if failed > 0 {
-                return Err(format!("{failed} files could not be evicted"));
+                return Err(format!(
+                    "{} could not be evicted",
+                    crate::tools::plural(failed, "file")
+                ));
             }
             Ok(())
         }

@@ -129,6 +129,9 @@ pub struct MountInfo {
     pub source: String,
     /// Where it is mounted.
     pub mountpoint: PathBuf,
+    /// Paths of cached files by file id, as an earlier mount saw them
+    /// ([`crate::names`]).
+    pub known_names: Arc<std::collections::HashMap<u64, String>>,
 }
 
 /// Binds the control socket of `info.mountpoint` (canonical) and serves it on a thread.
@@ -267,7 +270,12 @@ fn handle(fs: &HoardFs, info: &MountInfo, req: &Value) -> Result<Value, String> 
                 .map_err(fs_err)?
                 .into_iter()
                 .map(|e| {
-                    json!({"file_id": e.file_id, "path": e.path, "bytes": e.bytes,
+                    let earlier = info
+                        .known_names
+                        .get(&e.file_id)
+                        .filter(|_| e.path.is_none());
+                    json!({"file_id": e.file_id, "path": e.path.as_ref().or(earlier),
+                           "path_from_earlier_mount": earlier.is_some(), "bytes": e.bytes,
                            "pinned": e.pinned, "open": e.open, "priority": e.priority})
                 })
                 .collect();

@@ -10,6 +10,7 @@ mod instance;
 mod logging;
 mod metrics;
 mod mount;
+mod names;
 mod prefetch;
 mod security;
 mod serve;

@@ -396,6 +396,14 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         _ => None,
     };
     let origin = open_origin(&a)?;
+    let export_id = origin
+        .info()
+        .map_err(|e| format!("cannot start: {e}"))?
+        .export_id;
+    let cache_dir = a.cache_dir.as_deref().filter(|_| !a.no_cache);
+    let known_names = cache_dir
+        .map(|d| crate::names::of_export(&crate::names::load(d), export_id))
+        .unwrap_or_default();
     let config = FsConfig {
         attr_ttl: Duration::from_secs_f64(a.attr_timeout),
         callback_ttl: Duration::from_secs_f64(a.callback_timeout),
@@ -414,6 +422,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
             .mountpoint
             .canonicalize()
             .map_err(|e| format!("mount point {}: {e}", a.mountpoint.display()))?,
+        known_names: Arc::new(known_names),
     };
     let _control = crate::control::start(fs.clone(), info.clone())?;
     // SAFETY: geteuid has no preconditions.
@@ -486,6 +495,15 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     session
         .run()
         .map_err(|e| format!("FUSE session ended with an error: {e}"))?;
+    if let Some(dir) = cache_dir
+        && let Ok(entries) = fs.cache_entries()
+        && let Err(e) = crate::names::save(dir, export_id, &entries)
+    {
+        tracing::warn!(
+            "cannot record the names of cached files in {}: {e}",
+            dir.display()
+        );
+    }
     fs.shutdown();
     Ok(())
 }

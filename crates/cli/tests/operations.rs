@@ -100,6 +100,17 @@ fn a_refused_credential_is_one_plain_line_and_both_sides_can_log_to_files() {
     assert!(!err.contains('\x1b'), "colour codes on a pipe: {err}");
 }
 
+/// `t/export` holding `files` (relative path, content).
+fn export_of(t: &tempfile::TempDir, files: &[(&str, &[u8])]) -> std::path::PathBuf {
+    let exp = t.path().join("export");
+    for (rel, content) in files {
+        let p = exp.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+    exp
+}
+
 /// A loopback port nothing listens on (bound, then released).
 fn closed_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -197,10 +208,7 @@ fn tools_tell_another_user_to_run_as_the_mounting_one_and_stale_sockets_go() {
 fn pin_without_fetch_and_summaries_read_well_and_stats_sees_a_server_return() {
     require_fuse();
     let t = scratch();
-    let exp = t.path().join("export");
-    std::fs::create_dir_all(exp.join("d")).unwrap();
-    std::fs::write(exp.join("d/a"), b"aaaa").unwrap();
-    std::fs::write(exp.join("d/b"), b"bbbb").unwrap();
+    let exp = export_of(&t, &[("d/a", b"aaaa"), ("d/b", b"bbbb")]);
     let mut srv = Server::start(&exp);
     let m = Mount::with_cache(
         &srv.addr,
@@ -290,4 +298,39 @@ fn completions_and_man_pages_come_from_the_command_line_definitions() {
         mount.contains("hoardfs mount fileserver:7070 /mnt/data \\-\\-cache\\-dir"),
         "examples are kept line by line"
     );
+}
+
+#[test]
+fn cache_ls_keeps_names_across_remounts() {
+    require_fuse();
+    let t = scratch();
+    let exp = export_of(&t, &[("d/a b", b"aaaa")]);
+    let srv = Server::start(&exp);
+    let (mnt, cache) = (t.path().join("mnt"), t.path().join("cache"));
+    let ls = |target: &std::path::Path| {
+        let (ok, out, err) = tool(&["cache", "ls", target.to_str().unwrap()]);
+        assert!(ok, "{err}");
+        out
+    };
+    let m = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
+    assert_eq!(std::fs::read(m.p("d/a b")).unwrap(), b"aaaa");
+    let out = ls(&m.path);
+    assert!(out.contains("/d/a b\n"), "{out}");
+    m.unmount();
+    // The cache directory alone, and a new mount before the name is looked up again.
+    let out = ls(&cache);
+    assert!(
+        out.contains("/d/a b  (name seen before this mount)"),
+        "{out}"
+    );
+    let m = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
+    let (ok, out, _) = tool(&["cache", "ls", m.path.to_str().unwrap(), "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["path"], "/d/a b", "{v}");
+    assert_eq!(v[0]["path_from_earlier_mount"], true, "{v}");
+    std::fs::metadata(m.p("d/a b")).unwrap();
+    let out = ls(&m.path);
+    assert!(out.contains("/d/a b\n"), "seen again: {out}");
+    m.unmount();
 }
