@@ -173,8 +173,9 @@ pub struct FdBudget {
 }
 
 impl FdBudget {
-    /// Descriptors kept for everything else (listening socket, inotify, logs, ...).
-    const RESERVE: usize = 128;
+    /// Descriptors kept for everything else: connections in their handshake (at most 256),
+    /// the listening socket, inotify, logs, ...
+    const RESERVE: usize = 128 + 256;
     /// Most handles remembered when descriptors are plentiful.
     const MAX_HANDLES: usize = 500_000;
 
