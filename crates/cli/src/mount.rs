@@ -103,12 +103,73 @@ pub struct MountArgs {
     /// root (it is the mount's `read_ahead_kb` in /sys/class/bdi); 0 leaves it alone.
     #[arg(long, default_value_t = 1024)]
     pub readahead_kb: u32,
-    /// Mount options, `-o key[=value],...`: cache_dir=, token_file=, server_fingerprint=,
-    /// tls_ca=, insecure_plaintext, no_cache, daemon,
-    /// attr_timeout=, callback_timeout=, timeout=, no_passthrough, xattrs, allow_other,
-    /// ro, kernel_opens, cache_size=, hoard_file=, readahead_kb=.
+    /// Mount options, `-o key[=value],...`: every flag above with `_` for `-` (e.g.
+    /// `cache_dir=DIR`, `no_cache`, `ro` for --read-only), the kernel's `exec`, `noexec`,
+    /// `atime`, `noatime`, `sync`, `async`, `dirsync`, and, ignored, what mount(8) and
+    /// fstab add: `rw`, `defaults`, `dev`, `suid` (hoardfs always mounts nodev,nosuid),
+    /// `_netdev`, `nofail`, `auto`, `noauto`, `user`, `nouser`, `x-*`, `comment=`.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
+    /// Kernel mount flags from `-o` (exec, noatime, sync, ...), passed on as given.
+    #[arg(skip)]
+    pub kernel_flags: Vec<MountOption>,
+}
+
+/// Options mount(8), mount.fuse3 and fstab add that mean nothing to hoardfs (`x-*` and
+/// `comment=*` too): accepted and ignored. `dev` and `suid` are here because mount.fuse3
+/// adds them to every mount by root, so a request for them cannot be told apart from
+/// none: hoardfs always mounts nodev,nosuid (the server drops set-id bits and refuses
+/// devices by default anyway).
+const IGNORED_OPTIONS: &[&str] = &[
+    "rw",
+    "defaults",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "_netdev",
+    "nofail",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "group",
+    "default_permissions",
+    "relatime",
+    "strictatime",
+    "nodiratime",
+    "lazytime",
+];
+
+/// Kernel flags FUSE honours, each with its opposite (the later one given wins).
+const KERNEL_FLAGS: &[(&str, MountOption, MountOption)] = &[
+    ("exec", MountOption::Exec, MountOption::NoExec),
+    ("noexec", MountOption::NoExec, MountOption::Exec),
+    ("atime", MountOption::Atime, MountOption::NoAtime),
+    ("noatime", MountOption::NoAtime, MountOption::Atime),
+    ("sync", MountOption::Sync, MountOption::Async),
+    ("async", MountOption::Async, MountOption::Sync),
+    ("dirsync", MountOption::DirSync, MountOption::DirSync),
+];
+
+/// The argument list of `hoardfs SOURCE MOUNTPOINT -o OPTIONS`, as mount.fuse3 (run by
+/// mount(8) and fstab for type `fuse.hoardfs`) invokes it, rewritten to `hoardfs mount
+/// --daemon SOURCE MOUNTPOINT -o OPTIONS`: mount(8) waits for the program to exit, so it
+/// must return once the mount is ready. Any other argument list is returned unchanged.
+pub fn helper_argv(
+    mut args: Vec<std::ffi::OsString>,
+    is_subcommand: impl Fn(&str) -> bool,
+) -> Vec<std::ffi::OsString> {
+    let helper = args.get(1).is_some_and(|a| {
+        let a = a.to_string_lossy();
+        !a.starts_with('-') && !is_subcommand(&a)
+    });
+    if helper {
+        args.splice(1..1, ["mount".into(), "--daemon".into()]);
+    }
+    args
 }
 
 impl MountArgs {
@@ -131,6 +192,19 @@ impl MountArgs {
                     .parse()
                     .map_err(|_| format!("mount option {k}: not a number"))
             };
+            let pct = || -> Result<u8, String> {
+                need()?
+                    .parse()
+                    .map_err(|_| format!("mount option {k}: not a percentage"))
+            };
+            if let Some((_, on, off)) = KERNEL_FLAGS.iter().find(|f| f.0 == k) {
+                a.kernel_flags.retain(|f| f != on && f != off);
+                a.kernel_flags.push(on.clone());
+                continue;
+            }
+            if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") || k == "comment" {
+                continue;
+            }
             match k {
                 "cache_dir" => a.cache_dir = Some(need()?.into()),
                 "token_file" => a.security.token_file = Some(need()?.into()),
@@ -141,20 +215,32 @@ impl MountArgs {
                 "daemon" => a.daemon = true,
                 "attr_timeout" => a.attr_timeout = num()?,
                 "callback_timeout" => a.callback_timeout = num()?,
-                "ro" => a.read_only = true,
+                "ro" | "read_only" => a.read_only = true,
                 "timeout" => a.timeout = num()?,
                 "no_passthrough" => a.no_passthrough = true,
                 "kernel_opens" => a.kernel_opens = true,
                 "xattrs" => a.xattrs = true,
                 "allow_other" => a.allow_other = true,
                 "cache_size" => a.cache_size = Some(parse_size(need()?)?),
+                "brun" => a.brun = pct()?,
+                "bcull" => a.bcull = pct()?,
+                "bstop" => a.bstop = pct()?,
+                "frun" => a.frun = pct()?,
+                "fcull" => a.fcull = pct()?,
+                "fstop" => a.fstop = pct()?,
                 "hoard_file" => a.hoard_file = Some(need()?.into()),
+                "metrics_listen" => a.metrics_listen = Some(need()?.into()),
                 "readahead_kb" => {
                     a.readahead_kb = need()?
                         .parse()
                         .map_err(|_| format!("mount option {k}: not a number"))?
                 }
-                "rw" | "defaults" | "nodev" | "nosuid" | "noatime" => {}
+                "fd" | "drop_privileges" => {
+                    return Err(format!(
+                        "mount option {k}: hoardfs opens /dev/fuse and mounts by itself; \
+                         drop mount.fuse3's drop_privileges"
+                    ));
+                }
                 _ => {
                     return Err(format!(
                         "unknown mount option {opt:?} (see hoardfs mount --help)"
@@ -358,7 +444,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     let root = unsafe { libc::geteuid() } == 0;
     let mut cfg = Config::default();
     cfg.mount_options = vec![
-        MountOption::FSName(format!("hoardfs:{}", a.source)),
+        MountOption::FSName(a.source.clone()),
         MountOption::Subtype("hoardfs".into()),
         // The kernel checks permissions against the server's uid/gid/mode.
         MountOption::DefaultPermissions,
@@ -370,6 +456,14 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         MountOption::NoDev,
         MountOption::NoSuid,
     ];
+    cfg.mount_options.extend(a.kernel_flags.iter().cloned());
+    if root {
+        // fuser mounts by mount(2) itself when it may, with type "fuse" and no subtype
+        // (which only fusermount gets): the kernel takes it as an option, so that
+        // /proc/mounts says "fuse.hoardfs", as for mounts by mount(8) or fusermount.
+        cfg.mount_options
+            .push(MountOption::CUSTOM("subtype=hoardfs".into()));
+    }
     cfg.acl = if a.allow_other || root {
         SessionACL::All
     } else {
@@ -493,6 +587,90 @@ fn redirect_stdio_to_null() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::FromArgMatches as _;
+
+    fn parse(args: &[&str]) -> MountArgs {
+        let cmd = MountArgs::augment_args(clap::Command::new("mount"));
+        let m = cmd
+            .try_get_matches_from(["mount", "host:1", "/mnt"].iter().chain(args))
+            .unwrap();
+        MountArgs::from_arg_matches(&m).unwrap()
+    }
+
+    #[test]
+    fn every_flag_is_also_a_mount_option() {
+        let cmd = MountArgs::augment_args(clap::Command::new("mount"));
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else {
+                continue;
+            };
+            let key = long.replace('-', "_");
+            let takes_value = arg.get_action().takes_values();
+            let opt = if takes_value {
+                format!("{key}=1")
+            } else {
+                key.clone()
+            };
+            let r = parse(&["-o", &opt, "--no-cache"]).resolve();
+            if let Err(e) = &r {
+                assert!(
+                    !e.contains("unknown mount option"),
+                    "--{long} has no -o form: {e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn mount_8_and_fstab_options_are_accepted() {
+        let a = parse(&[
+            "-o",
+            "rw,cache_dir=/c,dev,suid,_netdev,nofail,noauto,auto,user,nouser,defaults",
+            "-o",
+            "x-systemd.automount,x-systemd.idle-timeout=60,comment=hello world,noexec",
+            "-o",
+            "exec,noatime,allow_other,ro,metrics_listen=9100,bcull=9",
+        ])
+        .resolve()
+        .unwrap();
+        assert_eq!(a.cache_dir.as_deref(), Some(Path::new("/c")));
+        assert!(a.read_only && a.allow_other);
+        assert_eq!(a.metrics_listen.as_deref(), Some("9100"));
+        assert_eq!(a.bcull, 9);
+        // The later of exec/noexec wins.
+        assert_eq!(
+            a.kernel_flags,
+            vec![MountOption::Exec, MountOption::NoAtime]
+        );
+        let e = parse(&["-o", "cache_dir=/c,bogus"]).resolve().unwrap_err();
+        assert!(e.contains("unknown mount option \"bogus\""), "{e}");
+        let e = parse(&["-o", "cache_dir=/c,fd=3"]).resolve().unwrap_err();
+        assert!(e.contains("drop_privileges"), "{e}");
+    }
+
+    #[test]
+    fn mount_helper_arguments_become_a_daemon_mount() {
+        let is_sub = |s: &str| ["mount", "serve", "help"].contains(&s);
+        let v = |a: &[&str]| {
+            a.iter()
+                .map(Into::into)
+                .collect::<Vec<std::ffi::OsString>>()
+        };
+        assert_eq!(
+            helper_argv(v(&["hoardfs", "srv:7070", "/mnt", "-o", "rw"]), is_sub),
+            v(&[
+                "hoardfs", "mount", "--daemon", "srv:7070", "/mnt", "-o", "rw"
+            ])
+        );
+        for unchanged in [
+            &["hoardfs", "mount", "srv:7070", "/mnt"][..],
+            &["hoardfs", "--version"],
+            &["hoardfs", "help"],
+            &["hoardfs"],
+        ] {
+            assert_eq!(helper_argv(v(unchanged), is_sub), v(unchanged));
+        }
+    }
 
     #[test]
     fn finds_the_last_fuse_mount_on_an_escaped_mount_point() {

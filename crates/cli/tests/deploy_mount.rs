@@ -1,0 +1,182 @@
+//! Deploying like any Linux file system: `mount -t fuse.hoardfs` and fstab lines (through
+//! mount(8) and mount.fuse3).
+
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Runs `cmd`, failing if it has not exited within `limit` (its output is collected by
+/// threads: a process that leaves the pipes open behind it cannot block the test).
+fn output_within(mut cmd: Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let collect = |mut r: Box<dyn Read + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            let _ = tx.send(v);
+        });
+        rx
+    };
+    let out = collect(Box::new(child.stdout.take().unwrap()));
+    let err = collect(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not return within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Whoever still holds the pipes (a daemon that did not detach) gets a bounded wait.
+    let rest = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(1);
+    let stdout = out
+        .recv_timeout(rest)
+        .unwrap_or_else(|_| panic!("{cmd:?} returned, but left its stdout open"));
+    let stderr = err
+        .recv_timeout(Duration::from_secs(1))
+        .unwrap_or_else(|_| panic!("{cmd:?} returned, but left its stderr open"));
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// The /proc/mounts line of the mount on `mnt`, if any.
+fn proc_mounts_line(mnt: &Path) -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let want = format!(" {} ", mnt.display());
+    mounts
+        .lines()
+        .find(|l| l.contains(&want))
+        .map(str::to_string)
+}
+
+/// A directory `name` created in `t`.
+fn new_dir(t: &tempfile::TempDir, name: &str) -> PathBuf {
+    let p = t.path().join(name);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+/// An export directory in `t` holding one file, `name` with `data`.
+fn export_one(t: &tempfile::TempDir, name: &str, data: &[u8]) -> PathBuf {
+    let exp = new_dir(t, "export");
+    std::fs::write(exp.join(name), data).unwrap();
+    exp
+}
+
+/// Lazily unmounts a mount point on drop (a test that fails leaves no mount behind).
+struct Unmount<'a>(&'a Path);
+
+impl Drop for Unmount<'_> {
+    fn drop(&mut self) {
+        if proc_mounts_line(self.0).is_some() {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+}
+
+/// mount(8) runs `mount.fuse3`, which runs the program the type names (`hoardfs`) through
+/// `sh -c` with the default search path: mount(8) drops the caller's PATH. So the test runs
+/// the mounts in a private mount namespace where a directory holding a `hoardfs` link to
+/// the binary under test is bound over /usr/local/sbin, first on that path.
+#[test]
+fn mount_8_and_fstab_mount_hoardfs() {
+    require_fuse();
+    let t = scratch();
+    let exp = export_one(&t, "hello.txt", b"hello from the server\n");
+    let token = t.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let srv = Server::start_with(&exp, Some(&token));
+    let fp = srv.fingerprint.expect("TLS").to_string();
+    let bin_dir = new_dir(&t, "bin");
+    std::os::unix::fs::symlink(bin(), bin_dir.join("hoardfs")).unwrap();
+    let mnt = new_dir(&t, "mnt");
+    let opts = |cache: &str| {
+        format!(
+            "cache_dir={},token_file={},server_fingerprint={fp},_netdev,nofail,noexec,\
+             x-systemd.automount,comment=hoardfs-test",
+            t.path().join(cache).display(),
+            token.display()
+        )
+    };
+    let fstab = t.path().join("fstab");
+    std::fs::write(
+        &fstab,
+        format!(
+            "# a test fstab\n{} {} fuse.hoardfs {} 0 0\n",
+            srv.addr,
+            mnt.display(),
+            opts("cache-fstab")
+        ),
+    )
+    .unwrap();
+    let script = r#"
+        set -e
+        trap 'umount -l "$MNT" 2>/dev/null || true' EXIT
+        mount --bind "$BIN_DIR" /usr/local/sbin
+        mount -t fuse.hoardfs "$SRC" "$MNT" -o "$OPTS"
+        echo "mount-t: $(grep " $MNT " /proc/mounts)"
+        echo "read-t: $(cat "$MNT/hello.txt")"
+        umount "$MNT"
+        mount -T "$FSTAB" "$MNT"
+        echo "fstab: $(grep " $MNT " /proc/mounts)"
+        echo "read-fstab: $(cat "$MNT/hello.txt")"
+        umount "$MNT"
+        echo done
+    "#;
+    let _guard = Unmount(&mnt);
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .env("BIN_DIR", &bin_dir)
+        .env("SRC", &srv.addr)
+        .env("MNT", &mnt)
+        .env("OPTS", opts("cache-t"))
+        .env("FSTAB", &fstab);
+    let out = output_within(cmd, Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("\ndone"),
+        "mounting through mount(8) failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    for how in ["mount-t", "fstab"] {
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{how}: ")))
+            .unwrap_or_else(|| panic!("no /proc/mounts line for {how}: {stdout}"));
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f[0], srv.addr, "{how}: the source: {line}");
+        assert_eq!(f[2], "fuse.hoardfs", "{how}: the type: {line}");
+        let flags: Vec<&str> = f[3].split(',').collect();
+        for flag in ["noexec", "nosuid", "nodev"] {
+            assert!(flags.contains(&flag), "{how}: {flag} missing: {line}");
+        }
+    }
+    for how in ["read-t", "read-fstab"] {
+        assert!(
+            stdout.contains(&format!("{how}: hello from the server")),
+            "{how}: {stdout}"
+        );
+    }
+    assert!(
+        proc_mounts_line(&mnt).is_none(),
+        "the namespace's mount leaked"
+    );
+}
