@@ -349,20 +349,26 @@ pub fn maybe_daemonize(args: &MountArgs) -> Result<(), String> {
     }
 }
 
-fn report_to_parent(msg: &str) {
+/// Tells the waiting parent (if daemonised) `msg`; true if there was one.
+fn report_to_parent(msg: &str) -> bool {
     let fd = READY_FD.swap(-1, Ordering::SeqCst);
-    if fd >= 0 {
-        // SAFETY: the fd was stored by maybe_daemonize and is used once.
-        let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        let _ = f.write_all(msg.as_bytes());
+    if fd < 0 {
+        return false;
     }
+    // SAFETY: the fd was stored by maybe_daemonize and is used once.
+    let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let _ = f.write_all(msg.as_bytes());
+    true
 }
 
 /// Mounts and serves until unmounted.
 pub fn run(args: MountArgs) -> Result<(), String> {
     let result = mount_and_serve(args);
-    if let Err(e) = &result {
-        report_to_parent(e);
+    if let Err(e) = &result
+        && report_to_parent(e)
+    {
+        // The waiting parent prints the message: it is said once, by one process.
+        std::process::exit(1);
     }
     result
 }
@@ -473,7 +479,8 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     cfg.clone_fd = true;
     let notifier = Arc::new(std::sync::OnceLock::new());
     let bridge = FuseBridge::new(fs.clone(), notifier.clone());
-    let mut session = fuser::Session::new(bridge, &a.mountpoint, &cfg)
+    // The canonical path: a daemon leaves its working directory, and unmounts by path.
+    let mut session = fuser::Session::new(bridge, &info.mountpoint, &cfg)
         .map_err(|e| format!("cannot mount on {}: {e}", a.mountpoint.display()))?;
     let _ = notifier.set(session.notifier());
     if a.readahead_kb > 0 {
@@ -512,7 +519,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     let _ = std::io::stdout().flush();
     if READY_FD.load(Ordering::SeqCst) >= 0 {
         report_to_parent("ok");
-        redirect_stdio_to_null();
+        detach();
     }
     session
         .run()
@@ -572,15 +579,22 @@ fn fuse_device_of(mountinfo: &str, mountpoint: &Path) -> Option<String> {
         .next_back()
 }
 
-fn redirect_stdio_to_null() {
-    // SAFETY: opening /dev/null and dup2 onto stdin/stdout are async-signal-safe plain calls.
+/// Leaves what the daemon inherited from whoever started it: stdin, stdout and stderr go
+/// to /dev/null (a pipe such as `hoardfs mount --daemon … 2>&1 | cat` then ends) and the
+/// working directory to `/` (so it keeps no file system busy).
+fn detach() {
+    // SAFETY: open, dup2, close and chdir are plain calls on values we own.
     unsafe {
         let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         if fd >= 0 {
             libc::dup2(fd, 0);
             libc::dup2(fd, 1);
-            libc::close(fd);
+            libc::dup2(fd, 2);
+            if fd > 2 {
+                libc::close(fd);
+            }
         }
+        libc::chdir(c"/".as_ptr());
     }
 }
 

@@ -1,5 +1,5 @@
 //! Deploying like any Linux file system: `mount -t fuse.hoardfs` and fstab lines (through
-//! mount(8) and mount.fuse3).
+//! mount(8) and mount.fuse3), `--daemon` behind a pipe.
 
 mod common;
 
@@ -178,5 +178,62 @@ fn mount_8_and_fstab_mount_hoardfs() {
     assert!(
         proc_mounts_line(&mnt).is_none(),
         "the namespace's mount leaked"
+    );
+}
+
+/// `--daemon` returns once the mount is ready even when its output is a pipe, and an
+/// error before that is printed once.
+#[test]
+fn daemon_returns_through_a_pipe_and_says_errors_once() {
+    require_fuse();
+    let t = scratch();
+    let exp = export_one(&t, "f", b"data");
+    let srv = Server::start(&exp);
+    let mnt = new_dir(&t, "mnt");
+    let cache = t.path().join("cache");
+    let _guard = Unmount(&mnt);
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(r#""$HOARDFS" mount "$SRC" "$MNT" --cache-dir "$CACHE" --daemon 2>&1 | cat"#)
+        .env("HOARDFS", bin())
+        .env("SRC", &srv.addr)
+        .env("MNT", &mnt)
+        .env("CACHE", &cache);
+    let out = output_within(cmd, Duration::from_secs(30));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("hoardfs: mounted"), "{said}");
+    let line = proc_mounts_line(&mnt).expect("mounted");
+    assert!(line.contains(" fuse.hoardfs "), "{line}");
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"data");
+    let st = Command::new("umount").arg(&mnt).status().unwrap();
+    assert!(st.success());
+
+    // Nothing listens on port 1: the error comes from the daemonised child.
+    let mut cmd = Command::new(bin());
+    cmd.args(["mount", "127.0.0.1:1"])
+        .arg(&mnt)
+        .arg("--cache-dir")
+        .arg(t.path().join("cache2"))
+        .args(["--daemon", "--timeout", "2"]);
+    let out = output_within(cmd, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("hoardfs: ")).collect();
+    assert_eq!(lines.len(), 1, "the error once: {err}");
+    assert!(proc_mounts_line(&mnt).is_none());
+
+    // The mount.fuse3 form refuses an unknown option once, before forking.
+    let mut cmd = Command::new(bin());
+    cmd.arg(&srv.addr)
+        .arg(&mnt)
+        .args(["-o", "cache_dir=/nonexistent,bogus"]);
+    let out = output_within(cmd, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(
+        err.lines().filter(|l| l.contains("bogus")).count(),
+        1,
+        "{err}"
     );
 }
