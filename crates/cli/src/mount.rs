@@ -7,11 +7,11 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use fuser::{Config, MountOption, SessionACL};
-use hoardfs_cache::{CacheDir, Limits};
+use hoardfs_cache::{CacheDir, CacheError, Limits};
 use hoardfs_fs::{FsConfig, HoardFs};
 use hoardfs_fuse::FuseBridge;
 use hoardfs_origin::Origin;
@@ -373,6 +373,34 @@ pub fn run(args: MountArgs) -> Result<(), String> {
     result
 }
 
+/// How long a mount waits for its cache directory's lock. `umount` returns before the
+/// previous client has closed its cache (the kernel does not wait for the daemon), so a
+/// mount right after an unmount can find the lock held for a moment.
+const CACHE_LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Opens the cache directory, waiting up to [`CACHE_LOCK_WAIT`] for a client that is
+/// exiting to release it.
+fn open_cache(dir: &Path, limits: Limits) -> Result<CacheDir, String> {
+    let deadline = Instant::now() + CACHE_LOCK_WAIT;
+    loop {
+        match CacheDir::open_with(dir, limits, None) {
+            Err(CacheError::Locked(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(CacheError::Locked(p)) => {
+                return Err(format!(
+                    "cache directory {} is still in use by another hoardfs client after \
+                     waiting {} s: is it mounted elsewhere? (`hoardfs cache status \
+                     MOUNTPOINT` names a mount's cache)",
+                    p.display(),
+                    CACHE_LOCK_WAIT.as_secs()
+                ));
+            }
+            r => return r.map_err(|e| e.to_string()),
+        }
+    }
+}
+
 fn open_origin(a: &MountArgs) -> Result<Arc<dyn Origin>, String> {
     if a.source.starts_with('/') {
         let o = LocalOrigin::new(Path::new(&a.source), LocalOptions::default())
@@ -420,9 +448,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         None => Vec::new(),
     };
     let cache = match (&a.cache_dir, a.no_cache) {
-        (Some(dir), false) => {
-            Some(CacheDir::open_with(dir, limits, None).map_err(|e| e.to_string())?)
-        }
+        (Some(dir), false) => Some(open_cache(dir, limits)?),
         _ => None,
     };
     let origin = open_origin(&a)?;

@@ -1,5 +1,5 @@
 //! Deploying like any Linux file system: `mount -t fuse.hoardfs` and fstab lines (through
-//! mount(8) and mount.fuse3), `--daemon` behind a pipe.
+//! mount(8) and mount.fuse3), `--daemon` behind a pipe, an immediate mount after `umount`.
 
 mod common;
 
@@ -236,4 +236,34 @@ fn daemon_returns_through_a_pipe_and_says_errors_once() {
         1,
         "{err}"
     );
+}
+
+/// `umount` returns before the client has let go of its cache: the next mount of the same
+/// cache waits for it instead of failing with "in use".
+#[test]
+fn mount_right_after_umount_succeeds_every_time() {
+    require_fuse();
+    let t = scratch();
+    let exp = export_one(&t, "f", &bytes(7, 300_000));
+    let srv = Server::start(&exp);
+    let mnt = new_dir(&t, "mnt");
+    let cache = t.path().join("cache");
+    let _guard = Unmount(&mnt);
+    for round in 0..20 {
+        let mut cmd = Command::new(bin());
+        cmd.args(["mount", &srv.addr])
+            .arg(&mnt)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .arg("--daemon");
+        let out = output_within(cmd, Duration::from_secs(30));
+        assert!(
+            out.status.success(),
+            "mount {round} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(hash_file(&mnt.join("f")), hash_file(&exp.join("f")));
+        let st = Command::new("umount").arg(&mnt).status().unwrap();
+        assert!(st.success(), "umount {round}");
+    }
 }
