@@ -373,15 +373,16 @@ pub fn run(args: MountArgs) -> Result<(), String> {
     result
 }
 
-/// How long a mount waits for its cache directory's lock. `umount` returns before the
-/// previous client has closed its cache (the kernel does not wait for the daemon), so a
-/// mount right after an unmount can find the lock held for a moment.
-const CACHE_LOCK_WAIT: Duration = Duration::from_secs(5);
+/// How long a mount waits for the previous client of its cache directory or mount point
+/// to exit. `umount` returns before that client has closed its cache and control socket
+/// (the kernel does not wait for the daemon), so a mount right after an unmount can find
+/// them held for a moment.
+pub const CLIENT_EXIT_WAIT: Duration = Duration::from_secs(5);
 
-/// Opens the cache directory, waiting up to [`CACHE_LOCK_WAIT`] for a client that is
+/// Opens the cache directory, waiting up to [`CLIENT_EXIT_WAIT`] for a client that is
 /// exiting to release it.
 fn open_cache(dir: &Path, limits: Limits) -> Result<CacheDir, String> {
-    let deadline = Instant::now() + CACHE_LOCK_WAIT;
+    let deadline = Instant::now() + CLIENT_EXIT_WAIT;
     loop {
         match CacheDir::open_with(dir, limits, None) {
             Err(CacheError::Locked(_)) if Instant::now() < deadline => {
@@ -393,7 +394,7 @@ fn open_cache(dir: &Path, limits: Limits) -> Result<CacheDir, String> {
                      waiting {} s: is it mounted elsewhere? (`hoardfs cache status \
                      MOUNTPOINT` names a mount's cache)",
                     p.display(),
-                    CACHE_LOCK_WAIT.as_secs()
+                    CLIENT_EXIT_WAIT.as_secs()
                 ));
             }
             r => return r.map_err(|e| e.to_string()),
