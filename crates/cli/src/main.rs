@@ -8,6 +8,7 @@ mod hoard;
 mod instance;
 mod metrics;
 mod mount;
+mod notify;
 mod prefetch;
 mod security;
 mod serve;

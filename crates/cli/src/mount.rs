@@ -544,6 +544,11 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         a.mountpoint.display()
     );
     let _ = std::io::stdout().flush();
+    crate::notify::ready(&format!(
+        "mounted {} on {}",
+        a.source,
+        info.mountpoint.display()
+    ));
     if READY_FD.load(Ordering::SeqCst) >= 0 {
         report_to_parent("ok");
         detach();

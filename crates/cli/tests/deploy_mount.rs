@@ -1,9 +1,11 @@
 //! Deploying like any Linux file system: `mount -t fuse.hoardfs` and fstab lines (through
-//! mount(8) and mount.fuse3), `--daemon` behind a pipe, an immediate mount after `umount`.
+//! mount(8) and mount.fuse3), `--daemon` behind a pipe, an immediate mount after `umount`,
+//! and systemd's readiness notification from `hoardfs serve`.
 
 mod common;
 
 use std::io::Read;
+use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -265,5 +267,64 @@ fn mount_right_after_umount_succeeds_every_time() {
         assert_eq!(hash_file(&mnt.join("f")), hash_file(&exp.join("f")));
         let st = Command::new("umount").arg(&mnt).status().unwrap();
         assert!(st.success(), "umount {round}");
+    }
+}
+
+/// A `Type=notify` unit learns that `hoardfs serve` is ready: `READY=1` on the datagram
+/// socket in `$NOTIFY_SOCKET`, a path or an abstract name (`@…`).
+#[test]
+fn serve_notifies_systemd_once_serving() {
+    let t = scratch();
+    let exp = new_dir(&t, "export");
+    let path = t.path().join("notify");
+    let by_path = UnixDatagram::bind(&path).unwrap();
+    let name = format!("hoardfs-test-notify-{}", std::process::id());
+    let by_name = {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        UnixDatagram::bind_addr(&addr).unwrap()
+    };
+    for (sock, env) in [
+        (&by_path, path.to_str().unwrap().to_string()),
+        (&by_name, format!("@{name}")),
+    ] {
+        let mut child = Command::new(bin())
+            .arg("serve")
+            .arg(&exp)
+            .args(["--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(state_dir())
+            .env("NOTIFY_SOCKET", &env)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut buf = [0u8; 512];
+        let got = sock.recv(&mut buf);
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let mut stdout = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut stdout)
+            .unwrap();
+        let _ = child.wait();
+        let n = got.unwrap_or_else(|e| panic!("no notification on {env}: {e}"));
+        let msg = String::from_utf8_lossy(&buf[..n]);
+        assert!(msg.lines().any(|l| l == "READY=1"), "{env}: {msg:?}");
+        // Ready means serving: the address it reports is the one it printed.
+        let status = msg
+            .lines()
+            .find_map(|l| l.strip_prefix("STATUS="))
+            .expect("a status");
+        let printed = stdout.lines().next().unwrap_or_default();
+        let addr = status.rsplit(' ').next().unwrap();
+        assert!(
+            printed.contains(&format!(" on {addr} ")),
+            "{status:?} vs {printed:?}"
+        );
     }
 }
