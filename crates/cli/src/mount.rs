@@ -611,17 +611,22 @@ fn fuse_device_of(mountinfo: &str, mountpoint: &Path) -> Option<String> {
         .next_back()
 }
 
-/// Leaves what the daemon inherited from whoever started it: stdin, stdout and stderr go
-/// to /dev/null (a pipe such as `hoardfs mount --daemon … 2>&1 | cat` then ends) and the
-/// working directory to `/` (so it keeps no file system busy).
+/// Leaves what the daemon inherited from whoever started it: stdin and stdout go to
+/// /dev/null, stderr too unless it is a regular file (a log: `2>>/var/log/hoardfs.log`),
+/// so that a terminal, pipe or socket sees its end (`hoardfs mount --daemon … 2>&1 | cat`
+/// returns), and the working directory becomes `/` (so it keeps no file system busy).
 fn detach() {
-    // SAFETY: open, dup2, close and chdir are plain calls on values we own.
+    // SAFETY: fstat into a local struct; open, dup2, close and chdir on values we own.
     unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        let log_file = libc::fstat(2, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG;
         let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         if fd >= 0 {
             libc::dup2(fd, 0);
             libc::dup2(fd, 1);
-            libc::dup2(fd, 2);
+            if !log_file {
+                libc::dup2(fd, 2);
+            }
             if fd > 2 {
                 libc::close(fd);
             }

@@ -82,6 +82,18 @@ fn export_one(t: &tempfile::TempDir, name: &str, data: &[u8]) -> PathBuf {
     exp
 }
 
+/// The pid of the `hoardfs mount --daemon` process serving `mnt`.
+fn daemon_pid(mnt: &Path) -> Option<libc::pid_t> {
+    let want = mnt.to_str().unwrap();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: libc::pid_t = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let ours = args.contains(&want.as_bytes()) && args.contains(&&b"--daemon"[..]);
+        ours.then_some(pid)
+    })
+}
+
 /// Lazily unmounts a mount point on drop (a test that fails leaves no mount behind).
 struct Unmount<'a>(&'a Path);
 
@@ -210,6 +222,33 @@ fn daemon_returns_through_a_pipe_and_says_errors_once() {
     assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"data");
     let st = Command::new("umount").arg(&mnt).status().unwrap();
     assert!(st.success());
+
+    // A daemon whose stderr is a file (a log) keeps writing to it.
+    let log = t.path().join("mount.log");
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(r#""$HOARDFS" mount "$SRC" "$MNT" --cache-dir "$CACHE" --daemon 2>>"$LOG""#)
+        .env("HOARDFS", bin())
+        .env("HOARDFS_LOG", "info")
+        .env("SRC", &srv.addr)
+        .env("MNT", &mnt)
+        .env("CACHE", &cache)
+        .env("LOG", &log);
+    assert!(output_within(cmd, Duration::from_secs(30)).status.success());
+    let pid = daemon_pid(&mnt).expect("the daemon's process");
+    // SAFETY: kill(2); SIGTERM makes the daemon unmount and exit.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_soon("the daemon logs its unmount to the file", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        match text.contains("signal received, unmounting") {
+            true => Ok(()),
+            false => Err(text),
+        }
+    });
+    assert_soon("unmounted", || match proc_mounts_line(&mnt) {
+        None => Ok(()),
+        Some(l) => Err(l),
+    });
 
     // Nothing listens on port 1: the error comes from the daemonised child.
     let mut cmd = Command::new(bin());
