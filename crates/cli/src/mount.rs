@@ -157,14 +157,16 @@ const KERNEL_FLAGS: &[(&str, MountOption, MountOption)] = &[
 /// The argument list of `hoardfs SOURCE MOUNTPOINT -o OPTIONS`, as mount.fuse3 (run by
 /// mount(8) and fstab for type `fuse.hoardfs`) invokes it, rewritten to `hoardfs mount
 /// --daemon SOURCE MOUNTPOINT -o OPTIONS`: mount(8) waits for the program to exit, so it
-/// must return once the mount is ready. Any other argument list is returned unchanged.
+/// must return once the mount is ready. The first argument must look like a SOURCE
+/// (`HOST:PORT` or `/path`), so that a mistyped command is still reported as one. Any
+/// other argument list is returned unchanged.
 pub fn helper_argv(
     mut args: Vec<std::ffi::OsString>,
     is_subcommand: impl Fn(&str) -> bool,
 ) -> Vec<std::ffi::OsString> {
     let helper = args.get(1).is_some_and(|a| {
         let a = a.to_string_lossy();
-        !a.starts_with('-') && !is_subcommand(&a)
+        (a.contains(':') || a.starts_with('/')) && !is_subcommand(&a)
     });
     if helper {
         args.splice(1..1, ["mount".into(), "--daemon".into()]);
@@ -713,8 +715,13 @@ mod tests {
                 "hoardfs", "mount", "--daemon", "srv:7070", "/mnt", "-o", "rw"
             ])
         );
+        assert_eq!(
+            helper_argv(v(&["hoardfs", "/srv/data", "/mnt"]), is_sub),
+            v(&["hoardfs", "mount", "--daemon", "/srv/data", "/mnt"])
+        );
         for unchanged in [
             &["hoardfs", "mount", "srv:7070", "/mnt"][..],
+            &["hoardfs", "moutn", "srv:7070", "/mnt"],
             &["hoardfs", "--version"],
             &["hoardfs", "help"],
             &["hoardfs"],

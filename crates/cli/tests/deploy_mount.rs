@@ -309,6 +309,41 @@ fn mount_right_after_umount_succeeds_every_time() {
     }
 }
 
+/// A `Type=notify` mount service learns that the mount is up.
+#[test]
+fn mount_notifies_systemd_once_mounted() {
+    require_fuse();
+    let t = scratch();
+    let exp = export_one(&t, "f", b"data");
+    let srv = Server::start(&exp);
+    let mnt = new_dir(&t, "mnt");
+    let path = t.path().join("notify");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let _guard = Unmount(&mnt);
+    let mut child = Command::new(bin())
+        .args(["mount", &srv.addr])
+        .arg(&mnt)
+        .arg("--cache-dir")
+        .arg(t.path().join("cache"))
+        .env("NOTIFY_SOCKET", &path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let got = sock.recv(&mut buf);
+    let mounted = proc_mounts_line(&mnt);
+    let _ = Command::new("umount").arg(&mnt).status();
+    let _ = child.kill(); // in case it never mounted
+    let _ = child.wait();
+    let n = got.expect("a notification");
+    let msg = String::from_utf8_lossy(&buf[..n]);
+    assert!(msg.lines().any(|l| l == "READY=1"), "{msg:?}");
+    assert!(mounted.is_some(), "READY=1 before the mount was up");
+}
+
 /// A `Type=notify` unit learns that `hoardfs serve` is ready: `READY=1` on the datagram
 /// socket in `$NOTIFY_SOCKET`, a path or an abstract name (`@…`).
 #[test]
