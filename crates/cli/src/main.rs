@@ -8,6 +8,7 @@ mod hoard;
 mod instance;
 mod metrics;
 mod mount;
+mod notify;
 mod prefetch;
 mod security;
 mod serve;
@@ -16,7 +17,7 @@ mod tools;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// hoardfs: a network file system whose clients keep a persistent, coherent disk cache.
 #[derive(Parser)]
@@ -55,7 +56,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // mount(8) and fstab run `hoardfs SOURCE MOUNTPOINT -o OPTIONS` (through mount.fuse3).
+    let args = mount::helper_argv(std::env::args_os().collect(), |name| {
+        name == "help" || Cli::command().find_subcommand(name).is_some()
+    });
+    let cli = Cli::parse_from(args);
     // Daemonising forks, which must happen before any thread exists (logging included).
     if let Command::Mount(args) = &cli.command
         && let Err(e) = mount::maybe_daemonize(args)

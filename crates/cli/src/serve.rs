@@ -141,6 +141,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         let mut out = std::io::stdout();
         let _ = writeln!(out, "hoardfs: serving {dir} on {addr} ({identity})");
         let _ = out.flush();
+        crate::notify::ready(&format!("serving {dir} on {addr}"));
     })
     .map_err(|e| format!("cannot serve on {}: {e}", a.listen))?;
     instance.stopped_cleanly(&root);
