@@ -156,13 +156,11 @@ impl HoardFs {
                     };
                     {
                         let mut st = node.state.lock();
-                        if st.callback && hoardfs_proto::change_id(&st.attr) == version {
+                        if st.has_callback() && hoardfs_proto::change_id(&st.attr()) == version {
                             // Already known (typically our own change coming back).
                             continue;
                         }
-                        st.callback = false;
-                        st.expired = true;
-                        st.listing = None;
+                        st.contents_changed();
                     }
                     if let Some(n) = notifier {
                         n.inval_inode(node.ino);
@@ -182,16 +180,13 @@ impl HoardFs {
                         .children
                         .get(&name)
                         .and_then(|c| self.nodes.get(*c));
-                    let known = child.as_ref().map(|c| c.state.lock().attr.file_id);
+                    let known = child.as_ref().map(|c| c.state.lock().attr().file_id);
                     if known == file_id {
                         continue;
                     }
                     if let Some(c) = &child {
                         // The object lost this name: its link count (and ctime) changed.
-                        let mut st = c.state.lock();
-                        st.callback = false;
-                        st.expired = true;
-                        drop(st);
+                        c.state.lock().expire();
                         if let Some(n) = notifier {
                             n.inval_attr(c.ino);
                         }
@@ -199,8 +194,7 @@ impl HoardFs {
                     {
                         let mut st = dir.state.lock();
                         st.children.remove(&name);
-                        st.listing = None;
-                        st.expired = true;
+                        st.contents_changed();
                     }
                     if let Some(n) = notifier {
                         n.inval_entry(dir.ino, &name);
@@ -212,9 +206,7 @@ impl HoardFs {
                     let nodes = self.nodes.all();
                     for node in &nodes {
                         // Listings stay (expired) so they can be served while offline.
-                        let mut st = node.state.lock();
-                        st.callback = false;
-                        st.expired = true;
+                        node.state.lock().expire();
                     }
                     if let Some(n) = notifier {
                         for node in &nodes {

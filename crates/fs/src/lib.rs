@@ -14,6 +14,7 @@ mod callbacks;
 mod durability;
 mod error;
 mod fetch;
+mod freshness;
 mod kernel_opens;
 mod manage;
 mod namespace;
@@ -37,7 +38,7 @@ pub use read::{Access, FileHandle, OpenMode, ReadData};
 pub use stats::{Stats, StatsSnapshot};
 
 use callbacks::BreakLog;
-use nodes::{NodeState, NodeTable};
+use nodes::NodeTable;
 
 /// Files of one listing whose cached records are read ahead at most (the first ones by
 /// name; the disk cache's queue bounds it further).
@@ -176,22 +177,6 @@ impl HoardFs {
         self.callbacks
     }
 
-    /// How long the kernel may keep what a node's state says.
-    fn ttl_of(&self, st: &NodeState) -> Duration {
-        if st.callback {
-            self.config.callback_ttl
-        } else {
-            self.config.attr_ttl
-        }
-    }
-
-    /// Whether a node's attributes can be used without asking the origin.
-    fn attr_fresh(&self, st: &NodeState) -> bool {
-        let age = st.attr_fetched.elapsed();
-        !st.expired
-            && (age < self.config.attr_ttl || (st.callback && age < self.config.callback_ttl))
-    }
-
     /// Whether attributes fetched after break number `since` come with a callback.
     fn grant(&self, file_id: u64, since: u64) -> bool {
         self.callbacks && !self.breaks.broken_since(file_id, since)
@@ -200,14 +185,8 @@ impl HoardFs {
     /// Stores fresh attributes of `node` (fetched after break number `since`).
     fn install_attr(&self, node: &Node, attr: Attr, since: u64) -> Duration {
         let mut st = node.state.lock();
-        if node.kind == FileKind::Dir && st.attr.version != attr.version {
-            st.listing = None;
-        }
-        st.attr = attr;
-        st.attr_fetched = Instant::now();
-        st.callback = self.grant(attr.file_id, since);
-        st.expired = false;
-        self.ttl_of(&st)
+        st.install_attr(attr, self.grant(attr.file_id, since));
+        st.kernel_ttl(&self.config)
     }
 
     fn check_writable(&self) -> FsResult<()> {
@@ -261,7 +240,7 @@ impl HoardFs {
         }
         let (parent, name, file_id) = {
             let st = node.state.lock();
-            (st.parent, st.name.clone(), st.attr.file_id)
+            (st.parent, st.name.clone(), st.attr().file_id)
         };
         let ph = self.resolve(parent, depth + 1)?;
         let e = self.origin.lookup(ph, &name)?;
@@ -269,11 +248,7 @@ impl HoardFs {
             // The name now refers to another object: ours is gone.
             return Err(FsError::Origin(WireError::Stale));
         }
-        let mut st = node.state.lock();
-        st.handle = e.handle;
-        st.attr = e.attr;
-        st.attr_fetched = Instant::now();
-        st.callback = false;
+        node.state.lock().resolved(e.handle, e.attr);
         Ok(e.handle)
     }
 
@@ -285,7 +260,7 @@ impl HoardFs {
             return Err(WireError::NotDir.into());
         }
         let since = self.breaks.seq();
-        let dir_id = dir.state.lock().attr.file_id;
+        let dir_id = dir.state.lock().attr().file_id;
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
             Ok(e) => {
                 let n = self.remember(parent, name, &e, dir_id, since);
@@ -299,7 +274,7 @@ impl HoardFs {
                     .ok_or(FsError::Offline(why))?;
                 let mut st = node.state.lock();
                 st.lookups += 1;
-                Ok((node.ino, st.attr, self.config.attr_ttl))
+                Ok((node.ino, st.attr(), self.config.attr_ttl))
             }
             Err(e) => {
                 if e == FsError::Origin(WireError::NotFound) {
@@ -330,7 +305,7 @@ impl HoardFs {
     ) -> (Ino, Duration) {
         let grant = |a: &Attr| self.grant(a.file_id, since) && self.grant(dir_id, since);
         let n = self.nodes.remember(parent, name, e.handle, e.attr, grant);
-        let ttl = self.ttl_of(&n.state.lock());
+        let ttl = n.state.lock().kernel_ttl(&self.config);
         (n.ino, ttl)
     }
 
@@ -345,8 +320,8 @@ impl HoardFs {
     pub(crate) fn attr_of(&self, node: &Node) -> FsResult<(Attr, Duration)> {
         {
             let st = node.state.lock();
-            if self.attr_fresh(&st) {
-                return Ok((st.attr, self.ttl_of(&st)));
+            if st.attr_fresh(&self.config) {
+                return Ok((st.attr(), st.kernel_ttl(&self.config)));
             }
         }
         self.refresh_attr(node)
@@ -358,7 +333,7 @@ impl HoardFs {
         let since = self.breaks.seq();
         match self.with_handle(node, |h| self.origin.getattr(h)) {
             Ok(a) => Ok((a, self.install_attr(node, a, since))),
-            Err(FsError::Offline(_)) => Ok((node.state.lock().attr, self.config.attr_ttl)),
+            Err(FsError::Offline(_)) => Ok((node.state.lock().attr(), self.config.attr_ttl)),
             Err(e) => Err(e),
         }
     }
@@ -392,15 +367,8 @@ impl HoardFs {
         if node.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
-        {
-            let st = node.state.lock();
-            if let Some(l) = &st.listing
-                && !st.expired
-                && (l.fetched.elapsed() < self.config.dir_ttl
-                    || (st.callback && l.fetched.elapsed() < self.config.callback_ttl))
-            {
-                return Ok(l.clone());
-            }
+        if let Some(l) = node.state.lock().fresh_listing(&self.config) {
+            return Ok(l);
         }
         let since = self.breaks.seq();
         let mut entries = Vec::new();
@@ -438,8 +406,7 @@ impl HoardFs {
                 return node
                     .state
                     .lock()
-                    .listing
-                    .clone()
+                    .last_listing()
                     .ok_or(FsError::Offline(why));
             }
             Err(e) => return Err(e),
@@ -450,8 +417,8 @@ impl HoardFs {
         st.children.retain(|n, _| names.contains(n.as_slice()));
         // Kept only if no break for the directory overtook it (checked under the lock the
         // break handler takes to drop listings).
-        if self.grant(st.attr.file_id, since) || !self.callbacks {
-            st.listing = Some(listing.clone());
+        if self.grant(st.attr().file_id, since) || !self.callbacks {
+            st.keep_listing(listing.clone());
         }
         Ok(listing)
     }
@@ -462,13 +429,13 @@ impl HoardFs {
         let dir_id = self
             .nodes
             .get(dir)
-            .map_or(0, |d| d.state.lock().attr.file_id);
+            .map_or(0, |d| d.state.lock().attr().file_id);
         self.remember(dir, &e.name, &e.entry, dir_id, listing.since)
     }
 
     /// Attributes of `ino` as last seen, without any round trip (for `.` and `..`).
     pub fn cached_attr(&self, ino: Ino) -> FsResult<Attr> {
-        Ok(self.node(ino)?.state.lock().attr)
+        Ok(self.node(ino)?.state.lock().attr())
     }
 
     /// Parent of `ino` (the root is its own parent).

@@ -57,7 +57,7 @@ impl HoardFs {
     }
 
     fn key_of(&self, node: &Node) -> ObjectKey {
-        self.object_key(node.state.lock().attr.file_id)
+        self.object_key(node.state.lock().attr().file_id)
     }
 
     /// Occupancy, limits and counters of the disk cache (`None` without one).

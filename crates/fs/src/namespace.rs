@@ -25,7 +25,7 @@ impl HoardFs {
         if dir.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
-        let id = dir.state.lock().attr.file_id;
+        let id = dir.state.lock().attr().file_id;
         Ok((dir, id))
     }
 
@@ -47,10 +47,7 @@ impl HoardFs {
 
     /// A directory's content changed through this client.
     fn dir_changed(&self, dir: &Node) {
-        let mut st = dir.state.lock();
-        st.listing = None;
-        st.expired = true;
-        st.callback = false;
+        dir.state.lock().contents_changed();
     }
 
     /// Creates (or with `!exclusive` opens an existing) regular file and opens it.

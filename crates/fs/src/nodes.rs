@@ -7,11 +7,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hoardfs_cache::CachedObject;
 use hoardfs_origin::{Attr, DirEntry, FileKind, Handle};
 use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::FsConfig;
+use crate::freshness::Freshness;
 
 /// FUSE inode number.
 pub type Ino = u64;
@@ -53,21 +56,19 @@ pub struct NodeState {
     /// Current origin handle.
     pub handle: Handle,
     /// Last attributes seen.
-    pub attr: Attr,
-    /// When `attr` was fetched.
-    pub attr_fetched: Instant,
-    /// The origin promised to report changes to `attr` (and, for directories, to names).
-    pub callback: bool,
-    /// `attr` is known to be out of date (whatever its age).
-    pub expired: bool,
+    attr: Attr,
+    /// How far `attr` (and `listing`) can be trusted; under a callback the origin also
+    /// reports changes to a directory's names.
+    freshness: Freshness,
     /// Parent inode and the name this node was last found under.
     pub parent: Ino,
     /// Name within `parent`.
     pub name: Vec<u8>,
     /// Kernel lookup count.
     pub lookups: u64,
-    /// Cached directory listing (directories only).
-    pub listing: Option<Arc<Listing>>,
+    /// Cached directory listing (directories only): dropped whenever the directory's
+    /// version or size changes, or its contents are known to have changed.
+    listing: Option<Arc<Listing>>,
     /// Names seen in this directory (from lookups and listings), for offline lookups.
     pub children: HashMap<Vec<u8>, Ino>,
     /// The cached object for the current version (regular files, cache enabled). Changed
@@ -97,6 +98,79 @@ pub struct HeldBacking {
 }
 
 impl NodeState {
+    /// Last attributes seen.
+    pub fn attr(&self) -> Attr {
+        self.attr
+    }
+
+    /// Whether the origin holds a callback for the attributes.
+    pub(crate) fn has_callback(&self) -> bool {
+        self.freshness.has_callback()
+    }
+
+    /// Whether the attributes can be used without asking the origin.
+    pub(crate) fn attr_fresh(&self, config: &FsConfig) -> bool {
+        self.freshness.attr_fresh(config)
+    }
+
+    /// How long the kernel may keep the attributes and names.
+    pub(crate) fn kernel_ttl(&self, config: &FsConfig) -> Duration {
+        self.freshness.kernel_ttl(config)
+    }
+
+    /// Replaces the attributes. The one rule for listings: a listing is kept only while
+    /// the directory's version and size stay those it was seen with.
+    fn set_attr(&mut self, attr: Attr) {
+        if self.attr.version != attr.version || self.attr.size != attr.size {
+            self.listing = None;
+        }
+        self.attr = attr;
+    }
+
+    /// Attributes just fetched from the origin, under a callback if `callback`.
+    pub(crate) fn install_attr(&mut self, attr: Attr, callback: bool) {
+        self.set_attr(attr);
+        self.freshness = Freshness::fetched(callback);
+    }
+
+    /// A new handle (and the attributes that came with it) found by re-resolving the
+    /// node's name: see [`Freshness::renew_without_callback`].
+    pub(crate) fn resolved(&mut self, handle: Handle, attr: Attr) {
+        self.handle = handle;
+        self.set_attr(attr);
+        self.freshness.renew_without_callback();
+    }
+
+    /// The attributes are out of date (the callback is gone); a listing is kept, to be
+    /// served while the origin is unreachable.
+    pub(crate) fn expire(&mut self) {
+        self.freshness.expire();
+    }
+
+    /// The object changed in a way that makes both attributes and listing out of date.
+    pub(crate) fn contents_changed(&mut self) {
+        self.freshness.expire();
+        self.listing = None;
+    }
+
+    /// The cached listing, if it can be reused without asking the origin.
+    pub(crate) fn fresh_listing(&self, config: &FsConfig) -> Option<Arc<Listing>> {
+        self.listing
+            .as_ref()
+            .filter(|l| self.freshness.listing_fresh(l.fetched, config))
+            .cloned()
+    }
+
+    /// The cached listing whatever its age (served while the origin is unreachable).
+    pub(crate) fn last_listing(&self) -> Option<Arc<Listing>> {
+        self.listing.clone()
+    }
+
+    /// Keeps a freshly fetched listing.
+    pub(crate) fn keep_listing(&mut self, listing: Arc<Listing>) {
+        self.listing = Some(listing);
+    }
+
     /// Replaces the cached object and returns the previous one. An idle passthrough
     /// registration of another object goes with it: that object's data file may be
     /// deleted, and the registration must not keep it alive or be reused.
@@ -185,9 +259,7 @@ impl NodeTable {
             state: Mutex::new(NodeState {
                 handle,
                 attr,
-                attr_fetched: Instant::now(),
-                callback: false,
-                expired: false,
+                freshness: Freshness::fetched(false),
                 parent,
                 name,
                 lookups: 0,
@@ -257,13 +329,7 @@ impl NodeTable {
         {
             let mut st = node.state.lock();
             st.handle = handle;
-            if st.attr.version != attr.version || st.attr.size != attr.size {
-                st.listing = None;
-            }
-            st.attr = attr;
-            st.attr_fetched = Instant::now();
-            st.callback = grant(&attr);
-            st.expired = false;
+            st.install_attr(attr, grant(&attr));
             st.parent = parent;
             st.name = name.to_vec();
             st.lookups += 1;
@@ -305,7 +371,7 @@ impl NodeTable {
             };
             let st = n.state.lock();
             if st.lookups == 0 && !st.is_open() {
-                let file_id = st.attr.file_id;
+                let file_id = st.attr().file_id;
                 drop(st);
                 inner.nodes.remove(&old);
                 if inner.by_file_id.get(&file_id) == Some(&old) {

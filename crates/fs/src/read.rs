@@ -120,9 +120,9 @@ impl View {
             }
             None => View {
                 object: None,
-                version: st.attr.version,
-                size: st.attr.size,
-                chunk_shift: chunk_shift_for(st.attr.size),
+                version: st.attr().version,
+                size: st.attr().size,
+                chunk_shift: chunk_shift_for(st.attr().size),
             },
         }
     }
@@ -217,7 +217,7 @@ impl HoardFs {
     ) -> FsResult<(hoardfs_origin::Attr, hoardfs_origin::Attr)> {
         let (before, valid) = {
             let st = node.state.lock();
-            (st.attr, st.callback && self.attr_fresh(&st))
+            (st.attr(), st.has_callback() && st.attr_fresh(&self.config))
         };
         let now = if valid {
             before

@@ -154,8 +154,6 @@ impl HoardFs {
 
     /// Forgets a node's attributes (the next getattr asks the origin).
     pub(crate) fn expire_attr(&self, node: &Node) {
-        let mut st = node.state.lock();
-        st.callback = false;
-        st.expired = true;
+        node.state.lock().expire();
     }
 }
