@@ -166,7 +166,7 @@ fn extreme_attributes_and_sizes_pass_through_without_panic() {
                 fs.remember_entry(ROOT_INO, &listing, e);
             }
             fs.cached_attr(ROOT_INO).unwrap();
-            let (fh, _, _) = fs.open(f, Access::default(), &refused).unwrap();
+            let fh = fs.open(f, Access::default(), &refused).unwrap().fh;
             let len = size.unwrap_or(10);
             for offset in [0, 5, len / 2, len.saturating_sub(3), u64::MAX - 5, u64::MAX] {
                 // Past the real end the origin has nothing (or refuses the offset).
@@ -196,7 +196,7 @@ fn write_replies_beyond_what_was_written_are_errors_not_panics() {
     o.write_extra = 1;
     let fs = fs_over(o, Some(CacheDir::open(&t.path().join("c1")).unwrap()));
     let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
-    let (fh, _, _) = fs.open(f, rw, &refused).unwrap();
+    let fh = fs.open(f, rw, &refused).unwrap().fh;
     assert!(matches!(fs.write(fh, 0, b"abc"), Err(FsError::Protocol(_))));
     fs.release(fh);
     // Written at an offset where the end overflows: the cache cannot follow, the write
@@ -205,7 +205,7 @@ fn write_replies_beyond_what_was_written_are_errors_not_panics() {
     o.write_offset = Some(u64::MAX - 1);
     let fs = fs_over(o, Some(CacheDir::open(&t.path().join("c2")).unwrap()));
     let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
-    let (fh, _, _) = fs.open(f, rw, &refused).unwrap();
+    let fh = fs.open(f, rw, &refused).unwrap().fh;
     assert_eq!(fs.write(fh, 0, b"abc").unwrap(), 3);
     fs.release(fh);
 }
@@ -231,7 +231,7 @@ fn reads_never_return_more_than_asked() {
         let cache = cached.then(|| CacheDir::open(&t.path().join("c")).unwrap());
         let fs = fs_over(o, cache);
         let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
-        let (fh, _, _) = fs.open(f, Access::default(), &refused).unwrap();
+        let fh = fs.open(f, Access::default(), &refused).unwrap().fh;
         assert_eq!(&fs.read(fh, 2, 4).unwrap()[..], b"2345");
         assert_eq!(&fs.read(fh, 0, 4096).unwrap()[..], b"0123456789");
         fs.release(fh);

@@ -111,7 +111,9 @@ impl HoardFs {
         // never sees this open).
         let no_backing =
             |_: &std::fs::File| Err(BackingError::Failed(std::io::Error::other("kernel opens")));
-        let (fh, _, _) = self.open_node(node, attr, Access::default(), false, &no_backing);
+        let fh = self
+            .open_node(node, attr, Access::default(), false, &no_backing)
+            .fh;
         // The kernel sends several reads of a file at once, so another thread may have
         // opened the same version meanwhile: one open is kept, the other released.
         let inserted = self

@@ -19,6 +19,7 @@ mod kernel_opens;
 mod manage;
 mod namespace;
 pub mod nodes;
+mod opens;
 mod read;
 mod stats;
 mod write;
@@ -34,7 +35,7 @@ pub use error::{FsError, FsResult};
 pub use manage::{CachedEntry, Prefetched};
 pub use namespace::NewEntry;
 pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO};
-pub use read::{Access, FileHandle, OpenMode, ReadData};
+pub use read::{Access, FileHandle, OpenMode, Opened, ReadData};
 pub use stats::{Stats, StatsSnapshot};
 
 use callbacks::BreakLog;

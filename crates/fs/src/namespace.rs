@@ -12,7 +12,7 @@ use std::time::Duration;
 use hoardfs_origin::{Attr, Entry, FileKind, Owner, RENAME_EXCHANGE, SetAttrs, WireError};
 
 use crate::nodes::{Ino, Node};
-use crate::read::{Access, FileHandle, OpenMode};
+use crate::read::{Access, Opened};
 use crate::{FsResult, HoardFs};
 
 /// A new name: its node, attributes and how long the kernel may cache them.
@@ -62,7 +62,7 @@ impl HoardFs {
         access: Access,
         owner: Owner,
         make_backing: &crate::MakeBacking,
-    ) -> FsResult<(NewEntry, FileHandle, OpenMode)> {
+    ) -> FsResult<(NewEntry, Opened)> {
         let (ino, mut attr, mut ttl) = self.make(parent, name, |h| {
             self.origin.create(h, name, mode, exclusive, owner)
         })?;
@@ -74,8 +74,8 @@ impl HoardFs {
             (attr, ttl) = self.setattr(ino, &set)?;
         }
         let node = self.node(ino)?;
-        let (fh, mode, _) = self.open_node(node, attr, access, false, make_backing);
-        Ok(((ino, attr, ttl), fh, mode))
+        let opened = self.open_node(node, attr, access, false, make_backing);
+        Ok(((ino, attr, ttl), opened))
     }
 
     /// Creates a special file (fifo, socket, device; `mode` includes the type bits).

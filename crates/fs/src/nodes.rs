@@ -9,12 +9,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hoardfs_cache::CachedObject;
 use hoardfs_origin::{Attr, DirEntry, FileKind, Handle};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::FsConfig;
 use crate::freshness::Freshness;
+use crate::opens::OpenState;
 
 /// FUSE inode number.
 pub type Ino = u64;
@@ -71,30 +71,8 @@ pub struct NodeState {
     listing: Option<Arc<Listing>>,
     /// Names seen in this directory (from lookups and listings), for offline lookups.
     pub children: HashMap<Vec<u8>, Ino>,
-    /// The cached object for the current version (regular files, cache enabled). Changed
-    /// only through [`NodeState::set_object`], which keeps `backing` consistent with it.
-    pub object: Option<Arc<CachedObject>>,
-    /// Opens served by daemon reads with the page cache.
-    pub cached_opens: u32,
-    /// Opens served by daemon reads in direct-I/O mode.
-    pub direct_opens: u32,
-    /// Passthrough opens (they share `backing`).
-    pub passthrough_opens: u32,
-    /// The kernel's registration of a cache file for passthrough. Kept after the last
-    /// passthrough open closes, while it still belongs to `object`, so that opening a
-    /// cached file again costs no file open and no registration; released with the object.
-    pub backing: Option<HeldBacking>,
-    /// Version of the last page-cached open, to decide whether kernel pages can be kept.
-    pub last_cached_version: Option<u64>,
-}
-
-/// A passthrough registration and the cached object whose data file it registers.
-pub struct HeldBacking {
-    /// The object (its data file is the one registered: truncating or refilling it in
-    /// place keeps the registration valid, replacing the object does not).
-    pub object: Arc<CachedObject>,
-    /// The registration.
-    pub id: Backing,
+    /// Cached object, opens and passthrough registration (regular files).
+    pub(crate) opens: OpenState,
 }
 
 impl NodeState {
@@ -171,29 +149,9 @@ impl NodeState {
         self.listing = Some(listing);
     }
 
-    /// Replaces the cached object and returns the previous one. An idle passthrough
-    /// registration of another object goes with it: that object's data file may be
-    /// deleted, and the registration must not keep it alive or be reused.
-    pub fn set_object(&mut self, object: Option<Arc<CachedObject>>) -> Option<Arc<CachedObject>> {
-        let old = std::mem::replace(&mut self.object, object);
-        self.drop_stale_backing();
-        old
-    }
-
-    /// Drops the passthrough registration if no open uses it and it is not for `object`.
-    pub fn drop_stale_backing(&mut self) {
-        let current = match (&self.backing, &self.object) {
-            (Some(b), Some(o)) => Arc::ptr_eq(&b.object, o),
-            _ => false,
-        };
-        if !current && self.passthrough_opens == 0 {
-            self.backing = None;
-        }
-    }
-
     /// Whether any open file refers to this node.
     pub fn is_open(&self) -> bool {
-        self.cached_opens + self.direct_opens + self.passthrough_opens > 0
+        self.opens.is_open()
     }
 }
 
@@ -265,12 +223,7 @@ impl NodeTable {
                 lookups: 0,
                 listing: None,
                 children: HashMap::new(),
-                object: None,
-                cached_opens: 0,
-                direct_opens: 0,
-                passthrough_opens: 0,
-                backing: None,
-                last_cached_version: None,
+                opens: OpenState::default(),
             }),
             passthrough_released: Condvar::new(),
         })
@@ -359,7 +312,7 @@ impl NodeTable {
             }
             // Release the cache files' descriptors (and the passthrough registration); the
             // object reopens on the next open.
-            st.set_object(None);
+            st.opens.set_object(None);
         }
         inner.idle.push_back(ino);
         while inner.nodes.len() > MAX_NODES {

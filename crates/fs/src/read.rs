@@ -27,11 +27,12 @@ use std::time::{Duration, Instant};
 
 use hoardfs_cache::{CacheDir, CachedObject, ObjectKey, OpenHold, meta::chunk_shift_for};
 use hoardfs_proto::buffers::{self, Recycled};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::fetch::{ChunkKey, Flight, PrefetchJob};
 use crate::kernel_opens::ImplicitOpens;
-use crate::nodes::{Backing, BackingError, HeldBacking, Ino, MakeBacking, Node, NodeState};
+use crate::nodes::{Backing, BackingError, Ino, MakeBacking, Node, NodeState};
+pub(crate) use crate::opens::ModeKind;
 use crate::stats::Stats;
 use crate::{FsConfig, FsError, FsResult, HoardFs};
 
@@ -64,11 +65,26 @@ pub enum OpenMode {
     Direct,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ModeKind {
-    Passthrough,
-    Cached,
-    Direct,
+impl OpenMode {
+    /// The mode without its payload.
+    pub(crate) fn kind(&self) -> ModeKind {
+        match self {
+            OpenMode::Passthrough(_) => ModeKind::Passthrough,
+            OpenMode::Cached { .. } => ModeKind::Cached,
+            OpenMode::Direct => ModeKind::Direct,
+        }
+    }
+}
+
+/// What an open returns.
+pub struct Opened {
+    /// The kernel's handle of the open file.
+    pub fh: FileHandle,
+    /// How it is served.
+    pub mode: OpenMode,
+    /// The file changed since the kernel last saw its attributes (its copy of them, and
+    /// of the size, must be invalidated).
+    pub changed: bool,
 }
 
 /// What an open asked for.
@@ -108,7 +124,7 @@ pub(crate) struct View {
 impl View {
     pub(crate) fn of(node: &Node) -> View {
         let st = node.state.lock();
-        match &st.object {
+        match st.opens.object() {
             Some(o) => {
                 let (version, size, chunk_size) = o.shape();
                 View {
@@ -193,12 +209,7 @@ impl HoardFs {
     /// (called once per cached object: the registration outlives the opens and is
     /// released when the node lets go of the object). The returned flag
     /// says the file changed since the kernel last saw its attributes.
-    pub fn open(
-        &self,
-        ino: Ino,
-        access: Access,
-        make_backing: &MakeBacking,
-    ) -> FsResult<(FileHandle, OpenMode, bool)> {
+    pub fn open(&self, ino: Ino, access: Access, make_backing: &MakeBacking) -> FsResult<Opened> {
         if access.write {
             self.check_writable()?;
         }
@@ -235,124 +246,154 @@ impl HoardFs {
         access: Access,
         changed: bool,
         make_backing: &MakeBacking,
-    ) -> (FileHandle, OpenMode, bool) {
+    ) -> Opened {
         let object = self.object_for(&node, attr.file_id, attr.version, attr.size);
         // Held before anything looks at its chunks: from here on it cannot be evicted, so
         // a passthrough open never sees its data file emptied under it.
         let hold = object.as_ref().map(|o| o.hold_open());
-        let engine = &self.reads;
-        let mut st = node.state.lock();
-        let complete = object.as_ref().is_some_and(|o| o.is_complete());
-        // The passthrough registration this open can share: the node's, if it is of this
-        // complete object and the open is read-only.
-        let shareable = |st: &crate::nodes::NodeState| {
-            st.backing
-                .as_ref()
-                .filter(|b| {
-                    !access.write
-                        && complete
-                        && object.as_ref().is_some_and(|o| Arc::ptr_eq(&b.object, o))
-                })
-                .map(|b| b.id.clone())
-        };
-        // While the inode is open in passthrough, the kernel fails every open that is not
-        // a passthrough open of the same cache file with EIO (a write open, a newer
-        // version). Such overlaps are often momentary (a descriptor inherited by a child
-        // until it execs, a reader about to close): wait a little for them to end. Only a
-        // few opens wait at once, so that FUSE threads remain for the RELEASE that ends it.
-        if st.passthrough_opens > 0 && shareable(&st).is_none() {
-            if engine.draining.fetch_add(1, Ordering::SeqCst) < MAX_DRAINING {
-                let deadline = Instant::now() + PASSTHROUGH_DRAIN;
-                while st.passthrough_opens > 0 && shareable(&st).is_none() {
-                    let wait = node.passthrough_released.wait_until(&mut st, deadline);
-                    if wait.timed_out() {
-                        break;
-                    }
-                }
-            }
-            engine.draining.fetch_sub(1, Ordering::SeqCst);
-        }
         // Files open for writing are never handed to the kernel: the daemon must see writes.
-        let passthrough_ok = !access.write
-            && self.config.passthrough
-            && !self.kernel_opens()
-            && complete
-            && !engine.passthrough_failed.load(Ordering::Relaxed)
-            && st.cached_opens == 0
-            && st.direct_opens == 0;
-        let mut mode = None;
-        if passthrough_ok {
-            let object = object.as_ref().expect("complete implies object");
-            if let Some(id) = shareable(&st) {
-                mode = Some(OpenMode::Passthrough(id));
-            } else if st.backing.is_none() || st.passthrough_opens == 0 {
-                // (Otherwise an older version is still open in passthrough: its opens
-                // hold the registration.)
-                match object.open_backing().map(|f| make_backing(&f)) {
-                    Ok(Ok(id)) => {
-                        Stats::add(&self.stats.passthrough_registrations, 1);
-                        st.backing = Some(HeldBacking {
-                            object: object.clone(),
-                            id: id.clone(),
-                        });
-                        mode = Some(OpenMode::Passthrough(id));
-                    }
-                    Ok(Err(e @ BackingError::Refused(_))) => {
-                        tracing::warn!("{e}; using daemon reads for this mount");
-                        engine.passthrough_failed.store(true, Ordering::Relaxed);
-                    }
-                    // A passing failure, or a cache file that cannot be reopened: this open
-                    // uses daemon reads, the next one tries passthrough again.
-                    Ok(Err(e)) => tracing::warn!("{e}; daemon reads for this open"),
-                    Err(e) => tracing::warn!("cannot reopen a cache file ({e}); daemon reads"),
-                }
-            }
-        }
-        let (mode, kind) = match mode {
-            Some(m) => {
-                st.passthrough_opens += 1;
-                Stats::add(&self.stats.passthrough_opens, 1);
-                (m, ModeKind::Passthrough)
-            }
-            // Appends go to the origin's end of file, which the kernel's page cache cannot
-            // know: no page cache for them.
-            None if st.passthrough_opens > 0 || access.append => {
-                if st.passthrough_opens > 0 {
-                    // The kernel refuses any non-passthrough open of an inode open in
-                    // passthrough (EIO): neither a write open nor one of a newer version
-                    // can succeed on this client until those close (doc/SEMANTICS.md).
-                    tracing::warn!(
-                        "file {:#x} is open in passthrough (read-only, fully cached) on this \
-                         client; opens for writing or of a newer version fail (EIO) until \
-                         those descriptors close",
-                        attr.file_id
-                    );
-                }
-                st.direct_opens += 1;
-                Stats::add(&self.stats.daemon_opens, 1);
-                (OpenMode::Direct, ModeKind::Direct)
-            }
-            None => {
-                let keep_cache = st.last_cached_version == Some(attr.version);
-                st.last_cached_version = Some(attr.version);
-                st.cached_opens += 1;
-                Stats::add(&self.stats.daemon_opens, 1);
-                (OpenMode::Cached { keep_cache }, ModeKind::Cached)
-            }
-        };
+        let passthrough_object = object.as_ref().filter(|o| !access.write && o.is_complete());
+        let mut st = node.state.lock();
+        self.drain_passthrough(&node, &mut st, passthrough_object);
+        let mode = passthrough_object
+            .and_then(|o| self.admit_passthrough(&mut st, o, make_backing))
+            .unwrap_or_else(|| self.admit_daemon(&mut st, &attr, access));
         drop(st);
         let of = Arc::new(OpenFile {
             node,
-            mode: kind,
+            mode: mode.kind(),
             access,
             _hold: hold,
             seq: Mutex::new((0, None)),
             closed: false.into(),
             read_to: AtomicU64::new(0),
         });
-        let fh = engine.next_fh.fetch_add(1, Ordering::Relaxed);
-        engine.files.write().insert(fh, of);
-        (fh, mode, changed)
+        let fh = self.reads.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.reads.files.write().insert(fh, of);
+        Opened { fh, mode, changed }
+    }
+
+    /// While the inode is open in passthrough, the kernel fails every open that is not a
+    /// passthrough open of the same cache file with EIO (a write open, a newer version).
+    /// Such overlaps are often momentary (a descriptor inherited by a child until it
+    /// execs, a reader about to close): wait a little for them to end. Only a few opens
+    /// wait at once, so that FUSE threads remain for the RELEASE that ends it.
+    /// `passthrough_object` is the complete object a read-only open could share.
+    fn drain_passthrough(
+        &self,
+        node: &Node,
+        st: &mut MutexGuard<'_, NodeState>,
+        passthrough_object: Option<&Arc<CachedObject>>,
+    ) {
+        let must_wait = |st: &NodeState| {
+            st.opens.passthrough_opens() > 0
+                && passthrough_object
+                    .and_then(|o| st.opens.shareable(o))
+                    .is_none()
+        };
+        if !must_wait(st) {
+            return;
+        }
+        let engine = &self.reads;
+        if engine.draining.fetch_add(1, Ordering::SeqCst) < MAX_DRAINING {
+            let deadline = Instant::now() + PASSTHROUGH_DRAIN;
+            while must_wait(st) {
+                if node
+                    .passthrough_released
+                    .wait_until(st, deadline)
+                    .timed_out()
+                {
+                    break;
+                }
+            }
+        }
+        engine.draining.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A passthrough open of complete `object`, if the mount and the node's other opens
+    /// allow one: sharing the node's registration, or registering the cache file (a
+    /// refusal turns passthrough off for the mount; a passing failure costs this open).
+    fn admit_passthrough(
+        &self,
+        st: &mut NodeState,
+        object: &Arc<CachedObject>,
+        make_backing: &MakeBacking,
+    ) -> Option<OpenMode> {
+        let engine = &self.reads;
+        if !self.config.passthrough
+            || self.kernel_opens()
+            || engine.passthrough_failed.load(Ordering::Relaxed)
+            || st.opens.has_daemon_opens()
+        {
+            return None;
+        }
+        let id = match st.opens.shareable(object) {
+            Some(id) => {
+                st.opens.admit_shared_passthrough(object);
+                id
+            }
+            // (Otherwise an older version is still open in passthrough: its opens hold the
+            // registration.)
+            None if st.opens.may_register() => {
+                match object.open_backing().map(|f| make_backing(&f)) {
+                    Ok(Ok(id)) => {
+                        Stats::add(&self.stats.passthrough_registrations, 1);
+                        st.opens
+                            .admit_registered_passthrough(object.clone(), id.clone());
+                        id
+                    }
+                    Ok(Err(e @ BackingError::Refused(_))) => {
+                        tracing::warn!("{e}; using daemon reads for this mount");
+                        engine.passthrough_failed.store(true, Ordering::Relaxed);
+                        return None;
+                    }
+                    // A passing failure, or a cache file that cannot be reopened: this open
+                    // uses daemon reads, the next one tries passthrough again.
+                    Ok(Err(e)) => {
+                        tracing::warn!("{e}; daemon reads for this open");
+                        return None;
+                    }
+                    Err(e) => {
+                        tracing::warn!("cannot reopen a cache file ({e}); daemon reads");
+                        return None;
+                    }
+                }
+            }
+            None => return None,
+        };
+        Stats::add(&self.stats.passthrough_opens, 1);
+        Some(OpenMode::Passthrough(id))
+    }
+
+    /// An open served by daemon reads: `Direct` for appends (they go to the origin's end
+    /// of file, which the kernel's page cache cannot know) and while passthrough opens
+    /// remain (the kernel then refuses it), `Cached` otherwise.
+    fn admit_daemon(
+        &self,
+        st: &mut NodeState,
+        attr: &hoardfs_origin::Attr,
+        access: Access,
+    ) -> OpenMode {
+        Stats::add(&self.stats.daemon_opens, 1);
+        if st.opens.passthrough_opens() > 0 {
+            // The kernel refuses any non-passthrough open of an inode open in passthrough
+            // (EIO): neither a write open nor one of a newer version can succeed on this
+            // client until those close (doc/SEMANTICS.md).
+            tracing::warn!(
+                "file {:#x} is open in passthrough (read-only, fully cached) on this \
+                 client; opens for writing or of a newer version fail (EIO) until \
+                 those descriptors close",
+                attr.file_id
+            );
+        }
+        if st.opens.passthrough_opens() > 0 || access.append {
+            st.opens.admit_direct();
+            OpenMode::Direct
+        } else {
+            OpenMode::Cached {
+                keep_cache: st.opens.admit_cached(attr.version),
+            }
+        }
     }
 
     /// The cached object for this version of the file, replacing (retiring) an object of
@@ -368,7 +409,7 @@ impl HoardFs {
         // Held across the object's creation so that two opens of a changed file cannot
         // both replace its data file (one would then write into a file the other deleted).
         let mut st = node.state.lock();
-        if let Some(o) = &st.object
+        if let Some(o) = st.opens.object()
             && matches!(o.shape(), (v, s, _) if v == version && s == size)
         {
             return Some(o.clone());
@@ -396,7 +437,7 @@ impl HoardFs {
                 None
             }
         };
-        if let Some(old) = st.set_object(fresh.clone())
+        if let Some(old) = st.opens.set_object(fresh.clone())
             && !fresh.as_ref().is_some_and(|f| Arc::ptr_eq(&old, f))
         {
             old.retire();
@@ -523,17 +564,8 @@ impl HoardFs {
         };
         of.closed.store(true, Ordering::Relaxed);
         let mut st = of.node.state.lock();
-        match of.mode {
-            ModeKind::Passthrough => {
-                st.passthrough_opens -= 1;
-                if st.passthrough_opens == 0 {
-                    of.node.passthrough_released.notify_all();
-                }
-                // Kept for the next open while it is the current object's.
-                st.drop_stale_backing();
-            }
-            ModeKind::Cached => st.cached_opens -= 1,
-            ModeKind::Direct => st.direct_opens -= 1,
+        if st.opens.release(of.mode) {
+            of.node.passthrough_released.notify_all();
         }
         let idle = st.lookups == 0 && !st.is_open();
         drop(st);

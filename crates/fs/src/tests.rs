@@ -31,7 +31,7 @@ fn content(seed: u8, len: usize) -> Vec<u8> {
 /// Opens `ino` read-only with `make_backing`, reads it whole through the daemon if the open
 /// is not passthrough, releases it; returns whether it was passthrough and the bytes.
 fn open_and_read(fs: &HoardFs, ino: Ino, make_backing: &MakeBacking) -> (bool, Vec<u8>) {
-    let (fh, mode, _) = fs.open(ino, READ, make_backing).unwrap();
+    let Opened { fh, mode, .. } = fs.open(ino, READ, make_backing).unwrap();
     let passthrough = matches!(mode, OpenMode::Passthrough(_));
     let mut bytes = Vec::new();
     if !passthrough {
@@ -117,7 +117,7 @@ fn uncached_reads_fetch_the_bytes_asked_for_and_no_more() {
     let fs = HoardFs::new(origin, None, FsConfig::default()).unwrap();
     let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
     let no_backing = |_: &File| -> Result<Backing, BackingError> { unreachable!() };
-    let (fh, _, _) = fs.open(f, READ, &no_backing).unwrap();
+    let fh = fs.open(f, READ, &no_backing).unwrap().fh;
     let fetched = || fs.stats().bytes_from_network;
     // Across a chunk boundary: no whole chunks fetched, nothing read ahead.
     let got = fs.read(fh, MIB as u64 - 100, 200).unwrap();

@@ -57,7 +57,7 @@ impl HoardFs {
             return;
         };
         let mut st = node.state.lock();
-        let followed = match &st.object {
+        let followed = match st.opens.object() {
             Some(o) => o.apply_write(w.pre_version, w.offset, data, w.attr.version, w.attr.size),
             None => Ok(false),
         };
@@ -82,7 +82,7 @@ impl HoardFs {
     /// Moves the node's cached object (if it has one) to `attr`'s version, after a change
     /// whose effect on the content this client cannot reproduce (e.g. a truncate).
     fn reset_object(&self, node: &Node, attr: &Attr) {
-        if node.state.lock().object.is_some() {
+        if node.state.lock().opens.object().is_some() {
             self.object_for(node, attr.file_id, attr.version, attr.size);
         }
     }

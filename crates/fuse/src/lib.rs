@@ -293,13 +293,14 @@ impl Filesystem for FuseBridge {
         }
         let make_backing = |f: &std::fs::File| backing(reply.open_backing(f));
         let access = access(flags.0);
-        let (fh, mode, changed) = match self.fs.open(ino.0, access, &make_backing) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!("open of inode {} failed: {e}", ino.0);
-                return reply.error(errno(&e));
-            }
-        };
+        let hoardfs_fs::Opened { fh, mode, changed } =
+            match self.fs.open(ino.0, access, &make_backing) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!("open of inode {} failed: {e}", ino.0);
+                    return reply.error(errno(&e));
+                }
+            };
         if changed {
             self.invalidate_attrs(ino);
         }

@@ -188,7 +188,7 @@ impl FuseBridge {
             owner(req),
             &make_backing,
         );
-        let ((ino, attr, ttl), fh, mode) = match r {
+        let ((ino, attr, ttl), hoardfs_fs::Opened { fh, mode, .. }) = match r {
             Ok(r) => r,
             Err(e) => return reply.error(errno(&e)),
         };
