@@ -459,4 +459,6 @@ impl HoardFs {
 #[cfg(test)]
 mod hostile_tests;
 #[cfg(test)]
+mod state_tests;
+#[cfg(test)]
 mod tests;

@@ -180,14 +180,9 @@ fn reads_without_opens_share_one_open_per_version_and_see_changes() {
     // A new version (other length and bytes) is read as such, through a new open, once
     // the origin's callback (inotify) reported the change: that takes a moment.
     std::fs::write(export.join("f"), content(2, MIB + 1)).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while fs.getattr(f).unwrap().0.size != MIB as u64 + 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the change was never seen"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    crate::state_tests::wait_until("the change was seen", || {
+        fs.getattr(f).unwrap().0.size == MIB as u64 + 1
+    });
     assert_eq!(read_unopened_all(&fs, f), content(2, MIB + 1));
     assert_eq!(fs.stats().daemon_opens, 2);
     assert_eq!(
