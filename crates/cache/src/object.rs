@@ -33,7 +33,8 @@ fn record_bytes(len: usize) -> u64 {
 }
 
 /// An open cached object. Shared by all readers of the file; chunk writes are serialised
-/// on the record lock (held only for the in-memory update and one small `pwrite`).
+/// on the record lock, which is held across the chunk's data write and the record update
+/// (so bytes fetched for an older version never overwrite a write through this client).
 #[derive(Debug)]
 pub struct CachedObject {
     pub(crate) store: Arc<Store>,

@@ -1,6 +1,8 @@
 //! The inode table: FUSE inode numbers ↔ origin objects, with cached attributes, the
 //! kernel's lookup counts, the names they were found under (to re-resolve a handle after a
-//! server restart) and per-file open state.
+//! server restart) and per-file open state. How far attributes and listings are trusted is
+//! `crate::freshness`; a file's object, opens and passthrough registration are
+//! `crate::opens`; both change only through [`NodeState`]'s methods.
 //!
 //! Lock ordering: the table lock (`NodeTable::inner`) may be taken before a node's `state`
 //! lock, never the other way round. Neither is held across origin round trips.

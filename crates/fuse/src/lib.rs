@@ -235,8 +235,9 @@ impl Filesystem for FuseBridge {
             let _ =
                 config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA & config.capabilities());
         }
-        // Passthrough needs a stacking depth of at least 1 (FUSE-FACTS.md); 2 lets the
-        // cache directory itself live on a stacked file system such as overlayfs.
+        // Passthrough needs a stacking depth of at least 1 (the kernel refuses backing
+        // files otherwise); 2 lets the cache directory itself live on a stacked file
+        // system such as overlayfs.
         if self.fs.config().passthrough
             && config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH)
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
