@@ -31,7 +31,7 @@ use hoardfs_cache::CacheDir;
 use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, StatFs, WireError};
 
 pub use callbacks::KernelNotifier;
-pub use error::{FsError, FsResult};
+pub use error::{CacheFault, FsError, FsResult, Shared};
 pub use manage::{CachedEntry, Prefetched};
 pub use namespace::NewEntry;
 pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO};
@@ -154,7 +154,10 @@ impl HoardFs {
                     fs.apply_breaks(b);
                 }
             })
-            .map_err(|e| FsError::Cache(format!("cannot start the callback thread: {e}")))?;
+            .map_err(|e| FsError::Thread {
+                what: "callback",
+                source: error::Shared::new(e),
+            })?;
         Ok(fs)
     }
 

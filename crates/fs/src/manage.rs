@@ -9,7 +9,7 @@ use hoardfs_origin::{FileKind, WireError};
 
 use crate::nodes::{Ino, Node, ROOT_INO};
 use crate::read::View;
-use crate::{FsError, FsResult, HoardFs};
+use crate::{CacheFault, FsError, FsResult, HoardFs};
 
 /// One cached object as `hoardfs cache ls` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +43,7 @@ impl HoardFs {
     fn cache_or_err(&self) -> FsResult<&hoardfs_cache::CacheDir> {
         self.cache
             .as_ref()
-            .ok_or_else(|| FsError::Cache("this mount has no disk cache".into()))
+            .ok_or(FsError::Cache(CacheFault::NoCache))
     }
 
     /// The node of regular file `ino` (anything else is an error).
@@ -121,7 +121,7 @@ impl HoardFs {
         match cache.evict(&self.key_of(&node)) {
             Ok(n) => Ok(n),
             Err(EvictError::NotCached) => Ok(0),
-            Err(e) => Err(FsError::Cache(format!("cannot evict: {e}"))),
+            Err(e) => Err(CacheFault::Evict(e).into()),
         }
     }
 
@@ -131,7 +131,7 @@ impl HoardFs {
         let node = self.file_node(ino)?;
         let (_, attr) = self.validated_attr(&node)?;
         let Some(object) = self.object_for(&node, attr.file_id, attr.version, attr.size) else {
-            return Err(FsError::Cache("the cache cannot hold this file".into()));
+            return Err(CacheFault::CannotHold.into());
         };
         // Held like an open file, so the chunks fetched first are not evicted meanwhile.
         let _hold = object.hold_open();

@@ -554,7 +554,7 @@ impl HoardFs {
                 return Ok(Some(bytes));
             }
         }
-        Err(FsError::Cache("cached chunk kept disappearing".into()))
+        Err(crate::CacheFault::ChunkVanishing.into())
     }
 
     /// Closes open file `fh`.

@@ -167,7 +167,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::Protocol(_) | FsError::Cache(_) => Errno::EIO,
         FsError::ReadOnly => Errno::EROFS,
         FsError::BadHandle => Errno::EBADF,
-        FsError::WritesLost(_) => Errno::EIO,
+        FsError::WritesLost(_) | FsError::Thread { .. } => Errno::EIO,
     }
 }
 
