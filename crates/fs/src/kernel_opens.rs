@@ -90,7 +90,7 @@ impl HoardFs {
         if offset == 0 {
             // Most likely a new open by the kernel, which the daemon does not see: start
             // sequential detection (and readahead) over, as a fresh open would.
-            *of.seq.lock() = (0, None);
+            *of.seq.lock() = Default::default();
             of.read_to.store(0, std::sync::atomic::Ordering::Relaxed);
         }
         self.read_open(&of, offset, size)

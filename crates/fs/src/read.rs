@@ -25,11 +25,13 @@ use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use hoardfs_cache::{CacheDir, CachedObject, ObjectKey, OpenHold, meta::chunk_shift_for};
+use hoardfs_cache::{
+    CacheDir, CachedObject, ObjectKey, ObjectShape, OpenHold, meta::chunk_shift_for,
+};
 use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
-use crate::fetch::{ChunkKey, Flight, PrefetchJob};
+use crate::fetch::{ChunkKey, Flight, PrefetchJob, Sequence};
 use crate::kernel_opens::ImplicitOpens;
 use crate::nodes::{Backing, BackingError, Ino, MakeBacking, Node, NodeState};
 pub(crate) use crate::opens::ModeKind;
@@ -104,7 +106,7 @@ pub(crate) struct OpenFile {
     _hold: Option<OpenHold>,
     /// Sequential detection: where the next read would start, and the highest chunk already
     /// scheduled for readahead.
-    pub(crate) seq: Mutex<(u64, Option<u64>)>,
+    pub(crate) seq: Mutex<Sequence>,
     /// Released: queued readahead for it is skipped.
     pub(crate) closed: std::sync::atomic::AtomicBool,
     /// The end of the farthest read asked for through this open: queued readahead of a
@@ -126,7 +128,11 @@ impl View {
         let st = node.state.lock();
         match st.opens.object() {
             Some(o) => {
-                let (version, size, chunk_size) = o.shape();
+                let ObjectShape {
+                    version,
+                    size,
+                    chunk_size,
+                } = o.shape();
                 View {
                     object: Some(o.clone()),
                     version,
@@ -184,9 +190,9 @@ impl ReadEngine {
                 .spawn(move || {
                     loop {
                         let job = rx.lock().recv();
-                        let Ok((of, c)) = job else { return };
+                        let Ok(job) = job else { return };
                         let Some(fs) = fs.upgrade() else { return };
-                        fs.read_ahead(&of, c);
+                        fs.read_ahead(&job.open, job.chunk);
                     }
                 })
                 .expect("spawn fetch thread");
@@ -264,7 +270,7 @@ impl HoardFs {
             mode: mode.kind(),
             access,
             _hold: hold,
-            seq: Mutex::new((0, None)),
+            seq: Mutex::new(Sequence::default()),
             closed: false.into(),
             read_to: AtomicU64::new(0),
         });
@@ -410,7 +416,12 @@ impl HoardFs {
         // both replace its data file (one would then write into a file the other deleted).
         let mut st = node.state.lock();
         if let Some(o) = st.opens.object()
-            && matches!(o.shape(), (v, s, _) if v == version && s == size)
+            && let ObjectShape {
+                version: v,
+                size: s,
+                ..
+            } = o.shape()
+            && (v, s) == (version, size)
         {
             return Some(o.clone());
         }
