@@ -239,12 +239,12 @@ impl HoardFs {
         let node = self.node(ino)?;
         if ino == ROOT_INO {
             let root = self.origin.info()?.root;
-            node.state.lock().handle = root.handle;
+            node.state.lock().set_handle(root.handle);
             return Ok(root.handle);
         }
         let (parent, name, file_id) = {
             let st = node.state.lock();
-            (st.parent, st.name.clone(), st.attr().file_id)
+            (st.parent(), st.name().to_vec(), st.attr().file_id)
         };
         let ph = self.resolve(parent, depth + 1)?;
         let e = self.origin.lookup(ph, &name)?;
@@ -272,17 +272,17 @@ impl HoardFs {
             }
             Err(FsError::Offline(why)) => {
                 // Serve the name from what we saw while connected.
-                let child = dir.state.lock().children.get(name).copied();
+                let child = dir.state.lock().child(name);
                 let node = child
                     .and_then(|c| self.nodes.get(c))
                     .ok_or(FsError::Offline(why))?;
                 let mut st = node.state.lock();
-                st.lookups += 1;
+                st.count_lookup();
                 Ok((node.ino, st.attr(), self.config.attr_ttl))
             }
             Err(e) => {
                 if e == FsError::Origin(WireError::NotFound) {
-                    dir.state.lock().children.remove(name);
+                    dir.state.lock().remove_child(name);
                 }
                 Err(e)
             }
@@ -418,7 +418,7 @@ impl HoardFs {
         let names: std::collections::HashSet<&[u8]> =
             listing.entries.iter().map(|e| e.name.as_slice()).collect();
         let mut st = node.state.lock();
-        st.children.retain(|n, _| names.contains(n.as_slice()));
+        st.retain_children(&names);
         // Kept only if no break for the directory overtook it (checked under the lock the
         // break handler takes to drop listings).
         if self.grant(st.attr().file_id, since) || !self.callbacks {
@@ -444,7 +444,7 @@ impl HoardFs {
 
     /// Parent of `ino` (the root is its own parent).
     pub fn parent_of(&self, ino: Ino) -> FsResult<Ino> {
-        Ok(self.node(ino)?.state.lock().parent)
+        Ok(self.node(ino)?.state.lock().parent())
     }
 
     /// Target of symlink `ino`.

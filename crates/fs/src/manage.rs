@@ -76,8 +76,8 @@ impl HoardFs {
             }
             let n = self.nodes.get(cur)?;
             let st = n.state.lock();
-            parts.push(String::from_utf8_lossy(&st.name).into_owned());
-            cur = st.parent;
+            parts.push(String::from_utf8_lossy(st.name()).into_owned());
+            cur = st.parent();
         }
         None
     }

@@ -132,7 +132,7 @@ impl HoardFs {
         let (dir, _) = self.dir(parent)?;
         // Looked up before the round trip: the break for this very change may be handled
         // (and drop the name) before the reply is.
-        let child = dir.state.lock().children.get(name).copied();
+        let child = dir.state.lock().child(name);
         self.with_handle(&dir, |h| {
             if dir_wanted {
                 self.origin.rmdir(h, name)
@@ -140,7 +140,7 @@ impl HoardFs {
                 self.origin.unlink(h, name)
             }
         })?;
-        dir.state.lock().children.remove(name);
+        dir.state.lock().remove_child(name);
         if let Some(child) = child.and_then(|c| self.nodes.get(c)) {
             // Its link count changed.
             self.expire_attr(&child);
@@ -163,28 +163,24 @@ impl HoardFs {
         let (new_dir, _) = self.dir(new_parent)?;
         let target = new_dir.handle();
         // Looked up before the round trip (see `remove`).
-        let moved = dir.state.lock().children.get(name).copied();
-        let replaced = new_dir.state.lock().children.get(new_name).copied();
+        let moved = dir.state.lock().child(name);
+        let replaced = new_dir.state.lock().child(new_name);
         self.with_handle(&dir, |h| {
             self.origin.rename(h, name, target, new_name, flags)
         })?;
-        dir.state.lock().children.remove(name);
-        new_dir.state.lock().children.remove(new_name);
+        dir.state.lock().remove_child(name);
+        new_dir.state.lock().remove_child(new_name);
         if let Some(m) = moved {
-            new_dir.state.lock().children.insert(new_name.to_vec(), m);
+            new_dir.state.lock().add_child(new_name, m);
             if let Some(n) = self.nodes.get(m) {
-                let mut st = n.state.lock();
-                st.parent = new_parent;
-                st.name = new_name.to_vec();
+                n.state.lock().moved(new_parent, new_name);
             }
         }
         if let Some(r) = replaced {
             if flags & RENAME_EXCHANGE != 0 {
-                dir.state.lock().children.insert(name.to_vec(), r);
+                dir.state.lock().add_child(name, r);
                 if let Some(n) = self.nodes.get(r) {
-                    let mut st = n.state.lock();
-                    st.parent = parent;
-                    st.name = name.to_vec();
+                    n.state.lock().moved(parent, name);
                 }
             }
             if let Some(n) = self.nodes.get(r) {

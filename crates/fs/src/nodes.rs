@@ -56,23 +56,23 @@ pub struct Listing {
 /// Mutable state of one node.
 pub struct NodeState {
     /// Current origin handle.
-    pub handle: Handle,
+    handle: Handle,
     /// Last attributes seen.
     attr: Attr,
     /// How far `attr` (and `listing`) can be trusted; under a callback the origin also
     /// reports changes to a directory's names.
     freshness: Freshness,
     /// Parent inode and the name this node was last found under.
-    pub parent: Ino,
+    parent: Ino,
     /// Name within `parent`.
-    pub name: Vec<u8>,
+    name: Vec<u8>,
     /// Kernel lookup count.
-    pub lookups: u64,
+    lookups: u64,
     /// Cached directory listing (directories only): dropped whenever the directory's
     /// version or size changes, or its contents are known to have changed.
     listing: Option<Arc<Listing>>,
     /// Names seen in this directory (from lookups and listings), for offline lookups.
-    pub children: HashMap<Vec<u8>, Ino>,
+    children: HashMap<Vec<u8>, Ino>,
     /// Cached object, opens and passthrough registration (regular files).
     pub(crate) opens: OpenState,
 }
@@ -155,6 +155,62 @@ impl NodeState {
     pub fn is_open(&self) -> bool {
         self.opens.is_open()
     }
+
+    /// Current origin handle.
+    pub fn handle(&self) -> Handle {
+        self.handle
+    }
+
+    /// A new origin handle for the same object (the root's after a server restart).
+    pub(crate) fn set_handle(&mut self, handle: Handle) {
+        self.handle = handle;
+    }
+
+    /// The parent inode this node was last found in.
+    pub fn parent(&self) -> Ino {
+        self.parent
+    }
+
+    /// The name this node was last found under.
+    pub fn name(&self) -> &[u8] {
+        &self.name
+    }
+
+    /// The node now has name `name` in `parent` (a rename through this client).
+    pub(crate) fn moved(&mut self, parent: Ino, name: &[u8]) {
+        self.parent = parent;
+        self.name = name.to_vec();
+    }
+
+    /// The kernel learned of the node once more (a lookup, or an entry with attributes).
+    pub(crate) fn count_lookup(&mut self) {
+        self.lookups += 1;
+    }
+
+    /// Whether neither the kernel nor an open file references the node.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.lookups == 0 && !self.is_open()
+    }
+
+    /// The node of `name` in this directory, as last seen.
+    pub(crate) fn child(&self, name: &[u8]) -> Option<Ino> {
+        self.children.get(name).copied()
+    }
+
+    /// This directory's `name` refers to node `ino`.
+    pub(crate) fn add_child(&mut self, name: &[u8], ino: Ino) {
+        self.children.insert(name.to_vec(), ino);
+    }
+
+    /// This directory no longer has `name`.
+    pub(crate) fn remove_child(&mut self, name: &[u8]) {
+        self.children.remove(name);
+    }
+
+    /// Keeps only the names `listed` holds.
+    pub(crate) fn retain_children(&mut self, listed: &std::collections::HashSet<&[u8]>) {
+        self.children.retain(|n, _| listed.contains(n.as_slice()));
+    }
 }
 
 /// One node.
@@ -172,7 +228,7 @@ pub struct Node {
 impl Node {
     /// Current handle.
     pub fn handle(&self) -> Handle {
-        self.state.lock().handle
+        self.state.lock().handle()
     }
 }
 
@@ -285,12 +341,11 @@ impl NodeTable {
             let mut st = node.state.lock();
             st.handle = handle;
             st.install_attr(attr, grant(&attr));
-            st.parent = parent;
-            st.name = name.to_vec();
-            st.lookups += 1;
+            st.moved(parent, name);
+            st.count_lookup();
         }
         if let Some(p) = self.get(parent) {
-            p.state.lock().children.insert(name.to_vec(), node.ino);
+            p.state.lock().add_child(name, node.ino);
         }
         node
     }
@@ -309,7 +364,7 @@ impl NodeTable {
         {
             let mut st = node.state.lock();
             st.lookups = st.lookups.saturating_sub(n);
-            if st.lookups > 0 || st.is_open() {
+            if !st.is_idle() {
                 return false;
             }
             // Release the cache files' descriptors (and the passthrough registration); the
@@ -325,7 +380,7 @@ impl NodeTable {
                 continue;
             };
             let st = n.state.lock();
-            if st.lookups == 0 && !st.is_open() {
+            if st.is_idle() {
                 let file_id = st.attr().file_id;
                 drop(st);
                 inner.nodes.remove(&old);

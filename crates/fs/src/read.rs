@@ -578,7 +578,7 @@ impl HoardFs {
         if st.opens.release(of.mode) {
             of.node.passthrough_released.notify_all();
         }
-        let idle = st.lookups == 0 && !st.is_open();
+        let idle = st.is_idle();
         drop(st);
         if idle {
             self.nodes.forget(of.node.ino, 0);
