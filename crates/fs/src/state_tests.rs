@@ -472,3 +472,71 @@ fn an_open_file_is_not_evicted_and_a_closed_one_is() {
     assert!(r.fs.stats().bytes_from_network > from_network);
     r.fs.release(o.fh);
 }
+
+#[test]
+fn a_forgotten_node_lets_go_of_its_object_once_closed() {
+    let data = content(4, MIB);
+    let (r, reg, f) = cached_file(&data, false, config(Duration::from_secs(600)));
+    let object = || {
+        r.fs.nodes
+            .get(f)
+            .unwrap()
+            .state
+            .lock()
+            .opens
+            .object()
+            .cloned()
+    };
+    let (o, _) = open_read(&r, f, READ, &reg);
+    assert!(!r.fs.nodes.forget(f, 1), "still open: still referenced");
+    assert!(object().is_some());
+    r.fs.release(o.fh);
+    assert!(object().is_none(), "the last release lets go of it");
+    // Loaded again (complete) and registered; let go again with its registration.
+    let (o, _) = open_read(&r, f, READ, &reg);
+    assert_eq!((kind(&o), reg.count()), ("passthrough", 1));
+    r.fs.release(o.fh);
+    assert!(object().is_none());
+    let (o, _) = open_read(&r, f, READ, &reg);
+    assert_eq!((kind(&o), reg.count()), ("passthrough", 2));
+    r.fs.release(o.fh);
+}
+
+#[test]
+fn writes_move_the_object_along_and_read_back_from_the_cache() {
+    let data = content(5, MIB + 100);
+    let (r, reg, f) = cached_file(&data, false, config(Duration::ZERO));
+    let (o, bytes) = open_read(&r, f, WRITE, &reg);
+    assert_eq!(bytes, data);
+    assert_eq!(r.fs.write(o.fh, 10, b"hello").unwrap(), 5);
+    let from_network = r.fs.stats().bytes_from_network;
+    let mut want = data.clone();
+    want[10..15].copy_from_slice(b"hello");
+    let got = r.fs.read(o.fh, 0, want.len() as u32).unwrap();
+    assert!(got[..] == want[..]);
+    assert_eq!(r.fs.stats().bytes_from_network, from_network, "a cache hit");
+    r.fs.release(o.fh);
+    // The object is at the written version: a new open finds it complete.
+    let (o, _) = open_read(&r, f, READ, &reg);
+    assert_eq!((o.changed, kind(&o)), (false, "passthrough"));
+    r.fs.release(o.fh);
+}
+
+#[test]
+fn a_directory_whose_version_changed_is_listed_again() {
+    let config = FsConfig {
+        attr_ttl: Duration::ZERO,
+        dir_ttl: Duration::from_secs(600),
+        ..FsConfig::default()
+    };
+    let r = Rig::new(&[("a", b"1")], false, false, config);
+    assert_eq!(r.fs.listing(ROOT_INO).unwrap().entries.len(), 1);
+    std::fs::write(r.export.join("b"), b"2").unwrap();
+    assert_eq!(
+        r.fs.listing(ROOT_INO).unwrap().entries.len(),
+        1,
+        "reused within the directory TTL"
+    );
+    r.fs.getattr(ROOT_INO).unwrap();
+    assert_eq!(r.fs.listing(ROOT_INO).unwrap().entries.len(), 2);
+}
