@@ -540,3 +540,28 @@ fn a_directory_whose_version_changed_is_listed_again() {
     r.fs.getattr(ROOT_INO).unwrap();
     assert_eq!(r.fs.listing(ROOT_INO).unwrap().entries.len(), 2);
 }
+
+#[test]
+fn an_unreachable_origin_leaves_cached_data_readable_and_the_rest_failing_fast() {
+    let data = content(6, 2 * MIB);
+    let (r, reg, f) = cached_file(&data, false, config(Duration::ZERO));
+    let (o, bytes) = open_read(&r, f, READ, &reg);
+    assert_eq!(bytes, data);
+    r.origin.offline.store(true, Ordering::SeqCst);
+    // Cached bytes are served; the attributes as last seen.
+    assert_eq!(
+        r.fs.read(o.fh, MIB as u64, 4096).unwrap()[..],
+        data[MIB..MIB + 4096]
+    );
+    let (attr, ttl) = r.fs.getattr(f).unwrap();
+    assert_eq!((attr.size, ttl), (data.len() as u64, Duration::ZERO));
+    r.fs.release(o.fh);
+    // A file never read has nothing cached: its reads fail at once.
+    r.origin.offline.store(false, Ordering::SeqCst);
+    std::fs::write(r.export.join("g"), b"never read").unwrap();
+    let (g, _) = r.lookup("g");
+    let o = r.fs.open(g, READ, &|f| reg.register(f)).unwrap();
+    r.origin.offline.store(true, Ordering::SeqCst);
+    assert!(matches!(r.fs.read(o.fh, 0, 10), Err(FsError::Offline(_))));
+    r.fs.release(o.fh);
+}
