@@ -5,7 +5,6 @@
 //! Lock ordering: `inflight` is a leaf (never held while taking another lock or doing I/O).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use hoardfs_proto::buffers::Recycled;
 use parking_lot::{Condvar, Mutex};
@@ -106,15 +105,12 @@ impl HoardFs {
     /// open was released, the file has no cached object any more, shrank below the chunk,
     /// or the reader already asked for all of it.
     pub(crate) fn read_ahead(&self, of: &Arc<OpenFile>, c: u64) {
-        if of.closed.load(Ordering::Relaxed) {
+        if of.is_closed() {
             return;
         }
         let view = View::of(&of.node);
         // No object any more (replaced by an uncacheable version): nothing to fill.
-        if view.object.is_none()
-            || c >= view.chunks()
-            || view.chunk_range(c).1 <= of.read_to.load(Ordering::Relaxed)
-        {
+        if view.object.is_none() || c >= view.chunks() || view.chunk_range(c).1 <= of.read_to() {
             return;
         }
         if let Err(e) = self.ensure_chunk(&of.node, &view, c) {

@@ -90,8 +90,7 @@ impl HoardFs {
         if offset == 0 {
             // Most likely a new open by the kernel, which the daemon does not see: start
             // sequential detection (and readahead) over, as a fresh open would.
-            *of.seq.lock() = Default::default();
-            of.read_to.store(0, std::sync::atomic::Ordering::Relaxed);
+            of.restart();
         }
         self.read_open(&of, offset, size)
     }

@@ -19,6 +19,7 @@ mod kernel_opens;
 mod manage;
 mod namespace;
 pub mod nodes;
+mod open_files;
 mod opens;
 mod read;
 mod stats;

@@ -13,27 +13,27 @@
 //! cached object (`--no-cache`, or one the cache could not take) is read through: a read
 //! fetches just the bytes it asks for (see `read_uncached`).
 //!
-//! Lock ordering: `files` is a leaf, as are `fetch`'s `inflight` and the `implicit` table
-//! of `crate::kernel_opens` (never held while taking another lock or doing I/O); a node's `state` lock is never
-//! held across origin I/O, and across disk I/O only to create that node's cached object or
+//! Lock ordering: `files` (`crate::open_files`) is a leaf, as are `fetch`'s `inflight` and
+//! the `implicit` table of `crate::kernel_opens` (never held while taking another lock or
+//! doing I/O); a node's `state` lock is never held across origin I/O, and across disk I/O only to create that node's cached object or
 //! passthrough backing registration (and to drop a registration, whose release is an
 //! ioctl on `/dev/fuse`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use hoardfs_cache::{
-    CacheDir, CachedObject, ObjectKey, ObjectShape, OpenHold, meta::chunk_shift_for,
-};
+use hoardfs_cache::{CacheDir, CachedObject, ObjectKey, ObjectShape, meta::chunk_shift_for};
 use hoardfs_proto::buffers::{self, Recycled};
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use parking_lot::{Mutex, MutexGuard};
 
-use crate::fetch::{ChunkKey, Flight, PrefetchJob, Sequence};
+use crate::fetch::{ChunkKey, Flight, PrefetchJob};
 use crate::kernel_opens::ImplicitOpens;
 use crate::nodes::{Backing, BackingError, Ino, MakeBacking, Node, NodeState};
+pub(crate) use crate::open_files::OpenFile;
+use crate::open_files::OpenFiles;
 pub(crate) use crate::opens::ModeKind;
 use crate::stats::Stats;
 use crate::{FsConfig, FsError, FsResult, HoardFs};
@@ -98,22 +98,6 @@ pub struct Access {
     pub append: bool,
 }
 
-pub(crate) struct OpenFile {
-    pub(crate) node: Arc<Node>,
-    pub(crate) mode: ModeKind,
-    pub(crate) access: Access,
-    /// Keeps the object this open started with from eviction until release.
-    _hold: Option<OpenHold>,
-    /// Sequential detection: where the next read would start, and the highest chunk already
-    /// scheduled for readahead.
-    pub(crate) seq: Mutex<Sequence>,
-    /// Released: queued readahead for it is skipped.
-    pub(crate) closed: std::sync::atomic::AtomicBool,
-    /// The end of the farthest read asked for through this open: queued readahead of a
-    /// chunk wholly before it is skipped (the reader fetched that chunk itself).
-    pub(crate) read_to: AtomicU64,
-}
-
 /// The current state of a file as reads see it: its cached object (which writes through
 /// this client move forward in place) or, without one, its last known version and size.
 pub(crate) struct View {
@@ -160,8 +144,7 @@ impl View {
 
 /// State of the read path shared by all opens.
 pub(crate) struct ReadEngine {
-    pub(crate) files: RwLock<HashMap<FileHandle, Arc<OpenFile>>>,
-    next_fh: AtomicU64,
+    pub(crate) files: OpenFiles,
     pub(crate) inflight: Mutex<HashMap<ChunkKey, Arc<Flight>>>,
     pub(crate) readahead: u64,
     pub(crate) prefetch: Mutex<Option<mpsc::Sender<PrefetchJob>>>,
@@ -198,8 +181,7 @@ impl ReadEngine {
                 .expect("spawn fetch thread");
         }
         ReadEngine {
-            files: RwLock::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
+            files: OpenFiles::default(),
             inflight: Mutex::new(HashMap::new()),
             readahead: config.readahead_chunks,
             prefetch: Mutex::new((threads > 0).then_some(tx)),
@@ -265,17 +247,10 @@ impl HoardFs {
             .and_then(|o| self.admit_passthrough(&mut st, o, make_backing))
             .unwrap_or_else(|| self.admit_daemon(&mut st, &attr, access));
         drop(st);
-        let of = Arc::new(OpenFile {
-            node,
-            mode: mode.kind(),
-            access,
-            _hold: hold,
-            seq: Mutex::new(Sequence::default()),
-            closed: false.into(),
-            read_to: AtomicU64::new(0),
-        });
-        let fh = self.reads.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.reads.files.write().insert(fh, of);
+        let fh = self
+            .reads
+            .files
+            .insert(OpenFile::new(node, mode.kind(), access, hold));
         Opened { fh, mode, changed }
     }
 
@@ -466,12 +441,7 @@ impl HoardFs {
 
     /// The open file behind kernel handle `fh`.
     pub(crate) fn open_file(&self, fh: FileHandle) -> FsResult<Arc<OpenFile>> {
-        self.reads
-            .files
-            .read()
-            .get(&fh)
-            .cloned()
-            .ok_or(FsError::BadHandle)
+        self.reads.files.get(fh).ok_or(FsError::BadHandle)
     }
 
     /// Reads up to `size` bytes at `offset` through open file `fh`.
@@ -497,7 +467,7 @@ impl HoardFs {
         }
         let first = offset >> view.chunk_shift;
         let last = (end - 1) >> view.chunk_shift;
-        of.read_to.fetch_max(end, Ordering::Relaxed);
+        of.read_up_to(end);
         self.schedule_readahead(of, &view, offset, end, last);
         // A pooled buffer (no freshly faulted pages per read): fetched bytes are appended,
         // cache-file reads go into zeroed room.
@@ -570,10 +540,9 @@ impl HoardFs {
 
     /// Closes open file `fh`.
     pub fn release(&self, fh: FileHandle) {
-        let Some(of) = self.reads.files.write().remove(&fh) else {
+        let Some(of) = self.reads.files.remove(fh) else {
             return;
         };
-        of.closed.store(true, Ordering::Relaxed);
         let mut st = of.node.state.lock();
         if st.opens.release(of.mode) {
             of.node.passthrough_released.notify_all();
