@@ -79,7 +79,7 @@ impl HoardFs {
     /// mount is read-only and has a disk cache (the mode is made for warm reads of cached
     /// trees; `hoardfs mount` refuses it with `--no-cache`).
     pub fn kernel_opens(&self) -> bool {
-        self.config.kernel_opens && self.read_only && self.cache.is_some()
+        self.config.kernel_opens && self.read_only && self.objects.enabled()
     }
 
     /// Reads up to `size` bytes at `offset` of file `ino`, which the kernel opened without

@@ -19,6 +19,7 @@ mod kernel_opens;
 mod manage;
 mod namespace;
 pub mod nodes;
+mod objects;
 mod open_files;
 mod opens;
 mod read;
@@ -96,8 +97,8 @@ impl Default for FsConfig {
 /// The file system: an origin, an optional disk cache, and the inode table.
 pub struct HoardFs {
     origin: Arc<dyn Origin>,
-    cache: Option<CacheDir>,
-    export_id: u128,
+    /// The disk cache (if any) and which object belongs to which file.
+    objects: objects::Objects,
     config: FsConfig,
     nodes: NodeTable,
     reads: read::ReadEngine,
@@ -133,10 +134,9 @@ impl HoardFs {
         }));
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
-            export_id: info.export_id,
             reads: read::ReadEngine::new(weak.clone(), &config, cache.is_some()),
             origin,
-            cache,
+            objects: objects::Objects::new(cache, info.export_id, stats.clone()),
             read_only: config.read_only || info.read_only,
             config,
             stats,
@@ -343,27 +343,6 @@ impl HoardFs {
         }
     }
 
-    /// Has the disk cache read ahead the records of the listed files it holds, in name
-    /// order (the order most programs open a directory's files in), at most
-    /// [`WARM_PER_LISTING`] of them.
-    fn warm_listed(&self, listing: &Listing) {
-        let Some(cache) = &self.cache else {
-            return;
-        };
-        let mut files: Vec<&DirEntry> = listing
-            .entries
-            .iter()
-            .filter(|e| e.entry.attr.kind == FileKind::File)
-            .collect();
-        files.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-        cache.warm(
-            files
-                .iter()
-                .take(WARM_PER_LISTING)
-                .map(|e| self.object_key(e.entry.attr.file_id)),
-        );
-    }
-
     /// The full listing of directory `ino` (reused within the directory TTL). When it is
     /// fetched, the disk cache reads the records of the listed files it holds ahead of
     /// their opens.
@@ -404,7 +383,7 @@ impl HoardFs {
                     fetched: Instant::now(),
                     since,
                 });
-                self.warm_listed(&l);
+                self.objects.warm_listed(&l);
                 l
             }
             Err(FsError::Offline(why)) => {

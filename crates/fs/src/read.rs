@@ -25,7 +25,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use hoardfs_cache::{CacheDir, CachedObject, ObjectKey, ObjectShape, meta::chunk_shift_for};
+use hoardfs_cache::{CachedObject, ObjectShape, meta::chunk_shift_for};
 use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::{Mutex, MutexGuard};
 
@@ -235,7 +235,9 @@ impl HoardFs {
         changed: bool,
         make_backing: &MakeBacking,
     ) -> Opened {
-        let object = self.object_for(&node, attr.file_id, attr.version, attr.size);
+        let object = self
+            .objects
+            .object_for(&node, attr.file_id, attr.version, attr.size);
         // Held before anything looks at its chunks: from here on it cannot be evicted, so
         // a passthrough open never sees its data file emptied under it.
         let hold = object.as_ref().map(|o| o.hold_open());
@@ -377,68 +379,6 @@ impl HoardFs {
         }
     }
 
-    /// The cached object for this version of the file, replacing (retiring) an object of
-    /// another version. `None` without a cache, or if the cache cannot hold it.
-    pub(crate) fn object_for(
-        &self,
-        node: &Node,
-        file_id: u64,
-        version: u64,
-        size: u64,
-    ) -> Option<Arc<CachedObject>> {
-        let cache = self.cache.as_ref()?;
-        // Held across the object's creation so that two opens of a changed file cannot
-        // both replace its data file (one would then write into a file the other deleted).
-        let mut st = node.state.lock();
-        if let Some(o) = st.opens.object()
-            && let ObjectShape {
-                version: v,
-                size: s,
-                ..
-            } = o.shape()
-            && (v, s) == (version, size)
-        {
-            return Some(o.clone());
-        }
-        self.replace_object(cache, &mut st, file_id, version, size)
-    }
-
-    /// Makes the cache's object for this version the node's (the caller holds the node's
-    /// state lock across it), retiring the one it replaces: writes through that one are
-    /// then ignored, so they can never touch the newer record. If the cache cannot hold
-    /// it, the node keeps no object (one of another version must not be read).
-    pub(crate) fn replace_object(
-        &self,
-        cache: &CacheDir,
-        st: &mut NodeState,
-        file_id: u64,
-        version: u64,
-        size: u64,
-    ) -> Option<Arc<CachedObject>> {
-        let fresh = match cache.object(self.object_key(file_id), version, size) {
-            Ok(o) => Some(o),
-            Err(e) => {
-                tracing::warn!("cannot cache file {file_id:#x}: {e}");
-                Stats::add(&self.stats.cache_errors, 1);
-                None
-            }
-        };
-        if let Some(old) = st.opens.set_object(fresh.clone())
-            && !fresh.as_ref().is_some_and(|f| Arc::ptr_eq(&old, f))
-        {
-            old.retire();
-        }
-        fresh
-    }
-
-    /// The key of file `file_id` in the disk cache.
-    pub(crate) fn object_key(&self, file_id: u64) -> ObjectKey {
-        ObjectKey {
-            export_id: self.export_id,
-            file_id,
-        }
-    }
-
     /// The open file behind kernel handle `fh`.
     pub(crate) fn open_file(&self, fh: FileHandle) -> FsResult<Arc<OpenFile>> {
         self.reads.files.get(fh).ok_or(FsError::BadHandle)
@@ -558,10 +498,6 @@ impl HoardFs {
     pub fn shutdown(&self) {
         self.reads.prefetch.lock().take();
         self.release_implicit_opens();
-        if let Some(c) = &self.cache
-            && let Err(e) = c.close()
-        {
-            tracing::warn!("{e}; the cache will be verified on next use");
-        }
+        self.objects.close();
     }
 }
