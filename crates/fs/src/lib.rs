@@ -35,7 +35,7 @@ use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, Stat
 pub use callbacks::KernelNotifier;
 pub use error::{CacheFault, FsError, FsResult, Shared};
 pub use manage::{CachedEntry, Prefetched};
-pub use namespace::NewEntry;
+pub use namespace::NodeEntry;
 pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO};
 pub use read::{Access, FileHandle, OpenMode, Opened, ReadData};
 pub use stats::{Stats, StatsSnapshot};
@@ -259,7 +259,7 @@ impl HoardFs {
 
     /// Resolves `name` in directory `parent`; counts one kernel lookup on success. Returns
     /// the node, its attributes and how long the kernel may cache them.
-    pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<(Ino, Attr, Duration)> {
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<NodeEntry> {
         let dir = self.node(parent)?;
         if dir.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
@@ -269,7 +269,11 @@ impl HoardFs {
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
             Ok(e) => {
                 let n = self.remember(parent, name, &e, dir_id, since);
-                Ok((n.0, e.attr, n.1))
+                Ok(NodeEntry {
+                    ino: n.0,
+                    attr: e.attr,
+                    ttl: n.1,
+                })
             }
             Err(FsError::Offline(why)) => {
                 // Serve the name from what we saw while connected.
@@ -279,7 +283,11 @@ impl HoardFs {
                     .ok_or(FsError::Offline(why))?;
                 let mut st = node.state.lock();
                 st.count_lookup();
-                Ok((node.ino, st.attr(), self.config.attr_ttl))
+                Ok(NodeEntry {
+                    ino: node.ino,
+                    attr: st.attr(),
+                    ttl: self.config.attr_ttl,
+                })
             }
             Err(e) => {
                 if e == FsError::Origin(WireError::NotFound) {

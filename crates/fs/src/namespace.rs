@@ -15,8 +15,17 @@ use crate::nodes::{Ino, Node};
 use crate::read::{Access, Opened};
 use crate::{FsResult, HoardFs};
 
-/// A new name: its node, attributes and how long the kernel may cache them.
-pub type NewEntry = (Ino, Attr, Duration);
+/// A name the kernel learns of (by lookup or creation): its node, the node's attributes
+/// and how long the kernel may cache both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeEntry {
+    /// The node.
+    pub ino: Ino,
+    /// Its attributes.
+    pub attr: Attr,
+    /// How long the kernel may keep the name and attributes.
+    pub ttl: Duration,
+}
 
 impl HoardFs {
     /// The directory node `parent` and its origin file id.
@@ -35,14 +44,18 @@ impl HoardFs {
         parent: Ino,
         name: &[u8],
         op: impl FnMut(hoardfs_origin::Handle) -> Result<Entry, hoardfs_origin::OriginError>,
-    ) -> FsResult<NewEntry> {
+    ) -> FsResult<NodeEntry> {
         self.check_writable()?;
         let (dir, dir_id) = self.dir(parent)?;
         let since = self.breaks.seq();
         let e = self.with_handle(&dir, op)?;
         let (ino, ttl) = self.remember(parent, name, &e, dir_id, since);
         self.dir_changed(&dir);
-        Ok((ino, e.attr, ttl))
+        Ok(NodeEntry {
+            ino,
+            attr: e.attr,
+            ttl,
+        })
     }
 
     /// A directory's content changed through this client.
@@ -62,8 +75,12 @@ impl HoardFs {
         access: Access,
         owner: Owner,
         make_backing: &crate::MakeBacking,
-    ) -> FsResult<(NewEntry, Opened)> {
-        let (ino, mut attr, mut ttl) = self.make(parent, name, |h| {
+    ) -> FsResult<(NodeEntry, Opened)> {
+        let NodeEntry {
+            ino,
+            mut attr,
+            mut ttl,
+        } = self.make(parent, name, |h| {
             self.origin.create(h, name, mode, exclusive, owner)
         })?;
         if truncate && attr.size > 0 {
@@ -75,7 +92,7 @@ impl HoardFs {
         }
         let node = self.node(ino)?;
         let opened = self.open_node(node, attr, access, false, make_backing);
-        Ok(((ino, attr, ttl), opened))
+        Ok((NodeEntry { ino, attr, ttl }, opened))
     }
 
     /// Creates a special file (fifo, socket, device; `mode` includes the type bits).
@@ -86,14 +103,14 @@ impl HoardFs {
         mode: u32,
         rdev: u64,
         owner: Owner,
-    ) -> FsResult<NewEntry> {
+    ) -> FsResult<NodeEntry> {
         self.make(parent, name, |h| {
             self.origin.mknod(h, name, mode, rdev, owner)
         })
     }
 
     /// Creates a directory.
-    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> FsResult<NewEntry> {
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> FsResult<NodeEntry> {
         self.make(parent, name, |h| self.origin.mkdir(h, name, mode, owner))
     }
 
@@ -104,14 +121,14 @@ impl HoardFs {
         name: &[u8],
         target: &[u8],
         owner: Owner,
-    ) -> FsResult<NewEntry> {
+    ) -> FsResult<NodeEntry> {
         self.make(parent, name, |h| {
             self.origin.symlink(h, name, target, owner)
         })
     }
 
     /// Creates hard link `parent/name` to `ino`.
-    pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<NewEntry> {
+    pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<NodeEntry> {
         let node = self.node(ino)?;
         let target = node.handle();
         self.make(parent, name, |h| self.origin.link(target, h, name))

@@ -183,8 +183,8 @@ impl Rig {
     }
 
     fn lookup(&self, name: &str) -> (Ino, Attr) {
-        let (ino, attr, _) = self.fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
-        (ino, attr)
+        let e = self.fs.lookup(ROOT_INO, name.as_bytes()).unwrap();
+        (e.ino, e.attr)
     }
 
     /// Sends `b` and waits until the break thread told the kernel about `ino`.

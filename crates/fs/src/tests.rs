@@ -55,8 +55,8 @@ fn a_passing_registration_failure_costs_one_open_and_a_refusal_the_mount() {
     std::fs::write(export.join("f"), content(1, 3 * MIB)).unwrap();
     std::fs::write(export.join("g"), content(2, MIB + 7)).unwrap();
     let fs = fs_over(&export, &t.path().join("cache"));
-    let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
-    let (g, _, _) = fs.lookup(ROOT_INO, b"g").unwrap();
+    let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
+    let g = fs.lookup(ROOT_INO, b"g").unwrap().ino;
     let calls = AtomicUsize::new(0);
     let registered = |_: &File| -> Result<Backing, BackingError> {
         calls.fetch_add(1, Ordering::SeqCst);
@@ -115,7 +115,7 @@ fn uncached_reads_fetch_the_bytes_asked_for_and_no_more() {
     std::fs::write(t.path().join("f"), &all).unwrap();
     let origin = Arc::new(LocalOrigin::new(t.path(), LocalOptions::default()).unwrap());
     let fs = HoardFs::new(origin, None, FsConfig::default()).unwrap();
-    let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
+    let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
     let no_backing = |_: &File| -> Result<Backing, BackingError> { unreachable!() };
     let fh = fs.open(f, READ, &no_backing).unwrap().fh;
     let fetched = || fs.stats().bytes_from_network;
@@ -167,7 +167,7 @@ fn reads_without_opens_share_one_open_per_version_and_see_changes() {
         ..FsConfig::default()
     };
     let fs = HoardFs::new(origin, Some(cache), config).unwrap();
-    let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
+    let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
     for _ in 0..3 {
         assert_eq!(read_unopened_all(&fs, f), content(1, 3 * MIB + 5));
     }

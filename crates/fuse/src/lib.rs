@@ -262,7 +262,7 @@ impl Filesystem for FuseBridge {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(parent.0, name.as_bytes()) {
-            Ok((ino, a, ttl)) => reply.entry(&ttl, &fuse_attr(ino, &a), Generation(0)),
+            Ok(e) => reply.entry(&e.ttl, &fuse_attr(e.ino, &e.attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -813,7 +813,8 @@ mod tests {
     fn extreme_attributes_convert_through_the_fs_layer() {
         let fs = HoardFs::new(Arc::new(Extreme), None, hoardfs_fs::FsConfig::default()).unwrap();
         let root = fs.getattr(hoardfs_fs::ROOT_INO).unwrap().0;
-        let (ino, a, _) = fs.lookup(hoardfs_fs::ROOT_INO, b"f").unwrap();
+        let hoardfs_fs::NodeEntry { ino, attr: a, .. } =
+            fs.lookup(hoardfs_fs::ROOT_INO, b"f").unwrap();
         let listing = fs.listing(hoardfs_fs::ROOT_INO).unwrap();
         let attrs = [
             root,
