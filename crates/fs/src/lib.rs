@@ -11,6 +11,7 @@
 //! attributes, names and data are served and everything else fails fast.
 
 mod callbacks;
+mod dirs;
 mod durability;
 mod error;
 mod fetch;

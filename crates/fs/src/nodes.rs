@@ -1,20 +1,23 @@
 //! The inode table: FUSE inode numbers ↔ origin objects, with cached attributes, the
 //! kernel's lookup counts, the names they were found under (to re-resolve a handle after a
 //! server restart) and per-file open state. How far attributes and listings are trusted is
-//! `crate::freshness`; a file's object, opens and passthrough registration are
-//! `crate::opens`; both change only through [`NodeState`]'s methods.
+//! `crate::freshness`; a directory's listing and names seen are `crate::dirs`; a file's
+//! object, opens and passthrough registration are `crate::opens`; all change only through
+//! [`NodeState`]'s methods.
 //!
 //! Lock ordering: the table lock (`NodeTable::inner`) may be taken before a node's `state`
 //! lock, never the other way round. Neither is held across origin round trips.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use hoardfs_origin::{Attr, DirEntry, FileKind, Handle};
+use hoardfs_origin::{Attr, FileKind, Handle};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::FsConfig;
+use crate::dirs::DirState;
+pub use crate::dirs::Listing;
 use crate::freshness::Freshness;
 use crate::opens::OpenState;
 
@@ -42,17 +45,6 @@ pub enum BackingError {
 /// Registers a cache file with the kernel for passthrough (supplied by the FUSE bridge).
 pub type MakeBacking<'a> = dyn Fn(&std::fs::File) -> Result<Backing, BackingError> + 'a;
 
-/// A directory listing snapshot.
-#[derive(Debug)]
-pub struct Listing {
-    /// Entries in origin order.
-    pub entries: Vec<DirEntry>,
-    /// When it was fetched.
-    pub fetched: Instant,
-    /// Break number before it was fetched (for callback grants of its entries).
-    pub since: u64,
-}
-
 /// Mutable state of one node.
 pub struct NodeState {
     /// Current origin handle.
@@ -68,11 +60,8 @@ pub struct NodeState {
     name: Vec<u8>,
     /// Kernel lookup count.
     lookups: u64,
-    /// Cached directory listing (directories only): dropped whenever the directory's
-    /// version or size changes, or its contents are known to have changed.
-    listing: Option<Arc<Listing>>,
-    /// Names seen in this directory (from lookups and listings), for offline lookups.
-    children: HashMap<Vec<u8>, Ino>,
+    /// Listing and names seen (directories only).
+    dir: DirState,
     /// Cached object, opens and passthrough registration (regular files).
     pub(crate) opens: OpenState,
 }
@@ -102,7 +91,7 @@ impl NodeState {
     /// the directory's version and size stay those it was seen with.
     fn set_attr(&mut self, attr: Attr) {
         if self.attr.version != attr.version || self.attr.size != attr.size {
-            self.listing = None;
+            self.dir.drop_listing();
         }
         self.attr = attr;
     }
@@ -130,25 +119,25 @@ impl NodeState {
     /// The object changed in a way that makes both attributes and listing out of date.
     pub(crate) fn contents_changed(&mut self) {
         self.freshness.expire();
-        self.listing = None;
+        self.dir.drop_listing();
     }
 
     /// The cached listing, if it can be reused without asking the origin.
     pub(crate) fn fresh_listing(&self, config: &FsConfig) -> Option<Arc<Listing>> {
-        self.listing
-            .as_ref()
+        self.dir
+            .listing()
             .filter(|l| self.freshness.listing_fresh(l.fetched, config))
             .cloned()
     }
 
     /// The cached listing whatever its age (served while the origin is unreachable).
     pub(crate) fn last_listing(&self) -> Option<Arc<Listing>> {
-        self.listing.clone()
+        self.dir.listing().cloned()
     }
 
     /// Keeps a freshly fetched listing.
     pub(crate) fn keep_listing(&mut self, listing: Arc<Listing>) {
-        self.listing = Some(listing);
+        self.dir.keep_listing(listing);
     }
 
     /// Whether any open file refers to this node.
@@ -194,22 +183,22 @@ impl NodeState {
 
     /// The node of `name` in this directory, as last seen.
     pub(crate) fn child(&self, name: &[u8]) -> Option<Ino> {
-        self.children.get(name).copied()
+        self.dir.child(name)
     }
 
     /// This directory's `name` refers to node `ino`.
     pub(crate) fn add_child(&mut self, name: &[u8], ino: Ino) {
-        self.children.insert(name.to_vec(), ino);
+        self.dir.add_child(name, ino);
     }
 
     /// This directory no longer has `name`.
     pub(crate) fn remove_child(&mut self, name: &[u8]) {
-        self.children.remove(name);
+        self.dir.remove_child(name);
     }
 
     /// Keeps only the names `listed` holds.
     pub(crate) fn retain_children(&mut self, listed: &std::collections::HashSet<&[u8]>) {
-        self.children.retain(|n, _| listed.contains(n.as_slice()));
+        self.dir.retain_children(listed);
     }
 }
 
@@ -279,8 +268,7 @@ impl NodeTable {
                 parent,
                 name,
                 lookups: 0,
-                listing: None,
-                children: HashMap::new(),
+                dir: DirState::default(),
                 opens: OpenState::default(),
             }),
             passthrough_released: Condvar::new(),
