@@ -364,29 +364,8 @@ impl HoardFs {
             return Ok(l);
         }
         let since = self.breaks.seq();
-        let mut entries = Vec::new();
-        let mut cookie = 0;
-        let fetched = self.with_handle(&node, |h| {
-            entries.clear();
-            cookie = 0;
-            let mut pages = 0;
-            loop {
-                let page = self.origin.readdir(h, cookie, 1024)?;
-                pages += 1;
-                if entries.len() + page.entries.len() + pages > MAX_LISTING {
-                    return Err(OriginError::Protocol(format!(
-                        "directory listing longer than {MAX_LISTING} entries"
-                    )));
-                }
-                entries.extend(page.entries);
-                match page.next {
-                    Some(c) => cookie = c,
-                    None => return Ok(()),
-                }
-            }
-        });
-        let listing = match fetched {
-            Ok(()) => {
+        let listing = match self.fetch_listing(&node) {
+            Ok(entries) => {
                 let l = Arc::new(Listing {
                     entries,
                     fetched: Instant::now(),
@@ -414,6 +393,30 @@ impl HoardFs {
             st.keep_listing(listing.clone());
         }
         Ok(listing)
+    }
+
+    /// Every entry of directory `node`, page by page from the origin (at most
+    /// [`MAX_LISTING`] entries and pages).
+    fn fetch_listing(&self, node: &Node) -> FsResult<Vec<DirEntry>> {
+        self.with_handle(node, |h| {
+            let mut entries = Vec::new();
+            let mut cookie = 0;
+            let mut pages = 0;
+            loop {
+                let page = self.origin.readdir(h, cookie, 1024)?;
+                pages += 1;
+                if entries.len() + page.entries.len() + pages > MAX_LISTING {
+                    return Err(OriginError::Protocol(format!(
+                        "directory listing longer than {MAX_LISTING} entries"
+                    )));
+                }
+                entries.extend(page.entries);
+                match page.next {
+                    Some(c) => cookie = c,
+                    None => return Ok(entries),
+                }
+            }
+        })
     }
 
     /// Records that a listing entry was handed to the kernel with its attributes
