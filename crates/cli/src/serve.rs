@@ -275,8 +275,12 @@ mod tests {
             (b.connections, b.open_files, b.handles),
             (1024, 4096, 500_000)
         );
+        // The common default soft limit: a quarter and two eighths of what is left after
+        // the reserve, and handles share the rest.
         let b = FdBudget::split(1024, 1024, 4096);
-        assert!(b.connections + 2 * b.open_files + b.handles <= 1024 - FdBudget::RESERVE);
-        assert!(b.connections >= 200 && b.open_files >= 100 && b.handles >= 16);
+        let usable = 1024 - FdBudget::RESERVE;
+        assert!(b.connections + 2 * b.open_files + b.handles <= usable);
+        assert_eq!((b.connections, b.open_files), (usable / 4, usable / 8));
+        assert!(b.handles >= usable / 4);
     }
 }
