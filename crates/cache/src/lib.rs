@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use meta::{ObjectKey, ObjectMeta};
-pub use object::{CachedObject, OpenHold};
+pub use object::{CachedObject, ObjectShape, OpenHold};
 pub use policy::Tracked;
 pub use quota::{Limits, Space, SpaceProbe, Usage, statvfs_probe};
 pub use recover::VerifyReport;

@@ -32,8 +32,20 @@ fn record_bytes(len: usize) -> u64 {
     (len as u64).div_ceil(4096) * 4096
 }
 
+/// What a cached object holds: which version of the file, its size and chunk size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectShape {
+    /// The file's version.
+    pub version: u64,
+    /// Its size at that version.
+    pub size: u64,
+    /// Chunk size in bytes.
+    pub chunk_size: u64,
+}
+
 /// An open cached object. Shared by all readers of the file; chunk writes are serialised
-/// on the record lock (held only for the in-memory update and one small `pwrite`).
+/// on the record lock, which is held across the chunk's data write and the record update
+/// (so bytes fetched for an older version never overwrite a write through this client).
 #[derive(Debug)]
 pub struct CachedObject {
     pub(crate) store: Arc<Store>,
@@ -272,9 +284,13 @@ impl CachedObject {
     }
 
     /// Version, size and chunk size together (one lock, for per-request use).
-    pub fn shape(&self) -> (u64, u64, u64) {
+    pub fn shape(&self) -> ObjectShape {
         let st = self.state.lock();
-        (st.meta.version, st.meta.size, st.meta.chunk_size())
+        ObjectShape {
+            version: st.meta.version,
+            size: st.meta.size,
+            chunk_size: st.meta.chunk_size(),
+        }
     }
 
     /// Chunk size in bytes.

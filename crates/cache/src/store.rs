@@ -6,7 +6,8 @@
 //! accounting and files never disagree; it is never taken while holding an object's state
 //! lock, and the evictor only `try_lock`s a shard (so it cannot wait on a shard holder that
 //! waits for the quota lock). No `Arc<CachedObject>` is dropped under the quota lock,
-//! because dropping the last one takes that lock.
+//! because dropping the last one takes that lock: evictions hold the lock as a
+//! [`QuotaGuard`], which keeps the objects they touch until after it unlocks.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -40,6 +41,36 @@ pub(crate) struct Quota {
     pinned: HashSet<ObjectKey>,
     /// Objects with at least one open.
     open_objects: u64,
+}
+
+/// The quota lock held by an eviction, with the objects it touched: they are dropped
+/// only after the lock is released (dropping the last reference to an object takes the
+/// lock), by the order of the fields.
+pub(crate) struct QuotaGuard<'a> {
+    /// Released first.
+    q: parking_lot::MutexGuard<'a, Quota>,
+    /// Dropped after `q`.
+    touched: Vec<Arc<CachedObject>>,
+}
+
+impl QuotaGuard<'_> {
+    /// Keeps `obj` alive until the lock is released.
+    fn keep_until_unlocked(&mut self, obj: Arc<CachedObject>) {
+        self.touched.push(obj);
+    }
+}
+
+impl std::ops::Deref for QuotaGuard<'_> {
+    type Target = Quota;
+    fn deref(&self) -> &Quota {
+        &self.q
+    }
+}
+
+impl std::ops::DerefMut for QuotaGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Quota {
+        &mut self.q
+    }
 }
 
 impl Quota {
@@ -214,6 +245,14 @@ impl Store {
         }
     }
 
+    /// The quota lock, for evictions (see [`QuotaGuard`]).
+    fn lock_for_eviction(&self) -> QuotaGuard<'_> {
+        QuotaGuard {
+            q: self.quota.lock(),
+            touched: Vec::new(),
+        }
+    }
+
     /// Forgets the in-memory object `ptr` of `key` (called when it is dropped).
     pub(crate) fn unregister(&self, key: &ObjectKey, ptr: *const CachedObject) {
         let mut q = self.quota.lock();
@@ -241,8 +280,7 @@ impl Store {
         if cull_target(&self.limits, space) != (0, 0) {
             self.wake_culler();
         }
-        let mut dropped = Vec::new();
-        let mut q = self.quota.lock();
+        let mut q = self.lock_for_eviction();
         let used = q.policy.total_bytes() + q.reserved;
         let (mut need, mut files) = shortfall(&self.limits, used, bytes, 0, space);
         let mut tries = q.policy.len() + 16;
@@ -256,7 +294,7 @@ impl Store {
                 None
             } else {
                 tries -= 1;
-                self.evict_one(&mut q, &mut dropped, need == 0)
+                self.evict_one(&mut q, need == 0)
             };
             match freed {
                 Some((b, f)) => {
@@ -274,7 +312,6 @@ impl Store {
             }
         };
         drop(q);
-        drop(dropped);
         if !ok {
             Counters::add(&self.counters.refused_chunks, 1);
             Counters::add(&self.counters.refused_bytes, bytes);
@@ -296,18 +333,13 @@ impl Store {
     /// Evicts the policy's next victim. Returns bytes and inodes freed; `None` if nothing
     /// can be evicted. With `files_only`, only inodes are wanted: an object in memory
     /// (emptied in place, which frees no inode) is passed over.
-    fn evict_one(
-        &self,
-        q: &mut Quota,
-        dropped: &mut Vec<Arc<CachedObject>>,
-        files_only: bool,
-    ) -> Option<(u64, u64)> {
+    fn evict_one(&self, q: &mut QuotaGuard<'_>, files_only: bool) -> Option<(u64, u64)> {
         let key = q.policy.victim(|t| !t.pinned && t.opens == 0)?;
         if files_only && q.live.get(&key).is_some_and(|w| w.strong_count() > 0) {
             q.policy.restart(&key);
             return Some((0, 0));
         }
-        match self.evict_key(q, &key, dropped) {
+        match self.evict_key(q, &key) {
             Some(freed) => Some(freed),
             None => {
                 // Being opened right now: not a victim this time.
@@ -319,12 +351,7 @@ impl Store {
 
     /// Evicts `key`: an object in memory (not open: the caller checked) is emptied in
     /// place, any other has its files removed. `None` if its files are busy (being opened).
-    fn evict_key(
-        &self,
-        q: &mut Quota,
-        key: &ObjectKey,
-        dropped: &mut Vec<Arc<CachedObject>>,
-    ) -> Option<(u64, u64)> {
+    fn evict_key(&self, q: &mut QuotaGuard<'_>, key: &ObjectKey) -> Option<(u64, u64)> {
         let live = q.live.get(key).and_then(Weak::upgrade);
         if let Some(obj) = live {
             let freed = obj.empty_in_place();
@@ -333,7 +360,7 @@ impl Store {
             q.policy.resize(key, left);
             q.policy.restart(key);
             self.persist(q, key);
-            dropped.push(obj);
+            q.keep_until_unlocked(obj);
             Counters::add(&self.counters.evictions, 1);
             Counters::add(&self.counters.evicted_bytes, freed);
             return Some((freed, 0));
@@ -360,8 +387,7 @@ impl Store {
 
     /// Evicts `key` now (`hoardfs cache evict`). Returns the bytes freed.
     pub(crate) fn evict(&self, key: &ObjectKey) -> Result<u64, EvictError> {
-        let mut dropped = Vec::new();
-        let mut q = self.quota.lock();
+        let mut q = self.lock_for_eviction();
         let Some(e) = q.policy.get(key) else {
             return Err(EvictError::NotCached);
         };
@@ -371,9 +397,8 @@ impl Store {
         if e.info.opens > 0 {
             return Err(EvictError::Open);
         }
-        let r = self.evict_key(&mut q, key, &mut dropped);
+        let r = self.evict_key(&mut q, key);
         drop(q);
-        drop(dropped);
         r.map(|(b, _)| b).ok_or(EvictError::Busy)
     }
 
@@ -500,8 +525,7 @@ impl Store {
             if bytes == 0 && files == 0 {
                 return evicted;
             }
-            let mut dropped = Vec::new();
-            let mut q = self.quota.lock();
+            let mut q = self.lock_for_eviction();
             let (mut fb, mut ff) = (0, 0);
             let mut n = 0;
             // Victims that freed nothing in a row (objects in memory while only inodes are
@@ -509,7 +533,7 @@ impl Store {
             // an unbounded batch (`cull_now`) would cycle through them forever.
             let mut idle = 0;
             while (fb < bytes || ff < files) && n < batch && idle <= q.policy.len() {
-                match self.evict_one(&mut q, &mut dropped, fb >= bytes) {
+                match self.evict_one(&mut q, fb >= bytes) {
                     Some((0, 0)) => idle += 1,
                     Some((b, f)) => {
                         fb += b;
@@ -521,7 +545,6 @@ impl Store {
                 }
             }
             drop(q);
-            drop(dropped);
             evicted += n as u64;
             // A short batch: nothing more could be freed (or nothing more is needed).
             if n < batch {

@@ -143,11 +143,17 @@ pub fn start(fs: Arc<HoardFs>, info: MountInfo) -> Result<ControlServer, String>
     // SAFETY: geteuid has no preconditions.
     ensure_dir(dir, unsafe { libc::geteuid() })?;
     remove_stale_sockets(dir, Duration::from_secs(10));
-    if UnixStream::connect(&path).is_ok() {
-        return Err(format!(
-            "{} is already mounted by a running hoardfs client",
-            info.mountpoint.display()
-        ));
+    // A client just unmounted still answers until it has exited (umount does not wait
+    // for it): a mount right after waits for it, bounded.
+    let deadline = std::time::Instant::now() + crate::mount::CLIENT_EXIT_WAIT;
+    while UnixStream::connect(&path).is_ok() {
+        if std::time::Instant::now() >= deadline {
+            return Err(format!(
+                "{} is already mounted by a running hoardfs client",
+                info.mountpoint.display()
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)

@@ -11,6 +11,7 @@ mod logging;
 mod metrics;
 mod mount;
 mod names;
+mod notify;
 mod prefetch;
 mod security;
 mod serve;
@@ -63,14 +64,18 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // mount(8) and fstab run `hoardfs SOURCE MOUNTPOINT -o OPTIONS` (through mount.fuse3).
+    let args = mount::helper_argv(std::env::args_os().collect(), |name| {
+        name == "help" || Cli::command().find_subcommand(name).is_some()
+    });
+    let cli = Cli::parse_from(args);
     // Opened before daemonising, so that a bad path fails in the foreground.
     let log_file = match &cli.command {
-        Command::Serve(a) => a.log_file.as_deref(),
-        Command::Mount(a) => a.log_file.as_deref(),
+        Command::Serve(a) => a.log_file.clone(),
+        Command::Mount(a) => mount::log_file(a),
         _ => None,
     };
-    let log_file = match log_file.map(logging::open_log_file).transpose() {
+    let log_file = match log_file.as_deref().map(logging::open_log_file).transpose() {
         Ok(f) => f,
         Err(e) => {
             eprintln!("hoardfs: {e}");

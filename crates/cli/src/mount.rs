@@ -7,11 +7,11 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use fuser::{Config, MountOption, SessionACL};
-use hoardfs_cache::{CacheDir, Limits};
+use hoardfs_cache::{CacheDir, CacheError, Limits};
 use hoardfs_fs::{FsConfig, HoardFs};
 use hoardfs_fuse::FuseBridge;
 use hoardfs_origin::Origin;
@@ -128,12 +128,81 @@ pub struct MountArgs {
     /// failure to mount is logged there too).
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
-    /// Mount options, `-o key[=value],...`: cache_dir=, token_file=, server_fingerprint=,
-    /// tls_ca=, insecure_plaintext, no_cache, daemon,
-    /// attr_timeout=, callback_timeout=, timeout=, no_passthrough, xattrs, allow_other,
-    /// ro, kernel_opens, cache_size=, hoard_file=, readahead_kb=.
+    /// Mount options, `-o key[=value],...`: every flag above with `_` for `-` (e.g.
+    /// `cache_dir=DIR`, `no_cache`, `ro` for --read-only), the kernel's `exec`, `noexec`,
+    /// `atime`, `noatime`, `sync`, `async`, `dirsync`, and, ignored, what mount(8) and
+    /// fstab add: `rw`, `defaults`, `dev`, `suid` (hoardfs always mounts nodev,nosuid),
+    /// `_netdev`, `nofail`, `auto`, `noauto`, `user`, `nouser`, `x-*`, `comment=`.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
+    /// Kernel mount flags from `-o` (exec, noatime, sync, ...), passed on as given.
+    #[arg(skip)]
+    pub kernel_flags: Vec<MountOption>,
+}
+
+/// Options mount(8), mount.fuse3 and fstab add that mean nothing to hoardfs (`x-*` and
+/// `comment=*` too): accepted and ignored. `dev` and `suid` are here because mount.fuse3
+/// adds them to every mount by root, so a request for them cannot be told apart from
+/// none: hoardfs always mounts nodev,nosuid (the server drops set-id bits and refuses
+/// devices by default anyway).
+const IGNORED_OPTIONS: &[&str] = &[
+    "rw",
+    "defaults",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "_netdev",
+    "nofail",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "group",
+    "default_permissions",
+    "relatime",
+    "strictatime",
+    "nodiratime",
+    "lazytime",
+];
+
+/// Kernel flags FUSE honours, each with its opposite (the later one given wins).
+const KERNEL_FLAGS: &[(&str, MountOption, MountOption)] = &[
+    ("exec", MountOption::Exec, MountOption::NoExec),
+    ("noexec", MountOption::NoExec, MountOption::Exec),
+    ("atime", MountOption::Atime, MountOption::NoAtime),
+    ("noatime", MountOption::NoAtime, MountOption::Atime),
+    ("sync", MountOption::Sync, MountOption::Async),
+    ("async", MountOption::Async, MountOption::Sync),
+    ("dirsync", MountOption::DirSync, MountOption::DirSync),
+];
+
+/// The argument list of `hoardfs SOURCE MOUNTPOINT -o OPTIONS`, as mount.fuse3 (run by
+/// mount(8) and fstab for type `fuse.hoardfs`) invokes it, rewritten to `hoardfs mount
+/// --daemon SOURCE MOUNTPOINT -o OPTIONS`: mount(8) waits for the program to exit, so it
+/// must return once the mount is ready. The first argument must look like a SOURCE
+/// (`HOST:PORT` or `/path`), so that a mistyped command is still reported as one. Any
+/// other argument list is returned unchanged.
+pub fn helper_argv(
+    mut args: Vec<std::ffi::OsString>,
+    is_subcommand: impl Fn(&str) -> bool,
+) -> Vec<std::ffi::OsString> {
+    let helper = args.get(1).is_some_and(|a| {
+        let a = a.to_string_lossy();
+        (a.contains(':') || a.starts_with('/')) && !is_subcommand(&a)
+    });
+    if helper {
+        args.splice(1..1, ["mount".into(), "--daemon".into()]);
+    }
+    args
+}
+
+/// The log file of a mount: `--log-file` or `-o log_file=` (none if the options are bad:
+/// the mount then fails with their error).
+pub fn log_file(args: &MountArgs) -> Option<PathBuf> {
+    args.resolve().ok().and_then(|a| a.log_file)
 }
 
 impl MountArgs {
@@ -156,8 +225,22 @@ impl MountArgs {
                     .parse()
                     .map_err(|_| format!("mount option {k}: not a number"))
             };
+            let pct = || -> Result<u8, String> {
+                need()?
+                    .parse()
+                    .map_err(|_| format!("mount option {k}: not a percentage"))
+            };
+            if let Some((_, on, off)) = KERNEL_FLAGS.iter().find(|f| f.0 == k) {
+                a.kernel_flags.retain(|f| f != on && f != off);
+                a.kernel_flags.push(on.clone());
+                continue;
+            }
+            if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") || k == "comment" {
+                continue;
+            }
             match k {
                 "cache_dir" => a.cache_dir = Some(need()?.into()),
+                "log_file" => a.log_file = Some(need()?.into()),
                 "token_file" => a.security.token_file = Some(need()?.into()),
                 "server_fingerprint" => a.security.server_fingerprint = Some(need()?.into()),
                 "tls_ca" => a.security.tls_ca = Some(need()?.into()),
@@ -166,20 +249,32 @@ impl MountArgs {
                 "daemon" => a.daemon = true,
                 "attr_timeout" => a.attr_timeout = num()?,
                 "callback_timeout" => a.callback_timeout = num()?,
-                "ro" => a.read_only = true,
+                "ro" | "read_only" => a.read_only = true,
                 "timeout" => a.timeout = num()?,
                 "no_passthrough" => a.no_passthrough = true,
                 "kernel_opens" => a.kernel_opens = true,
                 "xattrs" => a.xattrs = true,
                 "allow_other" => a.allow_other = true,
                 "cache_size" => a.cache_size = Some(parse_size(need()?)?),
+                "brun" => a.brun = pct()?,
+                "bcull" => a.bcull = pct()?,
+                "bstop" => a.bstop = pct()?,
+                "frun" => a.frun = pct()?,
+                "fcull" => a.fcull = pct()?,
+                "fstop" => a.fstop = pct()?,
                 "hoard_file" => a.hoard_file = Some(need()?.into()),
+                "metrics_listen" => a.metrics_listen = Some(need()?.into()),
                 "readahead_kb" => {
                     a.readahead_kb = need()?
                         .parse()
                         .map_err(|_| format!("mount option {k}: not a number"))?
                 }
-                "rw" | "defaults" | "nodev" | "nosuid" | "noatime" => {}
+                "fd" | "drop_privileges" => {
+                    return Err(format!(
+                        "mount option {k}: hoardfs opens /dev/fuse and mounts by itself; \
+                         drop mount.fuse3's drop_privileges"
+                    ));
+                }
                 _ => {
                     return Err(format!(
                         "unknown mount option {opt:?} (see hoardfs mount --help)"
@@ -288,13 +383,16 @@ pub fn maybe_daemonize(args: &MountArgs) -> Result<(), String> {
     }
 }
 
-fn report_to_parent(msg: &str) {
+/// Tells the waiting parent (if daemonised) `msg`; true if there was one.
+fn report_to_parent(msg: &str) -> bool {
     let fd = READY_FD.swap(-1, Ordering::SeqCst);
-    if fd >= 0 {
-        // SAFETY: the fd was stored by maybe_daemonize and is used once.
-        let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        let _ = f.write_all(msg.as_bytes());
+    if fd < 0 {
+        return false;
     }
+    // SAFETY: the fd was stored by maybe_daemonize and is used once.
+    let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let _ = f.write_all(msg.as_bytes());
+    true
 }
 
 /// Set once the mount is up: from then on the cache directory holds real data.
@@ -316,7 +414,10 @@ pub fn run(args: MountArgs) -> Result<(), String> {
         {
             let _ = std::fs::remove_dir_all(&dir);
         }
-        report_to_parent(e);
+        if report_to_parent(e) {
+            // The waiting parent prints the message: it is said once, by one process.
+            std::process::exit(1);
+        }
     }
     result
 }
@@ -331,6 +432,35 @@ fn first_missing_ancestor(path: &Path) -> Option<PathBuf> {
         p = p.parent()?;
     }
     missing
+}
+
+/// How long a mount waits for the previous client of its cache directory or mount point
+/// to exit. `umount` returns before that client has closed its cache and control socket
+/// (the kernel does not wait for the daemon), so a mount right after an unmount can find
+/// them held for a moment.
+pub const CLIENT_EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Opens the cache directory, waiting up to [`CLIENT_EXIT_WAIT`] for a client that is
+/// exiting to release it.
+fn open_cache(dir: &Path, limits: Limits) -> Result<CacheDir, String> {
+    let deadline = Instant::now() + CLIENT_EXIT_WAIT;
+    loop {
+        match CacheDir::open_with(dir, limits, None) {
+            Err(CacheError::Locked(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(CacheError::Locked(p)) => {
+                return Err(format!(
+                    "cache directory {} is still in use by another hoardfs client after \
+                     waiting {} s: is it mounted elsewhere? (`hoardfs cache status \
+                     MOUNTPOINT` names a mount's cache)",
+                    p.display(),
+                    CLIENT_EXIT_WAIT.as_secs()
+                ));
+            }
+            r => return r.map_err(|e| e.to_string()),
+        }
+    }
 }
 
 fn open_origin(a: &MountArgs) -> Result<Arc<dyn Origin>, String> {
@@ -391,7 +521,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
                     dir.display()
                 ));
             }
-            Some(CacheDir::open_with(dir, limits, None).map_err(|e| e.to_string())?)
+            Some(open_cache(dir, limits)?)
         }
         _ => None,
     };
@@ -400,7 +530,13 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         .info()
         .map_err(|e| format!("cannot start: {e}"))?
         .export_id;
-    let cache_dir = a.cache_dir.as_deref().filter(|_| !a.no_cache);
+    // Absolute: a daemon changes to / once mounted, and names are saved at unmount.
+    let cache_dir = a
+        .cache_dir
+        .as_deref()
+        .filter(|_| !a.no_cache)
+        .map(|d| d.canonicalize().unwrap_or_else(|_| d.to_path_buf()));
+    let cache_dir = cache_dir.as_deref();
     let known_names = cache_dir
         .map(|d| crate::names::of_export(&crate::names::load(d), export_id))
         .unwrap_or_default();
@@ -429,7 +565,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     let root = unsafe { libc::geteuid() } == 0;
     let mut cfg = Config::default();
     cfg.mount_options = vec![
-        MountOption::FSName(format!("hoardfs:{}", a.source)),
+        MountOption::FSName(a.source.clone()),
         MountOption::Subtype("hoardfs".into()),
         // The kernel checks permissions against the server's uid/gid/mode.
         MountOption::DefaultPermissions,
@@ -441,6 +577,14 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         MountOption::NoDev,
         MountOption::NoSuid,
     ];
+    cfg.mount_options.extend(a.kernel_flags.iter().cloned());
+    if root {
+        // fuser mounts by mount(2) itself when it may, with type "fuse" and no subtype
+        // (which only fusermount gets): the kernel takes it as an option, so that
+        // /proc/mounts says "fuse.hoardfs", as for mounts by mount(8) or fusermount.
+        cfg.mount_options
+            .push(MountOption::CUSTOM("subtype=hoardfs".into()));
+    }
     cfg.acl = if a.allow_other || root {
         SessionACL::All
     } else {
@@ -450,7 +594,8 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     cfg.clone_fd = true;
     let notifier = Arc::new(std::sync::OnceLock::new());
     let bridge = FuseBridge::new(fs.clone(), notifier.clone());
-    let mut session = fuser::Session::new(bridge, &a.mountpoint, &cfg)
+    // The canonical path: a daemon leaves its working directory, and unmounts by path.
+    let mut session = fuser::Session::new(bridge, &info.mountpoint, &cfg)
         .map_err(|e| format!("cannot mount on {}: {e}", a.mountpoint.display()))?;
     let _ = notifier.set(session.notifier());
     if a.readahead_kb > 0 {
@@ -488,9 +633,14 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     );
     let _ = std::io::stdout().flush();
     MOUNTED.store(true, Ordering::SeqCst);
+    crate::notify::ready(&format!(
+        "mounted {} on {}",
+        a.source,
+        info.mountpoint.display()
+    ));
     if READY_FD.load(Ordering::SeqCst) >= 0 {
         report_to_parent("ok");
-        redirect_stdio_to_null();
+        detach();
     }
     session
         .run()
@@ -559,21 +709,122 @@ fn fuse_device_of(mountinfo: &str, mountpoint: &Path) -> Option<String> {
         .next_back()
 }
 
-fn redirect_stdio_to_null() {
-    // SAFETY: opening /dev/null and dup2 onto stdin/stdout are async-signal-safe plain calls.
+/// Leaves what the daemon inherited from whoever started it: stdin and stdout go to
+/// /dev/null, stderr too unless it is a regular file (a log: `2>>/var/log/hoardfs.log`),
+/// so that a terminal, pipe or socket sees its end (`hoardfs mount --daemon … 2>&1 | cat`
+/// returns), and the working directory becomes `/` (so it keeps no file system busy).
+fn detach() {
+    // SAFETY: fstat into a local struct; open, dup2, close and chdir on values we own.
     unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        let log_file = libc::fstat(2, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG;
         let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         if fd >= 0 {
             libc::dup2(fd, 0);
             libc::dup2(fd, 1);
-            libc::close(fd);
+            if !log_file {
+                libc::dup2(fd, 2);
+            }
+            if fd > 2 {
+                libc::close(fd);
+            }
         }
+        libc::chdir(c"/".as_ptr());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::FromArgMatches as _;
+
+    fn parse(args: &[&str]) -> MountArgs {
+        let cmd = MountArgs::augment_args(clap::Command::new("mount"));
+        let m = cmd
+            .try_get_matches_from(["mount", "host:1", "/mnt"].iter().chain(args))
+            .unwrap();
+        MountArgs::from_arg_matches(&m).unwrap()
+    }
+
+    #[test]
+    fn every_flag_is_also_a_mount_option() {
+        let cmd = MountArgs::augment_args(clap::Command::new("mount"));
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else {
+                continue;
+            };
+            let key = long.replace('-', "_");
+            let takes_value = arg.get_action().takes_values();
+            let opt = if takes_value {
+                format!("{key}=1")
+            } else {
+                key.clone()
+            };
+            let r = parse(&["-o", &opt, "--no-cache"]).resolve();
+            if let Err(e) = &r {
+                assert!(
+                    !e.contains("unknown mount option"),
+                    "--{long} has no -o form: {e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn mount_8_and_fstab_options_are_accepted() {
+        let a = parse(&[
+            "-o",
+            "rw,cache_dir=/c,dev,suid,_netdev,nofail,noauto,auto,user,nouser,defaults",
+            "-o",
+            "x-systemd.automount,x-systemd.idle-timeout=60,comment=hello world,noexec",
+            "-o",
+            "exec,noatime,allow_other,ro,metrics_listen=9100,bcull=9",
+        ])
+        .resolve()
+        .unwrap();
+        assert_eq!(a.cache_dir.as_deref(), Some(Path::new("/c")));
+        assert!(a.read_only && a.allow_other);
+        assert_eq!(a.metrics_listen.as_deref(), Some("9100"));
+        assert_eq!(a.bcull, 9);
+        // The later of exec/noexec wins.
+        assert_eq!(
+            a.kernel_flags,
+            vec![MountOption::Exec, MountOption::NoAtime]
+        );
+        let e = parse(&["-o", "cache_dir=/c,bogus"]).resolve().unwrap_err();
+        assert!(e.contains("unknown mount option \"bogus\""), "{e}");
+        let e = parse(&["-o", "cache_dir=/c,fd=3"]).resolve().unwrap_err();
+        assert!(e.contains("drop_privileges"), "{e}");
+    }
+
+    #[test]
+    fn mount_helper_arguments_become_a_daemon_mount() {
+        let is_sub = |s: &str| ["mount", "serve", "help"].contains(&s);
+        let v = |a: &[&str]| {
+            a.iter()
+                .map(Into::into)
+                .collect::<Vec<std::ffi::OsString>>()
+        };
+        assert_eq!(
+            helper_argv(v(&["hoardfs", "srv:7070", "/mnt", "-o", "rw"]), is_sub),
+            v(&[
+                "hoardfs", "mount", "--daemon", "srv:7070", "/mnt", "-o", "rw"
+            ])
+        );
+        assert_eq!(
+            helper_argv(v(&["hoardfs", "/srv/data", "/mnt"]), is_sub),
+            v(&["hoardfs", "mount", "--daemon", "/srv/data", "/mnt"])
+        );
+        for unchanged in [
+            &["hoardfs", "mount", "srv:7070", "/mnt"][..],
+            &["hoardfs", "moutn", "srv:7070", "/mnt"],
+            &["hoardfs", "--version"],
+            &["hoardfs", "help"],
+            &["hoardfs"],
+        ] {
+            assert_eq!(helper_argv(v(unchanged), is_sub), v(unchanged));
+        }
+    }
 
     #[test]
     fn a_failed_mount_knows_which_directories_it_created() {

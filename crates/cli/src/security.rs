@@ -16,7 +16,8 @@ pub const KNOWN_SERVER_FILE: &str = "server-identity";
 #[derive(Args, Debug, Clone, Default)]
 pub struct ClientSecurityArgs {
     /// File holding this client's credential (from `hoardfs token add`, or the server's
-    /// shared --token-file). Sent only inside TLS, after the server proved its identity.
+    /// shared --token-file). Sent inside TLS, after the server proved its identity (in
+    /// clear with --insecure-plaintext).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
     /// Accept only the server whose certificate has this fingerprint (`SHA256:…`, as

@@ -144,6 +144,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         let mut out = std::io::stdout();
         let _ = writeln!(out, "hoardfs: serving {dir} on {addr} ({identity})");
         let _ = out.flush();
+        crate::notify::ready(&format!("serving {dir} on {addr}"));
     })
     .map_err(|e| format!("cannot serve on {}: {e}", a.listen))?;
     instance.stopped_cleanly(&root);
@@ -176,8 +177,9 @@ pub struct FdBudget {
 }
 
 impl FdBudget {
-    /// Descriptors kept for everything else (listening socket, inotify, logs, ...).
-    const RESERVE: usize = 128;
+    /// Descriptors kept for everything else: connections in their handshake (at most 256),
+    /// the listening socket, inotify, logs, ...
+    const RESERVE: usize = 128 + 256;
     /// Most handles remembered when descriptors are plentiful.
     const MAX_HANDLES: usize = 500_000;
 
@@ -276,8 +278,12 @@ mod tests {
             (b.connections, b.open_files, b.handles),
             (1024, 4096, 500_000)
         );
+        // The common default soft limit: a quarter and two eighths of what is left after
+        // the reserve, and handles share the rest.
         let b = FdBudget::split(1024, 1024, 4096);
-        assert!(b.connections + 2 * b.open_files + b.handles <= 1024 - FdBudget::RESERVE);
-        assert!(b.connections >= 200 && b.open_files >= 100 && b.handles >= 16);
+        let usable = 1024 - FdBudget::RESERVE;
+        assert!(b.connections + 2 * b.open_files + b.handles <= usable);
+        assert_eq!((b.connections, b.open_files), (usable / 4, usable / 8));
+        assert!(b.handles >= usable / 4);
     }
 }

@@ -62,19 +62,33 @@ pub fn run(cmd: TokenCommand) -> Result<(), String> {
             output,
             state,
         } => {
-            let token = admin::add(&state.dir(), &name)?;
-            match output {
-                Some(p) => {
-                    let mut f = std::fs::OpenOptions::new()
+            // The output file first: a token nobody can see must not be added.
+            let file = match &output {
+                Some(p) => Some(
+                    std::fs::OpenOptions::new()
                         .write(true)
                         .create_new(true)
                         .mode(0o600)
-                        .open(&p)
-                        .map_err(|e| format!("cannot create {}: {e}", p.display()))?;
+                        .open(p)
+                        .map_err(|e| format!("cannot create {}: {e}", p.display()))?,
+                ),
+                None => None,
+            };
+            let token = match admin::add(&state.dir(), &name) {
+                Ok(t) => t,
+                Err(e) => {
+                    if let Some(p) = &output {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    return Err(e);
+                }
+            };
+            match (file, output) {
+                (Some(mut f), Some(p)) => {
                     writeln!(f, "{token}").map_err(|e| format!("{}: {e}", p.display()))?;
                     eprintln!("hoardfs: token for {name} written to {}", p.display());
                 }
-                None => println!("{token}"),
+                _ => println!("{token}"),
             }
             Ok(())
         }

@@ -147,88 +147,96 @@ impl LogInner {
 impl HoardFs {
     /// Handles breaks (on the callback thread): clears callbacks and tells the kernel.
     pub(crate) fn apply_breaks(&self, breaks: Vec<Break>) {
-        let notifier = self.notifier.get();
+        let notifier = self.notifier.get().map(|n| &**n);
         for b in breaks {
             match b {
-                Break::Attr { file_id, version } => {
-                    let Some(node) = self.nodes.by_file_id(file_id) else {
-                        continue;
-                    };
-                    {
-                        let mut st = node.state.lock();
-                        if st.callback && hoardfs_proto::change_id(&st.attr) == version {
-                            // Already known (typically our own change coming back).
-                            continue;
-                        }
-                        st.callback = false;
-                        st.expired = true;
-                        st.listing = None;
-                    }
-                    if let Some(n) = notifier {
-                        n.inval_inode(node.ino);
-                    }
-                }
+                Break::Attr { file_id, version } => self.break_attr(file_id, version, notifier),
                 Break::Entry {
                     dir_id,
                     name,
                     file_id,
-                } => {
-                    let Some(dir) = self.nodes.by_file_id(dir_id) else {
-                        continue;
-                    };
-                    let child = dir
-                        .state
-                        .lock()
-                        .children
-                        .get(&name)
-                        .and_then(|c| self.nodes.get(*c));
-                    let known = child.as_ref().map(|c| c.state.lock().attr.file_id);
-                    if known == file_id {
-                        continue;
-                    }
-                    if let Some(c) = &child {
-                        // The object lost this name: its link count (and ctime) changed.
-                        let mut st = c.state.lock();
-                        st.callback = false;
-                        st.expired = true;
-                        drop(st);
-                        if let Some(n) = notifier {
-                            n.inval_attr(c.ino);
-                        }
-                    }
-                    {
-                        let mut st = dir.state.lock();
-                        st.children.remove(&name);
-                        st.listing = None;
-                        st.expired = true;
-                    }
-                    if let Some(n) = notifier {
-                        n.inval_entry(dir.ino, &name);
-                        // The kernel's copy of the listing (FOPEN_CACHE_DIR) too.
-                        n.inval_inode(dir.ino);
-                    }
-                }
-                Break::All => {
-                    let nodes = self.nodes.all();
-                    for node in &nodes {
-                        // Listings stay (expired) so they can be served while offline.
-                        let mut st = node.state.lock();
-                        st.callback = false;
-                        st.expired = true;
-                    }
-                    if let Some(n) = notifier {
-                        for node in &nodes {
-                            n.inval_inode(node.ino);
-                            let (parent, name) = {
-                                let st = node.state.lock();
-                                (st.parent, st.name.clone())
-                            };
-                            if !name.is_empty() {
-                                n.inval_entry(parent, &name);
-                            }
-                        }
-                    }
-                }
+                } => self.break_entry(dir_id, &name, file_id, notifier),
+                Break::All => self.break_all(notifier),
+            }
+        }
+    }
+
+    /// The attributes (and maybe the content) of `file_id` changed to change id
+    /// `version`: unless this client already holds them under a callback (typically its
+    /// own change coming back), they expire with any listing, and the kernel drops its
+    /// copy.
+    fn break_attr(&self, file_id: u64, version: u64, notifier: Option<&dyn KernelNotifier>) {
+        let Some(node) = self.nodes.by_file_id(file_id) else {
+            return;
+        };
+        {
+            let mut st = node.state.lock();
+            if st.has_callback() && hoardfs_proto::change_id(&st.attr()) == version {
+                return;
+            }
+            st.contents_changed();
+        }
+        if let Some(n) = notifier {
+            n.inval_inode(node.ino);
+        }
+    }
+
+    /// Name `name` of directory `dir_id` now refers to `file_id` (`None`: nothing). If the
+    /// client knew otherwise, the object that lost the name expires (its link count and
+    /// ctime changed), the directory forgets the name, drops its listing and expires, and
+    /// the kernel drops the dentry and its cached listing.
+    fn break_entry(
+        &self,
+        dir_id: u64,
+        name: &[u8],
+        file_id: Option<u64>,
+        notifier: Option<&dyn KernelNotifier>,
+    ) {
+        let Some(dir) = self.nodes.by_file_id(dir_id) else {
+            return;
+        };
+        let child = dir.state.lock().child(name).and_then(|c| self.nodes.get(c));
+        let known = child.as_ref().map(|c| c.state.lock().attr().file_id);
+        if known == file_id {
+            return;
+        }
+        if let Some(c) = &child {
+            c.state.lock().expire();
+            if let Some(n) = notifier {
+                n.inval_attr(c.ino);
+            }
+        }
+        {
+            let mut st = dir.state.lock();
+            st.remove_child(name);
+            st.contents_changed();
+        }
+        if let Some(n) = notifier {
+            n.inval_entry(dir.ino, name);
+            // The kernel's copy of the listing (FOPEN_CACHE_DIR) too.
+            n.inval_inode(dir.ino);
+        }
+    }
+
+    /// Every callback is gone (the origin lost track, or the connection): every node
+    /// expires, and the kernel drops every inode and name. Listings stay (expired) so
+    /// they can be served while offline.
+    fn break_all(&self, notifier: Option<&dyn KernelNotifier>) {
+        let nodes = self.nodes.all();
+        for node in &nodes {
+            node.state.lock().expire();
+        }
+        let Some(n) = notifier else {
+            return;
+        };
+        for node in &nodes {
+            n.inval_inode(node.ino);
+            let (parent, name) = {
+                let st = node.state.lock();
+                (st.parent(), st.name().to_vec())
+            };
+            if !name.is_empty() {
+                n.inval_entry(parent, &name);
             }
         }
     }

@@ -5,7 +5,6 @@
 //! Lock ordering: `inflight` is a leaf (never held while taking another lock or doing I/O).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use hoardfs_proto::buffers::Recycled;
 use parking_lot::{Condvar, Mutex};
@@ -15,10 +14,28 @@ use crate::read::{ModeKind, OpenFile, View};
 use crate::stats::Stats;
 use crate::{FsResult, HoardFs};
 
-/// A chunk of a version of a file.
-pub(crate) type ChunkKey = (Ino, u64, u64);
-/// A readahead job: fetch this chunk of this open file.
-pub(crate) type PrefetchJob = (Arc<OpenFile>, u64);
+/// A chunk of a version of a file: what one fetch is shared for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ChunkKey {
+    ino: Ino,
+    version: u64,
+    chunk: u64,
+}
+
+/// A readahead job: fetch chunk `chunk` for open file `open`.
+pub(crate) struct PrefetchJob {
+    pub(crate) open: Arc<OpenFile>,
+    pub(crate) chunk: u64,
+}
+
+/// Sequential-read detection of one open file.
+#[derive(Debug, Default)]
+pub(crate) struct Sequence {
+    /// Where the next read starts if the reader is sequential.
+    next: u64,
+    /// The highest chunk already scheduled for readahead.
+    scheduled_to: Option<u64>,
+}
 
 type FetchResult = FsResult<Arc<Recycled>>;
 
@@ -56,17 +73,17 @@ impl HoardFs {
         }
         let (from, to) = {
             let mut seq = of.seq.lock();
-            let sequential = offset == seq.0 || offset == 0;
-            seq.0 = end;
+            let sequential = offset == seq.next || offset == 0;
+            seq.next = end;
             if !sequential {
                 return;
             }
-            let from = seq.1.map_or(last + 1, |a| a.max(last) + 1);
+            let from = seq.scheduled_to.map_or(last + 1, |a| a.max(last) + 1);
             let to = (last + window).min(view.chunks().saturating_sub(1));
             if from > to {
                 return;
             }
-            seq.1 = Some(to);
+            seq.scheduled_to = Some(to);
             (from, to)
         };
         // Chunks already in the disk cache need no fetch: queueing them would only wake a
@@ -76,7 +93,10 @@ impl HoardFs {
             .collect();
         if let Some(tx) = &*self.reads.prefetch.lock() {
             for c in missing {
-                let _ = tx.send((of.clone(), c));
+                let _ = tx.send(PrefetchJob {
+                    open: of.clone(),
+                    chunk: c,
+                });
             }
         }
     }
@@ -85,15 +105,12 @@ impl HoardFs {
     /// open was released, the file has no cached object any more, shrank below the chunk,
     /// or the reader already asked for all of it.
     pub(crate) fn read_ahead(&self, of: &Arc<OpenFile>, c: u64) {
-        if of.closed.load(Ordering::Relaxed) {
+        if of.is_closed() {
             return;
         }
         let view = View::of(&of.node);
         // No object any more (replaced by an uncacheable version): nothing to fill.
-        if view.object.is_none()
-            || c >= view.chunks()
-            || view.chunk_range(c).1 <= of.read_to.load(Ordering::Relaxed)
-        {
+        if view.object.is_none() || c >= view.chunks() || view.chunk_range(c).1 <= of.read_to() {
             return;
         }
         if let Err(e) = self.ensure_chunk(&of.node, &view, c) {
@@ -112,7 +129,11 @@ impl HoardFs {
         if view.object.as_ref().is_some_and(|o| o.has_chunk(c)) {
             return Ok(None);
         }
-        let key = (node.ino, view.version, c);
+        let key = ChunkKey {
+            ino: node.ino,
+            version: view.version,
+            chunk: c,
+        };
         let (flight, leader) = {
             let mut m = self.reads.inflight.lock();
             match m.get(&key) {

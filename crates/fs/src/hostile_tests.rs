@@ -158,7 +158,9 @@ fn extreme_attributes_and_sizes_pass_through_without_panic() {
         for cached in [false, true] {
             let cache = cached.then(|| CacheDir::open(&t.path().join(format!("c{i}"))).unwrap());
             let fs = fs_over(odd(&export, size), cache);
-            let (f, a, _) = fs.lookup(ROOT_INO, b"f").unwrap();
+            let crate::NodeEntry {
+                ino: f, attr: a, ..
+            } = fs.lookup(ROOT_INO, b"f").unwrap();
             assert_eq!(a.atime.nanos, u32::MAX, "the fs layer keeps what it gets");
             fs.getattr(f).unwrap();
             let listing = fs.listing(ROOT_INO).unwrap();
@@ -166,7 +168,7 @@ fn extreme_attributes_and_sizes_pass_through_without_panic() {
                 fs.remember_entry(ROOT_INO, &listing, e);
             }
             fs.cached_attr(ROOT_INO).unwrap();
-            let (fh, _, _) = fs.open(f, Access::default(), &refused).unwrap();
+            let fh = fs.open(f, Access::default(), &refused).unwrap().fh;
             let len = size.unwrap_or(10);
             for offset in [0, 5, len / 2, len.saturating_sub(3), u64::MAX - 5, u64::MAX] {
                 // Past the real end the origin has nothing (or refuses the offset).
@@ -195,8 +197,8 @@ fn write_replies_beyond_what_was_written_are_errors_not_panics() {
     let mut o = odd(&export, None);
     o.write_extra = 1;
     let fs = fs_over(o, Some(CacheDir::open(&t.path().join("c1")).unwrap()));
-    let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
-    let (fh, _, _) = fs.open(f, rw, &refused).unwrap();
+    let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
+    let fh = fs.open(f, rw, &refused).unwrap().fh;
     assert!(matches!(fs.write(fh, 0, b"abc"), Err(FsError::Protocol(_))));
     fs.release(fh);
     // Written at an offset where the end overflows: the cache cannot follow, the write
@@ -204,8 +206,8 @@ fn write_replies_beyond_what_was_written_are_errors_not_panics() {
     let mut o = odd(&export, None);
     o.write_offset = Some(u64::MAX - 1);
     let fs = fs_over(o, Some(CacheDir::open(&t.path().join("c2")).unwrap()));
-    let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
-    let (fh, _, _) = fs.open(f, rw, &refused).unwrap();
+    let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
+    let fh = fs.open(f, rw, &refused).unwrap().fh;
     assert_eq!(fs.write(fh, 0, b"abc").unwrap(), 3);
     fs.release(fh);
 }
@@ -230,8 +232,8 @@ fn reads_never_return_more_than_asked() {
         o.read_extra = 100;
         let cache = cached.then(|| CacheDir::open(&t.path().join("c")).unwrap());
         let fs = fs_over(o, cache);
-        let (f, _, _) = fs.lookup(ROOT_INO, b"f").unwrap();
-        let (fh, _, _) = fs.open(f, Access::default(), &refused).unwrap();
+        let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
+        let fh = fs.open(f, Access::default(), &refused).unwrap().fh;
         assert_eq!(&fs.read(fh, 2, 4).unwrap()[..], b"2345");
         assert_eq!(&fs.read(fh, 0, 4096).unwrap()[..], b"0123456789");
         fs.release(fh);

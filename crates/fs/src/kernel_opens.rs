@@ -79,7 +79,7 @@ impl HoardFs {
     /// mount is read-only and has a disk cache (the mode is made for warm reads of cached
     /// trees; `hoardfs mount` refuses it with `--no-cache`).
     pub fn kernel_opens(&self) -> bool {
-        self.config.kernel_opens && self.read_only && self.cache.is_some()
+        self.config.kernel_opens && self.read_only && self.objects.enabled()
     }
 
     /// Reads up to `size` bytes at `offset` of file `ino`, which the kernel opened without
@@ -90,8 +90,7 @@ impl HoardFs {
         if offset == 0 {
             // Most likely a new open by the kernel, which the daemon does not see: start
             // sequential detection (and readahead) over, as a fresh open would.
-            *of.seq.lock() = (0, None);
-            of.read_to.store(0, std::sync::atomic::Ordering::Relaxed);
+            of.restart();
         }
         self.read_open(&of, offset, size)
     }
@@ -111,7 +110,9 @@ impl HoardFs {
         // never sees this open).
         let no_backing =
             |_: &std::fs::File| Err(BackingError::Failed(std::io::Error::other("kernel opens")));
-        let (fh, _, _) = self.open_node(node, attr, Access::default(), false, &no_backing);
+        let fh = self
+            .open_node(node, attr, Access::default(), false, &no_backing)
+            .fh;
         // The kernel sends several reads of a file at once, so another thread may have
         // opened the same version meanwhile: one open is kept, the other released.
         let inserted = self

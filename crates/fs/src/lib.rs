@@ -11,13 +11,18 @@
 //! attributes, names and data are served and everything else fails fast.
 
 mod callbacks;
+mod dirs;
 mod durability;
 mod error;
 mod fetch;
+mod freshness;
 mod kernel_opens;
 mod manage;
 mod namespace;
 pub mod nodes;
+mod objects;
+mod open_files;
+mod opens;
 mod read;
 mod stats;
 mod write;
@@ -29,15 +34,15 @@ use hoardfs_cache::CacheDir;
 use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, StatFs, WireError};
 
 pub use callbacks::KernelNotifier;
-pub use error::{FsError, FsResult};
+pub use error::{CacheFault, FsError, FsResult, Shared};
 pub use manage::{CachedEntry, Prefetched};
-pub use namespace::NewEntry;
+pub use namespace::NodeEntry;
 pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO};
-pub use read::{Access, FileHandle, OpenMode, ReadData};
+pub use read::{Access, FileHandle, OpenMode, Opened, ReadData};
 pub use stats::{Stats, StatsSnapshot};
 
 use callbacks::BreakLog;
-use nodes::{NodeState, NodeTable};
+use nodes::NodeTable;
 
 /// Files of one listing whose cached records are read ahead at most (the first ones by
 /// name; the disk cache's queue bounds it further).
@@ -93,8 +98,8 @@ impl Default for FsConfig {
 /// The file system: an origin, an optional disk cache, and the inode table.
 pub struct HoardFs {
     origin: Arc<dyn Origin>,
-    cache: Option<CacheDir>,
-    export_id: u128,
+    /// The disk cache (if any) and which object belongs to which file.
+    objects: objects::Objects,
     config: FsConfig,
     nodes: NodeTable,
     reads: read::ReadEngine,
@@ -130,10 +135,9 @@ impl HoardFs {
         }));
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
-            export_id: info.export_id,
             reads: read::ReadEngine::new(weak.clone(), &config, cache.is_some()),
             origin,
-            cache,
+            objects: objects::Objects::new(cache, info.export_id, stats.clone()),
             read_only: config.read_only || info.read_only,
             config,
             stats,
@@ -152,7 +156,10 @@ impl HoardFs {
                     fs.apply_breaks(b);
                 }
             })
-            .map_err(|e| FsError::Cache(format!("cannot start the callback thread: {e}")))?;
+            .map_err(|e| FsError::Thread {
+                what: "callback",
+                source: error::Shared::new(e),
+            })?;
         Ok(fs)
     }
 
@@ -176,22 +183,6 @@ impl HoardFs {
         self.callbacks
     }
 
-    /// How long the kernel may keep what a node's state says.
-    fn ttl_of(&self, st: &NodeState) -> Duration {
-        if st.callback {
-            self.config.callback_ttl
-        } else {
-            self.config.attr_ttl
-        }
-    }
-
-    /// Whether a node's attributes can be used without asking the origin.
-    fn attr_fresh(&self, st: &NodeState) -> bool {
-        let age = st.attr_fetched.elapsed();
-        !st.expired
-            && (age < self.config.attr_ttl || (st.callback && age < self.config.callback_ttl))
-    }
-
     /// Whether attributes fetched after break number `since` come with a callback.
     fn grant(&self, file_id: u64, since: u64) -> bool {
         self.callbacks && !self.breaks.broken_since(file_id, since)
@@ -200,14 +191,8 @@ impl HoardFs {
     /// Stores fresh attributes of `node` (fetched after break number `since`).
     fn install_attr(&self, node: &Node, attr: Attr, since: u64) -> Duration {
         let mut st = node.state.lock();
-        if node.kind == FileKind::Dir && st.attr.version != attr.version {
-            st.listing = None;
-        }
-        st.attr = attr;
-        st.attr_fetched = Instant::now();
-        st.callback = self.grant(attr.file_id, since);
-        st.expired = false;
-        self.ttl_of(&st)
+        st.install_attr(attr, self.grant(attr.file_id, since));
+        st.kernel_ttl(&self.config)
     }
 
     fn check_writable(&self) -> FsResult<()> {
@@ -256,12 +241,12 @@ impl HoardFs {
         let node = self.node(ino)?;
         if ino == ROOT_INO {
             let root = self.origin.info()?.root;
-            node.state.lock().handle = root.handle;
+            node.state.lock().set_handle(root.handle);
             return Ok(root.handle);
         }
         let (parent, name, file_id) = {
             let st = node.state.lock();
-            (st.parent, st.name.clone(), st.attr.file_id)
+            (st.parent(), st.name().to_vec(), st.attr().file_id)
         };
         let ph = self.resolve(parent, depth + 1)?;
         let e = self.origin.lookup(ph, &name)?;
@@ -269,41 +254,45 @@ impl HoardFs {
             // The name now refers to another object: ours is gone.
             return Err(FsError::Origin(WireError::Stale));
         }
-        let mut st = node.state.lock();
-        st.handle = e.handle;
-        st.attr = e.attr;
-        st.attr_fetched = Instant::now();
-        st.callback = false;
+        node.state.lock().resolved(e.handle, e.attr);
         Ok(e.handle)
     }
 
     /// Resolves `name` in directory `parent`; counts one kernel lookup on success. Returns
     /// the node, its attributes and how long the kernel may cache them.
-    pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<(Ino, Attr, Duration)> {
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<NodeEntry> {
         let dir = self.node(parent)?;
         if dir.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
         let since = self.breaks.seq();
-        let dir_id = dir.state.lock().attr.file_id;
+        let dir_id = dir.state.lock().attr().file_id;
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
             Ok(e) => {
                 let n = self.remember(parent, name, &e, dir_id, since);
-                Ok((n.0, e.attr, n.1))
+                Ok(NodeEntry {
+                    ino: n.0,
+                    attr: e.attr,
+                    ttl: n.1,
+                })
             }
             Err(FsError::Offline(why)) => {
                 // Serve the name from what we saw while connected.
-                let child = dir.state.lock().children.get(name).copied();
+                let child = dir.state.lock().child(name);
                 let node = child
                     .and_then(|c| self.nodes.get(c))
                     .ok_or(FsError::Offline(why))?;
                 let mut st = node.state.lock();
-                st.lookups += 1;
-                Ok((node.ino, st.attr, self.config.attr_ttl))
+                st.count_lookup();
+                Ok(NodeEntry {
+                    ino: node.ino,
+                    attr: st.attr(),
+                    ttl: self.config.attr_ttl,
+                })
             }
             Err(e) => {
                 if e == FsError::Origin(WireError::NotFound) {
-                    dir.state.lock().children.remove(name);
+                    dir.state.lock().remove_child(name);
                 }
                 Err(e)
             }
@@ -330,7 +319,7 @@ impl HoardFs {
     ) -> (Ino, Duration) {
         let grant = |a: &Attr| self.grant(a.file_id, since) && self.grant(dir_id, since);
         let n = self.nodes.remember(parent, name, e.handle, e.attr, grant);
-        let ttl = self.ttl_of(&n.state.lock());
+        let ttl = n.state.lock().kernel_ttl(&self.config);
         (n.ino, ttl)
     }
 
@@ -345,8 +334,8 @@ impl HoardFs {
     pub(crate) fn attr_of(&self, node: &Node) -> FsResult<(Attr, Duration)> {
         {
             let st = node.state.lock();
-            if self.attr_fresh(&st) {
-                return Ok((st.attr, self.ttl_of(&st)));
+            if st.attr_fresh(&self.config) {
+                return Ok((st.attr(), st.kernel_ttl(&self.config)));
             }
         }
         self.refresh_attr(node)
@@ -358,30 +347,9 @@ impl HoardFs {
         let since = self.breaks.seq();
         match self.with_handle(node, |h| self.origin.getattr(h)) {
             Ok(a) => Ok((a, self.install_attr(node, a, since))),
-            Err(FsError::Offline(_)) => Ok((node.state.lock().attr, self.config.attr_ttl)),
+            Err(FsError::Offline(_)) => Ok((node.state.lock().attr(), self.config.attr_ttl)),
             Err(e) => Err(e),
         }
-    }
-
-    /// Has the disk cache read ahead the records of the listed files it holds, in name
-    /// order (the order most programs open a directory's files in), at most
-    /// [`WARM_PER_LISTING`] of them.
-    fn warm_listed(&self, listing: &Listing) {
-        let Some(cache) = &self.cache else {
-            return;
-        };
-        let mut files: Vec<&DirEntry> = listing
-            .entries
-            .iter()
-            .filter(|e| e.entry.attr.kind == FileKind::File)
-            .collect();
-        files.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-        cache.warm(
-            files
-                .iter()
-                .take(WARM_PER_LISTING)
-                .map(|e| self.object_key(e.entry.attr.file_id)),
-        );
     }
 
     /// The full listing of directory `ino` (reused within the directory TTL). When it is
@@ -392,22 +360,47 @@ impl HoardFs {
         if node.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
-        {
-            let st = node.state.lock();
-            if let Some(l) = &st.listing
-                && !st.expired
-                && (l.fetched.elapsed() < self.config.dir_ttl
-                    || (st.callback && l.fetched.elapsed() < self.config.callback_ttl))
-            {
-                return Ok(l.clone());
-            }
+        if let Some(l) = node.state.lock().fresh_listing(&self.config) {
+            return Ok(l);
         }
         let since = self.breaks.seq();
-        let mut entries = Vec::new();
-        let mut cookie = 0;
-        let fetched = self.with_handle(&node, |h| {
-            entries.clear();
-            cookie = 0;
+        let listing = match self.fetch_listing(&node) {
+            Ok(entries) => {
+                let l = Arc::new(Listing {
+                    entries,
+                    fetched: Instant::now(),
+                    since,
+                });
+                self.objects.warm_listed(&l);
+                l
+            }
+            Err(FsError::Offline(why)) => {
+                return node
+                    .state
+                    .lock()
+                    .last_listing()
+                    .ok_or(FsError::Offline(why));
+            }
+            Err(e) => return Err(e),
+        };
+        let names: std::collections::HashSet<&[u8]> =
+            listing.entries.iter().map(|e| e.name.as_slice()).collect();
+        let mut st = node.state.lock();
+        st.retain_children(&names);
+        // Kept only if no break for the directory overtook it (checked under the lock the
+        // break handler takes to drop listings).
+        if self.grant(st.attr().file_id, since) || !self.callbacks {
+            st.keep_listing(listing.clone());
+        }
+        Ok(listing)
+    }
+
+    /// Every entry of directory `node`, page by page from the origin (at most
+    /// [`MAX_LISTING`] entries and pages).
+    fn fetch_listing(&self, node: &Node) -> FsResult<Vec<DirEntry>> {
+        self.with_handle(node, |h| {
+            let mut entries = Vec::new();
+            let mut cookie = 0;
             let mut pages = 0;
             loop {
                 let page = self.origin.readdir(h, cookie, 1024)?;
@@ -420,40 +413,10 @@ impl HoardFs {
                 entries.extend(page.entries);
                 match page.next {
                     Some(c) => cookie = c,
-                    None => return Ok(()),
+                    None => return Ok(entries),
                 }
             }
-        });
-        let listing = match fetched {
-            Ok(()) => {
-                let l = Arc::new(Listing {
-                    entries,
-                    fetched: Instant::now(),
-                    since,
-                });
-                self.warm_listed(&l);
-                l
-            }
-            Err(FsError::Offline(why)) => {
-                return node
-                    .state
-                    .lock()
-                    .listing
-                    .clone()
-                    .ok_or(FsError::Offline(why));
-            }
-            Err(e) => return Err(e),
-        };
-        let names: std::collections::HashSet<&[u8]> =
-            listing.entries.iter().map(|e| e.name.as_slice()).collect();
-        let mut st = node.state.lock();
-        st.children.retain(|n, _| names.contains(n.as_slice()));
-        // Kept only if no break for the directory overtook it (checked under the lock the
-        // break handler takes to drop listings).
-        if self.grant(st.attr.file_id, since) || !self.callbacks {
-            st.listing = Some(listing.clone());
-        }
-        Ok(listing)
+        })
     }
 
     /// Records that a listing entry was handed to the kernel with its attributes
@@ -462,18 +425,18 @@ impl HoardFs {
         let dir_id = self
             .nodes
             .get(dir)
-            .map_or(0, |d| d.state.lock().attr.file_id);
+            .map_or(0, |d| d.state.lock().attr().file_id);
         self.remember(dir, &e.name, &e.entry, dir_id, listing.since)
     }
 
     /// Attributes of `ino` as last seen, without any round trip (for `.` and `..`).
     pub fn cached_attr(&self, ino: Ino) -> FsResult<Attr> {
-        Ok(self.node(ino)?.state.lock().attr)
+        Ok(self.node(ino)?.state.lock().attr())
     }
 
     /// Parent of `ino` (the root is its own parent).
     pub fn parent_of(&self, ino: Ino) -> FsResult<Ino> {
-        Ok(self.node(ino)?.state.lock().parent)
+        Ok(self.node(ino)?.state.lock().parent())
     }
 
     /// Target of symlink `ino`.
@@ -490,5 +453,7 @@ impl HoardFs {
 
 #[cfg(test)]
 mod hostile_tests;
+#[cfg(test)]
+mod state_tests;
 #[cfg(test)]
 mod tests;

@@ -9,7 +9,7 @@ use hoardfs_origin::{FileKind, WireError};
 
 use crate::nodes::{Ino, Node, ROOT_INO};
 use crate::read::View;
-use crate::{FsError, FsResult, HoardFs};
+use crate::{CacheFault, FsResult, HoardFs};
 
 /// One cached object as `hoardfs cache ls` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,9 +41,7 @@ pub struct Prefetched {
 
 impl HoardFs {
     fn cache_or_err(&self) -> FsResult<&hoardfs_cache::CacheDir> {
-        self.cache
-            .as_ref()
-            .ok_or_else(|| FsError::Cache("this mount has no disk cache".into()))
+        self.objects.dir()
     }
 
     /// The node of regular file `ino` (anything else is an error).
@@ -57,12 +55,12 @@ impl HoardFs {
     }
 
     fn key_of(&self, node: &Node) -> ObjectKey {
-        self.object_key(node.state.lock().attr.file_id)
+        self.objects.key(node.state.lock().attr().file_id)
     }
 
     /// Occupancy, limits and counters of the disk cache (`None` without one).
     pub fn cache_usage(&self) -> Option<Usage> {
-        self.cache.as_ref().map(|c| c.usage())
+        self.objects.dir_if_any().map(|c| c.usage())
     }
 
     /// The path of `node` from the mount root, as this client last saw its names.
@@ -76,8 +74,8 @@ impl HoardFs {
             }
             let n = self.nodes.get(cur)?;
             let st = n.state.lock();
-            parts.push(String::from_utf8_lossy(&st.name).into_owned());
-            cur = st.parent;
+            parts.push(String::from_utf8_lossy(st.name()).into_owned());
+            cur = st.parent();
         }
         None
     }
@@ -88,7 +86,7 @@ impl HoardFs {
         let mut out: Vec<CachedEntry> = cache
             .entries()
             .into_iter()
-            .filter(|e| e.key.export_id == self.export_id)
+            .filter(|e| self.objects.is_ours(&e.key))
             .map(|e| CachedEntry {
                 file_id: e.key.file_id,
                 path: self
@@ -121,7 +119,7 @@ impl HoardFs {
         match cache.evict(&self.key_of(&node)) {
             Ok(n) => Ok(n),
             Err(EvictError::NotCached) => Ok(0),
-            Err(e) => Err(FsError::Cache(format!("cannot evict: {e}"))),
+            Err(e) => Err(CacheFault::Evict(e).into()),
         }
     }
 
@@ -130,8 +128,11 @@ impl HoardFs {
         self.cache_or_err()?;
         let node = self.file_node(ino)?;
         let (_, attr) = self.validated_attr(&node)?;
-        let Some(object) = self.object_for(&node, attr.file_id, attr.version, attr.size) else {
-            return Err(FsError::Cache("the cache cannot hold this file".into()));
+        let object = self
+            .objects
+            .object_for(&node, attr.file_id, attr.version, attr.size);
+        let Some(object) = object else {
+            return Err(CacheFault::CannotHold.into());
         };
         // Held like an open file, so the chunks fetched first are not evicted meanwhile.
         let _hold = object.hold_open();

@@ -12,11 +12,20 @@ use std::time::Duration;
 use hoardfs_origin::{Attr, Entry, FileKind, Owner, RENAME_EXCHANGE, SetAttrs, WireError};
 
 use crate::nodes::{Ino, Node};
-use crate::read::{Access, FileHandle, OpenMode};
+use crate::read::{Access, Opened};
 use crate::{FsResult, HoardFs};
 
-/// A new name: its node, attributes and how long the kernel may cache them.
-pub type NewEntry = (Ino, Attr, Duration);
+/// A name the kernel learns of (by lookup or creation): its node, the node's attributes
+/// and how long the kernel may cache both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeEntry {
+    /// The node.
+    pub ino: Ino,
+    /// Its attributes.
+    pub attr: Attr,
+    /// How long the kernel may keep the name and attributes.
+    pub ttl: Duration,
+}
 
 impl HoardFs {
     /// The directory node `parent` and its origin file id.
@@ -25,7 +34,7 @@ impl HoardFs {
         if dir.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
-        let id = dir.state.lock().attr.file_id;
+        let id = dir.state.lock().attr().file_id;
         Ok((dir, id))
     }
 
@@ -35,22 +44,23 @@ impl HoardFs {
         parent: Ino,
         name: &[u8],
         op: impl FnMut(hoardfs_origin::Handle) -> Result<Entry, hoardfs_origin::OriginError>,
-    ) -> FsResult<NewEntry> {
+    ) -> FsResult<NodeEntry> {
         self.check_writable()?;
         let (dir, dir_id) = self.dir(parent)?;
         let since = self.breaks.seq();
         let e = self.with_handle(&dir, op)?;
         let (ino, ttl) = self.remember(parent, name, &e, dir_id, since);
         self.dir_changed(&dir);
-        Ok((ino, e.attr, ttl))
+        Ok(NodeEntry {
+            ino,
+            attr: e.attr,
+            ttl,
+        })
     }
 
     /// A directory's content changed through this client.
     fn dir_changed(&self, dir: &Node) {
-        let mut st = dir.state.lock();
-        st.listing = None;
-        st.expired = true;
-        st.callback = false;
+        dir.state.lock().contents_changed();
     }
 
     /// Creates (or with `!exclusive` opens an existing) regular file and opens it.
@@ -65,8 +75,12 @@ impl HoardFs {
         access: Access,
         owner: Owner,
         make_backing: &crate::MakeBacking,
-    ) -> FsResult<(NewEntry, FileHandle, OpenMode)> {
-        let (ino, mut attr, mut ttl) = self.make(parent, name, |h| {
+    ) -> FsResult<(NodeEntry, Opened)> {
+        let NodeEntry {
+            ino,
+            mut attr,
+            mut ttl,
+        } = self.make(parent, name, |h| {
             self.origin.create(h, name, mode, exclusive, owner)
         })?;
         if truncate && attr.size > 0 {
@@ -77,8 +91,8 @@ impl HoardFs {
             (attr, ttl) = self.setattr(ino, &set)?;
         }
         let node = self.node(ino)?;
-        let (fh, mode, _) = self.open_node(node, attr, access, false, make_backing);
-        Ok(((ino, attr, ttl), fh, mode))
+        let opened = self.open_node(node, attr, access, false, make_backing);
+        Ok((NodeEntry { ino, attr, ttl }, opened))
     }
 
     /// Creates a special file (fifo, socket, device; `mode` includes the type bits).
@@ -89,14 +103,14 @@ impl HoardFs {
         mode: u32,
         rdev: u64,
         owner: Owner,
-    ) -> FsResult<NewEntry> {
+    ) -> FsResult<NodeEntry> {
         self.make(parent, name, |h| {
             self.origin.mknod(h, name, mode, rdev, owner)
         })
     }
 
     /// Creates a directory.
-    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> FsResult<NewEntry> {
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> FsResult<NodeEntry> {
         self.make(parent, name, |h| self.origin.mkdir(h, name, mode, owner))
     }
 
@@ -107,14 +121,14 @@ impl HoardFs {
         name: &[u8],
         target: &[u8],
         owner: Owner,
-    ) -> FsResult<NewEntry> {
+    ) -> FsResult<NodeEntry> {
         self.make(parent, name, |h| {
             self.origin.symlink(h, name, target, owner)
         })
     }
 
     /// Creates hard link `parent/name` to `ino`.
-    pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<NewEntry> {
+    pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<NodeEntry> {
         let node = self.node(ino)?;
         let target = node.handle();
         self.make(parent, name, |h| self.origin.link(target, h, name))
@@ -135,7 +149,7 @@ impl HoardFs {
         let (dir, _) = self.dir(parent)?;
         // Looked up before the round trip: the break for this very change may be handled
         // (and drop the name) before the reply is.
-        let child = dir.state.lock().children.get(name).copied();
+        let child = dir.state.lock().child(name);
         self.with_handle(&dir, |h| {
             if dir_wanted {
                 self.origin.rmdir(h, name)
@@ -143,7 +157,7 @@ impl HoardFs {
                 self.origin.unlink(h, name)
             }
         })?;
-        dir.state.lock().children.remove(name);
+        dir.state.lock().remove_child(name);
         if let Some(child) = child.and_then(|c| self.nodes.get(c)) {
             // Its link count changed.
             self.expire_attr(&child);
@@ -166,28 +180,24 @@ impl HoardFs {
         let (new_dir, _) = self.dir(new_parent)?;
         let target = new_dir.handle();
         // Looked up before the round trip (see `remove`).
-        let moved = dir.state.lock().children.get(name).copied();
-        let replaced = new_dir.state.lock().children.get(new_name).copied();
+        let moved = dir.state.lock().child(name);
+        let replaced = new_dir.state.lock().child(new_name);
         self.with_handle(&dir, |h| {
             self.origin.rename(h, name, target, new_name, flags)
         })?;
-        dir.state.lock().children.remove(name);
-        new_dir.state.lock().children.remove(new_name);
+        dir.state.lock().remove_child(name);
+        new_dir.state.lock().remove_child(new_name);
         if let Some(m) = moved {
-            new_dir.state.lock().children.insert(new_name.to_vec(), m);
+            new_dir.state.lock().add_child(new_name, m);
             if let Some(n) = self.nodes.get(m) {
-                let mut st = n.state.lock();
-                st.parent = new_parent;
-                st.name = new_name.to_vec();
+                n.state.lock().moved(new_parent, new_name);
             }
         }
         if let Some(r) = replaced {
             if flags & RENAME_EXCHANGE != 0 {
-                dir.state.lock().children.insert(name.to_vec(), r);
+                dir.state.lock().add_child(name, r);
                 if let Some(n) = self.nodes.get(r) {
-                    let mut st = n.state.lock();
-                    st.parent = parent;
-                    st.name = name.to_vec();
+                    n.state.lock().moved(parent, name);
                 }
             }
             if let Some(n) = self.nodes.get(r) {

@@ -1,17 +1,25 @@
 //! The inode table: FUSE inode numbers ↔ origin objects, with cached attributes, the
 //! kernel's lookup counts, the names they were found under (to re-resolve a handle after a
-//! server restart) and per-file open state.
+//! server restart) and per-file open state. How far attributes and listings are trusted is
+//! `crate::freshness`; a directory's listing and names seen are `crate::dirs`; a file's
+//! object, opens and passthrough registration are `crate::opens`; all change only through
+//! [`NodeState`]'s methods.
 //!
 //! Lock ordering: the table lock (`NodeTable::inner`) may be taken before a node's `state`
 //! lock, never the other way round. Neither is held across origin round trips.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
-use hoardfs_cache::CachedObject;
-use hoardfs_origin::{Attr, DirEntry, FileKind, Handle};
+use hoardfs_origin::{Attr, FileKind, Handle};
 use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::FsConfig;
+use crate::dirs::DirState;
+pub use crate::dirs::Listing;
+use crate::freshness::Freshness;
+use crate::opens::OpenState;
 
 /// FUSE inode number.
 pub type Ino = u64;
@@ -37,89 +45,160 @@ pub enum BackingError {
 /// Registers a cache file with the kernel for passthrough (supplied by the FUSE bridge).
 pub type MakeBacking<'a> = dyn Fn(&std::fs::File) -> Result<Backing, BackingError> + 'a;
 
-/// A directory listing snapshot.
-#[derive(Debug)]
-pub struct Listing {
-    /// Entries in origin order.
-    pub entries: Vec<DirEntry>,
-    /// When it was fetched.
-    pub fetched: Instant,
-    /// Break number before it was fetched (for callback grants of its entries).
-    pub since: u64,
-}
-
 /// Mutable state of one node.
 pub struct NodeState {
     /// Current origin handle.
-    pub handle: Handle,
+    handle: Handle,
     /// Last attributes seen.
-    pub attr: Attr,
-    /// When `attr` was fetched.
-    pub attr_fetched: Instant,
-    /// The origin promised to report changes to `attr` (and, for directories, to names).
-    pub callback: bool,
-    /// `attr` is known to be out of date (whatever its age).
-    pub expired: bool,
+    attr: Attr,
+    /// How far `attr` (and `listing`) can be trusted; under a callback the origin also
+    /// reports changes to a directory's names.
+    freshness: Freshness,
     /// Parent inode and the name this node was last found under.
-    pub parent: Ino,
+    parent: Ino,
     /// Name within `parent`.
-    pub name: Vec<u8>,
+    name: Vec<u8>,
     /// Kernel lookup count.
-    pub lookups: u64,
-    /// Cached directory listing (directories only).
-    pub listing: Option<Arc<Listing>>,
-    /// Names seen in this directory (from lookups and listings), for offline lookups.
-    pub children: HashMap<Vec<u8>, Ino>,
-    /// The cached object for the current version (regular files, cache enabled). Changed
-    /// only through [`NodeState::set_object`], which keeps `backing` consistent with it.
-    pub object: Option<Arc<CachedObject>>,
-    /// Opens served by daemon reads with the page cache.
-    pub cached_opens: u32,
-    /// Opens served by daemon reads in direct-I/O mode.
-    pub direct_opens: u32,
-    /// Passthrough opens (they share `backing`).
-    pub passthrough_opens: u32,
-    /// The kernel's registration of a cache file for passthrough. Kept after the last
-    /// passthrough open closes, while it still belongs to `object`, so that opening a
-    /// cached file again costs no file open and no registration; released with the object.
-    pub backing: Option<HeldBacking>,
-    /// Version of the last page-cached open, to decide whether kernel pages can be kept.
-    pub last_cached_version: Option<u64>,
-}
-
-/// A passthrough registration and the cached object whose data file it registers.
-pub struct HeldBacking {
-    /// The object (its data file is the one registered: truncating or refilling it in
-    /// place keeps the registration valid, replacing the object does not).
-    pub object: Arc<CachedObject>,
-    /// The registration.
-    pub id: Backing,
+    lookups: u64,
+    /// Listing and names seen (directories only).
+    dir: DirState,
+    /// Cached object, opens and passthrough registration (regular files).
+    pub(crate) opens: OpenState,
 }
 
 impl NodeState {
-    /// Replaces the cached object and returns the previous one. An idle passthrough
-    /// registration of another object goes with it: that object's data file may be
-    /// deleted, and the registration must not keep it alive or be reused.
-    pub fn set_object(&mut self, object: Option<Arc<CachedObject>>) -> Option<Arc<CachedObject>> {
-        let old = std::mem::replace(&mut self.object, object);
-        self.drop_stale_backing();
-        old
+    /// Last attributes seen.
+    pub fn attr(&self) -> Attr {
+        self.attr
     }
 
-    /// Drops the passthrough registration if no open uses it and it is not for `object`.
-    pub fn drop_stale_backing(&mut self) {
-        let current = match (&self.backing, &self.object) {
-            (Some(b), Some(o)) => Arc::ptr_eq(&b.object, o),
-            _ => false,
-        };
-        if !current && self.passthrough_opens == 0 {
-            self.backing = None;
+    /// Whether the origin holds a callback for the attributes.
+    pub(crate) fn has_callback(&self) -> bool {
+        self.freshness.has_callback()
+    }
+
+    /// Whether the attributes can be used without asking the origin.
+    pub(crate) fn attr_fresh(&self, config: &FsConfig) -> bool {
+        self.freshness.attr_fresh(config)
+    }
+
+    /// How long the kernel may keep the attributes and names.
+    pub(crate) fn kernel_ttl(&self, config: &FsConfig) -> Duration {
+        self.freshness.kernel_ttl(config)
+    }
+
+    /// Replaces the attributes. The one rule for listings: a listing is kept only while
+    /// the directory's version and size stay those it was seen with.
+    fn set_attr(&mut self, attr: Attr) {
+        if self.attr.version != attr.version || self.attr.size != attr.size {
+            self.dir.drop_listing();
         }
+        self.attr = attr;
+    }
+
+    /// Attributes just fetched from the origin, under a callback if `callback`.
+    pub(crate) fn install_attr(&mut self, attr: Attr, callback: bool) {
+        self.set_attr(attr);
+        self.freshness = Freshness::fetched(callback);
+    }
+
+    /// A new handle (and the attributes that came with it) found by re-resolving the
+    /// node's name: see [`Freshness::renew_without_callback`].
+    pub(crate) fn resolved(&mut self, handle: Handle, attr: Attr) {
+        self.handle = handle;
+        self.set_attr(attr);
+        self.freshness.renew_without_callback();
+    }
+
+    /// The attributes are out of date (the callback is gone); a listing is kept, to be
+    /// served while the origin is unreachable.
+    pub(crate) fn expire(&mut self) {
+        self.freshness.expire();
+    }
+
+    /// The object changed in a way that makes both attributes and listing out of date.
+    pub(crate) fn contents_changed(&mut self) {
+        self.freshness.expire();
+        self.dir.drop_listing();
+    }
+
+    /// The cached listing, if it can be reused without asking the origin.
+    pub(crate) fn fresh_listing(&self, config: &FsConfig) -> Option<Arc<Listing>> {
+        self.dir
+            .listing()
+            .filter(|l| self.freshness.listing_fresh(l.fetched, config))
+            .cloned()
+    }
+
+    /// The cached listing whatever its age (served while the origin is unreachable).
+    pub(crate) fn last_listing(&self) -> Option<Arc<Listing>> {
+        self.dir.listing().cloned()
+    }
+
+    /// Keeps a freshly fetched listing.
+    pub(crate) fn keep_listing(&mut self, listing: Arc<Listing>) {
+        self.dir.keep_listing(listing);
     }
 
     /// Whether any open file refers to this node.
     pub fn is_open(&self) -> bool {
-        self.cached_opens + self.direct_opens + self.passthrough_opens > 0
+        self.opens.is_open()
+    }
+
+    /// Current origin handle.
+    pub fn handle(&self) -> Handle {
+        self.handle
+    }
+
+    /// A new origin handle for the same object (the root's after a server restart).
+    pub(crate) fn set_handle(&mut self, handle: Handle) {
+        self.handle = handle;
+    }
+
+    /// The parent inode this node was last found in.
+    pub fn parent(&self) -> Ino {
+        self.parent
+    }
+
+    /// The name this node was last found under.
+    pub fn name(&self) -> &[u8] {
+        &self.name
+    }
+
+    /// The node now has name `name` in `parent` (a rename through this client).
+    pub(crate) fn moved(&mut self, parent: Ino, name: &[u8]) {
+        self.parent = parent;
+        self.name = name.to_vec();
+    }
+
+    /// The kernel learned of the node once more (a lookup, or an entry with attributes).
+    pub(crate) fn count_lookup(&mut self) {
+        self.lookups += 1;
+    }
+
+    /// Whether neither the kernel nor an open file references the node.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.lookups == 0 && !self.is_open()
+    }
+
+    /// The node of `name` in this directory, as last seen.
+    pub(crate) fn child(&self, name: &[u8]) -> Option<Ino> {
+        self.dir.child(name)
+    }
+
+    /// This directory's `name` refers to node `ino`.
+    pub(crate) fn add_child(&mut self, name: &[u8], ino: Ino) {
+        self.dir.add_child(name, ino);
+    }
+
+    /// This directory no longer has `name`.
+    pub(crate) fn remove_child(&mut self, name: &[u8]) {
+        self.dir.remove_child(name);
+    }
+
+    /// Keeps only the names `listed` holds.
+    pub(crate) fn retain_children(&mut self, listed: &std::collections::HashSet<&[u8]>) {
+        self.dir.retain_children(listed);
     }
 }
 
@@ -138,7 +217,7 @@ pub struct Node {
 impl Node {
     /// Current handle.
     pub fn handle(&self) -> Handle {
-        self.state.lock().handle
+        self.state.lock().handle()
     }
 }
 
@@ -185,20 +264,12 @@ impl NodeTable {
             state: Mutex::new(NodeState {
                 handle,
                 attr,
-                attr_fetched: Instant::now(),
-                callback: false,
-                expired: false,
+                freshness: Freshness::fetched(false),
                 parent,
                 name,
                 lookups: 0,
-                listing: None,
-                children: HashMap::new(),
-                object: None,
-                cached_opens: 0,
-                direct_opens: 0,
-                passthrough_opens: 0,
-                backing: None,
-                last_cached_version: None,
+                dir: DirState::default(),
+                opens: OpenState::default(),
             }),
             passthrough_released: Condvar::new(),
         })
@@ -257,19 +328,12 @@ impl NodeTable {
         {
             let mut st = node.state.lock();
             st.handle = handle;
-            if st.attr.version != attr.version || st.attr.size != attr.size {
-                st.listing = None;
-            }
-            st.attr = attr;
-            st.attr_fetched = Instant::now();
-            st.callback = grant(&attr);
-            st.expired = false;
-            st.parent = parent;
-            st.name = name.to_vec();
-            st.lookups += 1;
+            st.install_attr(attr, grant(&attr));
+            st.moved(parent, name);
+            st.count_lookup();
         }
         if let Some(p) = self.get(parent) {
-            p.state.lock().children.insert(name.to_vec(), node.ino);
+            p.state.lock().add_child(name, node.ino);
         }
         node
     }
@@ -288,12 +352,12 @@ impl NodeTable {
         {
             let mut st = node.state.lock();
             st.lookups = st.lookups.saturating_sub(n);
-            if st.lookups > 0 || st.is_open() {
+            if !st.is_idle() {
                 return false;
             }
             // Release the cache files' descriptors (and the passthrough registration); the
             // object reopens on the next open.
-            st.set_object(None);
+            st.opens.set_object(None);
         }
         inner.idle.push_back(ino);
         while inner.nodes.len() > MAX_NODES {
@@ -304,8 +368,8 @@ impl NodeTable {
                 continue;
             };
             let st = n.state.lock();
-            if st.lookups == 0 && !st.is_open() {
-                let file_id = st.attr.file_id;
+            if st.is_idle() {
+                let file_id = st.attr().file_id;
                 drop(st);
                 inner.nodes.remove(&old);
                 if inner.by_file_id.get(&file_id) == Some(&old) {

@@ -13,25 +13,28 @@
 //! cached object (`--no-cache`, or one the cache could not take) is read through: a read
 //! fetches just the bytes it asks for (see `read_uncached`).
 //!
-//! Lock ordering: `files` is a leaf, as are `fetch`'s `inflight` and the `implicit` table
-//! of `crate::kernel_opens` (never held while taking another lock or doing I/O); a node's `state` lock is never
-//! held across origin I/O, and across disk I/O only to create that node's cached object or
+//! Lock ordering: `files` (`crate::open_files`) is a leaf, as are `fetch`'s `inflight` and
+//! the `implicit` table of `crate::kernel_opens` (never held while taking another lock or
+//! doing I/O); a node's `state` lock is never held across origin I/O, and across disk I/O only to create that node's cached object or
 //! passthrough backing registration (and to drop a registration, whose release is an
 //! ioctl on `/dev/fuse`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use hoardfs_cache::{CacheDir, CachedObject, ObjectKey, OpenHold, meta::chunk_shift_for};
+use hoardfs_cache::{CachedObject, ObjectShape, meta::chunk_shift_for};
 use hoardfs_proto::buffers::{self, Recycled};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::fetch::{ChunkKey, Flight, PrefetchJob};
 use crate::kernel_opens::ImplicitOpens;
-use crate::nodes::{Backing, BackingError, HeldBacking, Ino, MakeBacking, Node, NodeState};
+use crate::nodes::{Backing, BackingError, Ino, MakeBacking, Node, NodeState};
+pub(crate) use crate::open_files::OpenFile;
+use crate::open_files::OpenFiles;
+pub(crate) use crate::opens::ModeKind;
 use crate::stats::Stats;
 use crate::{FsConfig, FsError, FsResult, HoardFs};
 
@@ -64,11 +67,26 @@ pub enum OpenMode {
     Direct,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ModeKind {
-    Passthrough,
-    Cached,
-    Direct,
+impl OpenMode {
+    /// The mode without its payload.
+    pub(crate) fn kind(&self) -> ModeKind {
+        match self {
+            OpenMode::Passthrough(_) => ModeKind::Passthrough,
+            OpenMode::Cached { .. } => ModeKind::Cached,
+            OpenMode::Direct => ModeKind::Direct,
+        }
+    }
+}
+
+/// What an open returns.
+pub struct Opened {
+    /// The kernel's handle of the open file.
+    pub fh: FileHandle,
+    /// How it is served.
+    pub mode: OpenMode,
+    /// The file changed since the kernel last saw its attributes (its copy of them, and
+    /// of the size, must be invalidated).
+    pub changed: bool,
 }
 
 /// What an open asked for.
@@ -78,22 +96,6 @@ pub struct Access {
     pub write: bool,
     /// Writes append at the origin's end of file (`O_APPEND`).
     pub append: bool,
-}
-
-pub(crate) struct OpenFile {
-    pub(crate) node: Arc<Node>,
-    pub(crate) mode: ModeKind,
-    pub(crate) access: Access,
-    /// Keeps the object this open started with from eviction until release.
-    _hold: Option<OpenHold>,
-    /// Sequential detection: where the next read would start, and the highest chunk already
-    /// scheduled for readahead.
-    pub(crate) seq: Mutex<(u64, Option<u64>)>,
-    /// Released: queued readahead for it is skipped.
-    pub(crate) closed: std::sync::atomic::AtomicBool,
-    /// The end of the farthest read asked for through this open: queued readahead of a
-    /// chunk wholly before it is skipped (the reader fetched that chunk itself).
-    pub(crate) read_to: AtomicU64,
 }
 
 /// The current state of a file as reads see it: its cached object (which writes through
@@ -108,9 +110,13 @@ pub(crate) struct View {
 impl View {
     pub(crate) fn of(node: &Node) -> View {
         let st = node.state.lock();
-        match &st.object {
+        match st.opens.object() {
             Some(o) => {
-                let (version, size, chunk_size) = o.shape();
+                let ObjectShape {
+                    version,
+                    size,
+                    chunk_size,
+                } = o.shape();
                 View {
                     object: Some(o.clone()),
                     version,
@@ -120,9 +126,9 @@ impl View {
             }
             None => View {
                 object: None,
-                version: st.attr.version,
-                size: st.attr.size,
-                chunk_shift: chunk_shift_for(st.attr.size),
+                version: st.attr().version,
+                size: st.attr().size,
+                chunk_shift: chunk_shift_for(st.attr().size),
             },
         }
     }
@@ -138,8 +144,7 @@ impl View {
 
 /// State of the read path shared by all opens.
 pub(crate) struct ReadEngine {
-    pub(crate) files: RwLock<HashMap<FileHandle, Arc<OpenFile>>>,
-    next_fh: AtomicU64,
+    pub(crate) files: OpenFiles,
     pub(crate) inflight: Mutex<HashMap<ChunkKey, Arc<Flight>>>,
     pub(crate) readahead: u64,
     pub(crate) prefetch: Mutex<Option<mpsc::Sender<PrefetchJob>>>,
@@ -168,16 +173,15 @@ impl ReadEngine {
                 .spawn(move || {
                     loop {
                         let job = rx.lock().recv();
-                        let Ok((of, c)) = job else { return };
+                        let Ok(job) = job else { return };
                         let Some(fs) = fs.upgrade() else { return };
-                        fs.read_ahead(&of, c);
+                        fs.read_ahead(&job.open, job.chunk);
                     }
                 })
                 .expect("spawn fetch thread");
         }
         ReadEngine {
-            files: RwLock::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
+            files: OpenFiles::default(),
             inflight: Mutex::new(HashMap::new()),
             readahead: config.readahead_chunks,
             prefetch: Mutex::new((threads > 0).then_some(tx)),
@@ -193,12 +197,7 @@ impl HoardFs {
     /// (called once per cached object: the registration outlives the opens and is
     /// released when the node lets go of the object). The returned flag
     /// says the file changed since the kernel last saw its attributes.
-    pub fn open(
-        &self,
-        ino: Ino,
-        access: Access,
-        make_backing: &MakeBacking,
-    ) -> FsResult<(FileHandle, OpenMode, bool)> {
+    pub fn open(&self, ino: Ino, access: Access, make_backing: &MakeBacking) -> FsResult<Opened> {
         if access.write {
             self.check_writable()?;
         }
@@ -217,7 +216,7 @@ impl HoardFs {
     ) -> FsResult<(hoardfs_origin::Attr, hoardfs_origin::Attr)> {
         let (before, valid) = {
             let st = node.state.lock();
-            (st.attr, st.callback && self.attr_fresh(&st))
+            (st.attr(), st.has_callback() && st.attr_fresh(&self.config))
         };
         let now = if valid {
             before
@@ -235,191 +234,154 @@ impl HoardFs {
         access: Access,
         changed: bool,
         make_backing: &MakeBacking,
-    ) -> (FileHandle, OpenMode, bool) {
-        let object = self.object_for(&node, attr.file_id, attr.version, attr.size);
+    ) -> Opened {
+        let object = self
+            .objects
+            .object_for(&node, attr.file_id, attr.version, attr.size);
         // Held before anything looks at its chunks: from here on it cannot be evicted, so
         // a passthrough open never sees its data file emptied under it.
         let hold = object.as_ref().map(|o| o.hold_open());
-        let engine = &self.reads;
+        // Files open for writing are never handed to the kernel: the daemon must see writes.
+        let passthrough_object = object.as_ref().filter(|o| !access.write && o.is_complete());
         let mut st = node.state.lock();
-        let complete = object.as_ref().is_some_and(|o| o.is_complete());
-        // The passthrough registration this open can share: the node's, if it is of this
-        // complete object and the open is read-only.
-        let shareable = |st: &crate::nodes::NodeState| {
-            st.backing
-                .as_ref()
-                .filter(|b| {
-                    !access.write
-                        && complete
-                        && object.as_ref().is_some_and(|o| Arc::ptr_eq(&b.object, o))
-                })
-                .map(|b| b.id.clone())
+        self.drain_passthrough(&node, &mut st, passthrough_object);
+        let mode = passthrough_object
+            .and_then(|o| self.admit_passthrough(&mut st, o, make_backing))
+            .unwrap_or_else(|| self.admit_daemon(&mut st, &attr, access));
+        drop(st);
+        let fh = self
+            .reads
+            .files
+            .insert(OpenFile::new(node, mode.kind(), access, hold));
+        Opened { fh, mode, changed }
+    }
+
+    /// While the inode is open in passthrough, the kernel fails every open that is not a
+    /// passthrough open of the same cache file with EIO (a write open, a newer version).
+    /// Such overlaps are often momentary (a descriptor inherited by a child until it
+    /// execs, a reader about to close): wait a little for them to end. Only a few opens
+    /// wait at once, so that FUSE threads remain for the RELEASE that ends it.
+    /// `passthrough_object` is the complete object a read-only open could share.
+    fn drain_passthrough(
+        &self,
+        node: &Node,
+        st: &mut MutexGuard<'_, NodeState>,
+        passthrough_object: Option<&Arc<CachedObject>>,
+    ) {
+        let must_wait = |st: &NodeState| {
+            st.opens.passthrough_opens() > 0
+                && passthrough_object
+                    .and_then(|o| st.opens.shareable(o))
+                    .is_none()
         };
-        // While the inode is open in passthrough, the kernel fails every open that is not
-        // a passthrough open of the same cache file with EIO (a write open, a newer
-        // version). Such overlaps are often momentary (a descriptor inherited by a child
-        // until it execs, a reader about to close): wait a little for them to end. Only a
-        // few opens wait at once, so that FUSE threads remain for the RELEASE that ends it.
-        if st.passthrough_opens > 0 && shareable(&st).is_none() {
-            if engine.draining.fetch_add(1, Ordering::SeqCst) < MAX_DRAINING {
-                let deadline = Instant::now() + PASSTHROUGH_DRAIN;
-                while st.passthrough_opens > 0 && shareable(&st).is_none() {
-                    let wait = node.passthrough_released.wait_until(&mut st, deadline);
-                    if wait.timed_out() {
-                        break;
-                    }
+        if !must_wait(st) {
+            return;
+        }
+        let engine = &self.reads;
+        if engine.draining.fetch_add(1, Ordering::SeqCst) < MAX_DRAINING {
+            let deadline = Instant::now() + PASSTHROUGH_DRAIN;
+            while must_wait(st) {
+                if node
+                    .passthrough_released
+                    .wait_until(st, deadline)
+                    .timed_out()
+                {
+                    break;
                 }
             }
-            engine.draining.fetch_sub(1, Ordering::SeqCst);
         }
-        // Files open for writing are never handed to the kernel: the daemon must see writes.
-        let passthrough_ok = !access.write
-            && self.config.passthrough
-            && !self.kernel_opens()
-            && complete
-            && !engine.passthrough_failed.load(Ordering::Relaxed)
-            && st.cached_opens == 0
-            && st.direct_opens == 0;
-        let mut mode = None;
-        if passthrough_ok {
-            let object = object.as_ref().expect("complete implies object");
-            if let Some(id) = shareable(&st) {
-                mode = Some(OpenMode::Passthrough(id));
-            } else if st.backing.is_none() || st.passthrough_opens == 0 {
-                // (Otherwise an older version is still open in passthrough: its opens
-                // hold the registration.)
+        engine.draining.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A passthrough open of complete `object`, if the mount and the node's other opens
+    /// allow one: sharing the node's registration, or registering the cache file (a
+    /// refusal turns passthrough off for the mount; a passing failure costs this open).
+    fn admit_passthrough(
+        &self,
+        st: &mut NodeState,
+        object: &Arc<CachedObject>,
+        make_backing: &MakeBacking,
+    ) -> Option<OpenMode> {
+        let engine = &self.reads;
+        if !self.config.passthrough
+            || self.kernel_opens()
+            || engine.passthrough_failed.load(Ordering::Relaxed)
+            || st.opens.has_daemon_opens()
+        {
+            return None;
+        }
+        let id = match st.opens.shareable(object) {
+            Some(id) => {
+                st.opens.admit_shared_passthrough(object);
+                id
+            }
+            // (Otherwise an older version is still open in passthrough: its opens hold the
+            // registration.)
+            None if st.opens.may_register() => {
                 match object.open_backing().map(|f| make_backing(&f)) {
                     Ok(Ok(id)) => {
                         Stats::add(&self.stats.passthrough_registrations, 1);
-                        st.backing = Some(HeldBacking {
-                            object: object.clone(),
-                            id: id.clone(),
-                        });
-                        mode = Some(OpenMode::Passthrough(id));
+                        st.opens
+                            .admit_registered_passthrough(object.clone(), id.clone());
+                        id
                     }
                     Ok(Err(e @ BackingError::Refused(_))) => {
                         tracing::warn!("{e}; using daemon reads for this mount");
                         engine.passthrough_failed.store(true, Ordering::Relaxed);
+                        return None;
                     }
                     // A passing failure, or a cache file that cannot be reopened: this open
                     // uses daemon reads, the next one tries passthrough again.
-                    Ok(Err(e)) => tracing::warn!("{e}; daemon reads for this open"),
-                    Err(e) => tracing::warn!("cannot reopen a cache file ({e}); daemon reads"),
+                    Ok(Err(e)) => {
+                        tracing::warn!("{e}; daemon reads for this open");
+                        return None;
+                    }
+                    Err(e) => {
+                        tracing::warn!("cannot reopen a cache file ({e}); daemon reads");
+                        return None;
+                    }
                 }
             }
-        }
-        let (mode, kind) = match mode {
-            Some(m) => {
-                st.passthrough_opens += 1;
-                Stats::add(&self.stats.passthrough_opens, 1);
-                (m, ModeKind::Passthrough)
-            }
-            // Appends go to the origin's end of file, which the kernel's page cache cannot
-            // know: no page cache for them.
-            None if st.passthrough_opens > 0 || access.append => {
-                if st.passthrough_opens > 0 {
-                    // The kernel refuses any non-passthrough open of an inode open in
-                    // passthrough (EIO): neither a write open nor one of a newer version
-                    // can succeed on this client until those close (doc/SEMANTICS.md).
-                    tracing::warn!(
-                        "file {:#x} is open in passthrough (read-only, fully cached) on this \
-                         client; opens for writing or of a newer version fail (EIO) until \
-                         those descriptors close",
-                        attr.file_id
-                    );
-                }
-                st.direct_opens += 1;
-                Stats::add(&self.stats.daemon_opens, 1);
-                (OpenMode::Direct, ModeKind::Direct)
-            }
-            None => {
-                let keep_cache = st.last_cached_version == Some(attr.version);
-                st.last_cached_version = Some(attr.version);
-                st.cached_opens += 1;
-                Stats::add(&self.stats.daemon_opens, 1);
-                (OpenMode::Cached { keep_cache }, ModeKind::Cached)
-            }
+            None => return None,
         };
-        drop(st);
-        let of = Arc::new(OpenFile {
-            node,
-            mode: kind,
-            access,
-            _hold: hold,
-            seq: Mutex::new((0, None)),
-            closed: false.into(),
-            read_to: AtomicU64::new(0),
-        });
-        let fh = engine.next_fh.fetch_add(1, Ordering::Relaxed);
-        engine.files.write().insert(fh, of);
-        (fh, mode, changed)
+        Stats::add(&self.stats.passthrough_opens, 1);
+        Some(OpenMode::Passthrough(id))
     }
 
-    /// The cached object for this version of the file, replacing (retiring) an object of
-    /// another version. `None` without a cache, or if the cache cannot hold it.
-    pub(crate) fn object_for(
+    /// An open served by daemon reads: `Direct` for appends (they go to the origin's end
+    /// of file, which the kernel's page cache cannot know) and while passthrough opens
+    /// remain (the kernel then refuses it), `Cached` otherwise.
+    fn admit_daemon(
         &self,
-        node: &Node,
-        file_id: u64,
-        version: u64,
-        size: u64,
-    ) -> Option<Arc<CachedObject>> {
-        let cache = self.cache.as_ref()?;
-        // Held across the object's creation so that two opens of a changed file cannot
-        // both replace its data file (one would then write into a file the other deleted).
-        let mut st = node.state.lock();
-        if let Some(o) = &st.object
-            && matches!(o.shape(), (v, s, _) if v == version && s == size)
-        {
-            return Some(o.clone());
-        }
-        self.replace_object(cache, &mut st, file_id, version, size)
-    }
-
-    /// Makes the cache's object for this version the node's (the caller holds the node's
-    /// state lock across it), retiring the one it replaces: writes through that one are
-    /// then ignored, so they can never touch the newer record. If the cache cannot hold
-    /// it, the node keeps no object (one of another version must not be read).
-    pub(crate) fn replace_object(
-        &self,
-        cache: &CacheDir,
         st: &mut NodeState,
-        file_id: u64,
-        version: u64,
-        size: u64,
-    ) -> Option<Arc<CachedObject>> {
-        let fresh = match cache.object(self.object_key(file_id), version, size) {
-            Ok(o) => Some(o),
-            Err(e) => {
-                tracing::warn!("cannot cache file {file_id:#x}: {e}");
-                Stats::add(&self.stats.cache_errors, 1);
-                None
-            }
-        };
-        if let Some(old) = st.set_object(fresh.clone())
-            && !fresh.as_ref().is_some_and(|f| Arc::ptr_eq(&old, f))
-        {
-            old.retire();
+        attr: &hoardfs_origin::Attr,
+        access: Access,
+    ) -> OpenMode {
+        Stats::add(&self.stats.daemon_opens, 1);
+        if st.opens.passthrough_opens() > 0 {
+            // The kernel refuses any non-passthrough open of an inode open in passthrough
+            // (EIO): neither a write open nor one of a newer version can succeed on this
+            // client until those close (doc/SEMANTICS.md).
+            tracing::warn!(
+                "file {:#x} is open in passthrough (read-only, fully cached) on this \
+                 client; opens for writing or of a newer version fail (EIO) until \
+                 those descriptors close",
+                attr.file_id
+            );
         }
-        fresh
-    }
-
-    /// The key of file `file_id` in the disk cache.
-    pub(crate) fn object_key(&self, file_id: u64) -> ObjectKey {
-        ObjectKey {
-            export_id: self.export_id,
-            file_id,
+        if st.opens.passthrough_opens() > 0 || access.append {
+            st.opens.admit_direct();
+            OpenMode::Direct
+        } else {
+            OpenMode::Cached {
+                keep_cache: st.opens.admit_cached(attr.version),
+            }
         }
     }
 
     /// The open file behind kernel handle `fh`.
     pub(crate) fn open_file(&self, fh: FileHandle) -> FsResult<Arc<OpenFile>> {
-        self.reads
-            .files
-            .read()
-            .get(&fh)
-            .cloned()
-            .ok_or(FsError::BadHandle)
+        self.reads.files.get(fh).ok_or(FsError::BadHandle)
     }
 
     /// Reads up to `size` bytes at `offset` through open file `fh`.
@@ -445,7 +407,7 @@ impl HoardFs {
         }
         let first = offset >> view.chunk_shift;
         let last = (end - 1) >> view.chunk_shift;
-        of.read_to.fetch_max(end, Ordering::Relaxed);
+        of.read_up_to(end);
         self.schedule_readahead(of, &view, offset, end, last);
         // A pooled buffer (no freshly faulted pages per read): fetched bytes are appended,
         // cache-file reads go into zeroed room.
@@ -513,29 +475,19 @@ impl HoardFs {
                 return Ok(Some(bytes));
             }
         }
-        Err(FsError::Cache("cached chunk kept disappearing".into()))
+        Err(crate::CacheFault::ChunkVanishing.into())
     }
 
     /// Closes open file `fh`.
     pub fn release(&self, fh: FileHandle) {
-        let Some(of) = self.reads.files.write().remove(&fh) else {
+        let Some(of) = self.reads.files.remove(fh) else {
             return;
         };
-        of.closed.store(true, Ordering::Relaxed);
         let mut st = of.node.state.lock();
-        match of.mode {
-            ModeKind::Passthrough => {
-                st.passthrough_opens -= 1;
-                if st.passthrough_opens == 0 {
-                    of.node.passthrough_released.notify_all();
-                }
-                // Kept for the next open while it is the current object's.
-                st.drop_stale_backing();
-            }
-            ModeKind::Cached => st.cached_opens -= 1,
-            ModeKind::Direct => st.direct_opens -= 1,
+        if st.opens.release(of.mode) {
+            of.node.passthrough_released.notify_all();
         }
-        let idle = st.lookups == 0 && !st.is_open();
+        let idle = st.is_idle();
         drop(st);
         if idle {
             self.nodes.forget(of.node.ino, 0);
@@ -546,10 +498,6 @@ impl HoardFs {
     pub fn shutdown(&self) {
         self.reads.prefetch.lock().take();
         self.release_implicit_opens();
-        if let Some(c) = &self.cache
-            && let Err(e) = c.close()
-        {
-            tracing::warn!("{e}; the cache will be verified on next use");
-        }
+        self.objects.close();
     }
 }

@@ -53,11 +53,11 @@ impl HoardFs {
 
     /// Moves the node's cached object along with a write made through this client.
     fn follow_write(&self, node: &Node, w: &hoardfs_origin::WriteReply, data: &[u8]) {
-        let Some(cache) = self.cache.as_ref() else {
+        if !self.objects.enabled() {
             return;
-        };
+        }
         let mut st = node.state.lock();
-        let followed = match &st.object {
+        let followed = match st.opens.object() {
             Some(o) => o.apply_write(w.pre_version, w.offset, data, w.attr.version, w.attr.size),
             None => Ok(false),
         };
@@ -72,7 +72,7 @@ impl HoardFs {
         // Somebody else changed the file too (or there was no object): start an empty
         // object for the new version, holding at least what we just wrote.
         let (file_id, v, size) = (w.attr.file_id, w.attr.version, w.attr.size);
-        if let Some(fresh) = self.replace_object(cache, &mut st, file_id, v, size)
+        if let Some(fresh) = self.objects.replace_object(&mut st, file_id, v, size)
             && let Err(e) = fresh.apply_write(v, w.offset, data, v, size)
         {
             tracing::warn!("cache update after a write failed: {e}");
@@ -82,8 +82,9 @@ impl HoardFs {
     /// Moves the node's cached object (if it has one) to `attr`'s version, after a change
     /// whose effect on the content this client cannot reproduce (e.g. a truncate).
     fn reset_object(&self, node: &Node, attr: &Attr) {
-        if node.state.lock().object.is_some() {
-            self.object_for(node, attr.file_id, attr.version, attr.size);
+        if node.state.lock().opens.object().is_some() {
+            self.objects
+                .object_for(node, attr.file_id, attr.version, attr.size);
         }
     }
 
@@ -154,8 +155,6 @@ impl HoardFs {
 
     /// Forgets a node's attributes (the next getattr asks the origin).
     pub(crate) fn expire_attr(&self, node: &Node) {
-        let mut st = node.state.lock();
-        st.callback = false;
-        st.expired = true;
+        node.state.lock().expire();
     }
 }

@@ -167,7 +167,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::Protocol(_) | FsError::Cache(_) => Errno::EIO,
         FsError::ReadOnly => Errno::EROFS,
         FsError::BadHandle => Errno::EBADF,
-        FsError::WritesLost(_) => Errno::EIO,
+        FsError::WritesLost(_) | FsError::Thread { .. } => Errno::EIO,
     }
 }
 
@@ -235,8 +235,9 @@ impl Filesystem for FuseBridge {
             let _ =
                 config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA & config.capabilities());
         }
-        // Passthrough needs a stacking depth of at least 1 (FUSE-FACTS.md); 2 lets the
-        // cache directory itself live on a stacked file system such as overlayfs.
+        // Passthrough needs a stacking depth of at least 1 (the kernel refuses backing
+        // files otherwise); 2 lets the cache directory itself live on a stacked file
+        // system such as overlayfs.
         if self.fs.config().passthrough
             && config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH)
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
@@ -261,7 +262,7 @@ impl Filesystem for FuseBridge {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(parent.0, name.as_bytes()) {
-            Ok((ino, a, ttl)) => reply.entry(&ttl, &fuse_attr(ino, &a), Generation(0)),
+            Ok(e) => reply.entry(&e.ttl, &fuse_attr(e.ino, &e.attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -293,13 +294,14 @@ impl Filesystem for FuseBridge {
         }
         let make_backing = |f: &std::fs::File| backing(reply.open_backing(f));
         let access = access(flags.0);
-        let (fh, mode, changed) = match self.fs.open(ino.0, access, &make_backing) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!("open of inode {} failed: {e}", ino.0);
-                return reply.error(errno(&e));
-            }
-        };
+        let hoardfs_fs::Opened { fh, mode, changed } =
+            match self.fs.open(ino.0, access, &make_backing) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!("open of inode {} failed: {e}", ino.0);
+                    return reply.error(errno(&e));
+                }
+            };
         if changed {
             self.invalidate_attrs(ino);
         }
@@ -811,7 +813,8 @@ mod tests {
     fn extreme_attributes_convert_through_the_fs_layer() {
         let fs = HoardFs::new(Arc::new(Extreme), None, hoardfs_fs::FsConfig::default()).unwrap();
         let root = fs.getattr(hoardfs_fs::ROOT_INO).unwrap().0;
-        let (ino, a, _) = fs.lookup(hoardfs_fs::ROOT_INO, b"f").unwrap();
+        let hoardfs_fs::NodeEntry { ino, attr: a, .. } =
+            fs.lookup(hoardfs_fs::ROOT_INO, b"f").unwrap();
         let listing = fs.listing(hoardfs_fs::ROOT_INO).unwrap();
         let attrs = [
             root,

@@ -10,7 +10,7 @@ use fuser::{
     BackingId, Errno, FileHandle, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyCreate,
     ReplyEmpty, ReplyEntry, ReplyXattr, Request, TimeOrNow,
 };
-use hoardfs_fs::{Access, FsResult, NewEntry, OpenMode};
+use hoardfs_fs::{Access, FsResult, NodeEntry, OpenMode};
 use hoardfs_origin::{Owner, SetAttrs, TimeSet, Timestamp};
 
 use crate::{FuseBridge, errno, fuse_attr};
@@ -88,9 +88,11 @@ pub(crate) fn time_set(t: TimeOrNow) -> TimeSet {
 }
 
 /// Replies to a request that created a name.
-pub(crate) fn reply_entry(r: FsResult<NewEntry>, reply: ReplyEntry) {
+pub(crate) fn reply_entry(r: FsResult<NodeEntry>, reply: ReplyEntry) {
     match r {
-        Ok((ino, attr, ttl)) => reply.entry(&ttl, &fuse_attr(ino, &attr), Generation(0)),
+        Ok(NodeEntry { ino, attr, ttl }) => {
+            reply.entry(&ttl, &fuse_attr(ino, &attr), Generation(0))
+        }
         Err(e) => reply.error(errno(&e)),
     }
 }
@@ -188,7 +190,7 @@ impl FuseBridge {
             owner(req),
             &make_backing,
         );
-        let ((ino, attr, ttl), fh, mode) = match r {
+        let (NodeEntry { ino, attr, ttl }, hoardfs_fs::Opened { fh, mode, .. }) = match r {
             Ok(r) => r,
             Err(e) => return reply.error(errno(&e)),
         };

@@ -75,6 +75,7 @@ impl Admission {
         HandshakeTicket {
             id,
             evicted,
+            deadline: tokio::time::Instant::now() + crate::conn::HELLO_TIMEOUT,
             admission: Arc::clone(self),
         }
     }
@@ -98,6 +99,9 @@ pub(crate) struct HandshakeTicket {
     id: u64,
     /// Fires when this handshake was evicted to make room for a newer one.
     pub(crate) evicted: Arc<Notify>,
+    /// When the TLS handshake and `Hello` must be done by ([`crate::conn::HELLO_TIMEOUT`]
+    /// after accept, all steps together).
+    pub(crate) deadline: tokio::time::Instant,
     admission: Arc<Admission>,
 }
 

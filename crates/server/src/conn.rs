@@ -144,7 +144,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
         // The first byte tells a TLS ClientHello (0x16, a handshake record) from a
         // plaintext hoardfs frame (`H` of the magic), so a mismatch gets a clear answer.
         let mut first = [0u8; 1];
-        match tokio::time::timeout(HELLO_TIMEOUT, stream.peek(&mut first)).await {
+        match tokio::time::timeout_at(ticket.deadline, stream.peek(&mut first)).await {
             Ok(Ok(1)) => {}
             _ => return None,
         }
@@ -163,7 +163,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
             return None;
         }
         let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-        match tokio::time::timeout(HELLO_TIMEOUT, acceptor.accept(stream)).await {
+        match tokio::time::timeout_at(ticket.deadline, acceptor.accept(stream)).await {
             Ok(Ok(s)) => Some(Transport::Tls(Box::new(s))),
             Ok(Err(e)) => {
                 tracing::warn!(%peer, "TLS handshake failed: {e}");
@@ -328,7 +328,7 @@ async fn handshake<R: AsyncRead + Unpin>(
     register: impl FnOnce() -> ConnId,
 ) -> Result<Session, End> {
     let hello = tokio::select! {
-        r = tokio::time::timeout(HELLO_TIMEOUT, read_frame(rd, HELLO_LIMITS)) => r,
+        r = tokio::time::timeout_at(ticket.deadline, read_frame(rd, HELLO_LIMITS)) => r,
         () = ticket.evicted.notified() => {
             return Err(End::Ended("dropped a pending handshake to make room".into()));
         }

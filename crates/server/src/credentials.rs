@@ -8,8 +8,8 @@
 //! connections of revoked names.
 //!
 //! Authentication is required as soon as a shared token is configured or the tokens file
-//! exists, even empty: revoking the last name locks everybody out rather than opening the
-//! server.
+//! exists, even empty, and stays required if the file is later deleted: revoking the last
+//! name, or removing the file, locks everybody out rather than opening the server.
 //!
 //! Lock: one mutex, a leaf, held for a stat and (on change) a small file read.
 
@@ -53,8 +53,12 @@ pub struct Credentials {
 struct Loaded {
     /// (inode, size, mtime ns) of the file as last read; `None`: absent.
     stamp: Option<(u64, u64, i128)>,
+    /// Whether the file existed at some point since the server started.
+    seen: bool,
     /// Name → SHA-256 of its token.
     hashes: HashMap<String, [u8; 32]>,
+    /// Names that went away since [`Credentials::take_revoked`] last asked.
+    revoked: Vec<String>,
 }
 
 impl Credentials {
@@ -72,13 +76,21 @@ impl Credentials {
 
     /// Whether any credential is required.
     pub fn required(&self) -> bool {
-        self.shared.is_some() || self.loaded.lock().stamp.is_some()
+        self.shared.is_some() || self.loaded.lock().seen
     }
 
-    /// Rereads the tokens file if it changed; returns the names that disappeared.
-    pub fn refresh(&self) -> io::Result<Vec<String>> {
+    /// Rereads the tokens file if it changed and returns the names that went away since
+    /// the last call (whether the change was noticed here or at a handshake).
+    pub fn take_revoked(&self) -> io::Result<Vec<String>> {
+        let refreshed = self.refresh();
+        let gone = std::mem::take(&mut self.loaded.lock().revoked);
+        refreshed.map(|()| gone)
+    }
+
+    /// Rereads the tokens file if it changed, noting the names that disappeared.
+    fn refresh(&self) -> io::Result<()> {
         let Some(path) = &self.file else {
-            return Ok(Vec::new());
+            return Ok(());
         };
         let stamp = match fs::metadata(path) {
             Ok(m) => Some((
@@ -91,20 +103,29 @@ impl Credentials {
         };
         let mut l = self.loaded.lock();
         if l.stamp == stamp && stamp.is_some() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let hashes = match stamp {
             Some(_) => parse(&fs::read_to_string(path)?),
             None => HashMap::new(),
         };
-        let gone = l
+        if stamp.is_none() && l.seen {
+            tracing::warn!(
+                "{} was removed: every named credential is refused until it is back",
+                path.display()
+            );
+        }
+        let gone: Vec<String> = l
             .hashes
             .keys()
             .filter(|n| !hashes.contains_key(*n))
             .cloned()
             .collect();
-        *l = Loaded { stamp, hashes };
-        Ok(gone)
+        l.revoked.extend(gone);
+        l.seen |= stamp.is_some();
+        l.stamp = stamp;
+        l.hashes = hashes;
+        Ok(())
     }
 
     /// Checks a presented token.
@@ -339,14 +360,29 @@ mod tests {
     }
 
     #[test]
-    fn refresh_reports_the_names_that_went_away() {
+    fn the_names_that_went_away_are_reported_even_if_a_handshake_saw_it_first() {
         let dir = tempfile::tempdir().unwrap();
         admin::add(dir.path(), "a").unwrap();
-        admin::add(dir.path(), "b").unwrap();
+        let b = admin::add(dir.path(), "b").unwrap();
         let c = Credentials::new(None, Some(dir.path())).unwrap();
-        assert!(c.refresh().unwrap().is_empty());
+        assert!(c.take_revoked().unwrap().is_empty());
         admin::revoke(dir.path(), "a").unwrap();
-        assert_eq!(c.refresh().unwrap(), ["a"]);
+        // A handshake notices the change before the periodic check does.
+        assert_eq!(c.check(b.as_bytes()), Check::Accepted("b".into()));
+        assert_eq!(c.take_revoked().unwrap(), ["a"]);
+        assert!(c.take_revoked().unwrap().is_empty());
+    }
+
+    #[test]
+    fn deleting_the_tokens_file_locks_everybody_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = admin::add(dir.path(), "a").unwrap();
+        let c = Credentials::new(None, Some(dir.path())).unwrap();
+        fs::remove_file(dir.path().join(TOKENS_FILE)).unwrap();
+        assert!(c.required());
+        assert_eq!(c.check(t.as_bytes()), Check::Refused(Some("a".into())));
+        assert_eq!(c.check(b""), Check::Refused(None));
+        assert_eq!(c.take_revoked().unwrap(), ["a"]);
     }
 
     #[test]

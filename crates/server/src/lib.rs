@@ -297,7 +297,7 @@ impl Server {
 
 /// Rereads the credentials and closes the connections of names that went away.
 fn revoke_gone(shared: &Shared) {
-    match shared.credentials.refresh() {
+    match shared.credentials.take_revoked() {
         Ok(gone) if !gone.is_empty() => {
             let n = shared.admission.sessions.revoke(&gone);
             tracing::info!(names = ?gone, connections = n, "credentials revoked");

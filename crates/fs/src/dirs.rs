@@ -1,0 +1,71 @@
+//! What a directory node holds besides its attributes: the last listing fetched and the
+//! names seen in it (from lookups, creations and listings), which answer lookups while
+//! the origin is unreachable. When a listing may be reused is [`crate::freshness`]'s rule;
+//! when it is dropped is the node's (`NodeState`): whenever the directory's version or
+//! size changes, or a break or a change through this client touches its names.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use hoardfs_origin::DirEntry;
+
+use crate::nodes::Ino;
+
+/// A directory listing snapshot.
+#[derive(Debug)]
+pub struct Listing {
+    /// Entries in origin order.
+    pub entries: Vec<DirEntry>,
+    /// When it was fetched.
+    pub fetched: Instant,
+    /// Break number before it was fetched (for callback grants of its entries).
+    pub since: u64,
+}
+
+/// The directory part of a node's state (empty for other nodes). Covered by the node's
+/// `state` lock.
+#[derive(Default)]
+pub(crate) struct DirState {
+    /// The last listing fetched, until dropped.
+    listing: Option<Arc<Listing>>,
+    /// Names seen in this directory, for offline lookups.
+    children: HashMap<Vec<u8>, Ino>,
+}
+
+impl DirState {
+    /// The listing kept, whatever its age.
+    pub(crate) fn listing(&self) -> Option<&Arc<Listing>> {
+        self.listing.as_ref()
+    }
+
+    /// Keeps a freshly fetched listing.
+    pub(crate) fn keep_listing(&mut self, listing: Arc<Listing>) {
+        self.listing = Some(listing);
+    }
+
+    /// The listing is out of date.
+    pub(crate) fn drop_listing(&mut self) {
+        self.listing = None;
+    }
+
+    /// The node of `name`, as last seen.
+    pub(crate) fn child(&self, name: &[u8]) -> Option<Ino> {
+        self.children.get(name).copied()
+    }
+
+    /// `name` refers to node `ino`.
+    pub(crate) fn add_child(&mut self, name: &[u8], ino: Ino) {
+        self.children.insert(name.to_vec(), ino);
+    }
+
+    /// `name` is gone.
+    pub(crate) fn remove_child(&mut self, name: &[u8]) {
+        self.children.remove(name);
+    }
+
+    /// Keeps only the names `listed` holds.
+    pub(crate) fn retain_children(&mut self, listed: &HashSet<&[u8]>) {
+        self.children.retain(|n, _| listed.contains(n.as_slice()));
+    }
+}

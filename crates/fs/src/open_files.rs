@@ -1,0 +1,114 @@
+//! The files the kernel holds open: one [`OpenFile`] per kernel file handle, in the
+//! [`OpenFiles`] table. An open file records its node, how it is served, what it was opened
+//! for and what the read path learns about its reader (sequential detection, the farthest
+//! read); it holds its cached object against eviction until released.
+//!
+//! Lock ordering: the table's lock is a leaf (never held while taking another lock or
+//! doing I/O); an open file's `seq` mutex is taken alone.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use hoardfs_cache::OpenHold;
+use parking_lot::{Mutex, RwLock};
+
+use crate::fetch::Sequence;
+use crate::nodes::Node;
+use crate::opens::ModeKind;
+use crate::read::{Access, FileHandle};
+
+/// One file the kernel holds open.
+pub(crate) struct OpenFile {
+    pub(crate) node: Arc<Node>,
+    pub(crate) mode: ModeKind,
+    pub(crate) access: Access,
+    /// Keeps the object this open started with from eviction until release.
+    _hold: Option<OpenHold>,
+    /// Sequential detection: where the next read would start, and the highest chunk already
+    /// scheduled for readahead.
+    pub(crate) seq: Mutex<Sequence>,
+    /// Released: queued readahead for it is skipped.
+    closed: AtomicBool,
+    /// The end of the farthest read asked for through this open: queued readahead of a
+    /// chunk wholly before it is skipped (the reader fetched that chunk itself).
+    read_to: AtomicU64,
+}
+
+impl OpenFile {
+    /// An open of `node` served as `mode`, holding its object by `hold`.
+    pub(crate) fn new(
+        node: Arc<Node>,
+        mode: ModeKind,
+        access: Access,
+        hold: Option<OpenHold>,
+    ) -> OpenFile {
+        OpenFile {
+            node,
+            mode,
+            access,
+            _hold: hold,
+            seq: Mutex::new(Sequence::default()),
+            closed: AtomicBool::new(false),
+            read_to: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the open was released.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    /// A read asked for bytes up to `end`.
+    pub(crate) fn read_up_to(&self, end: u64) {
+        self.read_to.fetch_max(end, Ordering::Relaxed);
+    }
+
+    /// The end of the farthest read asked for.
+    pub(crate) fn read_to(&self) -> u64 {
+        self.read_to.load(Ordering::Relaxed)
+    }
+
+    /// The reader starts over from the beginning (what the read path learnt is reset).
+    pub(crate) fn restart(&self) {
+        *self.seq.lock() = Sequence::default();
+        self.read_to.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The open files by kernel handle. Lock: a leaf.
+pub(crate) struct OpenFiles {
+    files: RwLock<HashMap<FileHandle, Arc<OpenFile>>>,
+    next_fh: AtomicU64,
+}
+
+impl Default for OpenFiles {
+    fn default() -> Self {
+        OpenFiles {
+            files: RwLock::new(HashMap::new()),
+            // 0 is what reads of files the kernel opened itself carry.
+            next_fh: AtomicU64::new(1),
+        }
+    }
+}
+
+impl OpenFiles {
+    /// Records `of` under a new handle.
+    pub(crate) fn insert(&self, of: OpenFile) -> FileHandle {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.files.write().insert(fh, Arc::new(of));
+        fh
+    }
+
+    /// The open file of handle `fh`.
+    pub(crate) fn get(&self, fh: FileHandle) -> Option<Arc<OpenFile>> {
+        self.files.read().get(&fh).cloned()
+    }
+
+    /// Removes handle `fh`, marking its open file closed.
+    pub(crate) fn remove(&self, fh: FileHandle) -> Option<Arc<OpenFile>> {
+        let of = self.files.write().remove(&fh)?;
+        of.closed.store(true, Ordering::Relaxed);
+        Some(of)
+    }
+}
