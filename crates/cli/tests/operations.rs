@@ -93,6 +93,15 @@ fn a_refused_credential_is_one_plain_line_and_both_sides_can_log_to_files() {
         log.contains("ERROR") && log.contains("refused our credential"),
         "{log}"
     );
+    // The same as a mount option (fstab).
+    let opt_log = t.path().join("opt.log");
+    let mut with_opt = args.to_vec();
+    let opt = format!("log_file={}", opt_log.display());
+    with_opt.extend(["-o", &opt]);
+    let (ok, _, _) = tool(&with_opt);
+    assert!(!ok);
+    let log = std::fs::read_to_string(&opt_log).unwrap();
+    assert!(log.contains("refused our credential"), "{log}");
     // Debug logging on a pipe is plain text too.
     let (ok, err) = run_logged(&args);
     assert!(!ok);
