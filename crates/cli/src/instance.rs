@@ -90,6 +90,8 @@ impl Instance {
                 "cannot record the server as running in {}: {e}",
                 path.display()
             );
+            // The record may still say "clean": a crash now must not keep this verifier.
+            inst.verifier = fresh;
             inst.file = None;
         }
         inst
@@ -105,21 +107,15 @@ impl Instance {
         f.sync_all()
     }
 
-    /// After a clean stop: makes everything written to `export`'s file system durable, then
-    /// records the stop as clean so that the next start keeps the verifier.
+    /// After a clean stop: makes everything written durable, then records the stop as clean
+    /// so that the next start keeps the verifier. `sync(2)`, not `syncfs` of the export: an
+    /// export may span several file systems (mounts below its root).
     pub fn stopped_cleanly(mut self, export: &Path) {
-        let Ok(dir) = File::open(export) else {
-            return;
-        };
-        // SAFETY: syncfs on a descriptor we own.
-        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-            tracing::warn!(
-                "syncfs of {} failed: {}; the next start announces a new verifier",
-                export.display(),
-                std::io::Error::last_os_error()
-            );
+        if File::open(export).is_err() {
             return;
         }
+        // SAFETY: sync has no preconditions; it returns once dirty data is written back.
+        unsafe { libc::sync() };
         if let Err(e) = self.mark("clean") {
             tracing::warn!("cannot record the clean stop: {e}");
         }

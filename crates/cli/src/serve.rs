@@ -92,6 +92,16 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             a.idle_timeout
         ));
     }
+    // Idle clients send something at least every PING_INTERVAL.
+    let min_idle = 2.0 * hoardfs_proto::PING_INTERVAL.as_secs_f64();
+    if a.idle_timeout < min_idle {
+        tracing::warn!(
+            "--idle-timeout {} is under {min_idle} s: idle clients ping every {} s, so their \
+             connections (and callbacks) may be cut while they are idle",
+            a.idle_timeout,
+            hoardfs_proto::PING_INTERVAL.as_secs()
+        );
+    }
     let token = a.token_file.as_deref().map(crate::read_token).transpose()?;
     if !dir.is_dir() {
         return Err(format!("{} is not a directory", dir.display()));

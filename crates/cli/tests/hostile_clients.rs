@@ -332,3 +332,24 @@ fn a_revoked_token_loses_its_connection_and_cannot_reconnect() {
         .expect("a revoked token must not mount");
     assert!(err.contains("refused our credential"), "{err}");
 }
+
+/// A server started without credentials that gets its first `token add` closes the
+/// connections it let in without one.
+#[test]
+fn connections_let_in_without_a_credential_close_once_one_is_required() {
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    let state = t.path().join("state");
+    let srv = Server::start_in(&exp, "127.0.0.1:0", &state, &[]);
+    let open = srv.client();
+    assert!(open.is_connected());
+    token(&state, &["add", "first"]);
+    assert_soon("the credential-less connection closes", || {
+        if open.is_connected() {
+            Err("still connected".into())
+        } else {
+            Ok(())
+        }
+    });
+}

@@ -54,7 +54,8 @@ impl Backlog {
     /// What to queue for breaks `b` as they arrive: `b`, or past the bound one
     /// `Break::All` (the first time) or nothing.
     pub(crate) fn admit(&self, b: Vec<Break>) -> Option<Vec<Break>> {
-        let n = b.len();
+        // An empty batch still costs a queue slot: count it as one.
+        let n = b.len().max(1);
         if self.queued.fetch_add(n, Ordering::SeqCst) + n <= BACKLOG_CAP {
             return Some(b);
         }
@@ -72,7 +73,7 @@ impl Backlog {
         if b.contains(&Break::All) {
             self.overflowed.store(false, Ordering::SeqCst);
         }
-        self.queued.fetch_sub(b.len(), Ordering::SeqCst);
+        self.queued.fetch_sub(b.len().max(1), Ordering::SeqCst);
     }
 }
 

@@ -114,6 +114,9 @@ impl Drop for HandshakeTicket {
     }
 }
 
+/// The session name of connections let in without a credential (never a valid name).
+pub(crate) const OPEN_SESSION: &str = "\0open";
+
 /// Authenticated connections by credential name, so that revoking a name closes them.
 #[derive(Default)]
 pub(crate) struct Sessions {
@@ -203,8 +206,10 @@ pub(crate) struct Verdict {
 }
 
 impl Failures {
-    /// Records a failure from `addr` and says how to answer it.
+    /// Records a failure from `addr` and says how to answer it. IPv6 addresses count by
+    /// their /64, which one host can rotate through freely.
     pub(crate) fn record(&self, addr: IpAddr, now: Instant) -> Verdict {
+        let addr = network_of(addr);
         let mut map = self.by_addr.lock();
         if map.len() >= MAX_ADDRS && !map.contains_key(&addr) {
             map.retain(|_, r| now.duration_since(r.since) < FAILURE_WINDOW);
@@ -241,7 +246,19 @@ impl Failures {
 
     /// Forgets an address's failures (after it authenticated).
     pub(crate) fn clear(&self, addr: IpAddr) {
-        self.by_addr.lock().remove(&addr);
+        self.by_addr.lock().remove(&network_of(addr));
+    }
+}
+
+/// The unit failures are counted by: an IPv4 address, or an IPv6 /64.
+fn network_of(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V4(_) => addr,
+        IpAddr::V6(v6) => {
+            let mut o = v6.octets();
+            o[8..].fill(0);
+            IpAddr::from(o)
+        }
     }
 }
 
@@ -275,6 +292,11 @@ mod tests {
         assert_eq!(f.record(a, later).count, 1);
         f.clear(b);
         assert_eq!(f.record(b, later).count, 1);
+        // One IPv6 host rotating through its /64 counts as one.
+        let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(f.record(v6("2001:db8::1"), t0).count, 1);
+        assert_eq!(f.record(v6("2001:db8::2:3"), t0).count, 2);
+        assert_eq!(f.record(v6("2001:db8:0:1::1"), t0).count, 1);
     }
 
     #[tokio::test]

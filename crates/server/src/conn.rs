@@ -376,8 +376,17 @@ async fn handshake<R: AsyncRead + Unpin>(
                     "refused a credential"
                 );
             }
-            // Past a few failures, answering slowly makes guessing slow.
-            tokio::time::sleep(v.delay).await;
+            // Past a few failures, answering slowly makes guessing slow. The wait still
+            // counts as a pending handshake: a newer connection or the deadline ends it.
+            tokio::select! {
+                () = tokio::time::sleep(v.delay) => {}
+                () = ticket.evicted.notified() => {
+                    return Err(End::Ended("dropped a delayed refusal to make room".into()));
+                }
+                () = tokio::time::sleep_until(ticket.deadline) => {
+                    return Err(End::Closed(Some(io::ErrorKind::TimedOut.into())));
+                }
+            }
             drop(ticket);
             return refuse(WireError::AuthFailed, String::new(), true);
         }
@@ -390,7 +399,10 @@ async fn handshake<R: AsyncRead + Unpin>(
         );
         return refuse(WireError::Busy, reason, false);
     };
-    let label = name.clone().unwrap_or_default();
+    // Sessions let in while no credential was required are ended once one is.
+    let label = name
+        .clone()
+        .unwrap_or_else(|| admission::OPEN_SESSION.to_owned());
     let (revoked, guard) = shared.admission.register_session(label);
     let conn = register();
     let seq_before = shared.callbacks.seq();

@@ -238,23 +238,28 @@ fn run(
         } => {
             let r = origin.write(handle, offset, &data, append);
             hoardfs_proto::buffers::give(data);
-            let reply = r.and_then(|w| {
+            let reply = r.map(|w| {
                 let attr = match shared.cfg.id_map.setid_left_after_write(&w.attr) {
                     Some(mode) => {
                         let clear = SetAttrs {
                             mode: Some(mode),
                             ..SetAttrs::default()
                         };
-                        origin.setattr(handle, &clear)?
+                        // The bytes are written: a failure here must not report the write
+                        // as failed (a retried append would land twice).
+                        origin.setattr(handle, &clear).unwrap_or_else(|e| {
+                            tracing::warn!("cannot clear set-id bits after a write: {e}");
+                            w.attr
+                        })
                     }
                     None => w.attr,
                 };
-                Ok(Reply::Written {
+                Reply::Written {
                     len: w.written,
                     offset: w.offset,
                     pre_version: w.pre_version,
                     attr,
-                })
+                }
             });
             (reply, none())
         }

@@ -297,6 +297,20 @@ impl Server {
 
 /// Rereads the credentials and closes the connections of names that went away.
 fn revoke_gone(shared: &Shared) {
+    if shared.credentials.required() {
+        // Connections let in while the server required nothing (before the first
+        // `hoardfs token add`) must now present a credential too.
+        let n = shared
+            .admission
+            .sessions
+            .revoke(&[admission::OPEN_SESSION.to_owned()]);
+        if n > 0 {
+            tracing::info!(
+                connections = n,
+                "credentials now required: closing unauthenticated connections"
+            );
+        }
+    }
     match shared.credentials.take_revoked() {
         Ok(gone) if !gone.is_empty() => {
             let n = shared.admission.sessions.revoke(&gone);

@@ -76,9 +76,9 @@ pub struct LocalOrigin {
     /// first reads of one file (a client's read and its readahead) open it once.
     open_misses: [parking_lot::Mutex<()>; 16],
     wfiles: OpenFiles,
-    /// Handles whose writable descriptor failed its fsync when it left `wfiles`: the next
-    /// fsync of the handle reports the failure.
-    write_errors: parking_lot::Mutex<std::collections::HashSet<u64>>,
+    /// Files (device, inode) whose writable descriptor failed its fsync when it left
+    /// `wfiles`: the next fsync of the file, through any handle, reports the failure.
+    write_errors: parking_lot::Mutex<std::collections::HashSet<(u64, u64)>>,
     locks: write::WriteLocks,
     proc_fd: OwnedFd,
     reads: AtomicU64,

@@ -82,12 +82,18 @@ impl LocalOrigin {
 
     /// Writable descriptors leave the cache only after an fsync, so that an fsync later
     /// asked for on a fresh descriptor cannot miss a write error only the old one would have
-    /// seen: a failure is kept and reported by the next fsync of that handle.
+    /// seen: a failure is kept, by file, and reported by the next fsync of that file
+    /// (whatever handle names it by then).
     pub(super) fn sync_evicted(&self, evicted: Vec<(u64, Arc<File>)>) {
         for (id, f) in evicted {
             if let Err(e) = sys_write::fsync(f.as_raw_fd(), true) {
                 tracing::warn!(handle = id, "writeback of a closing file failed: {e}");
-                self.write_errors.lock().insert(id);
+                match sys::fstat(f.as_raw_fd()) {
+                    Ok(st) => {
+                        self.write_errors.lock().insert((st.st_dev, st.st_ino));
+                    }
+                    Err(e) => tracing::warn!("cannot identify the failed file: {e}"),
+                }
             }
         }
     }
@@ -175,7 +181,7 @@ impl LocalOrigin {
     /// special files have nothing of their own to sync and succeed at once.
     pub(super) fn sync(&self, handle: Handle, datasync: bool) -> Result<()> {
         let node = self.handles.get(handle)?;
-        if self.write_errors.lock().remove(&handle.id) {
+        if self.write_errors.lock().remove(&(node.dev, node.ino)) {
             return Err(OriginError::Fs(WireError::Io));
         }
         match node.kind {

@@ -286,16 +286,24 @@ const PING_ID_BASE: u64 = 1 << 63;
 /// connection, and its callbacks. Stops when the connection is dropped or dies.
 fn pinger(writer: std::sync::Weak<Mutex<Writer>>, shared: Arc<Shared>, stop: mpsc::Receiver<()>) {
     let mut seen = shared.frames_tx.load(Ordering::SeqCst);
+    let mut active = std::time::Instant::now();
     let mut n = 0u64;
-    while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(PING_INTERVAL) {
+    // Checked three times per interval, so the connection is never silent for much longer
+    // than PING_INTERVAL.
+    while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(PING_INTERVAL / 3) {
         if !shared.alive.load(Ordering::SeqCst) {
             return;
         }
         let now = shared.frames_tx.load(Ordering::SeqCst);
         if now != seen {
             seen = now;
+            active = std::time::Instant::now();
             continue;
         }
+        if active.elapsed() < PING_INTERVAL {
+            continue;
+        }
+        active = std::time::Instant::now();
         let Some(w) = writer.upgrade() else { return };
         n += 1;
         let body = frame::encode_body(&Request {
