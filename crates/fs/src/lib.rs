@@ -103,6 +103,8 @@ pub struct HoardFs {
     config: FsConfig,
     nodes: NodeTable,
     reads: read::ReadEngine,
+    /// Chunk fetches shared between readers, and readahead.
+    fetcher: fetch::Fetcher,
     stats: Arc<Stats>,
     /// Whether the origin reports changes (callbacks) at all.
     callbacks: bool,
@@ -135,7 +137,8 @@ impl HoardFs {
         }));
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
-            reads: read::ReadEngine::new(weak.clone(), &config, cache.is_some()),
+            reads: read::ReadEngine::new(),
+            fetcher: fetch::Fetcher::new(weak.clone(), &config, cache.is_some()),
             origin,
             objects: objects::Objects::new(cache, info.export_id, stats.clone()),
             read_only: config.read_only || info.read_only,

@@ -19,24 +19,21 @@
 //! passthrough backing registration (and to drop a registration, whose release is an
 //! ioctl on `/dev/fuse`).
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use hoardfs_cache::{CachedObject, ObjectShape, meta::chunk_shift_for};
 use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::fetch::{ChunkKey, Flight, PrefetchJob};
 use crate::kernel_opens::ImplicitOpens;
 use crate::nodes::{Backing, BackingError, Ino, MakeBacking, Node, NodeState};
 pub(crate) use crate::open_files::OpenFile;
 use crate::open_files::OpenFiles;
 pub(crate) use crate::opens::ModeKind;
 use crate::stats::Stats;
-use crate::{FsConfig, FsError, FsResult, HoardFs};
+use crate::{FsError, FsResult, HoardFs};
 
 /// How long an open that the kernel would refuse while the file is open in passthrough
 /// waits for those opens to be released.
@@ -145,9 +142,6 @@ impl View {
 /// State of the read path shared by all opens.
 pub(crate) struct ReadEngine {
     pub(crate) files: OpenFiles,
-    pub(crate) inflight: Mutex<HashMap<ChunkKey, Arc<Flight>>>,
-    pub(crate) readahead: u64,
-    pub(crate) prefetch: Mutex<Option<mpsc::Sender<PrefetchJob>>>,
     passthrough_failed: std::sync::atomic::AtomicBool,
     /// Opens waiting for passthrough opens to be released (see `open_node`).
     draining: AtomicUsize,
@@ -156,35 +150,10 @@ pub(crate) struct ReadEngine {
 }
 
 impl ReadEngine {
-    /// The engine; readahead threads only with a disk cache (`with_cache`): without one
-    /// there is no readahead (see `read_uncached`).
-    pub(crate) fn new(fs: Weak<HoardFs>, config: &FsConfig, with_cache: bool) -> Self {
-        let (tx, rx) = mpsc::channel::<PrefetchJob>();
-        let rx = Arc::new(Mutex::new(rx));
-        let threads = if with_cache {
-            config.fetch_threads.max(1)
-        } else {
-            0
-        };
-        for i in 0..threads {
-            let (rx, fs) = (rx.clone(), fs.clone());
-            std::thread::Builder::new()
-                .name(format!("hoardfs-fetch-{i}"))
-                .spawn(move || {
-                    loop {
-                        let job = rx.lock().recv();
-                        let Ok(job) = job else { return };
-                        let Some(fs) = fs.upgrade() else { return };
-                        fs.read_ahead(&job.open, job.chunk);
-                    }
-                })
-                .expect("spawn fetch thread");
-        }
+    /// The engine, with no open files yet.
+    pub(crate) fn new() -> Self {
         ReadEngine {
             files: OpenFiles::default(),
-            inflight: Mutex::new(HashMap::new()),
-            readahead: config.readahead_chunks,
-            prefetch: Mutex::new((threads > 0).then_some(tx)),
             passthrough_failed: false.into(),
             draining: AtomicUsize::new(0),
             implicit: Mutex::new(ImplicitOpens::default()),
@@ -408,7 +377,7 @@ impl HoardFs {
         let first = offset >> view.chunk_shift;
         let last = (end - 1) >> view.chunk_shift;
         of.read_up_to(end);
-        self.schedule_readahead(of, &view, offset, end, last);
+        self.fetcher.schedule(of, &view, offset, end, last);
         // A pooled buffer (no freshly faulted pages per read): fetched bytes are appended,
         // cache-file reads go into zeroed room.
         let mut out = buffers::take((end - offset) as usize);
@@ -496,7 +465,7 @@ impl HoardFs {
 
     /// Stops the readahead threads and closes the disk cache in order (at unmount).
     pub fn shutdown(&self) {
-        self.reads.prefetch.lock().take();
+        self.fetcher.stop();
         self.release_implicit_opens();
         self.objects.close();
     }
