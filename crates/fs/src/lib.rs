@@ -105,6 +105,8 @@ pub struct HoardFs {
     reads: read::ReadEngine,
     /// Chunk fetches shared between readers, and readahead.
     fetcher: fetch::Fetcher,
+    /// Opens of reads that came without one (`crate::kernel_opens`).
+    implicit: kernel_opens::ImplicitOpens,
     stats: Arc<Stats>,
     /// Whether the origin reports changes (callbacks) at all.
     callbacks: bool,
@@ -139,6 +141,7 @@ impl HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
             reads: read::ReadEngine::new(),
             fetcher: fetch::Fetcher::new(weak.clone(), &config, cache.is_some()),
+            implicit: kernel_opens::ImplicitOpens::default(),
             origin,
             objects: objects::Objects::new(cache, info.export_id, stats.clone()),
             read_only: config.read_only || info.read_only,

@@ -25,9 +25,8 @@ use std::time::{Duration, Instant};
 
 use hoardfs_cache::{CachedObject, ObjectShape, meta::chunk_shift_for};
 use hoardfs_proto::buffers::{self, Recycled};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::MutexGuard;
 
-use crate::kernel_opens::ImplicitOpens;
 use crate::nodes::{Backing, BackingError, Ino, MakeBacking, Node, NodeState};
 pub(crate) use crate::open_files::OpenFile;
 use crate::open_files::OpenFiles;
@@ -145,8 +144,6 @@ pub(crate) struct ReadEngine {
     passthrough_failed: std::sync::atomic::AtomicBool,
     /// Opens waiting for passthrough opens to be released (see `open_node`).
     draining: AtomicUsize,
-    /// Opens of reads that came without one (`crate::kernel_opens`).
-    pub(crate) implicit: Mutex<ImplicitOpens>,
 }
 
 impl ReadEngine {
@@ -156,7 +153,6 @@ impl ReadEngine {
             files: OpenFiles::default(),
             passthrough_failed: false.into(),
             draining: AtomicUsize::new(0),
-            implicit: Mutex::new(ImplicitOpens::default()),
         }
     }
 }
