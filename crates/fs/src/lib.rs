@@ -102,7 +102,10 @@ pub struct HoardFs {
     objects: objects::Objects,
     config: FsConfig,
     nodes: NodeTable,
-    reads: read::ReadEngine,
+    /// The open files, by kernel handle.
+    files: open_files::OpenFiles,
+    /// Mount-wide passthrough admission.
+    passthrough: read::PassthroughGate,
     /// Chunk fetches shared between readers, and readahead.
     fetcher: fetch::Fetcher,
     /// Opens of reads that came without one (`crate::kernel_opens`).
@@ -139,7 +142,8 @@ impl HoardFs {
         }));
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
-            reads: read::ReadEngine::new(),
+            files: open_files::OpenFiles::default(),
+            passthrough: read::PassthroughGate::default(),
             fetcher: fetch::Fetcher::new(weak.clone(), &config, cache.is_some()),
             implicit: kernel_opens::ImplicitOpens::default(),
             origin,

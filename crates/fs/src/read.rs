@@ -20,7 +20,7 @@
 //! ioctl on `/dev/fuse`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hoardfs_cache::{CachedObject, ObjectShape, meta::chunk_shift_for};
@@ -29,7 +29,6 @@ use parking_lot::MutexGuard;
 
 use crate::nodes::{Backing, BackingError, Ino, MakeBacking, Node, NodeState};
 pub(crate) use crate::open_files::OpenFile;
-use crate::open_files::OpenFiles;
 pub(crate) use crate::opens::ModeKind;
 use crate::stats::Stats;
 use crate::{FsError, FsResult, HoardFs};
@@ -138,22 +137,48 @@ impl View {
     }
 }
 
-/// State of the read path shared by all opens.
-pub(crate) struct ReadEngine {
-    pub(crate) files: OpenFiles,
-    passthrough_failed: std::sync::atomic::AtomicBool,
-    /// Opens waiting for passthrough opens to be released (see `open_node`).
+/// Mount-wide passthrough admission: whether the kernel refused a backing registration
+/// (daemon reads for the rest of the mount), and how many opens are waiting for
+/// passthrough opens to be released.
+#[derive(Default)]
+pub(crate) struct PassthroughGate {
+    refused: AtomicBool,
+    /// Opens waiting for passthrough opens to be released (see `drain`).
     draining: AtomicUsize,
 }
 
-impl ReadEngine {
-    /// The engine, with no open files yet.
-    pub(crate) fn new() -> Self {
-        ReadEngine {
-            files: OpenFiles::default(),
-            passthrough_failed: false.into(),
-            draining: AtomicUsize::new(0),
+impl PassthroughGate {
+    /// Whether the kernel refused passthrough for this mount.
+    fn refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The kernel refused a registration: no passthrough for the rest of the mount.
+    fn refuse(&self) {
+        self.refused.store(true, Ordering::Relaxed);
+    }
+
+    /// Waits on `node`'s passthrough releases while `must_wait` holds, for at most
+    /// [`PASSTHROUGH_DRAIN`]; beyond [`MAX_DRAINING`] waiting opens, does not wait at all.
+    fn drain(
+        &self,
+        node: &Node,
+        st: &mut MutexGuard<'_, NodeState>,
+        must_wait: impl Fn(&NodeState) -> bool,
+    ) {
+        if self.draining.fetch_add(1, Ordering::SeqCst) < MAX_DRAINING {
+            let deadline = Instant::now() + PASSTHROUGH_DRAIN;
+            while must_wait(st) {
+                if node
+                    .passthrough_released
+                    .wait_until(st, deadline)
+                    .timed_out()
+                {
+                    break;
+                }
+            }
         }
+        self.draining.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -215,7 +240,6 @@ impl HoardFs {
             .unwrap_or_else(|| self.admit_daemon(&mut st, &attr, access));
         drop(st);
         let fh = self
-            .reads
             .files
             .insert(OpenFile::new(node, mode.kind(), access, hold));
         Opened { fh, mode, changed }
@@ -239,23 +263,9 @@ impl HoardFs {
                     .and_then(|o| st.opens.shareable(o))
                     .is_none()
         };
-        if !must_wait(st) {
-            return;
+        if must_wait(st) {
+            self.passthrough.drain(node, st, must_wait);
         }
-        let engine = &self.reads;
-        if engine.draining.fetch_add(1, Ordering::SeqCst) < MAX_DRAINING {
-            let deadline = Instant::now() + PASSTHROUGH_DRAIN;
-            while must_wait(st) {
-                if node
-                    .passthrough_released
-                    .wait_until(st, deadline)
-                    .timed_out()
-                {
-                    break;
-                }
-            }
-        }
-        engine.draining.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// A passthrough open of complete `object`, if the mount and the node's other opens
@@ -267,10 +277,9 @@ impl HoardFs {
         object: &Arc<CachedObject>,
         make_backing: &MakeBacking,
     ) -> Option<OpenMode> {
-        let engine = &self.reads;
         if !self.config.passthrough
             || self.kernel_opens()
-            || engine.passthrough_failed.load(Ordering::Relaxed)
+            || self.passthrough.refused()
             || st.opens.has_daemon_opens()
         {
             return None;
@@ -292,7 +301,7 @@ impl HoardFs {
                     }
                     Ok(Err(e @ BackingError::Refused(_))) => {
                         tracing::warn!("{e}; using daemon reads for this mount");
-                        engine.passthrough_failed.store(true, Ordering::Relaxed);
+                        self.passthrough.refuse();
                         return None;
                     }
                     // A passing failure, or a cache file that cannot be reopened: this open
@@ -346,7 +355,7 @@ impl HoardFs {
 
     /// The open file behind kernel handle `fh`.
     pub(crate) fn open_file(&self, fh: FileHandle) -> FsResult<Arc<OpenFile>> {
-        self.reads.files.get(fh).ok_or(FsError::BadHandle)
+        self.files.get(fh).ok_or(FsError::BadHandle)
     }
 
     /// Reads up to `size` bytes at `offset` through open file `fh`.
@@ -445,7 +454,7 @@ impl HoardFs {
 
     /// Closes open file `fh`.
     pub fn release(&self, fh: FileHandle) {
-        let Some(of) = self.reads.files.remove(fh) else {
+        let Some(of) = self.files.remove(fh) else {
             return;
         };
         let mut st = of.node.state.lock();
