@@ -142,7 +142,7 @@ impl HoardFs {
     /// The implicit open of `ino` at its current version, opened if needed.
     fn implicit_open(&self, ino: Ino) -> FsResult<Arc<OpenFile>> {
         let node = self.file_node(ino)?;
-        let (attr, _) = self.attr_of(&node)?;
+        let attr = self.attr_of(&node)?.attr;
         let known = self.implicit.current(ino);
         if let Some((fh, version)) = known
             && version == attr.version

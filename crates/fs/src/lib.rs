@@ -95,6 +95,25 @@ impl Default for FsConfig {
     }
 }
 
+/// Attributes of a node and how long the kernel may cache them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeAttr {
+    /// The attributes.
+    pub attr: Attr,
+    /// How long the kernel may keep them.
+    pub ttl: Duration,
+}
+
+/// A listing entry handed to the kernel with its attributes (readdirplus): its node and
+/// how long the kernel may cache its name and attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListedNode {
+    /// The entry's node.
+    pub ino: Ino,
+    /// How long the kernel may keep the name and attributes.
+    pub ttl: Duration,
+}
+
 /// The file system: an origin, an optional disk cache, and the inode table.
 pub struct HoardFs {
     origin: Arc<dyn Origin>,
@@ -199,10 +218,13 @@ impl HoardFs {
     }
 
     /// Stores fresh attributes of `node` (fetched after break number `since`).
-    fn install_attr(&self, node: &Node, attr: Attr, since: u64) -> Duration {
+    fn install_attr(&self, node: &Node, attr: Attr, since: u64) -> NodeAttr {
         let mut st = node.state.lock();
         st.install_attr(attr, self.grant(attr.file_id, since));
-        st.kernel_ttl(&self.config)
+        NodeAttr {
+            attr,
+            ttl: st.kernel_ttl(&self.config),
+        }
     }
 
     fn check_writable(&self) -> FsResult<()> {
@@ -279,11 +301,11 @@ impl HoardFs {
         let dir_id = dir.state.lock().attr().file_id;
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
             Ok(e) => {
-                let n = self.remember(parent, name, &e, dir_id, since);
+                let ListedNode { ino, ttl } = self.remember(parent, name, &e, dir_id, since);
                 Ok(NodeEntry {
-                    ino: n.0,
+                    ino,
                     attr: e.attr,
-                    ttl: n.1,
+                    ttl,
                 })
             }
             Err(FsError::Offline(why)) => {
@@ -326,38 +348,44 @@ impl HoardFs {
         e: &hoardfs_origin::Entry,
         dir_id: u64,
         since: u64,
-    ) -> (Ino, Duration) {
+    ) -> ListedNode {
         let grant = |a: &Attr| self.grant(a.file_id, since) && self.grant(dir_id, since);
         let n = self.nodes.remember(parent, name, e.handle, e.attr, grant);
         let ttl = n.state.lock().kernel_ttl(&self.config);
-        (n.ino, ttl)
+        ListedNode { ino: n.ino, ttl }
     }
 
     /// Attributes of `ino` and how long the kernel may cache them: from memory while under
     /// a callback or younger than the TTL, otherwise from the origin.
-    pub fn getattr(&self, ino: Ino) -> FsResult<(Attr, Duration)> {
+    pub fn getattr(&self, ino: Ino) -> FsResult<NodeAttr> {
         let node = self.node(ino)?;
         self.attr_of(&node)
     }
 
     /// [`HoardFs::getattr`] of a node already looked up.
-    pub(crate) fn attr_of(&self, node: &Node) -> FsResult<(Attr, Duration)> {
+    pub(crate) fn attr_of(&self, node: &Node) -> FsResult<NodeAttr> {
         {
             let st = node.state.lock();
             if st.attr_fresh(&self.config) {
-                return Ok((st.attr(), st.kernel_ttl(&self.config)));
+                return Ok(NodeAttr {
+                    attr: st.attr(),
+                    ttl: st.kernel_ttl(&self.config),
+                });
             }
         }
         self.refresh_attr(node)
     }
 
     /// Fresh attributes from the origin (cached ones if it is unreachable).
-    fn refresh_attr(&self, node: &Node) -> FsResult<(Attr, Duration)> {
+    fn refresh_attr(&self, node: &Node) -> FsResult<NodeAttr> {
         self.stats.count_version_check();
         let since = self.breaks.seq();
         match self.with_handle(node, |h| self.origin.getattr(h)) {
-            Ok(a) => Ok((a, self.install_attr(node, a, since))),
-            Err(FsError::Offline(_)) => Ok((node.state.lock().attr(), self.config.attr_ttl)),
+            Ok(a) => Ok(self.install_attr(node, a, since)),
+            Err(FsError::Offline(_)) => Ok(NodeAttr {
+                attr: node.state.lock().attr(),
+                ttl: self.config.attr_ttl,
+            }),
             Err(e) => Err(e),
         }
     }
@@ -431,7 +459,7 @@ impl HoardFs {
 
     /// Records that a listing entry was handed to the kernel with its attributes
     /// (readdirplus), counting one kernel lookup; returns its node and kernel TTL.
-    pub fn remember_entry(&self, dir: Ino, listing: &Listing, e: &DirEntry) -> (Ino, Duration) {
+    pub fn remember_entry(&self, dir: Ino, listing: &Listing, e: &DirEntry) -> ListedNode {
         let dir_id = self
             .nodes
             .get(dir)

@@ -211,7 +211,7 @@ impl HoardFs {
         let now = if valid {
             before
         } else {
-            self.refresh_attr(node)?.0
+            self.refresh_attr(node)?.attr
         };
         Ok((before, now))
     }

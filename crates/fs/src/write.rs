@@ -15,7 +15,7 @@ use hoardfs_origin::{Attr, SetAttrs};
 use crate::nodes::{Ino, Node};
 use crate::read::FileHandle;
 use crate::stats::Stats;
-use crate::{FsError, FsResult, HoardFs};
+use crate::{FsError, FsResult, HoardFs, NodeAttr};
 
 impl HoardFs {
     /// Writes `data` at `offset` through open file `fh`; returns the bytes written.
@@ -90,7 +90,7 @@ impl HoardFs {
 
     /// Changes attributes of `ino` (chmod, chown, truncate, utimens); returns the new ones
     /// and how long the kernel may cache them.
-    pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<(Attr, std::time::Duration)> {
+    pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<NodeAttr> {
         self.check_writable()?;
         let node = self.node(ino)?;
         let since = self.breaks.seq();
@@ -98,7 +98,7 @@ impl HoardFs {
         if node.kind == hoardfs_origin::FileKind::File {
             self.reset_object(&node, &attr);
         }
-        Ok((attr, self.install_attr(&node, attr, since)))
+        Ok(self.install_attr(&node, attr, since))
     }
 
     /// Makes `ino`'s data (and with `!datasync` its metadata) durable on the origin. Fails
