@@ -8,16 +8,19 @@
 //! mix modes on one inode). Under `--kernel-opens` opens are implicit
 //! ([`crate::kernel_opens`]).
 //!
-//! Misses are fetched a whole chunk at a time, by [`crate::fetch`]: one fetch per chunk
-//! however many readers want it, and readahead for sequential readers. A file without a
+//! Misses are fetched a whole chunk at a time through the `Fetcher` ([`crate::fetch`]):
+//! one fetch per chunk however many readers want it, and readahead for sequential
+//! readers. Mount-wide passthrough admission (refused by the kernel, opens waiting for
+//! passthrough opens to end) is a [`PassthroughGate`]. A file without a
 //! cached object (`--no-cache`, or one the cache could not take) is read through: a read
 //! fetches just the bytes it asks for (see `read_uncached`).
 //!
-//! Lock ordering: `files` (`crate::open_files`) is a leaf, as are `fetch`'s `inflight` and
-//! the `implicit` table of `crate::kernel_opens` (never held while taking another lock or
-//! doing I/O); a node's `state` lock is never held across origin I/O, and across disk I/O only to create that node's cached object or
-//! passthrough backing registration (and to drop a registration, whose release is an
-//! ioctl on `/dev/fuse`).
+//! Lock ordering: the open-file table (`crate::open_files`) is a leaf, as are the
+//! `Fetcher`'s in-flight table and queue and the implicit-open table of
+//! `crate::kernel_opens` (never held while taking another lock or doing I/O); a node's
+//! `state` lock is never held across origin I/O, and across disk I/O only to create that
+//! node's cached object or passthrough backing registration (and to drop a registration,
+//! whose release is an ioctl on `/dev/fuse`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
