@@ -41,7 +41,7 @@ pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO
 pub use read::{Access, FileHandle, OpenMode, Opened, ReadData};
 pub use stats::{Stats, StatsSnapshot};
 
-use callbacks::BreakLog;
+use callbacks::Callbacks;
 use nodes::NodeTable;
 
 /// Files of one listing whose cached records are read ahead at most (the first ones by
@@ -130,9 +130,8 @@ pub struct HoardFs {
     /// Opens of reads that came without one (`crate::kernel_opens`).
     implicit: kernel_opens::ImplicitOpens,
     stats: Arc<Stats>,
-    /// Whether the origin reports changes (callbacks) at all.
-    callbacks: bool,
-    breaks: Arc<BreakLog>,
+    /// The origin's change reports (callbacks) and the breaks received.
+    callbacks: Callbacks,
     notifier: OnceLock<Arc<dyn KernelNotifier>>,
     read_only: bool,
     /// Writes acknowledged but not yet durable on the server.
@@ -148,17 +147,7 @@ impl HoardFs {
     ) -> FsResult<Arc<HoardFs>> {
         let info = origin.info()?;
         let stats = Arc::new(Stats::default());
-        let breaks = Arc::new(BreakLog::default());
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<hoardfs_origin::Break>>();
-        let log = breaks.clone();
-        let backlog = Arc::new(callbacks::Backlog::default());
-        let queued = backlog.clone();
-        let callbacks = origin.subscribe(Arc::new(move |b| {
-            log.record(&b);
-            if let Some(b) = queued.admit(b) {
-                let _ = tx.send(b);
-            }
-        }));
+        let (callbacks, breaks) = Callbacks::subscribe(&*origin);
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
             files: open_files::OpenFiles::default(),
@@ -171,24 +160,10 @@ impl HoardFs {
             config,
             stats,
             callbacks,
-            breaks,
             notifier: OnceLock::new(),
             durability: durability::Durability::default(),
         });
-        let weak = Arc::downgrade(&fs);
-        std::thread::Builder::new()
-            .name("hoardfs-callbacks".into())
-            .spawn(move || {
-                while let Ok(b) = rx.recv() {
-                    backlog.taken(&b);
-                    let Some(fs) = weak.upgrade() else { return };
-                    fs.apply_breaks(b);
-                }
-            })
-            .map_err(|e| FsError::Thread {
-                what: "callback",
-                source: error::Shared::new(e),
-            })?;
+        breaks.spawn(Arc::downgrade(&fs))?;
         Ok(fs)
     }
 
@@ -209,12 +184,12 @@ impl HoardFs {
 
     /// Whether the origin holds callbacks (changes are pushed, TTLs can be long).
     pub fn has_callbacks(&self) -> bool {
-        self.callbacks
+        self.callbacks.held()
     }
 
     /// Whether attributes fetched after break number `since` come with a callback.
     fn grant(&self, file_id: u64, since: u64) -> bool {
-        self.callbacks && !self.breaks.broken_since(file_id, since)
+        self.callbacks.grants(file_id, since)
     }
 
     /// Stores fresh attributes of `node` (fetched after break number `since`).
@@ -297,7 +272,7 @@ impl HoardFs {
         if dir.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
-        let since = self.breaks.seq();
+        let since = self.callbacks.seq();
         let dir_id = dir.state.lock().attr().file_id;
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
             Ok(e) => {
@@ -379,7 +354,7 @@ impl HoardFs {
     /// Fresh attributes from the origin (cached ones if it is unreachable).
     fn refresh_attr(&self, node: &Node) -> FsResult<NodeAttr> {
         self.stats.count_version_check();
-        let since = self.breaks.seq();
+        let since = self.callbacks.seq();
         match self.with_handle(node, |h| self.origin.getattr(h)) {
             Ok(a) => Ok(self.install_attr(node, a, since)),
             Err(FsError::Offline(_)) => Ok(NodeAttr {
@@ -401,7 +376,7 @@ impl HoardFs {
         if let Some(l) = node.state.lock().fresh_listing(&self.config) {
             return Ok(l);
         }
-        let since = self.breaks.seq();
+        let since = self.callbacks.seq();
         let listing = match self.fetch_listing(&node) {
             Ok(entries) => {
                 let l = Arc::new(Listing {
@@ -427,7 +402,7 @@ impl HoardFs {
         st.retain_children(&names);
         // Kept only if no break for the directory overtook it (checked under the lock the
         // break handler takes to drop listings).
-        if self.grant(st.attr().file_id, since) || !self.callbacks {
+        if self.grant(st.attr().file_id, since) || !self.callbacks.held() {
             st.keep_listing(listing.clone());
         }
         Ok(listing)

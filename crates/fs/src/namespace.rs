@@ -47,7 +47,7 @@ impl HoardFs {
     ) -> FsResult<NodeEntry> {
         self.check_writable()?;
         let (dir, dir_id) = self.dir(parent)?;
-        let since = self.breaks.seq();
+        let since = self.callbacks.seq();
         let e = self.with_handle(&dir, op)?;
         let ListedNode { ino, ttl } = self.remember(parent, name, &e, dir_id, since);
         self.dir_changed(&dir);

@@ -26,7 +26,7 @@ impl HoardFs {
             return Err(FsError::BadHandle);
         }
         let node = &of.node;
-        let since = self.breaks.seq();
+        let since = self.callbacks.seq();
         let append = of.access.append;
         let verifier = self.verifier();
         let w = self.with_handle(node, |h| self.origin.write(h, offset, data, append))?;
@@ -93,7 +93,7 @@ impl HoardFs {
     pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<NodeAttr> {
         self.check_writable()?;
         let node = self.node(ino)?;
-        let since = self.breaks.seq();
+        let since = self.callbacks.seq();
         let attr = self.with_handle(&node, |h| self.origin.setattr(h, set))?;
         if node.kind == hoardfs_origin::FileKind::File {
             self.reset_object(&node, &attr);
