@@ -28,10 +28,10 @@ mod stats;
 mod write;
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hoardfs_cache::CacheDir;
-use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, StatFs, WireError};
+use hoardfs_origin::{Attr, FileKind, Handle, Origin, OriginError, StatFs, WireError};
 
 pub use callbacks::KernelNotifier;
 pub use error::{CacheFault, FsError, FsResult, Shared};
@@ -363,83 +363,6 @@ impl HoardFs {
             }),
             Err(e) => Err(e),
         }
-    }
-
-    /// The full listing of directory `ino` (reused within the directory TTL). When it is
-    /// fetched, the disk cache reads the records of the listed files it holds ahead of
-    /// their opens.
-    pub fn listing(&self, ino: Ino) -> FsResult<Arc<Listing>> {
-        let node = self.node(ino)?;
-        if node.kind != FileKind::Dir {
-            return Err(WireError::NotDir.into());
-        }
-        if let Some(l) = node.state.lock().fresh_listing(&self.config) {
-            return Ok(l);
-        }
-        let since = self.callbacks.seq();
-        let listing = match self.fetch_listing(&node) {
-            Ok(entries) => {
-                let l = Arc::new(Listing {
-                    entries,
-                    fetched: Instant::now(),
-                    since,
-                });
-                self.objects.warm_listed(&l);
-                l
-            }
-            Err(FsError::Offline(why)) => {
-                return node
-                    .state
-                    .lock()
-                    .last_listing()
-                    .ok_or(FsError::Offline(why));
-            }
-            Err(e) => return Err(e),
-        };
-        let names: std::collections::HashSet<&[u8]> =
-            listing.entries.iter().map(|e| e.name.as_slice()).collect();
-        let mut st = node.state.lock();
-        st.retain_children(&names);
-        // Kept only if no break for the directory overtook it (checked under the lock the
-        // break handler takes to drop listings).
-        if self.grant(st.attr().file_id, since) || !self.callbacks.held() {
-            st.keep_listing(listing.clone());
-        }
-        Ok(listing)
-    }
-
-    /// Every entry of directory `node`, page by page from the origin (at most
-    /// [`MAX_LISTING`] entries and pages).
-    fn fetch_listing(&self, node: &Node) -> FsResult<Vec<DirEntry>> {
-        self.with_handle(node, |h| {
-            let mut entries = Vec::new();
-            let mut cookie = 0;
-            let mut pages = 0;
-            loop {
-                let page = self.origin.readdir(h, cookie, 1024)?;
-                pages += 1;
-                if entries.len() + page.entries.len() + pages > MAX_LISTING {
-                    return Err(OriginError::Protocol(format!(
-                        "directory listing longer than {MAX_LISTING} entries"
-                    )));
-                }
-                entries.extend(page.entries);
-                match page.next {
-                    Some(c) => cookie = c,
-                    None => return Ok(entries),
-                }
-            }
-        })
-    }
-
-    /// Records that a listing entry was handed to the kernel with its attributes
-    /// (readdirplus), counting one kernel lookup; returns its node and kernel TTL.
-    pub fn remember_entry(&self, dir: Ino, listing: &Listing, e: &DirEntry) -> ListedNode {
-        let dir_id = self
-            .nodes
-            .get(dir)
-            .map_or(0, |d| d.state.lock().attr().file_id);
-        self.remember(dir, &e.name, &e.entry, dir_id, listing.since)
     }
 
     /// Attributes of `ino` as last seen, without any round trip (for `.` and `..`).
