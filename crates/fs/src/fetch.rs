@@ -162,17 +162,17 @@ impl Fetcher {
         }
     }
 
-    /// The bytes of chunk `c` of `node` at `version`: fetched by `fetch` now, or by a
+    /// The bytes of chunk `c` of inode `ino` at `version`: fetched by `fetch` now, or by a
     /// concurrent fetch of the same chunk that we wait for.
     pub(crate) fn shared(
         &self,
-        node: &Node,
+        ino: Ino,
         version: u64,
         c: u64,
         fetch: impl FnOnce() -> FsResult<Vec<u8>>,
     ) -> FetchResult {
         let key = ChunkKey {
-            ino: node.ino,
+            ino,
             version,
             chunk: c,
         };
@@ -227,9 +227,9 @@ impl HoardFs {
         if view.object.as_ref().is_some_and(|o| o.has_chunk(c)) {
             return Ok(None);
         }
-        let result = self
-            .fetcher
-            .shared(node, view.version, c, || self.fetch_chunk(node, view, c));
+        let result = self.fetcher.shared(node.ino, view.version, c, || {
+            self.fetch_chunk(node, view, c)
+        });
         result.map(Some)
     }
 
@@ -277,5 +277,53 @@ impl HoardFs {
             None => {}
         }
         Ok(data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Weak};
+    use std::time::{Duration, Instant};
+
+    use super::Fetcher;
+    use crate::{FsConfig, FsError};
+
+    #[test]
+    fn concurrent_misses_of_one_chunk_share_one_fetch() {
+        let f = Arc::new(Fetcher::new(Weak::new(), &FsConfig::default(), false));
+        let mut follower = None;
+        let led = f.shared(1, 7, 0, || {
+            let g = f.clone();
+            follower = Some(std::thread::spawn(move || {
+                g.shared(1, 7, 0, || panic!("a second fetch of the chunk"))
+            }));
+            // The follower found this flight: its clone is the third reference.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while f
+                .inflight
+                .lock()
+                .values()
+                .all(|fl| Arc::strong_count(fl) < 3)
+            {
+                assert!(Instant::now() < deadline, "the follower never joined");
+                std::thread::yield_now();
+            }
+            Ok(vec![1, 2, 3])
+        });
+        let followed = follower.unwrap().join().unwrap();
+        assert_eq!(**led.unwrap(), [1, 2, 3]);
+        assert_eq!(**followed.unwrap(), [1, 2, 3]);
+        assert!(f.inflight.lock().is_empty());
+    }
+
+    #[test]
+    fn a_failed_fetch_is_not_kept() {
+        let f = Fetcher::new(Weak::new(), &FsConfig::default(), false);
+        assert!(!f.reads_ahead());
+        let failed = f.shared(1, 7, 0, || Err(FsError::BadHandle));
+        assert_eq!(failed.unwrap_err(), FsError::BadHandle);
+        // Another version of the same chunk, then the same one again: each is fetched.
+        assert_eq!(**f.shared(1, 8, 0, || Ok(vec![8])).unwrap(), [8]);
+        assert_eq!(**f.shared(1, 7, 0, || Ok(vec![7])).unwrap(), [7]);
     }
 }
