@@ -478,3 +478,67 @@ impl HoardFs {
         self.objects.close();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    use hoardfs_origin::Origin;
+    use hoardfs_origin::local::{LocalOptions, LocalOrigin};
+
+    use super::{MAX_DRAINING, PASSTHROUGH_DRAIN, PassthroughGate};
+    use crate::nodes::{Node, NodeTable, ROOT_INO};
+
+    /// A node to wait on (the root of an empty export).
+    fn node() -> Arc<Node> {
+        let dir = tempfile::tempdir().unwrap();
+        let origin = LocalOrigin::new(dir.path(), LocalOptions::default()).unwrap();
+        let root = origin.info().unwrap().root;
+        NodeTable::new(root.handle, root.attr)
+            .get(ROOT_INO)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_release_ends_the_wait_for_passthrough_opens() {
+        let (gate, node) = (PassthroughGate::default(), node());
+        let open = Arc::new(AtomicBool::new(true));
+        let started = Instant::now();
+        let mut st = node.state.lock();
+        // The release takes the node's lock, so it happens while the open waits.
+        let release = {
+            let (node, open) = (node.clone(), open.clone());
+            std::thread::spawn(move || {
+                let _st = node.state.lock();
+                open.store(false, Ordering::SeqCst);
+                node.passthrough_released.notify_all();
+            })
+        };
+        gate.drain(&node, &mut st, |_| open.load(Ordering::SeqCst));
+        drop(st);
+        release.join().unwrap();
+        assert!(!open.load(Ordering::SeqCst));
+        assert!(started.elapsed() < PASSTHROUGH_DRAIN);
+        assert_eq!(gate.draining.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_wait_is_bounded_in_time_and_in_waiters() {
+        let (gate, node) = (PassthroughGate::default(), node());
+        let started = Instant::now();
+        gate.drain(&node, &mut node.state.lock(), |_| true);
+        // Letting the wait expire is the point.
+        assert!(started.elapsed() >= PASSTHROUGH_DRAIN);
+        // With as many opens waiting as allowed, another does not wait at all.
+        gate.draining.store(MAX_DRAINING, Ordering::SeqCst);
+        let started = Instant::now();
+        gate.drain(&node, &mut node.state.lock(), |_| true);
+        assert!(started.elapsed() < PASSTHROUGH_DRAIN);
+        assert_eq!(gate.draining.load(Ordering::SeqCst), MAX_DRAINING);
+        assert!(!gate.refused());
+        gate.refuse();
+        assert!(gate.refused());
+    }
+}
