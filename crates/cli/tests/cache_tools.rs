@@ -292,6 +292,8 @@ fn listing_a_directory_after_a_remount_reads_its_cached_records_ahead() {
         3 => Ok(()),
         n => Err(format!("{n} warmed")),
     });
+    // And no more: a pause in which a wrongly warmed record would show (the point is the
+    // absence of an event, so there is no condition to wait for).
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert_eq!(warmed(), 3);
     for i in 0..5u64 {
@@ -371,6 +373,8 @@ fn offline_serves_the_cache_fails_fast_and_reconnects_by_itself() {
     assert!(ok, "{err}");
     let names = list(&m.p("d")).unwrap();
     srv.kill();
+    // The 0.2 s attribute TTL expires: what follows is served offline, not from fresh
+    // attributes (the wait is the point).
     std::thread::sleep(Duration::from_millis(400));
     drop_caches();
     // Cached data, attributes and listings stay available.

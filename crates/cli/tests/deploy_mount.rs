@@ -32,17 +32,12 @@ fn output_within(mut cmd: Command, limit: Duration) -> Output {
     let out = collect(Box::new(child.stdout.take().unwrap()));
     let err = collect(Box::new(child.stderr.take().unwrap()));
     let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{cmd:?} did not return within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    if !wait_until(limit, || child.try_wait().unwrap().is_some()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{cmd:?} did not return within {limit:?}");
+    }
+    let status = child.wait().unwrap();
     // Whoever still holds the pipes (a daemon that did not detach) gets a bounded wait.
     let rest = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(1);
     let stdout = out

@@ -79,6 +79,8 @@ fn a_client_that_never_reads_replies_costs_bounded_memory() {
         }
         sent += 1;
     }
+    // Give the server time to take in what it will of the pipelined reads: the RSS
+    // measured after it is the point (there is no event that says "all taken").
     std::thread::sleep(Duration::from_millis(500));
     let peak = rss_kib(srv.pid());
     eprintln!("pipelined {sent} reads; server RSS {base} KiB -> {peak} KiB");
@@ -107,6 +109,7 @@ fn a_client_that_never_reads_replies_costs_bounded_memory() {
     // The stalled connection is dropped once its replies made no progress for 4 s: after
     // that, reading yields what was already in flight and then the end, not the
     // thousands of replies still asked for.
+    // (Letting the 4 s stall timeout expire is the point of this wait.)
     std::thread::sleep(Duration::from_secs(6));
     s.sock
         .set_read_timeout(Some(Duration::from_secs(10)))

@@ -166,15 +166,12 @@ fn a_change_on_the_server_is_seen_after_its_callback_break() {
 
 /// Polls `cond` for up to 5 s (a change on the server reaches clients as a callback break,
 /// within milliseconds; without one it would take the 60 s attribute timeout).
+#[track_caller]
 fn eventually(cond: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !cond() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "change not seen within 5 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    assert!(
+        wait_until(PROMPTLY, cond),
+        "change not seen within {PROMPTLY:?}"
+    );
 }
 
 #[test]

@@ -408,6 +408,7 @@ fn a_write_open_waits_for_a_cached_reader_that_is_closing() {
     // A reader that closes soon (or a descriptor a child holds until it execs): the write
     // open waits for it instead of failing.
     let closer = std::thread::spawn(move || {
+        // The reader closing a little later is the point: the write open must wait.
         std::thread::sleep(std::time::Duration::from_millis(100));
         drop(reader);
     });

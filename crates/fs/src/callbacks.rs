@@ -12,15 +12,21 @@
 //! the number before sending a request and grants the callback only if no break for that
 //! object arrived since (checked under the node's lock, which the break handler also takes,
 //! so a break handled after the check clears what the check granted).
+//!
+//! [`Callbacks`] is the subscription as `HoardFs` uses it: whether the origin holds
+//! callbacks at all, the break numbers to note, and whether a reply may grant one; its
+//! [`BreakQueue`] feeds the callback thread.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Weak};
 
-use hoardfs_origin::Break;
+use hoardfs_origin::{Break, Origin};
 use parking_lot::Mutex;
 
-use crate::HoardFs;
 use crate::nodes::Ino;
+use crate::{FsError, FsResult, HoardFs, error};
 
 /// Tells the kernel to drop what it cached (implemented by the FUSE bridge).
 pub trait KernelNotifier: Send + Sync {
@@ -30,6 +36,75 @@ pub trait KernelNotifier: Send + Sync {
     fn inval_attr(&self, ino: Ino);
     /// The dentry `name` in directory `parent` is out of date.
     fn inval_entry(&self, parent: Ino, name: &[u8]);
+}
+
+/// The origin's callbacks as the fs uses them.
+pub(crate) struct Callbacks {
+    /// Whether the origin reports changes (holds callbacks) at all.
+    held: bool,
+    log: Arc<BreakLog>,
+}
+
+impl Callbacks {
+    /// Subscribes to `origin`'s breaks: each is numbered in the log as it arrives and
+    /// queued (bounded by a [`Backlog`]) for the callback thread, which the returned
+    /// [`BreakQueue`] starts.
+    pub(crate) fn subscribe(origin: &dyn Origin) -> (Callbacks, BreakQueue) {
+        let log = Arc::new(BreakLog::default());
+        let (tx, rx) = mpsc::channel::<Vec<Break>>();
+        let backlog = Arc::new(Backlog::default());
+        let (logged, queued) = (log.clone(), backlog.clone());
+        let held = origin.subscribe(Arc::new(move |b| {
+            logged.record(&b);
+            if let Some(b) = queued.admit(b) {
+                let _ = tx.send(b);
+            }
+        }));
+        (Callbacks { held, log }, BreakQueue { rx, backlog })
+    }
+
+    /// Whether the origin holds callbacks (changes are pushed, TTLs can be long).
+    pub(crate) fn held(&self) -> bool {
+        self.held
+    }
+
+    /// Number of breaks received so far: noted before a request, for [`Callbacks::grants`].
+    pub(crate) fn seq(&self) -> u64 {
+        self.log.seq()
+    }
+
+    /// Whether a reply about `file_id` to a request sent after break number `since` comes
+    /// with a callback.
+    pub(crate) fn grants(&self, file_id: u64, since: u64) -> bool {
+        self.held && !self.log.broken_since(file_id, since)
+    }
+}
+
+/// The breaks on their way to the callback thread.
+pub(crate) struct BreakQueue {
+    rx: mpsc::Receiver<Vec<Break>>,
+    backlog: Arc<Backlog>,
+}
+
+impl BreakQueue {
+    /// Starts the callback thread, which applies the breaks to `fs` until it is gone.
+    pub(crate) fn spawn(self, fs: Weak<HoardFs>) -> FsResult<()> {
+        let BreakQueue { rx, backlog } = self;
+        std::thread::Builder::new()
+            .name("hoardfs-callbacks".into())
+            .spawn(move || {
+                while let Ok(b) = rx.recv() {
+                    backlog.taken(&b);
+                    let Some(fs) = fs.upgrade() else { return };
+                    fs.apply_breaks(b);
+                }
+            })
+            .map_err(|e| FsError::Thread {
+                what: "callback",
+                source: error::Shared::new(e),
+            })?;
+        Ok(())
+    }
 }
 
 /// Breaks remembered individually; older ones are summarised by a horizon.
@@ -45,7 +120,7 @@ const BACKLOG_CAP: usize = 1 << 16;
 /// queued and further breaks are dropped until the thread takes a `Break::All` off the
 /// queue: that one is applied after every dropped break arrived, and covers them.
 #[derive(Default)]
-pub(crate) struct Backlog {
+struct Backlog {
     queued: AtomicUsize,
     overflowed: AtomicBool,
 }
@@ -79,7 +154,7 @@ impl Backlog {
 
 /// Numbered record of recent breaks; see the module docs. Lock: a leaf.
 #[derive(Default)]
-pub(crate) struct BreakLog {
+struct BreakLog {
     inner: Mutex<LogInner>,
 }
 

@@ -3,14 +3,18 @@
 //! the origin is unreachable. When a listing may be reused is [`crate::freshness`]'s rule;
 //! when it is dropped is the node's (`NodeState`): whenever the directory's version or
 //! size changes, or a break or a change through this client touches its names.
+//!
+//! `HoardFs::listing` (here too) serves a directory's listing: reused while fresh, fetched
+//! page by page otherwise, the last one kept while the origin is unreachable.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use hoardfs_origin::DirEntry;
+use hoardfs_origin::{DirEntry, FileKind, OriginError, WireError};
 
-use crate::nodes::Ino;
+use crate::nodes::{Ino, Node};
+use crate::{FsError, FsResult, HoardFs, ListedNode, MAX_LISTING};
 
 /// A directory listing snapshot.
 #[derive(Debug)]
@@ -67,5 +71,84 @@ impl DirState {
     /// Keeps only the names `listed` holds.
     pub(crate) fn retain_children(&mut self, listed: &HashSet<&[u8]>) {
         self.children.retain(|n, _| listed.contains(n.as_slice()));
+    }
+}
+
+impl HoardFs {
+    /// The full listing of directory `ino` (reused within the directory TTL). When it is
+    /// fetched, the disk cache reads the records of the listed files it holds ahead of
+    /// their opens.
+    pub fn listing(&self, ino: Ino) -> FsResult<Arc<Listing>> {
+        let node = self.node(ino)?;
+        if node.kind != FileKind::Dir {
+            return Err(WireError::NotDir.into());
+        }
+        if let Some(l) = node.state.lock().fresh_listing(&self.config) {
+            return Ok(l);
+        }
+        let since = self.callbacks.seq();
+        let listing = match self.fetch_listing(&node) {
+            Ok(entries) => {
+                let l = Arc::new(Listing {
+                    entries,
+                    fetched: Instant::now(),
+                    since,
+                });
+                self.objects.warm_listed(&l);
+                l
+            }
+            Err(FsError::Offline(why)) => {
+                return node
+                    .state
+                    .lock()
+                    .last_listing()
+                    .ok_or(FsError::Offline(why));
+            }
+            Err(e) => return Err(e),
+        };
+        let names: std::collections::HashSet<&[u8]> =
+            listing.entries.iter().map(|e| e.name.as_slice()).collect();
+        let mut st = node.state.lock();
+        st.retain_children(&names);
+        // Kept only if no break for the directory overtook it (checked under the lock the
+        // break handler takes to drop listings).
+        if self.grant(st.attr().file_id, since) || !self.callbacks.held() {
+            st.keep_listing(listing.clone());
+        }
+        Ok(listing)
+    }
+
+    /// Every entry of directory `node`, page by page from the origin (at most
+    /// [`MAX_LISTING`] entries and pages).
+    fn fetch_listing(&self, node: &Node) -> FsResult<Vec<DirEntry>> {
+        self.with_handle(node, |h| {
+            let mut entries = Vec::new();
+            let mut cookie = 0;
+            let mut pages = 0;
+            loop {
+                let page = self.origin.readdir(h, cookie, 1024)?;
+                pages += 1;
+                if entries.len() + page.entries.len() + pages > MAX_LISTING {
+                    return Err(OriginError::Protocol(format!(
+                        "directory listing longer than {MAX_LISTING} entries"
+                    )));
+                }
+                entries.extend(page.entries);
+                match page.next {
+                    Some(c) => cookie = c,
+                    None => return Ok(entries),
+                }
+            }
+        })
+    }
+
+    /// Records that a listing entry was handed to the kernel with its attributes
+    /// (readdirplus), counting one kernel lookup; returns its node and kernel TTL.
+    pub fn remember_entry(&self, dir: Ino, listing: &Listing, e: &DirEntry) -> ListedNode {
+        let dir_id = self
+            .nodes
+            .get(dir)
+            .map_or(0, |d| d.state.lock().attr().file_id);
+        self.remember(dir, &e.name, &e.entry, dir_id, listing.since)
     }
 }

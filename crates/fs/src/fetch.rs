@@ -1,10 +1,15 @@
 //! Misses into the disk cache: fetching chunks from the origin, one fetch per chunk
-//! however many readers want it (`inflight`), and readahead for sequential readers on a
-//! small pool of threads.
+//! however many readers want it, and readahead for sequential readers on a small pool of
+//! threads. The [`Fetcher`] owns that machinery (the in-flight table, the readahead
+//! window and queue, the threads); `HoardFs` supplies the fetch itself (origin I/O and the
+//! write into the cached object).
 //!
-//! Lock ordering: `inflight` is a leaf (never held while taking another lock or doing I/O).
+//! Lock ordering: the in-flight table is a leaf (never held while taking another lock or
+//! doing I/O), as is the readahead queue.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Weak};
 
 use hoardfs_proto::buffers::Recycled;
 use parking_lot::{Condvar, Mutex};
@@ -12,20 +17,20 @@ use parking_lot::{Condvar, Mutex};
 use crate::nodes::{Ino, Node};
 use crate::read::{ModeKind, OpenFile, View};
 use crate::stats::Stats;
-use crate::{FsResult, HoardFs};
+use crate::{FsConfig, FsResult, HoardFs};
 
 /// A chunk of a version of a file: what one fetch is shared for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct ChunkKey {
+struct ChunkKey {
     ino: Ino,
     version: u64,
     chunk: u64,
 }
 
 /// A readahead job: fetch chunk `chunk` for open file `open`.
-pub(crate) struct PrefetchJob {
-    pub(crate) open: Arc<OpenFile>,
-    pub(crate) chunk: u64,
+struct PrefetchJob {
+    open: Arc<OpenFile>,
+    chunk: u64,
 }
 
 /// Sequential-read detection of one open file.
@@ -40,7 +45,7 @@ pub(crate) struct Sequence {
 type FetchResult = FsResult<Arc<Recycled>>;
 
 #[derive(Default)]
-pub(crate) struct Flight {
+struct Flight {
     done: Mutex<Option<FetchResult>>,
     cv: Condvar,
 }
@@ -58,8 +63,64 @@ impl Flight {
         self.cv.notify_all();
     }
 }
-impl HoardFs {
-    pub(crate) fn schedule_readahead(
+
+/// Shared fetches and readahead: one fetch per chunk however many readers want it, and
+/// readahead jobs for sequential readers, run by a small pool of threads.
+pub(crate) struct Fetcher {
+    /// Fetches in progress, by chunk. Lock: a leaf.
+    inflight: Mutex<HashMap<ChunkKey, Arc<Flight>>>,
+    /// Chunks fetched ahead of a sequential reader.
+    window: u64,
+    /// Where readahead jobs go (`None` without threads, or once stopped).
+    queue: Mutex<Option<mpsc::Sender<PrefetchJob>>>,
+}
+
+impl Fetcher {
+    /// The fetcher; readahead threads (running `fs`'s `read_ahead`) only with a disk cache
+    /// (`with_cache`): without one there is no readahead (see `read_uncached`).
+    pub(crate) fn new(fs: Weak<HoardFs>, config: &FsConfig, with_cache: bool) -> Fetcher {
+        let (tx, rx) = mpsc::channel::<PrefetchJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        let threads = if with_cache {
+            config.fetch_threads.max(1)
+        } else {
+            0
+        };
+        for i in 0..threads {
+            let (rx, fs) = (rx.clone(), fs.clone());
+            std::thread::Builder::new()
+                .name(format!("hoardfs-fetch-{i}"))
+                .spawn(move || {
+                    loop {
+                        let job = rx.lock().recv();
+                        let Ok(job) = job else { return };
+                        let Some(fs) = fs.upgrade() else { return };
+                        fs.read_ahead(&job.open, job.chunk);
+                    }
+                })
+                .expect("spawn fetch thread");
+        }
+        Fetcher {
+            inflight: Mutex::new(HashMap::new()),
+            window: config.readahead_chunks,
+            queue: Mutex::new((threads > 0).then_some(tx)),
+        }
+    }
+
+    /// Stops the readahead threads (queued jobs are dropped once they see the queue gone).
+    pub(crate) fn stop(&self) {
+        self.queue.lock().take();
+    }
+
+    /// Whether readahead jobs can be queued (there are threads, and they were not stopped).
+    #[cfg(test)]
+    pub(crate) fn reads_ahead(&self) -> bool {
+        self.queue.lock().is_some()
+    }
+
+    /// A read of `of` asked for `offset..end` (whose last chunk is `last`): for a sequential
+    /// reader, queues the chunks of the readahead window not scheduled yet and not cached.
+    pub(crate) fn schedule(
         &self,
         of: &Arc<OpenFile>,
         view: &View,
@@ -67,7 +128,7 @@ impl HoardFs {
         end: u64,
         last: u64,
     ) {
-        let window = self.reads.readahead;
+        let window = self.window;
         if window == 0 || of.mode == ModeKind::Passthrough {
             return;
         }
@@ -91,7 +152,7 @@ impl HoardFs {
         let missing: Vec<u64> = (from..=to)
             .filter(|&c| !view.object.as_ref().is_some_and(|o| o.has_chunk(c)))
             .collect();
-        if let Some(tx) = &*self.reads.prefetch.lock() {
+        if let Some(tx) = &*self.queue.lock() {
             for c in missing {
                 let _ = tx.send(PrefetchJob {
                     open: of.clone(),
@@ -101,6 +162,43 @@ impl HoardFs {
         }
     }
 
+    /// The bytes of chunk `c` of inode `ino` at `version`: fetched by `fetch` now, or by a
+    /// concurrent fetch of the same chunk that we wait for.
+    pub(crate) fn shared(
+        &self,
+        ino: Ino,
+        version: u64,
+        c: u64,
+        fetch: impl FnOnce() -> FsResult<Vec<u8>>,
+    ) -> FetchResult {
+        let key = ChunkKey {
+            ino,
+            version,
+            chunk: c,
+        };
+        let (flight, leader) = {
+            let mut m = self.inflight.lock();
+            match m.get(&key) {
+                Some(f) => (f.clone(), false),
+                None => {
+                    let f = Arc::new(Flight::default());
+                    m.insert(key, f.clone());
+                    (f, true)
+                }
+            }
+        };
+        if leader {
+            let r = fetch().map(|d| Arc::new(Recycled::from(d)));
+            self.inflight.lock().remove(&key);
+            flight.complete(r.clone());
+            r
+        } else {
+            flight.wait()
+        }
+    }
+}
+
+impl HoardFs {
     /// A queued readahead job: fetches chunk `c` for `of` into the disk cache unless the
     /// open was released, the file has no cached object any more, shrank below the chunk,
     /// or the reader already asked for all of it.
@@ -129,32 +227,9 @@ impl HoardFs {
         if view.object.as_ref().is_some_and(|o| o.has_chunk(c)) {
             return Ok(None);
         }
-        let key = ChunkKey {
-            ino: node.ino,
-            version: view.version,
-            chunk: c,
-        };
-        let (flight, leader) = {
-            let mut m = self.reads.inflight.lock();
-            match m.get(&key) {
-                Some(f) => (f.clone(), false),
-                None => {
-                    let f = Arc::new(Flight::default());
-                    m.insert(key, f.clone());
-                    (f, true)
-                }
-            }
-        };
-        let result = if leader {
-            let r = self
-                .fetch_chunk(node, view, c)
-                .map(|d| Arc::new(Recycled::from(d)));
-            self.reads.inflight.lock().remove(&key);
-            flight.complete(r.clone());
-            r
-        } else {
-            flight.wait()
-        };
+        let result = self.fetcher.shared(node.ino, view.version, c, || {
+            self.fetch_chunk(node, view, c)
+        });
         result.map(Some)
     }
 
@@ -202,5 +277,53 @@ impl HoardFs {
             None => {}
         }
         Ok(data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Weak};
+    use std::time::{Duration, Instant};
+
+    use super::Fetcher;
+    use crate::{FsConfig, FsError};
+
+    #[test]
+    fn concurrent_misses_of_one_chunk_share_one_fetch() {
+        let f = Arc::new(Fetcher::new(Weak::new(), &FsConfig::default(), false));
+        let mut follower = None;
+        let led = f.shared(1, 7, 0, || {
+            let g = f.clone();
+            follower = Some(std::thread::spawn(move || {
+                g.shared(1, 7, 0, || panic!("a second fetch of the chunk"))
+            }));
+            // The follower found this flight: its clone is the third reference.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while f
+                .inflight
+                .lock()
+                .values()
+                .all(|fl| Arc::strong_count(fl) < 3)
+            {
+                assert!(Instant::now() < deadline, "the follower never joined");
+                std::thread::yield_now();
+            }
+            Ok(vec![1, 2, 3])
+        });
+        let followed = follower.unwrap().join().unwrap();
+        assert_eq!(**led.unwrap(), [1, 2, 3]);
+        assert_eq!(**followed.unwrap(), [1, 2, 3]);
+        assert!(f.inflight.lock().is_empty());
+    }
+
+    #[test]
+    fn a_failed_fetch_is_not_kept() {
+        let f = Fetcher::new(Weak::new(), &FsConfig::default(), false);
+        assert!(!f.reads_ahead());
+        let failed = f.shared(1, 7, 0, || Err(FsError::BadHandle));
+        assert_eq!(failed.unwrap_err(), FsError::BadHandle);
+        // Another version of the same chunk, then the same one again: each is fetched.
+        assert_eq!(**f.shared(1, 8, 0, || Ok(vec![8])).unwrap(), [8]);
+        assert_eq!(**f.shared(1, 7, 0, || Ok(vec![7])).unwrap(), [7]);
     }
 }

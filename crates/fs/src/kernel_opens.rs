@@ -14,11 +14,16 @@
 //! most recently created are kept (first in, first out: later reads do not refresh an
 //! entry); an older one is released (a later read simply opens it again).
 //!
+//! The table is an [`ImplicitOpens`], which owns its lock; `HoardFs` opens and releases
+//! the files it names.
+//!
 //! Lock ordering: the implicit-open table is a leaf; it is never held across `open_node`
 //! or `release`, which take node locks and the open-file table.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::nodes::{BackingError, Ino};
 use crate::read::{Access, FileHandle, OpenFile, ReadData};
@@ -27,14 +32,53 @@ use crate::{FsResult, HoardFs};
 /// Implicit opens kept at most (each pins its cached object against eviction).
 pub(crate) const IMPLICIT_OPENS: usize = 1024;
 
-/// The implicit opens, oldest first. Lock: a leaf.
+/// The implicit opens: at most [`IMPLICIT_OPENS`], the oldest released first.
 #[derive(Default)]
 pub(crate) struct ImplicitOpens {
+    /// Lock: a leaf.
+    table: Mutex<Table>,
+}
+
+impl ImplicitOpens {
+    /// The handle and version of `ino`'s implicit open, if it has one.
+    fn current(&self, ino: Ino) -> Option<(FileHandle, u64)> {
+        self.table.lock().by_ino.get(&ino).copied()
+    }
+
+    /// Records `fh` as the open of `ino` at `version`; returns the handles to release, or
+    /// the open a concurrent read recorded first for the same version (see
+    /// `Table::insert`).
+    fn record(
+        &self,
+        ino: Ino,
+        fh: FileHandle,
+        version: u64,
+    ) -> Result<Vec<FileHandle>, FileHandle> {
+        self.table.lock().insert(ino, fh, version, IMPLICIT_OPENS)
+    }
+
+    /// Forgets every implicit open; returns their handles to release.
+    fn take_all(&self) -> Vec<FileHandle> {
+        let mut t = self.table.lock();
+        t.order.clear();
+        t.by_ino.drain().map(|(_, (fh, _))| fh).collect()
+    }
+
+    /// Implicit opens currently held.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.table.lock().by_ino.len()
+    }
+}
+
+/// The implicit opens by inode, and in the order they were created.
+#[derive(Default)]
+struct Table {
     by_ino: HashMap<Ino, (FileHandle, u64)>,
     order: VecDeque<(Ino, FileHandle)>,
 }
 
-impl ImplicitOpens {
+impl Table {
     /// Records `fh` as the open of `ino` at `version`; returns the handles to release (the
     /// one it replaces, and the oldest beyond the limit). If a concurrent read recorded an
     /// open of the same version first, nothing changes and that open is returned instead.
@@ -98,8 +142,8 @@ impl HoardFs {
     /// The implicit open of `ino` at its current version, opened if needed.
     fn implicit_open(&self, ino: Ino) -> FsResult<Arc<OpenFile>> {
         let node = self.file_node(ino)?;
-        let (attr, _) = self.attr_of(&node)?;
-        let known = self.reads.implicit.lock().by_ino.get(&ino).copied();
+        let attr = self.attr_of(&node)?.attr;
+        let known = self.implicit.current(ino);
         if let Some((fh, version)) = known
             && version == attr.version
             && let Ok(of) = self.open_file(fh)
@@ -115,12 +159,7 @@ impl HoardFs {
             .fh;
         // The kernel sends several reads of a file at once, so another thread may have
         // opened the same version meanwhile: one open is kept, the other released.
-        let inserted = self
-            .reads
-            .implicit
-            .lock()
-            .insert(ino, fh, attr.version, IMPLICIT_OPENS);
-        match inserted {
+        match self.implicit.record(ino, fh, attr.version) {
             Ok(gone) => {
                 for old in gone {
                     self.release(old);
@@ -136,12 +175,7 @@ impl HoardFs {
 
     /// Releases every implicit open (at unmount, and in tests).
     pub(crate) fn release_implicit_opens(&self) {
-        let handles: Vec<FileHandle> = {
-            let mut im = self.reads.implicit.lock();
-            im.order.clear();
-            im.by_ino.drain().map(|(_, (fh, _))| fh).collect()
-        };
-        for fh in handles {
+        for fh in self.implicit.take_all() {
             self.release(fh);
         }
     }
@@ -149,17 +183,17 @@ impl HoardFs {
     /// Implicit opens currently held.
     #[cfg(test)]
     pub(crate) fn implicit_opens(&self) -> usize {
-        self.reads.implicit.lock().by_ino.len()
+        self.implicit.len()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::ImplicitOpens;
+    use super::Table;
 
     #[test]
     fn replaced_and_oldest_opens_are_handed_back_for_release() {
-        let mut im = ImplicitOpens::default();
+        let mut im = Table::default();
         assert_eq!(im.insert(1, 10, 1, 2), Ok(vec![]));
         assert_eq!(im.insert(2, 11, 1, 2), Ok(vec![]));
         // A racing open of the same version loses to the one recorded first.

@@ -28,10 +28,10 @@ mod stats;
 mod write;
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hoardfs_cache::CacheDir;
-use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, StatFs, WireError};
+use hoardfs_origin::{Attr, FileKind, Handle, Origin, OriginError, StatFs, WireError};
 
 pub use callbacks::KernelNotifier;
 pub use error::{CacheFault, FsError, FsResult, Shared};
@@ -41,7 +41,7 @@ pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO
 pub use read::{Access, FileHandle, OpenMode, Opened, ReadData};
 pub use stats::{Stats, StatsSnapshot};
 
-use callbacks::BreakLog;
+use callbacks::Callbacks;
 use nodes::NodeTable;
 
 /// Files of one listing whose cached records are read ahead at most (the first ones by
@@ -95,6 +95,25 @@ impl Default for FsConfig {
     }
 }
 
+/// Attributes of a node and how long the kernel may cache them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeAttr {
+    /// The attributes.
+    pub attr: Attr,
+    /// How long the kernel may keep them.
+    pub ttl: Duration,
+}
+
+/// A listing entry handed to the kernel with its attributes (readdirplus): its node and
+/// how long the kernel may cache its name and attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListedNode {
+    /// The entry's node.
+    pub ino: Ino,
+    /// How long the kernel may keep the name and attributes.
+    pub ttl: Duration,
+}
+
 /// The file system: an origin, an optional disk cache, and the inode table.
 pub struct HoardFs {
     origin: Arc<dyn Origin>,
@@ -102,11 +121,17 @@ pub struct HoardFs {
     objects: objects::Objects,
     config: FsConfig,
     nodes: NodeTable,
-    reads: read::ReadEngine,
+    /// The open files, by kernel handle.
+    files: open_files::OpenFiles,
+    /// Mount-wide passthrough admission.
+    passthrough: read::PassthroughGate,
+    /// Chunk fetches shared between readers, and readahead.
+    fetcher: fetch::Fetcher,
+    /// Opens of reads that came without one (`crate::kernel_opens`).
+    implicit: kernel_opens::ImplicitOpens,
     stats: Arc<Stats>,
-    /// Whether the origin reports changes (callbacks) at all.
-    callbacks: bool,
-    breaks: Arc<BreakLog>,
+    /// The origin's change reports (callbacks) and the breaks received.
+    callbacks: Callbacks,
     notifier: OnceLock<Arc<dyn KernelNotifier>>,
     read_only: bool,
     /// Writes acknowledged but not yet durable on the server.
@@ -122,44 +147,23 @@ impl HoardFs {
     ) -> FsResult<Arc<HoardFs>> {
         let info = origin.info()?;
         let stats = Arc::new(Stats::default());
-        let breaks = Arc::new(BreakLog::default());
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<hoardfs_origin::Break>>();
-        let log = breaks.clone();
-        let backlog = Arc::new(callbacks::Backlog::default());
-        let queued = backlog.clone();
-        let callbacks = origin.subscribe(Arc::new(move |b| {
-            log.record(&b);
-            if let Some(b) = queued.admit(b) {
-                let _ = tx.send(b);
-            }
-        }));
+        let (callbacks, breaks) = Callbacks::subscribe(&*origin);
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
-            reads: read::ReadEngine::new(weak.clone(), &config, cache.is_some()),
+            files: open_files::OpenFiles::default(),
+            passthrough: read::PassthroughGate::default(),
+            fetcher: fetch::Fetcher::new(weak.clone(), &config, cache.is_some()),
+            implicit: kernel_opens::ImplicitOpens::default(),
             origin,
             objects: objects::Objects::new(cache, info.export_id, stats.clone()),
             read_only: config.read_only || info.read_only,
             config,
             stats,
             callbacks,
-            breaks,
             notifier: OnceLock::new(),
             durability: durability::Durability::default(),
         });
-        let weak = Arc::downgrade(&fs);
-        std::thread::Builder::new()
-            .name("hoardfs-callbacks".into())
-            .spawn(move || {
-                while let Ok(b) = rx.recv() {
-                    backlog.taken(&b);
-                    let Some(fs) = weak.upgrade() else { return };
-                    fs.apply_breaks(b);
-                }
-            })
-            .map_err(|e| FsError::Thread {
-                what: "callback",
-                source: error::Shared::new(e),
-            })?;
+        breaks.spawn(Arc::downgrade(&fs))?;
         Ok(fs)
     }
 
@@ -180,19 +184,22 @@ impl HoardFs {
 
     /// Whether the origin holds callbacks (changes are pushed, TTLs can be long).
     pub fn has_callbacks(&self) -> bool {
-        self.callbacks
+        self.callbacks.held()
     }
 
     /// Whether attributes fetched after break number `since` come with a callback.
     fn grant(&self, file_id: u64, since: u64) -> bool {
-        self.callbacks && !self.breaks.broken_since(file_id, since)
+        self.callbacks.grants(file_id, since)
     }
 
     /// Stores fresh attributes of `node` (fetched after break number `since`).
-    fn install_attr(&self, node: &Node, attr: Attr, since: u64) -> Duration {
+    fn install_attr(&self, node: &Node, attr: Attr, since: u64) -> NodeAttr {
         let mut st = node.state.lock();
         st.install_attr(attr, self.grant(attr.file_id, since));
-        st.kernel_ttl(&self.config)
+        NodeAttr {
+            attr,
+            ttl: st.kernel_ttl(&self.config),
+        }
     }
 
     fn check_writable(&self) -> FsResult<()> {
@@ -265,15 +272,15 @@ impl HoardFs {
         if dir.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
-        let since = self.breaks.seq();
+        let since = self.callbacks.seq();
         let dir_id = dir.state.lock().attr().file_id;
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
             Ok(e) => {
-                let n = self.remember(parent, name, &e, dir_id, since);
+                let ListedNode { ino, ttl } = self.remember(parent, name, &e, dir_id, since);
                 Ok(NodeEntry {
-                    ino: n.0,
+                    ino,
                     attr: e.attr,
-                    ttl: n.1,
+                    ttl,
                 })
             }
             Err(FsError::Offline(why)) => {
@@ -316,117 +323,46 @@ impl HoardFs {
         e: &hoardfs_origin::Entry,
         dir_id: u64,
         since: u64,
-    ) -> (Ino, Duration) {
+    ) -> ListedNode {
         let grant = |a: &Attr| self.grant(a.file_id, since) && self.grant(dir_id, since);
         let n = self.nodes.remember(parent, name, e.handle, e.attr, grant);
         let ttl = n.state.lock().kernel_ttl(&self.config);
-        (n.ino, ttl)
+        ListedNode { ino: n.ino, ttl }
     }
 
     /// Attributes of `ino` and how long the kernel may cache them: from memory while under
     /// a callback or younger than the TTL, otherwise from the origin.
-    pub fn getattr(&self, ino: Ino) -> FsResult<(Attr, Duration)> {
+    pub fn getattr(&self, ino: Ino) -> FsResult<NodeAttr> {
         let node = self.node(ino)?;
         self.attr_of(&node)
     }
 
     /// [`HoardFs::getattr`] of a node already looked up.
-    pub(crate) fn attr_of(&self, node: &Node) -> FsResult<(Attr, Duration)> {
+    pub(crate) fn attr_of(&self, node: &Node) -> FsResult<NodeAttr> {
         {
             let st = node.state.lock();
             if st.attr_fresh(&self.config) {
-                return Ok((st.attr(), st.kernel_ttl(&self.config)));
+                return Ok(NodeAttr {
+                    attr: st.attr(),
+                    ttl: st.kernel_ttl(&self.config),
+                });
             }
         }
         self.refresh_attr(node)
     }
 
     /// Fresh attributes from the origin (cached ones if it is unreachable).
-    fn refresh_attr(&self, node: &Node) -> FsResult<(Attr, Duration)> {
+    fn refresh_attr(&self, node: &Node) -> FsResult<NodeAttr> {
         self.stats.count_version_check();
-        let since = self.breaks.seq();
+        let since = self.callbacks.seq();
         match self.with_handle(node, |h| self.origin.getattr(h)) {
-            Ok(a) => Ok((a, self.install_attr(node, a, since))),
-            Err(FsError::Offline(_)) => Ok((node.state.lock().attr(), self.config.attr_ttl)),
+            Ok(a) => Ok(self.install_attr(node, a, since)),
+            Err(FsError::Offline(_)) => Ok(NodeAttr {
+                attr: node.state.lock().attr(),
+                ttl: self.config.attr_ttl,
+            }),
             Err(e) => Err(e),
         }
-    }
-
-    /// The full listing of directory `ino` (reused within the directory TTL). When it is
-    /// fetched, the disk cache reads the records of the listed files it holds ahead of
-    /// their opens.
-    pub fn listing(&self, ino: Ino) -> FsResult<Arc<Listing>> {
-        let node = self.node(ino)?;
-        if node.kind != FileKind::Dir {
-            return Err(WireError::NotDir.into());
-        }
-        if let Some(l) = node.state.lock().fresh_listing(&self.config) {
-            return Ok(l);
-        }
-        let since = self.breaks.seq();
-        let listing = match self.fetch_listing(&node) {
-            Ok(entries) => {
-                let l = Arc::new(Listing {
-                    entries,
-                    fetched: Instant::now(),
-                    since,
-                });
-                self.objects.warm_listed(&l);
-                l
-            }
-            Err(FsError::Offline(why)) => {
-                return node
-                    .state
-                    .lock()
-                    .last_listing()
-                    .ok_or(FsError::Offline(why));
-            }
-            Err(e) => return Err(e),
-        };
-        let names: std::collections::HashSet<&[u8]> =
-            listing.entries.iter().map(|e| e.name.as_slice()).collect();
-        let mut st = node.state.lock();
-        st.retain_children(&names);
-        // Kept only if no break for the directory overtook it (checked under the lock the
-        // break handler takes to drop listings).
-        if self.grant(st.attr().file_id, since) || !self.callbacks {
-            st.keep_listing(listing.clone());
-        }
-        Ok(listing)
-    }
-
-    /// Every entry of directory `node`, page by page from the origin (at most
-    /// [`MAX_LISTING`] entries and pages).
-    fn fetch_listing(&self, node: &Node) -> FsResult<Vec<DirEntry>> {
-        self.with_handle(node, |h| {
-            let mut entries = Vec::new();
-            let mut cookie = 0;
-            let mut pages = 0;
-            loop {
-                let page = self.origin.readdir(h, cookie, 1024)?;
-                pages += 1;
-                if entries.len() + page.entries.len() + pages > MAX_LISTING {
-                    return Err(OriginError::Protocol(format!(
-                        "directory listing longer than {MAX_LISTING} entries"
-                    )));
-                }
-                entries.extend(page.entries);
-                match page.next {
-                    Some(c) => cookie = c,
-                    None => return Ok(entries),
-                }
-            }
-        })
-    }
-
-    /// Records that a listing entry was handed to the kernel with its attributes
-    /// (readdirplus), counting one kernel lookup; returns its node and kernel TTL.
-    pub fn remember_entry(&self, dir: Ino, listing: &Listing, e: &DirEntry) -> (Ino, Duration) {
-        let dir_id = self
-            .nodes
-            .get(dir)
-            .map_or(0, |d| d.state.lock().attr().file_id);
-        self.remember(dir, &e.name, &e.entry, dir_id, listing.since)
     }
 
     /// Attributes of `ino` as last seen, without any round trip (for `.` and `..`).

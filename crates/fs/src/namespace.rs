@@ -13,7 +13,7 @@ use hoardfs_origin::{Attr, Entry, FileKind, Owner, RENAME_EXCHANGE, SetAttrs, Wi
 
 use crate::nodes::{Ino, Node};
 use crate::read::{Access, Opened};
-use crate::{FsResult, HoardFs};
+use crate::{FsResult, HoardFs, ListedNode, NodeAttr};
 
 /// A name the kernel learns of (by lookup or creation): its node, the node's attributes
 /// and how long the kernel may cache both.
@@ -47,9 +47,9 @@ impl HoardFs {
     ) -> FsResult<NodeEntry> {
         self.check_writable()?;
         let (dir, dir_id) = self.dir(parent)?;
-        let since = self.breaks.seq();
+        let since = self.callbacks.seq();
         let e = self.with_handle(&dir, op)?;
-        let (ino, ttl) = self.remember(parent, name, &e, dir_id, since);
+        let ListedNode { ino, ttl } = self.remember(parent, name, &e, dir_id, since);
         self.dir_changed(&dir);
         Ok(NodeEntry {
             ino,
@@ -88,7 +88,7 @@ impl HoardFs {
                 size: Some(0),
                 ..Default::default()
             };
-            (attr, ttl) = self.setattr(ino, &set)?;
+            NodeAttr { attr, ttl } = self.setattr(ino, &set)?;
         }
         let node = self.node(ino)?;
         let opened = self.open_node(node, attr, access, false, make_backing);

@@ -8,35 +8,33 @@
 //! mix modes on one inode). Under `--kernel-opens` opens are implicit
 //! ([`crate::kernel_opens`]).
 //!
-//! Misses are fetched a whole chunk at a time, by [`crate::fetch`]: one fetch per chunk
-//! however many readers want it, and readahead for sequential readers. A file without a
+//! Misses are fetched a whole chunk at a time through the `Fetcher` ([`crate::fetch`]):
+//! one fetch per chunk however many readers want it, and readahead for sequential
+//! readers. Mount-wide passthrough admission (refused by the kernel, opens waiting for
+//! passthrough opens to end) is a [`PassthroughGate`]. A file without a
 //! cached object (`--no-cache`, or one the cache could not take) is read through: a read
 //! fetches just the bytes it asks for (see `read_uncached`).
 //!
-//! Lock ordering: `files` (`crate::open_files`) is a leaf, as are `fetch`'s `inflight` and
-//! the `implicit` table of `crate::kernel_opens` (never held while taking another lock or
-//! doing I/O); a node's `state` lock is never held across origin I/O, and across disk I/O only to create that node's cached object or
-//! passthrough backing registration (and to drop a registration, whose release is an
-//! ioctl on `/dev/fuse`).
+//! Lock ordering: the open-file table (`crate::open_files`) is a leaf, as are the
+//! `Fetcher`'s in-flight table and queue and the implicit-open table of
+//! `crate::kernel_opens` (never held while taking another lock or doing I/O); a node's
+//! `state` lock is never held across origin I/O, and across disk I/O only to create that
+//! node's cached object or passthrough backing registration (and to drop a registration,
+//! whose release is an ioctl on `/dev/fuse`).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hoardfs_cache::{CachedObject, ObjectShape, meta::chunk_shift_for};
 use hoardfs_proto::buffers::{self, Recycled};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::MutexGuard;
 
-use crate::fetch::{ChunkKey, Flight, PrefetchJob};
-use crate::kernel_opens::ImplicitOpens;
 use crate::nodes::{Backing, BackingError, Ino, MakeBacking, Node, NodeState};
 pub(crate) use crate::open_files::OpenFile;
-use crate::open_files::OpenFiles;
 pub(crate) use crate::opens::ModeKind;
 use crate::stats::Stats;
-use crate::{FsConfig, FsError, FsResult, HoardFs};
+use crate::{FsError, FsResult, HoardFs};
 
 /// How long an open that the kernel would refuse while the file is open in passthrough
 /// waits for those opens to be released.
@@ -142,53 +140,48 @@ impl View {
     }
 }
 
-/// State of the read path shared by all opens.
-pub(crate) struct ReadEngine {
-    pub(crate) files: OpenFiles,
-    pub(crate) inflight: Mutex<HashMap<ChunkKey, Arc<Flight>>>,
-    pub(crate) readahead: u64,
-    pub(crate) prefetch: Mutex<Option<mpsc::Sender<PrefetchJob>>>,
-    passthrough_failed: std::sync::atomic::AtomicBool,
-    /// Opens waiting for passthrough opens to be released (see `open_node`).
+/// Mount-wide passthrough admission: whether the kernel refused a backing registration
+/// (daemon reads for the rest of the mount), and how many opens are waiting for
+/// passthrough opens to be released.
+#[derive(Default)]
+pub(crate) struct PassthroughGate {
+    refused: AtomicBool,
+    /// Opens waiting for passthrough opens to be released (see `drain`).
     draining: AtomicUsize,
-    /// Opens of reads that came without one (`crate::kernel_opens`).
-    pub(crate) implicit: Mutex<ImplicitOpens>,
 }
 
-impl ReadEngine {
-    /// The engine; readahead threads only with a disk cache (`with_cache`): without one
-    /// there is no readahead (see `read_uncached`).
-    pub(crate) fn new(fs: Weak<HoardFs>, config: &FsConfig, with_cache: bool) -> Self {
-        let (tx, rx) = mpsc::channel::<PrefetchJob>();
-        let rx = Arc::new(Mutex::new(rx));
-        let threads = if with_cache {
-            config.fetch_threads.max(1)
-        } else {
-            0
-        };
-        for i in 0..threads {
-            let (rx, fs) = (rx.clone(), fs.clone());
-            std::thread::Builder::new()
-                .name(format!("hoardfs-fetch-{i}"))
-                .spawn(move || {
-                    loop {
-                        let job = rx.lock().recv();
-                        let Ok(job) = job else { return };
-                        let Some(fs) = fs.upgrade() else { return };
-                        fs.read_ahead(&job.open, job.chunk);
-                    }
-                })
-                .expect("spawn fetch thread");
+impl PassthroughGate {
+    /// Whether the kernel refused passthrough for this mount.
+    fn refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The kernel refused a registration: no passthrough for the rest of the mount.
+    fn refuse(&self) {
+        self.refused.store(true, Ordering::Relaxed);
+    }
+
+    /// Waits on `node`'s passthrough releases while `must_wait` holds, for at most
+    /// [`PASSTHROUGH_DRAIN`]; beyond [`MAX_DRAINING`] waiting opens, does not wait at all.
+    fn drain(
+        &self,
+        node: &Node,
+        st: &mut MutexGuard<'_, NodeState>,
+        must_wait: impl Fn(&NodeState) -> bool,
+    ) {
+        if self.draining.fetch_add(1, Ordering::SeqCst) < MAX_DRAINING {
+            let deadline = Instant::now() + PASSTHROUGH_DRAIN;
+            while must_wait(st) {
+                if node
+                    .passthrough_released
+                    .wait_until(st, deadline)
+                    .timed_out()
+                {
+                    break;
+                }
+            }
         }
-        ReadEngine {
-            files: OpenFiles::default(),
-            inflight: Mutex::new(HashMap::new()),
-            readahead: config.readahead_chunks,
-            prefetch: Mutex::new((threads > 0).then_some(tx)),
-            passthrough_failed: false.into(),
-            draining: AtomicUsize::new(0),
-            implicit: Mutex::new(ImplicitOpens::default()),
-        }
+        self.draining.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -221,7 +214,7 @@ impl HoardFs {
         let now = if valid {
             before
         } else {
-            self.refresh_attr(node)?.0
+            self.refresh_attr(node)?.attr
         };
         Ok((before, now))
     }
@@ -250,7 +243,6 @@ impl HoardFs {
             .unwrap_or_else(|| self.admit_daemon(&mut st, &attr, access));
         drop(st);
         let fh = self
-            .reads
             .files
             .insert(OpenFile::new(node, mode.kind(), access, hold));
         Opened { fh, mode, changed }
@@ -274,23 +266,9 @@ impl HoardFs {
                     .and_then(|o| st.opens.shareable(o))
                     .is_none()
         };
-        if !must_wait(st) {
-            return;
+        if must_wait(st) {
+            self.passthrough.drain(node, st, must_wait);
         }
-        let engine = &self.reads;
-        if engine.draining.fetch_add(1, Ordering::SeqCst) < MAX_DRAINING {
-            let deadline = Instant::now() + PASSTHROUGH_DRAIN;
-            while must_wait(st) {
-                if node
-                    .passthrough_released
-                    .wait_until(st, deadline)
-                    .timed_out()
-                {
-                    break;
-                }
-            }
-        }
-        engine.draining.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// A passthrough open of complete `object`, if the mount and the node's other opens
@@ -302,10 +280,9 @@ impl HoardFs {
         object: &Arc<CachedObject>,
         make_backing: &MakeBacking,
     ) -> Option<OpenMode> {
-        let engine = &self.reads;
         if !self.config.passthrough
             || self.kernel_opens()
-            || engine.passthrough_failed.load(Ordering::Relaxed)
+            || self.passthrough.refused()
             || st.opens.has_daemon_opens()
         {
             return None;
@@ -327,7 +304,7 @@ impl HoardFs {
                     }
                     Ok(Err(e @ BackingError::Refused(_))) => {
                         tracing::warn!("{e}; using daemon reads for this mount");
-                        engine.passthrough_failed.store(true, Ordering::Relaxed);
+                        self.passthrough.refuse();
                         return None;
                     }
                     // A passing failure, or a cache file that cannot be reopened: this open
@@ -381,7 +358,7 @@ impl HoardFs {
 
     /// The open file behind kernel handle `fh`.
     pub(crate) fn open_file(&self, fh: FileHandle) -> FsResult<Arc<OpenFile>> {
-        self.reads.files.get(fh).ok_or(FsError::BadHandle)
+        self.files.get(fh).ok_or(FsError::BadHandle)
     }
 
     /// Reads up to `size` bytes at `offset` through open file `fh`.
@@ -408,7 +385,7 @@ impl HoardFs {
         let first = offset >> view.chunk_shift;
         let last = (end - 1) >> view.chunk_shift;
         of.read_up_to(end);
-        self.schedule_readahead(of, &view, offset, end, last);
+        self.fetcher.schedule(of, &view, offset, end, last);
         // A pooled buffer (no freshly faulted pages per read): fetched bytes are appended,
         // cache-file reads go into zeroed room.
         let mut out = buffers::take((end - offset) as usize);
@@ -480,7 +457,7 @@ impl HoardFs {
 
     /// Closes open file `fh`.
     pub fn release(&self, fh: FileHandle) {
-        let Some(of) = self.reads.files.remove(fh) else {
+        let Some(of) = self.files.remove(fh) else {
             return;
         };
         let mut st = of.node.state.lock();
@@ -496,8 +473,72 @@ impl HoardFs {
 
     /// Stops the readahead threads and closes the disk cache in order (at unmount).
     pub fn shutdown(&self) {
-        self.reads.prefetch.lock().take();
+        self.fetcher.stop();
         self.release_implicit_opens();
         self.objects.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    use hoardfs_origin::Origin;
+    use hoardfs_origin::local::{LocalOptions, LocalOrigin};
+
+    use super::{MAX_DRAINING, PASSTHROUGH_DRAIN, PassthroughGate};
+    use crate::nodes::{Node, NodeTable, ROOT_INO};
+
+    /// A node to wait on (the root of an empty export).
+    fn node() -> Arc<Node> {
+        let dir = tempfile::tempdir().unwrap();
+        let origin = LocalOrigin::new(dir.path(), LocalOptions::default()).unwrap();
+        let root = origin.info().unwrap().root;
+        NodeTable::new(root.handle, root.attr)
+            .get(ROOT_INO)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_release_ends_the_wait_for_passthrough_opens() {
+        let (gate, node) = (PassthroughGate::default(), node());
+        let open = Arc::new(AtomicBool::new(true));
+        let started = Instant::now();
+        let mut st = node.state.lock();
+        // The release takes the node's lock, so it happens while the open waits.
+        let release = {
+            let (node, open) = (node.clone(), open.clone());
+            std::thread::spawn(move || {
+                let _st = node.state.lock();
+                open.store(false, Ordering::SeqCst);
+                node.passthrough_released.notify_all();
+            })
+        };
+        gate.drain(&node, &mut st, |_| open.load(Ordering::SeqCst));
+        drop(st);
+        release.join().unwrap();
+        assert!(!open.load(Ordering::SeqCst));
+        assert!(started.elapsed() < PASSTHROUGH_DRAIN);
+        assert_eq!(gate.draining.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_wait_is_bounded_in_time_and_in_waiters() {
+        let (gate, node) = (PassthroughGate::default(), node());
+        let started = Instant::now();
+        gate.drain(&node, &mut node.state.lock(), |_| true);
+        // Letting the wait expire is the point.
+        assert!(started.elapsed() >= PASSTHROUGH_DRAIN);
+        // With as many opens waiting as allowed, another does not wait at all.
+        gate.draining.store(MAX_DRAINING, Ordering::SeqCst);
+        let started = Instant::now();
+        gate.drain(&node, &mut node.state.lock(), |_| true);
+        assert!(started.elapsed() < PASSTHROUGH_DRAIN);
+        assert_eq!(gate.draining.load(Ordering::SeqCst), MAX_DRAINING);
+        assert!(!gate.refused());
+        gate.refuse();
+        assert!(gate.refused());
     }
 }

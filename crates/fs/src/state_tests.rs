@@ -20,8 +20,8 @@ use hoardfs_origin::{
 use parking_lot::Mutex;
 
 use crate::{
-    Access, Backing, BackingError, FsConfig, FsError, HoardFs, Ino, KernelNotifier, OpenMode,
-    Opened, ROOT_INO,
+    Access, Backing, BackingError, FsConfig, FsError, HoardFs, Ino, KernelNotifier, NodeAttr,
+    OpenMode, Opened, ROOT_INO,
 };
 
 /// A local directory as origin, with round trips counted, breaks sent by the test, and a
@@ -234,7 +234,7 @@ const WRITE: Access = Access {
 #[test]
 fn under_a_callback_attributes_come_from_memory_until_a_break() {
     let (r, f, a) = one_file(true, config(Duration::ZERO));
-    assert_eq!(r.fs.getattr(f).unwrap().1, Duration::from_secs(600));
+    assert_eq!(r.fs.getattr(f).unwrap().ttl, Duration::from_secs(600));
     assert_eq!(r.getattr_trips(f, 3), 0, "no round trip under a callback");
     r.break_and_wait(attr_break(a.file_id), f);
     assert_eq!(r.getattr_trips(f, 1), 1, "a break expires the attributes");
@@ -259,7 +259,7 @@ fn our_own_change_coming_back_is_no_break() {
 #[test]
 fn without_callbacks_attributes_last_the_ttl() {
     let (r, f, _) = one_file(false, config(Duration::ZERO));
-    assert_eq!(r.fs.getattr(f).unwrap().1, Duration::ZERO);
+    assert_eq!(r.fs.getattr(f).unwrap().ttl, Duration::ZERO);
     assert_eq!(r.getattr_trips(f, 2), 2, "every getattr asks past the TTL");
     let (r, f, _) = one_file(false, config(Duration::from_secs(600)));
     assert_eq!(r.getattr_trips(f, 2), 0, "none within it");
@@ -280,7 +280,7 @@ fn a_break_that_overtakes_a_reply_withholds_its_callback() {
         }
     };
     *rig.origin.after_getattr.lock() = Some(Box::new(hook));
-    let (_, ttl) = rig.fs.getattr(f).unwrap();
+    let ttl = rig.fs.getattr(f).unwrap().ttl;
     *rig.origin.after_getattr.lock() = None;
     assert_eq!(ttl, Duration::ZERO, "no callback granted");
     assert_eq!(rig.getattr_trips(f, 1), 1, "so the next getattr asks again");
@@ -553,7 +553,7 @@ fn an_unreachable_origin_leaves_cached_data_readable_and_the_rest_failing_fast()
         r.fs.read(o.fh, MIB as u64, 4096).unwrap()[..],
         data[MIB..MIB + 4096]
     );
-    let (attr, ttl) = r.fs.getattr(f).unwrap();
+    let NodeAttr { attr, ttl } = r.fs.getattr(f).unwrap();
     assert_eq!((attr.size, ttl), (data.len() as u64, Duration::ZERO));
     r.fs.release(o.fh);
     // A file never read has nothing cached: its reads fail at once.

@@ -129,7 +129,7 @@ fn uncached_reads_fetch_the_bytes_asked_for_and_no_more() {
     assert_eq!(fetched(), 210);
     // Sequential reads from the start: nothing is fetched ahead either (there is nothing
     // to fetch ahead with: no readahead threads without a cache).
-    assert!(fs.reads.prefetch.lock().is_none());
+    assert!(!fs.fetcher.reads_ahead());
     for at in [0, 4096] {
         let got = fs.read(fh, at, 4096).unwrap();
         assert_eq!(&got[..], &all[at as usize..at as usize + 4096]);
@@ -181,7 +181,7 @@ fn reads_without_opens_share_one_open_per_version_and_see_changes() {
     // the origin's callback (inotify) reported the change: that takes a moment.
     std::fs::write(export.join("f"), content(2, MIB + 1)).unwrap();
     crate::state_tests::wait_until("the change was seen", || {
-        fs.getattr(f).unwrap().0.size == MIB as u64 + 1
+        fs.getattr(f).unwrap().attr.size == MIB as u64 + 1
     });
     assert_eq!(read_unopened_all(&fs, f), content(2, MIB + 1));
     assert_eq!(fs.stats().daemon_opens, 2);

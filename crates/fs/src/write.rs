@@ -15,7 +15,7 @@ use hoardfs_origin::{Attr, SetAttrs};
 use crate::nodes::{Ino, Node};
 use crate::read::FileHandle;
 use crate::stats::Stats;
-use crate::{FsError, FsResult, HoardFs};
+use crate::{FsError, FsResult, HoardFs, NodeAttr};
 
 impl HoardFs {
     /// Writes `data` at `offset` through open file `fh`; returns the bytes written.
@@ -26,7 +26,7 @@ impl HoardFs {
             return Err(FsError::BadHandle);
         }
         let node = &of.node;
-        let since = self.breaks.seq();
+        let since = self.callbacks.seq();
         let append = of.access.append;
         let verifier = self.verifier();
         let w = self.with_handle(node, |h| self.origin.write(h, offset, data, append))?;
@@ -90,15 +90,15 @@ impl HoardFs {
 
     /// Changes attributes of `ino` (chmod, chown, truncate, utimens); returns the new ones
     /// and how long the kernel may cache them.
-    pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<(Attr, std::time::Duration)> {
+    pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<NodeAttr> {
         self.check_writable()?;
         let node = self.node(ino)?;
-        let since = self.breaks.seq();
+        let since = self.callbacks.seq();
         let attr = self.with_handle(&node, |h| self.origin.setattr(h, set))?;
         if node.kind == hoardfs_origin::FileKind::File {
             self.reset_object(&node, &attr);
         }
-        Ok((attr, self.install_attr(&node, attr, since)))
+        Ok(self.install_attr(&node, attr, since))
     }
 
     /// Makes `ino`'s data (and with `!datasync` its metadata) durable on the origin. Fails

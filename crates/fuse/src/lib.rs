@@ -19,7 +19,9 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use hoardfs_fs::{Backing, BackingError, FsError, HoardFs, Ino, KernelNotifier, Listing};
+use hoardfs_fs::{
+    Backing, BackingError, FsError, HoardFs, Ino, KernelNotifier, ListedNode, Listing, NodeAttr,
+};
 use hoardfs_origin::{Attr, FileKind, Timestamp, WireError};
 use parking_lot::Mutex;
 
@@ -273,7 +275,7 @@ impl Filesystem for FuseBridge {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
-            Ok((a, ttl)) => reply.attr(&ttl, &fuse_attr(ino.0, &a)),
+            Ok(NodeAttr { attr, ttl }) => reply.attr(&ttl, &fuse_attr(ino.0, &attr)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -448,7 +450,7 @@ impl Filesystem for FuseBridge {
                 }
             } else {
                 let e = &listing.entries[i - 2];
-                let (child, ttl) = self.fs.remember_entry(ino.0, &listing, e);
+                let ListedNode { ino: child, ttl } = self.fs.remember_entry(ino.0, &listing, e);
                 let full = reply.add(
                     INodeNo(child),
                     i as u64 + 1,
@@ -812,14 +814,14 @@ mod tests {
     #[test]
     fn extreme_attributes_convert_through_the_fs_layer() {
         let fs = HoardFs::new(Arc::new(Extreme), None, hoardfs_fs::FsConfig::default()).unwrap();
-        let root = fs.getattr(hoardfs_fs::ROOT_INO).unwrap().0;
+        let root = fs.getattr(hoardfs_fs::ROOT_INO).unwrap().attr;
         let hoardfs_fs::NodeEntry { ino, attr: a, .. } =
             fs.lookup(hoardfs_fs::ROOT_INO, b"f").unwrap();
         let listing = fs.listing(hoardfs_fs::ROOT_INO).unwrap();
         let attrs = [
             root,
             a,
-            fs.getattr(ino).unwrap().0,
+            fs.getattr(ino).unwrap().attr,
             listing.entries[0].entry.attr,
         ];
         for a in attrs {

@@ -10,7 +10,7 @@ use fuser::{
     BackingId, Errno, FileHandle, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyCreate,
     ReplyEmpty, ReplyEntry, ReplyXattr, Request, TimeOrNow,
 };
-use hoardfs_fs::{Access, FsResult, NodeEntry, OpenMode};
+use hoardfs_fs::{Access, FsResult, NodeAttr, NodeEntry, OpenMode};
 use hoardfs_origin::{Owner, SetAttrs, TimeSet, Timestamp};
 
 use crate::{FuseBridge, errno, fuse_attr};
@@ -165,7 +165,7 @@ impl FuseBridge {
 
     pub(crate) fn do_setattr(&self, ino: INodeNo, set: &SetAttrs, reply: ReplyAttr) {
         match self.fs.setattr(ino.0, set) {
-            Ok((a, ttl)) => reply.attr(&ttl, &fuse_attr(ino.0, &a)),
+            Ok(NodeAttr { attr, ttl }) => reply.attr(&ttl, &fuse_attr(ino.0, &attr)),
             Err(e) => reply.error(errno(&e)),
         }
     }

@@ -266,14 +266,10 @@ impl Mount {
         let st = Command::new("umount").arg(&self.path).status().unwrap();
         assert!(st.success(), "umount {} failed", self.path.display());
         if let Some(mut c) = self.child.take() {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while c.try_wait().unwrap().is_none() {
-                assert!(
-                    Instant::now() < deadline,
-                    "client did not exit after umount"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            assert!(
+                wait_until(Duration::from_secs(30), || c.try_wait().unwrap().is_some()),
+                "client did not exit after umount"
+            );
         }
     }
 
