@@ -10,7 +10,8 @@
 //! `(key, stamp)` pairs and stale pairs (removed or moved objects) are skipped when popped.
 //!
 //! Objects the caller may not evict (pinned, open) are rotated to the main queue's tail;
-//! the search gives up after one full rotation, so it never loops forever.
+//! the search gives up after a bounded number of pops (twice both queues' length, plus
+//! two), so it never loops forever.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 

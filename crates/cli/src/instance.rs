@@ -5,8 +5,8 @@
 //! durable (they then fail fsync and close instead of reporting success; see
 //! `hoardfs_fs::durability`). That happens only when the server did not stop cleanly, so
 //! the verifier is kept across clean restarts: at start the file is marked `running`, and
-//! only after a clean stop has synced the exported file system (`syncfs`) is it marked
-//! `clean`. A start that finds `running` (a crash, `kill -9`, power loss) picks a new
+//! only after a clean stop has made every written byte durable (`sync(2)`: an export may
+//! span file systems) is it marked `clean`. A start that finds `running` (a crash, `kill -9`, power loss) picks a new
 //! verifier. The file is locked while a server runs; a second server of the same directory
 //! uses a verifier of its own and keeps nothing.
 

@@ -197,7 +197,7 @@ impl FdBudget {
     /// (with a warning) where they would not fit beside a useful number of handles.
     pub fn split(nofile: u64, connections: usize, open_files: usize) -> FdBudget {
         let total = (nofile as usize).saturating_sub(Self::RESERVE).max(64);
-        // Connections and the two open-file caches get at most a quarter each.
+        // Connections get at most a quarter, each of the two open-file caches an eighth.
         let connections_fit = connections.min(total / 4).max(1);
         let open_fit = open_files.min(total / 8).max(1);
         if connections_fit < connections || open_fit < open_files {
