@@ -164,6 +164,16 @@ impl HoardFs {
             durability: durability::Durability::default(),
         });
         breaks.spawn(Arc::downgrade(&fs))?;
+        if fs.callbacks.held() {
+            // The root's attributes came with the handshake, before breaks were subscribed
+            // to, so they are trusted for the attribute timeout only; fetched once more
+            // now, they are held under a callback like every other node's. (A mount that
+            // starts unreachable keeps the handshake's.)
+            if let Ok(root) = fs.node(ROOT_INO) {
+                fs.expire_attr(&root);
+            }
+            let _ = fs.getattr(ROOT_INO);
+        }
         Ok(fs)
     }
 
