@@ -48,6 +48,45 @@ fn mkdir_and_rmdir_refuse_non_empty_directories() {
     assert_gone(&r.srv("a"));
 }
 
+/// A file whose last name is removed while it is open here keeps working through its
+/// descriptor (fstat, read, write), as on a local file system; it lives under a hidden name
+/// until the last descriptor is closed, and then nothing is left.
+#[test]
+fn an_unlinked_open_file_keeps_working_until_closed() {
+    let r = rig_with(
+        |exp| std::fs::write(exp.join("tmpfile"), b"scratch").unwrap(),
+        &[],
+        &[],
+    );
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(r.m.p("tmpfile"))
+        .unwrap();
+    std::fs::remove_file(r.m.p("tmpfile")).unwrap();
+    assert_gone(&r.m.p("tmpfile"));
+    assert_gone(&r.srv("tmpfile"));
+    assert_eq!(f.metadata().unwrap().len(), 7);
+    let mut buf = [0u8; 7];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"scratch");
+    f.write_all_at(b" pad", 7).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 11);
+    let mut buf = [0u8; 11];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"scratch pad");
+    // Meanwhile the server holds it under one hidden name.
+    let hidden = list(&r.exp).unwrap();
+    assert_eq!(hidden.len(), 1, "{hidden:?}");
+    assert!(hidden[0].starts_with(b".hoardfs-unlinked-"), "{hidden:?}");
+    drop(f);
+    assert_soon("the hidden name goes at close", || match list(&r.exp) {
+        Ok(l) if l.is_empty() => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    assert_eq!(list(&r.m.path).unwrap(), Vec::<Vec<u8>>::new());
+}
+
 #[test]
 fn unlink_removes_the_file_everywhere() {
     let r = rig_with(

@@ -25,6 +25,7 @@ mod open_files;
 mod opens;
 mod read;
 mod stats;
+mod unlinked;
 mod write;
 
 use std::sync::{Arc, OnceLock};
@@ -136,6 +137,8 @@ pub struct HoardFs {
     read_only: bool,
     /// Writes acknowledged but not yet durable on the server.
     durability: durability::Durability,
+    /// Open files whose last name was replaced by a hidden one.
+    unlinked: unlinked::Unlinked,
 }
 
 impl HoardFs {
@@ -162,6 +165,7 @@ impl HoardFs {
             callbacks,
             notifier: OnceLock::new(),
             durability: durability::Durability::default(),
+            unlinked: unlinked::Unlinked::default(),
         });
         breaks.spawn(Arc::downgrade(&fs))?;
         if fs.callbacks.held() {

@@ -150,6 +150,28 @@ impl HoardFs {
         // Looked up before the round trip: the break for this very change may be handled
         // (and drop the name) before the reply is.
         let child = dir.state.lock().child(name);
+        // Its last name, and it is open here: keep it reachable under a hidden name until
+        // it is closed (module `unlinked`).
+        let open_last_name = child
+            .filter(|_| !dir_wanted)
+            .and_then(|c| self.nodes.get(c))
+            .filter(|n| n.kind == FileKind::File)
+            .and_then(|n| {
+                let st = n.state.lock();
+                (st.is_open() && st.attr().nlink <= 1).then(|| (n.ino, st.attr().file_id))
+            });
+        if let Some((ino, file_id)) = open_last_name {
+            let hidden = self.unlinked.name_for(file_id);
+            self.rename(
+                parent,
+                name,
+                parent,
+                &hidden,
+                hoardfs_origin::RENAME_NOREPLACE,
+            )?;
+            self.unlinked.hid(ino, parent, hidden);
+            return Ok(());
+        }
         self.with_handle(&dir, |h| {
             if dir_wanted {
                 self.origin.rmdir(h, name)

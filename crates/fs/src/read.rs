@@ -465,7 +465,14 @@ impl HoardFs {
             of.node.passthrough_released.notify_all();
         }
         let idle = st.is_idle();
+        let still_open = st.is_open();
         drop(st);
+        if !still_open && let Some((dir, hidden)) = self.unlinked.closed(of.node.ino) {
+            // The last descriptor of a file unlinked while open: its hidden name goes now.
+            if let Err(e) = self.unlink(dir, &hidden) {
+                tracing::warn!("cannot remove the hidden name of an unlinked file: {e}");
+            }
+        }
         if idle {
             self.nodes.forget(of.node.ino, 0);
         }
