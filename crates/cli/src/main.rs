@@ -10,6 +10,7 @@ mod instance;
 mod logging;
 mod metrics;
 mod mount;
+mod mount_args;
 mod names;
 mod notify;
 mod prefetch;

@@ -25,13 +25,7 @@ fn write_restart_fsync(crash: bool) -> (std::io::Result<()>, std::io::Result<()>
         &["--cache-dir", cache.to_str().unwrap(), "--timeout", "5"],
     )
     .unwrap();
-    let mut f = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(m.p("journal"))
-        .unwrap();
-    f.write_all(&bytes(1, 1 << 20)).unwrap();
+    let f = write_unsynced(&m.p("journal"), &bytes(1, 1 << 20));
     let addr = srv.addr.clone();
     if crash {
         srv.kill();
@@ -43,6 +37,18 @@ fn write_restart_fsync(crash: bool) -> (std::io::Result<()>, std::io::Result<()>
     let closed = close(f);
     m.unmount();
     (synced, closed)
+}
+
+/// Creates `p` with `data` written (acknowledged by the server, not synced) and keeps it open.
+fn write_unsynced(p: &std::path::Path, data: &[u8]) -> std::fs::File {
+    let mut f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(p)
+        .unwrap();
+    f.write_all(data).unwrap();
+    f
 }
 
 /// close(2) of `f`, with its result (dropping a File ignores it).
@@ -87,13 +93,7 @@ fn close_after_a_server_crash_reports_the_writes_lost() {
         &["--no-cache", "--timeout", "5"],
     )
     .unwrap();
-    let mut f = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(m.p("log"))
-        .unwrap();
-    f.write_all(b"acknowledged, not durable").unwrap();
+    let f = write_unsynced(&m.p("log"), b"acknowledged, not durable");
     let addr = srv.addr.clone();
     srv.kill();
     let _srv = Server::start_in(&exp, &addr, &state, &[]);

@@ -3,7 +3,11 @@
 //! lives here; this is the only place errno numbers appear. Modifying operations are
 //! translated in module `modify`.
 
+mod convert;
 mod modify;
+
+use convert::file_type;
+pub use convert::{errno, fuse_attr};
 
 use modify::{access, open_flags};
 
@@ -11,18 +15,17 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Errno, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 use hoardfs_fs::{
-    Backing, BackingError, FsError, HoardFs, Ino, KernelNotifier, ListedNode, Listing, NodeAttr,
+    Backing, BackingError, HoardFs, Ino, KernelNotifier, ListedNode, Listing, NodeAttr,
 };
-use hoardfs_origin::{Attr, FileKind, Timestamp, WireError};
 use parking_lot::Mutex;
 
 /// Kernel invalidations through a fuser [`Notifier`] (for [`HoardFs::set_notifier`]).
@@ -134,91 +137,6 @@ pub(crate) fn backing(r: std::io::Result<fuser::BackingId>) -> Result<Backing, B
             ) => Err(BackingError::Refused(e)),
             _ => Err(BackingError::Failed(e)),
         },
-    }
-}
-
-/// Maps a typed error to the errno the kernel reports.
-pub fn errno(e: &FsError) -> Errno {
-    match e {
-        FsError::Origin(w) => match w {
-            WireError::NotFound => Errno::ENOENT,
-            WireError::Stale => Errno::ESTALE,
-            WireError::Access | WireError::AuthFailed => Errno::EACCES,
-            WireError::NotDir => Errno::ENOTDIR,
-            WireError::IsDir => Errno::EISDIR,
-            WireError::Invalid => Errno::EINVAL,
-            WireError::NameTooLong => Errno::ENAMETOOLONG,
-            WireError::Loop => Errno::ELOOP,
-            WireError::ReadOnly => Errno::EROFS,
-            WireError::NoSpace => Errno::ENOSPC,
-            WireError::Unsupported => Errno::EOPNOTSUPP,
-            WireError::Busy => Errno::EAGAIN,
-            WireError::Protocol | WireError::Io | WireError::TlsRequired => Errno::EIO,
-            WireError::Exists => Errno::EEXIST,
-            WireError::NotEmpty => Errno::ENOTEMPTY,
-            WireError::NoData => Errno::ENODATA,
-            WireError::Range => Errno::ERANGE,
-            WireError::QuotaExceeded => Errno::EDQUOT,
-            WireError::NotPermitted => Errno::EPERM,
-            WireError::CrossDevice => Errno::EXDEV,
-            WireError::TooBig => Errno::EFBIG,
-            WireError::InUse => Errno::EBUSY,
-            WireError::TooManyLinks => Errno::EMLINK,
-        },
-        FsError::Offline(_) => Errno::EIO,
-        FsError::Protocol(_) | FsError::Cache(_) => Errno::EIO,
-        FsError::ReadOnly => Errno::EROFS,
-        FsError::BadHandle => Errno::EBADF,
-        FsError::WritesLost(_) | FsError::Thread { .. } => Errno::EIO,
-    }
-}
-
-/// A wire time as the kernel's. Never panics: nanoseconds out of range are clamped, and a
-/// time the platform cannot represent saturates (on Linux every `i64` second is fine).
-fn time(t: Timestamp) -> std::time::SystemTime {
-    let t = t.clamped();
-    let nanos = Duration::from_nanos(u64::from(t.nanos));
-    let st = if t.secs >= 0 {
-        UNIX_EPOCH.checked_add(Duration::from_secs(t.secs as u64) + nanos)
-    } else {
-        UNIX_EPOCH
-            .checked_sub(Duration::from_secs(t.secs.unsigned_abs()))
-            .and_then(|s| s.checked_add(nanos))
-    };
-    st.unwrap_or(UNIX_EPOCH)
-}
-
-fn file_type(k: FileKind) -> FileType {
-    match k {
-        FileKind::File => FileType::RegularFile,
-        FileKind::Dir => FileType::Directory,
-        FileKind::Symlink => FileType::Symlink,
-        FileKind::Fifo => FileType::NamedPipe,
-        FileKind::Socket => FileType::Socket,
-        FileKind::CharDev => FileType::CharDevice,
-        FileKind::BlockDev => FileType::BlockDevice,
-    }
-}
-
-/// Converts origin attributes to the kernel's, under inode number `ino`.
-pub fn fuse_attr(ino: Ino, a: &Attr) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(ino),
-        size: a.size,
-        blocks: a.blocks,
-        atime: time(a.atime),
-        mtime: time(a.mtime),
-        ctime: time(a.ctime),
-        crtime: time(a.ctime),
-        kind: file_type(a.kind),
-        // Only permission bits: higher ones would change the type the kernel sees.
-        perm: a.perm & 0o7777,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev: a.rdev as u32,
-        blksize: a.blksize.max(4096),
-        flags: 0,
     }
 }
 
@@ -687,7 +605,10 @@ impl Filesystem for FuseBridge {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hoardfs_origin::TimeSet;
+    use std::time::UNIX_EPOCH;
+
+    use crate::convert::time;
+    use hoardfs_origin::{Attr, FileKind, TimeSet, Timestamp, WireError};
 
     fn attr(t: Timestamp) -> Attr {
         Attr {

@@ -577,21 +577,9 @@ fn handshake(
 
 /// The error for a reply of the wrong kind (or with a stray data section).
 fn unexpected((reply, data): &Answer) -> OriginError {
-    let kind = match reply {
-        Reply::Hello { .. } => "Hello",
-        Reply::Entry(_) => "Entry",
-        Reply::Attr(_) => "Attr",
-        Reply::DirPage { .. } => "DirPage",
-        Reply::Data { .. } => "Data",
-        Reply::Link(_) => "Link",
-        Reply::StatFs(_) => "StatFs",
-        Reply::Counters(_) => "Counters",
-        Reply::Done => "Done",
-        Reply::Written { .. } => "Written",
-        Reply::Xattr { .. } => "Xattr",
-    };
     OriginError::Protocol(format!(
-        "unexpected {kind} reply with {} data bytes",
+        "unexpected {} reply with {} data bytes",
+        validate::kind_name(reply),
         data.len()
     ))
 }

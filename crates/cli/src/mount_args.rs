@@ -1,0 +1,420 @@
+//! The options of `hoardfs mount`: the clap flags, the same flags as `-o key=value` mount
+//! options (as mount(8) and fstab pass them), the generic options mount(8) adds, and the
+//! argument shape `mount.fuse3` uses to run this program as the `fuse.hoardfs` helper.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use fuser::MountOption;
+/// Shown after the options of `hoardfs mount --help`.
+const MOUNT_AFTER_HELP: &str = "\
+Examples:
+  hoardfs mount fileserver:7070 /mnt/data --cache-dir /var/cache/hoardfs/data
+  hoardfs mount fileserver /mnt/data --cache-dir /var/cache/hoardfs/data --cache-size 50G \\
+      --token-file /etc/hoardfs/token --daemon          # port 7070 when omitted
+  hoardfs mount fileserver:7070 /mnt/data -o cache_dir=/var/cache/hoardfs/data,ro
+  hoardfs mount /mnt/nfs/share /mnt/cached --cache-dir /var/cache/share   # any local directory
+  umount /mnt/data
+
+Cache size: the cache shares its file system with everything else on it. When free space
+there drops below --bcull % (default 7), the least useful cached files are evicted until
+--brun % (default 10) is free again; below --bstop % (default 3) nothing new is cached
+(reads still work, straight from the server). --fcull, --frun and --fstop do the same for
+free inodes. --cache-size adds a limit on the cache itself. Open and pinned files are never
+evicted.";
+
+/// Options of `hoardfs mount`.
+#[derive(Args, Debug, Clone)]
+#[command(after_help = MOUNT_AFTER_HELP)]
+pub struct MountArgs {
+    /// `HOST:PORT` of a hoardfs server (`HOST` alone: port 7070), or an absolute path to
+    /// a local directory.
+    pub source: String,
+    /// Where to mount.
+    pub mountpoint: PathBuf,
+    /// Persistent cache directory (created if missing; one client at a time).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub security: crate::security::ClientSecurityArgs,
+    /// Read through without a disk cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Return once the mount is ready, leaving the client running in the background.
+    #[arg(long)]
+    pub daemon: bool,
+    /// Seconds attributes, names and listings are trusted without asking the server when
+    /// it holds no callback for them (local-directory sources, after a lost connection).
+    #[arg(long, default_value_t = 1.0)]
+    pub attr_timeout: f64,
+    /// Seconds attributes, names and listings are trusted at most while the server holds
+    /// a callback for them (it reports every change; this bounds the damage of a lost one).
+    #[arg(long, default_value_t = 600.0)]
+    pub callback_timeout: f64,
+    /// Mount read-only (also implied by a read-only server).
+    #[arg(long)]
+    pub read_only: bool,
+    /// Seconds to wait for the server before failing an operation.
+    #[arg(long, default_value_t = 15.0)]
+    pub timeout: f64,
+    /// Serve fully cached files with daemon reads instead of FUSE passthrough.
+    #[arg(long)]
+    pub no_passthrough: bool,
+    /// Let the kernel open files without asking this daemon (needs --read-only and a disk
+    /// cache). Saves a
+    /// FUSE round trip per open (many small files read again and again from the page
+    /// cache), but gives up passthrough and the version check at open: a change made
+    /// elsewhere shows when the server's callback arrives, or, without callbacks, once
+    /// the attribute timeout has passed (doc/SEMANTICS.md).
+    #[arg(long)]
+    pub kernel_opens: bool,
+    /// Serve extended attributes. Off by default: each xattr call is then refused by the
+    /// kernel itself (EOPNOTSUPP) instead of costing a round trip, and `ls -l` makes up to
+    /// three per file.
+    #[arg(long)]
+    pub xattrs: bool,
+    /// Let users other than the mounting one access the mount (default when run as root).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Upper bound of the disk cache (allocated blocks plus records), e.g. `50G`, `512M`.
+    /// Default: none; the free-space thresholds alone bound it.
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
+    /// Eviction, once started, goes on until this % of the cache file system's space is
+    /// free.
+    #[arg(long, default_value_t = 10, value_name = "PERCENT")]
+    pub brun: u8,
+    /// Eviction starts when less than this % of the cache file system's space is free.
+    #[arg(long, default_value_t = 7, value_name = "PERCENT")]
+    pub bcull: u8,
+    /// Nothing new is cached while less than this % of the cache file system's space is
+    /// free (reads go straight to the server).
+    #[arg(long, default_value_t = 3, value_name = "PERCENT")]
+    pub bstop: u8,
+    /// As --brun, for free inodes (number of files) instead of space.
+    #[arg(long, default_value_t = 10, value_name = "PERCENT")]
+    pub frun: u8,
+    /// As --bcull, for free inodes (number of files) instead of space.
+    #[arg(long, default_value_t = 7, value_name = "PERCENT")]
+    pub fcull: u8,
+    /// As --bstop, for free inodes (number of files) instead of space.
+    #[arg(long, default_value_t = 3, value_name = "PERCENT")]
+    pub fstop: u8,
+    /// Hoard file: paths or globs (one per line, optional priority) to pin and fetch.
+    #[arg(long)]
+    pub hoard_file: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address: PORT (loopback) or HOST:PORT.
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
+    /// Kernel readahead for reads the daemon serves (misses, partly cached files,
+    /// `--no-cache`), in KiB: sequential reads reach the daemon as requests of up to this
+    /// size (at most 1024, the largest FUSE request). The kernel's default is 128. Needs
+    /// root (it is the mount's `read_ahead_kb` in /sys/class/bdi); 0 leaves it alone.
+    #[arg(long, default_value_t = 1024)]
+    pub readahead_kb: u32,
+    /// Append log lines to FILE instead of writing them to stderr (never coloured; a
+    /// failure to mount is logged there too).
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+    /// Mount options, `-o key[=value],...`: every flag above with `_` for `-` (e.g.
+    /// `cache_dir=DIR`, `no_cache`, `ro` for --read-only), the kernel's `exec`, `noexec`,
+    /// `atime`, `noatime`, `sync`, `async`, `dirsync`, and, ignored, what mount(8) and
+    /// fstab add: `rw`, `defaults`, `dev`, `suid` (hoardfs always mounts nodev,nosuid),
+    /// `_netdev`, `nofail`, `auto`, `noauto`, `user`, `nouser`, `x-*`, `comment=`.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub options: Vec<String>,
+    /// Kernel mount flags from `-o` (exec, noatime, sync, ...), passed on as given.
+    #[arg(skip)]
+    pub kernel_flags: Vec<MountOption>,
+}
+
+/// Options mount(8), mount.fuse3 and fstab add that mean nothing to hoardfs (`x-*` and
+/// `comment=*` too): accepted and ignored. `dev` and `suid` are here because mount.fuse3
+/// adds them to every mount by root, so a request for them cannot be told apart from
+/// none: hoardfs always mounts nodev,nosuid (the server drops set-id bits and refuses
+/// devices by default anyway).
+const IGNORED_OPTIONS: &[&str] = &[
+    "rw",
+    "defaults",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "_netdev",
+    "nofail",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "group",
+    "default_permissions",
+    "relatime",
+    "strictatime",
+    "nodiratime",
+    "lazytime",
+];
+
+/// Kernel flags FUSE honours, each with its opposite (the later one given wins).
+const KERNEL_FLAGS: &[(&str, MountOption, MountOption)] = &[
+    ("exec", MountOption::Exec, MountOption::NoExec),
+    ("noexec", MountOption::NoExec, MountOption::Exec),
+    ("atime", MountOption::Atime, MountOption::NoAtime),
+    ("noatime", MountOption::NoAtime, MountOption::Atime),
+    ("sync", MountOption::Sync, MountOption::Async),
+    ("async", MountOption::Async, MountOption::Sync),
+    ("dirsync", MountOption::DirSync, MountOption::DirSync),
+];
+
+/// The argument list of `hoardfs SOURCE MOUNTPOINT -o OPTIONS`, as mount.fuse3 (run by
+/// mount(8) and fstab for type `fuse.hoardfs`) invokes it, rewritten to `hoardfs mount
+/// --daemon SOURCE MOUNTPOINT -o OPTIONS`: mount(8) waits for the program to exit, so it
+/// must return once the mount is ready. The first argument must look like a SOURCE
+/// (`HOST:PORT` or `/path`), so that a mistyped command is still reported as one. Any
+/// other argument list is returned unchanged.
+pub fn helper_argv(
+    mut args: Vec<std::ffi::OsString>,
+    is_subcommand: impl Fn(&str) -> bool,
+) -> Vec<std::ffi::OsString> {
+    let helper = args.get(1).is_some_and(|a| {
+        let a = a.to_string_lossy();
+        (a.contains(':') || a.starts_with('/')) && !is_subcommand(&a)
+    });
+    if helper {
+        args.splice(1..1, ["mount".into(), "--daemon".into()]);
+    }
+    args
+}
+
+/// The log file of a mount: `--log-file` or `-o log_file=` (none if the options are bad:
+/// the mount then fails with their error).
+pub fn log_file(args: &MountArgs) -> Option<PathBuf> {
+    args.resolve().ok().and_then(|a| a.log_file)
+}
+
+impl MountArgs {
+    /// Folds `-o` options into the typed flags.
+    pub(crate) fn resolve(&self) -> Result<MountArgs, String> {
+        let mut a = self.clone();
+        for opt in self
+            .options
+            .iter()
+            .flat_map(|o| o.split(','))
+            .filter(|o| !o.is_empty())
+        {
+            let (k, v) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            let need = || v.ok_or_else(|| format!("mount option {k} needs a value"));
+            let num = || -> Result<f64, String> {
+                need()?
+                    .parse()
+                    .map_err(|_| format!("mount option {k}: not a number"))
+            };
+            let pct = || -> Result<u8, String> {
+                need()?
+                    .parse()
+                    .map_err(|_| format!("mount option {k}: not a percentage"))
+            };
+            if let Some((_, on, off)) = KERNEL_FLAGS.iter().find(|f| f.0 == k) {
+                a.kernel_flags.retain(|f| f != on && f != off);
+                a.kernel_flags.push(on.clone());
+                continue;
+            }
+            if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") || k == "comment" {
+                continue;
+            }
+            match k {
+                "cache_dir" => a.cache_dir = Some(need()?.into()),
+                "log_file" => a.log_file = Some(need()?.into()),
+                "token_file" => a.security.token_file = Some(need()?.into()),
+                "server_fingerprint" => a.security.server_fingerprint = Some(need()?.into()),
+                "tls_ca" => a.security.tls_ca = Some(need()?.into()),
+                "insecure_plaintext" => a.security.insecure_plaintext = true,
+                "no_cache" => a.no_cache = true,
+                "daemon" => a.daemon = true,
+                "attr_timeout" => a.attr_timeout = num()?,
+                "callback_timeout" => a.callback_timeout = num()?,
+                "ro" | "read_only" => a.read_only = true,
+                "timeout" => a.timeout = num()?,
+                "no_passthrough" => a.no_passthrough = true,
+                "kernel_opens" => a.kernel_opens = true,
+                "xattrs" => a.xattrs = true,
+                "allow_other" => a.allow_other = true,
+                "cache_size" => a.cache_size = Some(parse_size(need()?)?),
+                "brun" => a.brun = pct()?,
+                "bcull" => a.bcull = pct()?,
+                "bstop" => a.bstop = pct()?,
+                "frun" => a.frun = pct()?,
+                "fcull" => a.fcull = pct()?,
+                "fstop" => a.fstop = pct()?,
+                "hoard_file" => a.hoard_file = Some(need()?.into()),
+                "metrics_listen" => a.metrics_listen = Some(need()?.into()),
+                "readahead_kb" => {
+                    a.readahead_kb = need()?
+                        .parse()
+                        .map_err(|_| format!("mount option {k}: not a number"))?
+                }
+                "fd" | "drop_privileges" => {
+                    return Err(format!(
+                        "mount option {k}: hoardfs opens /dev/fuse and mounts by itself; \
+                         drop mount.fuse3's drop_privileges"
+                    ));
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown mount option {opt:?} (see hoardfs mount --help)"
+                    ));
+                }
+            }
+        }
+        let valid = |x: f64, min: f64| x >= min && x < 1e6;
+        if !valid(a.attr_timeout, 0.0)
+            || !valid(a.callback_timeout, 0.0)
+            || !valid(a.timeout, 0.001)
+        {
+            return Err("timeouts must be positive numbers of seconds".into());
+        }
+        if a.readahead_kb > 1024 {
+            return Err("--readahead-kb is at most 1024 (the largest FUSE request)".into());
+        }
+        if a.kernel_opens && !a.read_only {
+            return Err(
+                "--kernel-opens needs --read-only: writes need the daemon to see \
+                        every open and close"
+                    .into(),
+            );
+        }
+        if a.kernel_opens && a.no_cache {
+            return Err("--kernel-opens needs a disk cache (--cache-dir), not --no-cache".into());
+        }
+        if a.cache_dir.is_none() && !a.no_cache {
+            return Err("--cache-dir DIR is required (or --no-cache to read through)".into());
+        }
+        Ok(a)
+    }
+}
+
+/// Parses a byte size: a number with an optional K/M/G/T suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().trim_end_matches(['B', 'b']).trim_end_matches('i');
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("{s:?}: unknown size suffix")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 50G, 512M, 1048576)"))?;
+    if n.is_nan() || n <= 0.0 {
+        return Err(format!("{s:?}: the size must be positive"));
+    }
+    Ok((n * mult as f64) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use clap::FromArgMatches as _;
+
+    fn parse(args: &[&str]) -> MountArgs {
+        let cmd = MountArgs::augment_args(clap::Command::new("mount"));
+        let m = cmd
+            .try_get_matches_from(["mount", "host:1", "/mnt"].iter().chain(args))
+            .unwrap();
+        MountArgs::from_arg_matches(&m).unwrap()
+    }
+
+    #[test]
+    fn every_flag_is_also_a_mount_option() {
+        let cmd = MountArgs::augment_args(clap::Command::new("mount"));
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else {
+                continue;
+            };
+            let key = long.replace('-', "_");
+            let takes_value = arg.get_action().takes_values();
+            let opt = if takes_value {
+                format!("{key}=1")
+            } else {
+                key.clone()
+            };
+            let r = parse(&["-o", &opt, "--no-cache"]).resolve();
+            if let Err(e) = &r {
+                assert!(
+                    !e.contains("unknown mount option"),
+                    "--{long} has no -o form: {e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn mount_8_and_fstab_options_are_accepted() {
+        let a = parse(&[
+            "-o",
+            "rw,cache_dir=/c,dev,suid,_netdev,nofail,noauto,auto,user,nouser,defaults",
+            "-o",
+            "x-systemd.automount,x-systemd.idle-timeout=60,comment=hello world,noexec",
+            "-o",
+            "exec,noatime,allow_other,ro,metrics_listen=9100,bcull=9",
+        ])
+        .resolve()
+        .unwrap();
+        assert_eq!(a.cache_dir.as_deref(), Some(Path::new("/c")));
+        assert!(a.read_only && a.allow_other);
+        assert_eq!(a.metrics_listen.as_deref(), Some("9100"));
+        assert_eq!(a.bcull, 9);
+        // The later of exec/noexec wins.
+        assert_eq!(
+            a.kernel_flags,
+            vec![MountOption::Exec, MountOption::NoAtime]
+        );
+        let e = parse(&["-o", "cache_dir=/c,bogus"]).resolve().unwrap_err();
+        assert!(e.contains("unknown mount option \"bogus\""), "{e}");
+        let e = parse(&["-o", "cache_dir=/c,fd=3"]).resolve().unwrap_err();
+        assert!(e.contains("drop_privileges"), "{e}");
+    }
+
+    #[test]
+    fn mount_helper_arguments_become_a_daemon_mount() {
+        let is_sub = |s: &str| ["mount", "serve", "help"].contains(&s);
+        let v = |a: &[&str]| {
+            a.iter()
+                .map(Into::into)
+                .collect::<Vec<std::ffi::OsString>>()
+        };
+        assert_eq!(
+            helper_argv(v(&["hoardfs", "srv:7070", "/mnt", "-o", "rw"]), is_sub),
+            v(&[
+                "hoardfs", "mount", "--daemon", "srv:7070", "/mnt", "-o", "rw"
+            ])
+        );
+        assert_eq!(
+            helper_argv(v(&["hoardfs", "/srv/data", "/mnt"]), is_sub),
+            v(&["hoardfs", "mount", "--daemon", "/srv/data", "/mnt"])
+        );
+        for unchanged in [
+            &["hoardfs", "mount", "srv:7070", "/mnt"][..],
+            &["hoardfs", "moutn", "srv:7070", "/mnt"],
+            &["hoardfs", "--version"],
+            &["hoardfs", "help"],
+            &["hoardfs"],
+        ] {
+            assert_eq!(helper_argv(v(unchanged), is_sub), v(unchanged));
+        }
+    }
+}
