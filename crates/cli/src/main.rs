@@ -14,6 +14,7 @@ mod mount_args;
 mod names;
 mod notify;
 mod prefetch;
+mod s3;
 mod security;
 mod serve;
 mod source;

@@ -148,6 +148,27 @@ fn open_cache(dir: &Path, limits: Limits) -> Result<CacheDir, String> {
 }
 
 fn open_origin(a: &MountArgs) -> Result<Arc<dyn Origin>, String> {
+    if let Some(loc) = hoardfs_origin::s3::location::S3Location::parse(&a.source) {
+        let state = a
+            .cache_dir
+            .as_deref()
+            .filter(|_| !a.no_cache)
+            .map(|d| d.join("s3"));
+        let o = crate::s3::open(
+            loc?,
+            &crate::s3::S3Args {
+                endpoint_url: a.endpoint_url.clone(),
+                region: a.region.clone(),
+                force_path_style: a.force_path_style,
+                metadata_ttl: Duration::from_secs_f64(a.attr_timeout),
+                immutable: a.immutable,
+                read_only: a.read_only,
+                timeout: Duration::from_secs_f64(a.timeout),
+            },
+            state,
+        )?;
+        return Ok(Arc::new(o));
+    }
     if a.source.starts_with('/') {
         let o = LocalOrigin::new(Path::new(&a.source), LocalOptions::default())
             .map_err(|e| format!("cannot use {} as a source: {e}", a.source))?;
@@ -224,6 +245,10 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     let known_names = cache_dir
         .map(|d| crate::names::of_export(&crate::names::load(d), export_id))
         .unwrap_or_default();
+    if a.immutable {
+        // Never revalidated: a year stands for forever.
+        a.attr_timeout = 365.0 * 86400.0;
+    }
     let config = FsConfig {
         attr_ttl: Duration::from_secs_f64(a.attr_timeout),
         callback_ttl: Duration::from_secs_f64(a.callback_timeout),

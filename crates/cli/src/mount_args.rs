@@ -116,6 +116,26 @@ pub struct MountArgs {
     /// failure to mount is logged there too).
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
+    /// S3 sources: the store's endpoint URL (default: AWS's for the region;
+    /// `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL` are read too).
+    #[arg(long, value_name = "URL")]
+    pub endpoint_url: Option<String>,
+    /// S3 sources: the region used to sign requests (default: `AWS_REGION`,
+    /// `AWS_DEFAULT_REGION`, the profile's, else us-east-1).
+    #[arg(long)]
+    pub region: Option<String>,
+    /// S3 sources: address the bucket as ENDPOINT/BUCKET rather than BUCKET.ENDPOINT
+    /// (needed for most stores other than AWS, and for IP addresses).
+    #[arg(long)]
+    pub force_path_style: bool,
+    /// S3 sources: how long listings, attributes and "no such file" answers are trusted
+    /// before the store is asked again, in seconds (S3 has no callbacks). Sets
+    /// --attr-timeout.
+    #[arg(long, value_name = "SECS")]
+    pub metadata_ttl: Option<f64>,
+    /// S3 sources: the bucket never changes (published datasets): never revalidate.
+    #[arg(long)]
+    pub immutable: bool,
     /// Mount options, `-o key[=value],...`: every flag above with `_` for `-` (e.g.
     /// `cache_dir=DIR`, `no_cache`, `ro` for --read-only), the kernel's `exec`, `noexec`,
     /// `atime`, `noatime`, `sync`, `async`, `dirsync`, and, ignored, what mount(8) and
@@ -243,6 +263,11 @@ impl MountArgs {
                 "kernel_opens" => a.kernel_opens = true,
                 "xattrs" => a.xattrs = true,
                 "allow_other" => a.allow_other = true,
+                "endpoint_url" => a.endpoint_url = Some(need()?.into()),
+                "region" => a.region = Some(need()?.into()),
+                "force_path_style" => a.force_path_style = true,
+                "metadata_ttl" => a.metadata_ttl = Some(num()?),
+                "immutable" => a.immutable = true,
                 "cache_size" => a.cache_size = Some(parse_size(need()?)?),
                 "brun" => a.brun = pct()?,
                 "bcull" => a.bcull = pct()?,
@@ -269,6 +294,23 @@ impl MountArgs {
                     ));
                 }
             }
+        }
+        if let Some(t) = a.metadata_ttl {
+            a.attr_timeout = t;
+        }
+        let s3 = a.source.starts_with("s3://");
+        if !s3
+            && (a.endpoint_url.is_some()
+                || a.region.is_some()
+                || a.force_path_style
+                || a.immutable
+                || a.metadata_ttl.is_some())
+        {
+            return Err(
+                "--endpoint-url, --region, --force-path-style, --metadata-ttl and \
+                 --immutable apply to s3:// sources only"
+                    .into(),
+            );
         }
         let valid = |x: f64, min: f64| x >= min && x < 1e6;
         if !valid(a.attr_timeout, 0.0)

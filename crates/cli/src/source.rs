@@ -1,6 +1,6 @@
 //! What `hoardfs mount SOURCE` and `server-stats SERVER` accept: `HOST[:PORT]` of a server
 //! (port 7070 when omitted, as `hoardfs serve` listens by default), or, for `mount`, an
-//! absolute path to a local directory.
+//! absolute path to a local directory or an S3 bucket, `s3://BUCKET[/PREFIX]`.
 
 use std::path::{Path, PathBuf};
 
@@ -14,11 +14,16 @@ pub enum Source {
     Local(PathBuf),
     /// A server, `HOST:PORT` (the default port filled in).
     Server(String),
+    /// An S3 bucket, `s3://BUCKET[/PREFIX]`.
+    S3(hoardfs_origin::s3::location::S3Location),
 }
 
 /// Parses a mount source: an absolute path, or a server address (see [`server_addr`]).
 /// A relative path is refused with the absolute one to use instead.
 pub fn parse(s: &str) -> Result<Source, String> {
+    if let Some(l) = hoardfs_origin::s3::location::S3Location::parse(s) {
+        return l.map(Source::S3);
+    }
     if s.starts_with('/') {
         return Ok(Source::Local(PathBuf::from(s)));
     }

@@ -79,6 +79,17 @@ impl HoardFs {
         }
     }
 
+    /// Moves the node's cached object from `pre` to `attr`'s version after the origin
+    /// published the content it holds under a new version (no bytes changed).
+    fn follow_publish(&self, node: &Node, pre: u64, attr: &Attr) {
+        let st = node.state.lock();
+        if let Some(o) = st.opens.object()
+            && let Err(e) = o.apply_write(pre, attr.size, &[], attr.version, attr.size)
+        {
+            tracing::warn!("cache update after an upload failed: {e}");
+        }
+    }
+
     /// Moves the node's cached object (if it has one) to `attr`'s version, after a change
     /// whose effect on the content this client cannot reproduce (e.g. a truncate).
     fn reset_object(&self, node: &Node, attr: &Attr) {
@@ -116,7 +127,17 @@ impl HoardFs {
 
     /// A file descriptor of `ino` is closed: fails if writes to it may have been lost
     /// (they are not synced here; close-to-open needs only that they reached the server).
+    /// Origins that publish whole files (S3) upload here, and a failed upload fails the
+    /// `close()`.
     pub fn flush(&self, ino: Ino) -> FsResult<()> {
+        let node = self.node(ino)?;
+        if node.kind == hoardfs_origin::FileKind::File && !self.read_only {
+            let since = self.callbacks.seq();
+            if let Some((pre, attr)) = self.with_handle(&node, |h| self.origin.flush(h))? {
+                self.follow_publish(&node, pre, &attr);
+                self.install_attr(&node, attr, since);
+            }
+        }
         self.durability
             .closed(ino, self.verifier())
             .inspect_err(|e| tracing::error!(ino, "close fails: {e}"))?;

@@ -17,6 +17,7 @@ pub use hoardfs_proto::{
 
 pub mod local;
 pub mod remote;
+pub mod s3;
 
 /// Result of origin operations.
 pub type Result<T> = std::result::Result<T, OriginError>;
@@ -240,6 +241,18 @@ pub trait Origin: Send + Sync + 'static {
     fn write(&self, handle: Handle, offset: u64, data: &[u8], append: bool) -> Result<WriteReply> {
         let _ = (handle, offset, data, append);
         read_only()
+    }
+    /// A file descriptor of the object was closed: origins that publish writes only as
+    /// a whole (S3) do it now. Returns the version the object had before and its
+    /// attributes after, if publishing changed them.
+    fn flush(&self, handle: Handle) -> Result<Option<(u64, Attr)>> {
+        let _ = handle;
+        Ok(None)
+    }
+    /// Whether [`Origin::flush`] publishes writes (which are invisible to others until
+    /// then): callers must then call it at every close of a file they wrote.
+    fn publishes_on_close(&self) -> bool {
+        false
     }
     /// Makes the object's written data (and with `!datasync` its metadata) durable.
     fn fsync(&self, handle: Handle, datasync: bool) -> Result<()> {

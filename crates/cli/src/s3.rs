@@ -1,0 +1,47 @@
+//! `s3://` sources: the S3 origin's settings from the command line, the environment and
+//! the AWS profile files (shared by `hoardfs mount` and `hoardfs serve --origin`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hoardfs_origin::s3::credentials::{self, process_env};
+use hoardfs_origin::s3::location::S3Location;
+use hoardfs_origin::s3::{S3Options, S3Origin};
+
+/// What the command line says about an S3 source.
+#[derive(Debug, Clone)]
+pub struct S3Args {
+    /// `--endpoint-url`.
+    pub endpoint_url: Option<String>,
+    /// `--region`.
+    pub region: Option<String>,
+    /// `--force-path-style`.
+    pub force_path_style: bool,
+    /// `--metadata-ttl`.
+    pub metadata_ttl: Duration,
+    /// `--immutable`.
+    pub immutable: bool,
+    /// `--read-only`.
+    pub read_only: bool,
+    /// `--timeout`.
+    pub timeout: Duration,
+}
+
+/// The S3 origin for `loc`, keeping its listings and staged writes under `state`.
+pub fn open(loc: S3Location, a: &S3Args, state: Option<PathBuf>) -> Result<S3Origin, String> {
+    let env = &process_env;
+    let region = credentials::region(a.region.as_deref(), env);
+    let endpoint = credentials::endpoint(a.endpoint_url.as_deref(), &region, env);
+    let (creds, source) = credentials::credentials(env)?;
+    let mut o = S3Options::new(loc, endpoint, region);
+    o.path_style = a.force_path_style;
+    o.credentials = creds;
+    o.metadata_ttl = a.metadata_ttl;
+    o.immutable = a.immutable;
+    o.read_only = a.read_only;
+    o.timeout = a.timeout;
+    o.state_dir = state;
+    let origin = S3Origin::new(o)?;
+    tracing::info!("{}: credentials from {source}", origin.describe());
+    Ok(origin)
+}

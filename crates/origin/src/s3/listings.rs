@@ -1,0 +1,318 @@
+//! Directory listings of the bucket, kept in memory and on disk.
+//!
+//! A listing is every page of `ListObjectsV2(prefix=DIR/, delimiter=/)` folded into one
+//! sorted snapshot: common prefixes are directories, keys are files, the `DIR/` marker
+//! itself is not an entry, a directory shadows a file of the same name, and names that
+//! cannot be path components are left out. A snapshot answers lookups and `readdir` while
+//! it is fresh (`--metadata-ttl`, forever with `--immutable`), and at any age while the
+//! store is unreachable, also after a remount: each snapshot is written to
+//! `STATE/listings/<hash>` (atomically; a torn or foreign file is ignored).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::client::{ObjectInfo, S3Client, S3Error, S3Result};
+use super::location::valid_name;
+
+/// Most entries one directory may have (beyond it listing fails rather than exhaust memory).
+pub const MAX_ENTRIES: usize = 2_000_000;
+/// Keys asked for per page.
+const PAGE: usize = 1000;
+/// Snapshots kept in memory (others are reloaded from disk when needed).
+const MEM_SNAPSHOTS: usize = 4096;
+/// Format tag of the files on disk.
+const DISK_MAGIC: &str = "hoardfs-s3-listing-1";
+
+/// What a name in a directory is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Listed {
+    /// An object.
+    File(ObjectInfo),
+    /// A common prefix (or a marker object).
+    Dir,
+}
+
+/// One directory's listing.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Entries sorted by name.
+    pub entries: Vec<(String, Listed)>,
+    /// When it was listed (seconds since the epoch).
+    pub listed_at: i64,
+}
+
+impl Snapshot {
+    /// Folds listing pages of `prefix` into a snapshot.
+    pub fn from_pages(prefix: &str, pages: Vec<super::client::ListPage>) -> Snapshot {
+        let mut m: BTreeMap<String, Listed> = BTreeMap::new();
+        for page in pages {
+            for (key, info) in page.objects {
+                if let Some(name) = key.strip_prefix(prefix)
+                    && valid_name(name)
+                    && !matches!(m.get(name), Some(Listed::Dir))
+                {
+                    m.insert(name.to_string(), Listed::File(info));
+                }
+            }
+            for p in page.prefixes {
+                if let Some(name) = p.strip_prefix(prefix).and_then(|n| n.strip_suffix('/'))
+                    && valid_name(name)
+                {
+                    m.insert(name.to_string(), Listed::Dir);
+                }
+            }
+        }
+        Snapshot {
+            entries: m.into_iter().collect(),
+            listed_at: now_unix(),
+        }
+    }
+
+    /// The entry called `name`.
+    pub fn get(&self, name: &str) -> Option<&Listed> {
+        self.entries
+            .binary_search_by(|(n, _)| n.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.entries[i].1)
+    }
+}
+
+struct Held {
+    snap: Arc<Snapshot>,
+    /// Fresh until then (`None`: expired, kept for offline use).
+    fresh_until: Option<Instant>,
+    used: u64,
+}
+
+/// The listing store. Lock: one mutex, never held across a request or a disk write.
+pub struct Listings {
+    mem: Mutex<(HashMap<String, Held>, u64)>,
+    disk: Option<PathBuf>,
+    ttl: Duration,
+    immutable: bool,
+}
+
+impl Listings {
+    /// A store keeping snapshots under `disk` (if any), fresh for `ttl`.
+    pub fn new(disk: Option<PathBuf>, ttl: Duration, immutable: bool) -> Listings {
+        if let Some(d) = &disk {
+            let _ = std::fs::create_dir_all(d);
+        }
+        Listings {
+            mem: Mutex::new((HashMap::new(), 0)),
+            disk,
+            ttl,
+            immutable,
+        }
+    }
+
+    /// The listing of `prefix` if it is fresh.
+    pub fn fresh(&self, prefix: &str) -> Option<Arc<Snapshot>> {
+        let now = Instant::now();
+        {
+            let mut g = self.mem.lock();
+            let (m, clock) = &mut *g;
+            *clock += 1;
+            if let Some(h) = m.get_mut(prefix) {
+                if self.immutable || h.fresh_until.is_some_and(|t| now < t) {
+                    h.used = *clock;
+                    return Some(h.snap.clone());
+                }
+                return None;
+            }
+        }
+        // Not in memory: a snapshot on disk young enough (a remount within the TTL).
+        let snap = self.load(prefix)?;
+        let age = now_unix().saturating_sub(snap.listed_at);
+        let left = self.ttl.as_secs() as i64 - age;
+        if self.immutable || left > 0 {
+            let snap = Arc::new(snap);
+            let until = now + Duration::from_secs(left.max(0) as u64);
+            self.hold(prefix, snap.clone(), Some(until));
+            return Some(snap);
+        }
+        None
+    }
+
+    /// The last listing of `prefix`, whatever its age (for when the store is unreachable).
+    pub fn any(&self, prefix: &str) -> Option<Arc<Snapshot>> {
+        if let Some(h) = self.mem.lock().0.get(prefix) {
+            return Some(h.snap.clone());
+        }
+        let snap = Arc::new(self.load(prefix)?);
+        self.hold(prefix, snap.clone(), None);
+        Some(snap)
+    }
+
+    /// Lists `prefix` from the store (every page), keeps and returns the snapshot.
+    pub fn refresh(&self, client: &S3Client, prefix: &str) -> S3Result<Arc<Snapshot>> {
+        let mut pages = Vec::new();
+        let mut token: Option<String> = None;
+        let mut count = 0usize;
+        loop {
+            let page = client.list_page(prefix, token.as_deref(), PAGE)?;
+            count += page.objects.len() + page.prefixes.len();
+            if count > MAX_ENTRIES {
+                return Err(S3Error::Protocol(format!(
+                    "{prefix:?} has more than {MAX_ENTRIES} entries"
+                )));
+            }
+            token = page.next.clone();
+            pages.push(page);
+            if token.is_none() {
+                break;
+            }
+        }
+        let snap = Arc::new(Snapshot::from_pages(prefix, pages));
+        self.hold(prefix, snap.clone(), Some(Instant::now() + self.ttl));
+        self.store(prefix, &snap);
+        Ok(snap)
+    }
+
+    /// The listing of `prefix` changed (through this origin): the next use lists again.
+    pub fn expire(&self, prefix: &str) {
+        if let Some(h) = self.mem.lock().0.get_mut(prefix) {
+            h.fresh_until = None;
+        }
+        if let Some(p) = self.path(prefix) {
+            // A snapshot on disk must not look fresh to a remount either.
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    fn hold(&self, prefix: &str, snap: Arc<Snapshot>, fresh_until: Option<Instant>) {
+        let mut g = self.mem.lock();
+        let (m, clock) = &mut *g;
+        *clock += 1;
+        let used = *clock;
+        m.insert(
+            prefix.to_string(),
+            Held {
+                snap,
+                fresh_until,
+                used,
+            },
+        );
+        if m.len() > MEM_SNAPSHOTS {
+            // Drop the least recently used half (they stay on disk).
+            let mut uses: Vec<u64> = m.values().map(|h| h.used).collect();
+            uses.sort_unstable();
+            let cut = uses[uses.len() / 2];
+            m.retain(|_, h| h.used > cut);
+        }
+    }
+
+    fn path(&self, prefix: &str) -> Option<PathBuf> {
+        let h = xxhash_rust::xxh3::xxh3_64(prefix.as_bytes());
+        Some(self.disk.as_ref()?.join(format!("{h:016x}")))
+    }
+
+    fn store(&self, prefix: &str, snap: &Snapshot) {
+        let Some(path) = self.path(prefix) else {
+            return;
+        };
+        let bytes = match postcard::to_stdvec(&(DISK_MAGIC, prefix, snap)) {
+            Ok(b) => b,
+            Err(_) => return,
+        };
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let ok = std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, &path).is_ok();
+        if !ok {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::debug!("could not keep the listing of {prefix:?} on disk");
+        }
+    }
+
+    fn load(&self, prefix: &str) -> Option<Snapshot> {
+        let bytes = std::fs::read(self.path(prefix)?).ok()?;
+        let (magic, p, snap): (String, String, Snapshot) = postcard::from_bytes(&bytes).ok()?;
+        (magic == DISK_MAGIC && p == prefix).then_some(snap)
+    }
+}
+
+fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::client::ListPage;
+    use super::*;
+
+    fn info(size: u64) -> ObjectInfo {
+        ObjectInfo {
+            size,
+            etag: format!("e{size}"),
+            mtime: 1,
+        }
+    }
+
+    #[test]
+    fn pages_fold_into_one_sorted_listing() {
+        let pages = vec![
+            ListPage {
+                objects: vec![
+                    ("p/".into(), info(0)),
+                    ("p/b".into(), info(2)),
+                    ("p/..".into(), info(3)),
+                    ("p/same".into(), info(4)),
+                ],
+                prefixes: vec!["p/a/".into(), "p//".into()],
+                next: Some("t".into()),
+            },
+            ListPage {
+                objects: vec![("p/c".into(), info(5))],
+                prefixes: vec!["p/same/".into()],
+                next: None,
+            },
+        ];
+        let s = Snapshot::from_pages("p/", pages);
+        let names: Vec<&str> = s.entries.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c", "same"]);
+        assert_eq!(
+            s.get("same"),
+            Some(&Listed::Dir),
+            "a directory shadows a file"
+        );
+        assert_eq!(s.get("b"), Some(&Listed::File(info(2))));
+        assert_eq!(s.get("zzz"), None);
+    }
+
+    #[test]
+    fn snapshots_outlive_the_process_and_expire_by_age() {
+        let d = tempfile::tempdir().unwrap();
+        let snap = Snapshot::from_pages(
+            "",
+            vec![ListPage {
+                objects: vec![("f".into(), info(1))],
+                ..ListPage::default()
+            }],
+        );
+        let a = Listings::new(Some(d.path().into()), Duration::from_secs(60), false);
+        a.hold("", Arc::new(snap), Some(Instant::now()));
+        a.store("", &a.any("").unwrap());
+        // A new store (a remount) finds it fresh on disk within the TTL...
+        let b = Listings::new(Some(d.path().into()), Duration::from_secs(60), false);
+        assert!(b.fresh("").is_some_and(|s| s.get("f").is_some()));
+        // ...not fresh with a TTL it outlived, but still there for offline use.
+        let c = Listings::new(Some(d.path().into()), Duration::ZERO, false);
+        assert!(c.fresh("").is_none());
+        assert!(c.any("").is_some());
+        assert!(c.any("other/").is_none());
+        // A change through this mount expires it everywhere.
+        c.expire("");
+        let e = Listings::new(Some(d.path().into()), Duration::from_secs(60), false);
+        assert!(e.fresh("").is_none());
+        // Garbage on disk is ignored.
+        std::fs::write(c.path("x/").unwrap(), b"garbage").unwrap();
+        assert!(c.any("x/").is_none());
+    }
+}

@@ -1,0 +1,259 @@
+//! Change reports for an S3 origin that serves other clients (`hoardfs serve --origin
+//! s3://…`): S3 has no notifications, so the directories clients use are listed again
+//! every `--metadata-ttl`, and the differences become callback breaks. One listing per
+//! directory per period replaces a HEAD per file per client: the store's load no longer
+//! grows with the number of clients.
+//!
+//! Watched directories: those listed, or with names looked up, most recently (at most
+//! [`MAX_WATCHED`]); the others are forgotten and a client that still holds their
+//! entries revalidates by time when its callback expires.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hoardfs_proto::{Break, FileKind};
+use parking_lot::Mutex;
+
+use super::client::S3Client;
+use super::listings::{Listed, Listings, Snapshot};
+use super::location::{S3Location, join};
+use super::nodes::{NodeTable, S3Node, file_id, version};
+use crate::BreakSink;
+
+/// Most directories listed again each period.
+pub const MAX_WATCHED: usize = 1024;
+
+/// The directories to watch, by recency of use.
+#[derive(Default)]
+pub struct Watched {
+    dirs: Mutex<(HashMap<String, u64>, u64)>,
+}
+
+impl Watched {
+    /// A client used directory `path`.
+    pub fn touch(&self, path: &str) {
+        let mut g = self.dirs.lock();
+        let (m, clock) = &mut *g;
+        *clock += 1;
+        let now = *clock;
+        m.insert(path.to_string(), now);
+        if m.len() > MAX_WATCHED {
+            let mut uses: Vec<u64> = m.values().copied().collect();
+            uses.sort_unstable();
+            let cut = uses[uses.len() - MAX_WATCHED];
+            m.retain(|_, u| *u >= cut);
+        }
+    }
+
+    fn list(&self) -> Vec<String> {
+        self.dirs.lock().0.keys().cloned().collect()
+    }
+}
+
+/// What the poller needs of the origin.
+pub struct Poller {
+    /// The store.
+    pub client: Arc<S3Client>,
+    /// Bucket and prefix.
+    pub location: S3Location,
+    /// The origin's listings.
+    pub listings: Arc<Listings>,
+    /// The origin's handle table.
+    pub table: Arc<NodeTable>,
+    /// Directories in use.
+    pub watched: Arc<Watched>,
+    /// Where breaks go.
+    pub sink: BreakSink,
+    /// Set when the origin is dropped.
+    pub stop: Arc<AtomicBool>,
+    /// Time between rounds.
+    pub period: Duration,
+}
+
+impl Poller {
+    /// Runs rounds until stopped.
+    pub fn run(self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let start = Instant::now();
+            for dir in self.watched.list() {
+                if self.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                self.poll(&dir);
+            }
+            let left = self.period.saturating_sub(start.elapsed());
+            // Sleeps in slices so that a dropped origin stops its poller soon.
+            let until = Instant::now() + left.max(Duration::from_millis(50));
+            while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50).min(until - Instant::now()));
+            }
+        }
+    }
+
+    fn poll(&self, dir: &str) {
+        let prefix = self.location.dir_prefix(dir);
+        let old = self.listings.any(&prefix);
+        let new = match self.listings.refresh(&self.client, &prefix) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!("watching {prefix:?}: {e}");
+                return;
+            }
+        };
+        let breaks = diff(dir, old.as_deref(), &new, &self.table);
+        if !breaks.is_empty() {
+            tracing::debug!("{} changes seen in {prefix:?}", breaks.len());
+            (self.sink)(breaks);
+        }
+    }
+}
+
+/// The breaks that take clients from `old` (and what `table` knows of the files) to
+/// `new`; files whose object changed get their new information in `table`.
+pub fn diff(dir: &str, old: Option<&Snapshot>, new: &Snapshot, table: &NodeTable) -> Vec<Break> {
+    let dir_id = if dir.is_empty() {
+        1
+    } else {
+        file_id(dir, FileKind::Dir)
+    };
+    let mut out = Vec::new();
+    let id_of = |path: &str, l: &Listed| match l {
+        Listed::Dir => file_id(path, FileKind::Dir),
+        Listed::File(_) => file_id(path, FileKind::File),
+    };
+    let mut dir_changed = false;
+    for (name, l) in &new.entries {
+        let path = join(dir, name);
+        let before = old.and_then(|o| o.get(name));
+        if let Listed::File(info) = l {
+            let known = table.known(&path).and_then(|n| n.info.clone());
+            let was = match before {
+                Some(Listed::File(i)) => Some(i.clone()),
+                _ => known,
+            };
+            if was.as_ref().is_some_and(|w| version(w) != version(info)) {
+                out.push(Break::Attr {
+                    file_id: file_id(&path, FileKind::File),
+                    version: 0,
+                });
+                table.refresh(S3Node {
+                    path: path.clone(),
+                    kind: FileKind::File,
+                    info: Some(info.clone()),
+                });
+            }
+        }
+        let kind_changed =
+            before.is_some_and(|b| std::mem::discriminant(b) != std::mem::discriminant(l));
+        if old.is_some() && (before.is_none() || kind_changed) {
+            dir_changed = true;
+            out.push(Break::Entry {
+                dir_id,
+                name: name.clone().into_bytes(),
+                file_id: Some(id_of(&path, l)),
+            });
+        }
+    }
+    if let Some(o) = old {
+        for (name, _) in &o.entries {
+            if new.get(name).is_none() {
+                dir_changed = true;
+                out.push(Break::Entry {
+                    dir_id,
+                    name: name.clone().into_bytes(),
+                    file_id: None,
+                });
+            }
+        }
+    }
+    if dir_changed {
+        out.push(Break::Attr {
+            file_id: dir_id,
+            version: 0,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::client::ObjectInfo;
+    use super::*;
+
+    fn snap(entries: &[(&str, Option<&str>)]) -> Snapshot {
+        Snapshot {
+            entries: entries
+                .iter()
+                .map(|(n, e)| {
+                    let l = match e {
+                        Some(e) => Listed::File(ObjectInfo {
+                            size: 1,
+                            etag: e.to_string(),
+                            mtime: 0,
+                        }),
+                        None => Listed::Dir,
+                    };
+                    (n.to_string(), l)
+                })
+                .collect(),
+            listed_at: 0,
+        }
+    }
+
+    #[test]
+    fn listing_differences_become_breaks() {
+        let t = NodeTable::new(1, 100);
+        let old = snap(&[("a", Some("1")), ("b", Some("1")), ("d", None)]);
+        let new = snap(&[("a", Some("2")), ("c", Some("1")), ("d", None)]);
+        let b = diff("x", Some(&old), &new, &t);
+        assert!(b.contains(&Break::Attr {
+            file_id: file_id("x/a", FileKind::File),
+            version: 0
+        }));
+        assert!(b.contains(&Break::Entry {
+            dir_id: file_id("x", FileKind::Dir),
+            name: b"b".to_vec(),
+            file_id: None
+        }));
+        assert!(b.contains(&Break::Entry {
+            dir_id: file_id("x", FileKind::Dir),
+            name: b"c".to_vec(),
+            file_id: Some(file_id("x/c", FileKind::File))
+        }));
+        assert!(b.contains(&Break::Attr {
+            file_id: file_id("x", FileKind::Dir),
+            version: 0
+        }));
+        assert_eq!(b.len(), 4);
+        assert!(
+            diff("x", Some(&new), &new, &t).is_empty(),
+            "no change, no break"
+        );
+    }
+
+    #[test]
+    fn a_file_looked_up_before_its_first_listing_is_compared_too() {
+        let t = NodeTable::new(1, 100);
+        t.put(S3Node {
+            path: "f".into(),
+            kind: FileKind::File,
+            info: Some(ObjectInfo {
+                size: 1,
+                etag: "old".into(),
+                mtime: 0,
+            }),
+        });
+        let new = snap(&[("f", Some("new"))]);
+        let b = diff("", None, &new, &t);
+        assert_eq!(
+            b,
+            vec![Break::Attr {
+                file_id: file_id("f", FileKind::File),
+                version: 0
+            }]
+        );
+        assert_eq!(t.known("f").unwrap().info.as_ref().unwrap().etag, "new");
+    }
+}
