@@ -12,8 +12,39 @@ use hoardfs_server::{ServerConfig, run_blocking};
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Directory to export.
-    #[arg(required_unless_present = "print_fingerprint")]
+    #[arg(required_unless_present_any = ["print_fingerprint", "origin"], conflicts_with = "origin")]
     pub dir: Option<PathBuf>,
+    /// Export an S3 bucket instead of a directory, as a shared cache tier:
+    /// `s3://BUCKET[/PREFIX]`. File data read by any client is cached in --cache-dir and
+    /// fetched from the store once; the directories clients use are listed again every
+    /// --metadata-ttl and changes are sent to clients as callbacks.
+    #[arg(long, value_name = "s3://BUCKET[/PREFIX]")]
+    pub origin: Option<String>,
+    /// With --origin: the tier's cache directory (data, listings, files being written).
+    #[arg(long, requires = "origin")]
+    pub cache_dir: Option<PathBuf>,
+    /// With --origin: most bytes the tier's cache may hold (K/M/G/T suffixes).
+    #[arg(long, requires = "origin", value_parser = crate::mount_args::parse_size)]
+    pub cache_size: Option<u64>,
+    /// With --origin: the store's endpoint URL.
+    #[arg(long, requires = "origin", value_name = "URL")]
+    pub endpoint_url: Option<String>,
+    /// With --origin: the region used to sign requests.
+    #[arg(long, requires = "origin")]
+    pub region: Option<String>,
+    /// With --origin: path-style bucket URLs.
+    #[arg(long, requires = "origin")]
+    pub force_path_style: bool,
+    /// With --origin: seconds between listings of the directories clients use (and how
+    /// long a listing or a "no such file" is trusted).
+    #[arg(long, requires = "origin", default_value_t = 1.0, value_name = "SECS")]
+    pub metadata_ttl: f64,
+    /// With --origin: the bucket never changes: list each directory once.
+    #[arg(long, requires = "origin")]
+    pub immutable: bool,
+    /// With --origin: how long a request to the store may take, in seconds.
+    #[arg(long, requires = "origin", default_value_t = 15.0)]
+    pub timeout: f64,
     /// Print the server's identity (the fingerprint clients pin with
     /// --server-fingerprint), generating it first if needed, and exit.
     #[arg(long)]
@@ -68,7 +99,48 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         println!("{}", a.tls.identity()?.fingerprint());
         return Ok(());
     }
+    if a.origin.is_some() {
+        return run_tier(a);
+    }
     let dir = a.dir.clone().expect("clap requires DIR");
+    if !dir.is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    let (cfg, identity, limits) = server_config(&a, &dir.display().to_string())?;
+    let opts = LocalOptions {
+        read_only: a.read_only,
+        max_open_files: limits.open_files,
+        max_handles: limits.handles,
+        ..Default::default()
+    };
+    let origin = Arc::new(
+        LocalOrigin::new(&dir, opts)
+            .map_err(|e| format!("cannot export {}: {e}", dir.display()))?,
+    );
+    let counters = {
+        let o = origin.clone();
+        Arc::new(move || o.counters()) as hoardfs_server::OriginCounters
+    };
+    let root = origin.root_path().to_path_buf();
+    let dir = root.display().to_string();
+    let mut cfg = cfg;
+    let instance =
+        crate::instance::Instance::start(cfg.tokens_dir.as_deref().expect("set above"), &root);
+    cfg.verifier = instance.verifier;
+    run_blocking(cfg, origin, Some(counters), |addr| {
+        use std::io::Write;
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "hoardfs: serving {dir} on {addr} ({identity})");
+        let _ = out.flush();
+        crate::notify::ready(&format!("serving {dir} on {addr}"));
+    })
+    .map_err(|e| format!("cannot serve on {}: {e}", a.listen))?;
+    instance.stopped_cleanly(&root);
+    Ok(())
+}
+
+/// The server configuration shared by directory exports and tiers.
+fn server_config(a: &ServeArgs, what: &str) -> Result<(ServerConfig, String, FdBudget), String> {
     let state_dir = a.tls.state_dir();
     let named_tokens = state_dir
         .join(hoardfs_server::credentials::TOKENS_FILE)
@@ -79,11 +151,10 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         && !a.allow_unauthenticated
     {
         return Err(format!(
-            "refusing to listen on {} without authentication: anyone who can reach it could read {}. \
+            "refusing to listen on {} without authentication: anyone who can reach it could read {what}. \
              Create client credentials with `hoardfs token add NAME` (or pass --token-file FILE), \
              or pass --allow-unauthenticated on a trusted network",
             a.listen,
-            dir.display()
         ));
     }
     if !(a.idle_timeout.is_finite() && a.idle_timeout > 0.0) {
@@ -103,9 +174,6 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         );
     }
     let token = a.token_file.as_deref().map(crate::read_token).transpose()?;
-    if !dir.is_dir() {
-        return Err(format!("{} is not a directory", dir.display()));
-    }
     let (tls, identity) = if a.tls.insecure_plaintext {
         (None, "plaintext: --insecure-plaintext".to_owned())
     } else {
@@ -114,16 +182,6 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         (Some(cfg), format!("TLS, identity {}", id.fingerprint()))
     };
     let limits = FdBudget::split(crate::raise_fd_limit(), a.max_connections, a.max_open_files);
-    let opts = LocalOptions {
-        read_only: a.read_only,
-        max_open_files: limits.open_files,
-        max_handles: limits.handles,
-        ..Default::default()
-    };
-    let origin = Arc::new(
-        LocalOrigin::new(&dir, opts)
-            .map_err(|e| format!("cannot export {}: {e}", dir.display()))?,
-    );
     let mut cfg = ServerConfig::new(a.listen);
     cfg.token = token;
     cfg.tokens_dir = Some(state_dir);
@@ -137,28 +195,64 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     if a.no_zero_copy {
         cfg.zero_copy = None;
     }
-    let counters = {
-        let o = origin.clone();
-        Arc::new(move || o.counters()) as hoardfs_server::OriginCounters
-    };
-    let root = origin.root_path().to_path_buf();
-    let dir = root.display().to_string();
     if let Err(e) = hoardfs_tls::create_private_dir(cfg.tokens_dir.as_deref().expect("set above")) {
         tracing::warn!("{e}");
     }
-    let instance =
-        crate::instance::Instance::start(cfg.tokens_dir.as_deref().expect("set above"), &root);
-    cfg.verifier = instance.verifier;
-    run_blocking(cfg, origin, Some(counters), |addr| {
+    Ok((cfg, identity, limits))
+}
+
+/// `hoardfs serve --origin s3://…`: a shared cache tier in front of a bucket.
+fn run_tier(a: ServeArgs) -> Result<(), String> {
+    let url = a.origin.clone().expect("checked by the caller");
+    let loc = match hoardfs_origin::s3::location::S3Location::parse(&url) {
+        Some(l) => l?,
+        None => return Err(format!("--origin {url:?}: expected s3://BUCKET[/PREFIX]")),
+    };
+    let cache_dir = a
+        .cache_dir
+        .clone()
+        .ok_or("--origin needs --cache-dir DIR for the tier's cache")?;
+    let valid = |x: f64| (0.0..1e6).contains(&x);
+    if !(valid(a.metadata_ttl) && valid(a.timeout) && a.timeout > 0.0) {
+        return Err("--metadata-ttl and --timeout must be numbers of seconds".into());
+    }
+    let (cfg, identity, _) = server_config(&a, &url)?;
+    let limits = hoardfs_cache::quota::Limits {
+        max_bytes: a.cache_size,
+        ..Default::default()
+    };
+    std::fs::create_dir_all(&cache_dir)
+        .map_err(|e| format!("cannot create {}: {e}", cache_dir.display()))?;
+    let cache = hoardfs_cache::CacheDir::open_with(&cache_dir, limits, None)
+        .map_err(|e| format!("cache directory {}: {e}", cache_dir.display()))?;
+    let mut s3 = crate::s3::open(
+        loc,
+        &crate::s3::S3Args {
+            endpoint_url: a.endpoint_url.clone(),
+            region: a.region.clone(),
+            force_path_style: a.force_path_style,
+            metadata_ttl: std::time::Duration::from_secs_f64(a.metadata_ttl),
+            immutable: a.immutable,
+            read_only: a.read_only,
+            timeout: std::time::Duration::from_secs_f64(a.timeout),
+        },
+        Some(cache_dir.join("s3")),
+    )?;
+    s3.watch(!a.immutable);
+    let info = hoardfs_origin::Origin::info(&s3).map_err(|e| format!("cannot start: {e}"))?;
+    let origin = Arc::new(hoardfs_server::tier::CachingOrigin::new(
+        Arc::new(s3),
+        cache,
+        info.export_id,
+    ));
+    run_blocking(cfg, origin, None, |addr| {
         use std::io::Write;
         let mut out = std::io::stdout();
-        let _ = writeln!(out, "hoardfs: serving {dir} on {addr} ({identity})");
+        let _ = writeln!(out, "hoardfs: serving {url} on {addr} ({identity})");
         let _ = out.flush();
-        crate::notify::ready(&format!("serving {dir} on {addr}"));
+        crate::notify::ready(&format!("serving {url} on {addr}"));
     })
-    .map_err(|e| format!("cannot serve on {}: {e}", a.listen))?;
-    instance.stopped_cleanly(&root);
-    Ok(())
+    .map_err(|e| format!("cannot serve on {}: {e}", a.listen))
 }
 
 /// Reads the address and, with TLS, the identity out of the line `serve` prints when it is

@@ -114,6 +114,7 @@ fn answer(op: &Op) -> (Result<Reply, WireError>, Vec<u8>) {
                 root: entry(ROOT, attr(ROOT, FileKind::Dir)),
                 read_only: true,
                 verifier: 5,
+                publishes_on_close: false,
             }),
             Vec::new(),
         ),

@@ -21,7 +21,7 @@ pub use frame::{FrameError, FrameHeader, Limits};
 pub use msg::*;
 
 /// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// An idle client sends [`msg::Op::Ping`] this often, so that the server can close
 /// connections that say nothing for longer (its idle timeout) without closing idle mounts.

@@ -348,6 +348,14 @@ pub enum Op {
     },
     /// Keeps an idle connection open (answered with `Done`).
     Ping,
+    /// A descriptor of the file was closed: a server whose origin publishes whole files
+    /// (`publishes_on_close` in `Hello`) publishes it now. Answered with `Done`, or with
+    /// `Written` (`len` 0, `offset` the size) carrying the version before and the
+    /// attributes after, when publishing changed them.
+    Flush {
+        /// Regular file.
+        handle: Handle,
+    },
 }
 
 /// `renameat2` flag: fail with `Exists` instead of replacing the target.
@@ -485,6 +493,10 @@ pub enum Reply {
         /// unsynced writes were acknowledged under another verifier must not report a
         /// later fsync or close as successful.
         verifier: u64,
+        /// Whether writes become visible to others only when the file is closed (the
+        /// origin stores whole objects, as S3 does): clients then send `Flush` at every
+        /// close of a file they wrote.
+        publishes_on_close: bool,
     },
     /// Lookup result.
     Entry(Entry),

@@ -422,6 +422,7 @@ async fn handshake<R: AsyncRead + Unpin>(
         root: info.root,
         read_only: shared.cfg.read_only || info.read_only,
         verifier: shared.cfg.verifier,
+        publishes_on_close: shared.origin.publishes_on_close(),
     };
     let raced = shared.callbacks.register(conn, &[root_id], seq_before);
     if tx

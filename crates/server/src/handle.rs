@@ -273,6 +273,18 @@ fn run(
         } => done(origin.setxattr(handle, &name, &data, flags)),
         Op::RemoveXattr { handle, name } => done(origin.removexattr(handle, &name)),
         Op::Ping => (Ok(Reply::Done), none()),
+        Op::Flush { handle } => {
+            let reply = origin.flush(handle).map(|r| match r {
+                None => Reply::Done,
+                Some((pre_version, attr)) => Reply::Written {
+                    len: 0,
+                    offset: attr.size,
+                    pre_version,
+                    attr,
+                },
+            });
+            (reply, none())
+        }
     }
 }
 

@@ -16,6 +16,7 @@ pub mod credentials;
 mod decode;
 mod handle;
 mod idmap;
+pub mod tier;
 
 pub use idmap::{ANON_ID, IdMapping, Squash};
 

@@ -88,6 +88,7 @@ fn answer(op: &Op, sent: usize) -> (Reply, Vec<u8>) {
                 root: entry(FileKind::Dir),
                 read_only: false,
                 verifier: 1,
+                publishes_on_close: false,
             },
             Vec::new(),
         ),

@@ -86,6 +86,8 @@ struct State {
     info: OriginInfo,
     /// Number of successful handshakes so far.
     generation: u64,
+    /// Whether the server publishes written files only at `Flush` (its `Hello` says).
+    publishes_on_close: bool,
     /// When and why the latest (re)connect attempt failed, if it did.
     last_failure: Option<(Instant, OriginError)>,
 }
@@ -118,7 +120,7 @@ impl RemoteOrigin {
     /// `OriginError::Security`.
     pub fn connect(addr: &str, security: Security, opts: RemoteOptions) -> Result<RemoteOrigin> {
         let sink = SinkSlot::default();
-        let (conn, info) = handshake(addr, &security, &opts, &sink)?;
+        let (conn, info, publishes_on_close) = handshake(addr, &security, &opts, &sink)?;
         Ok(RemoteOrigin {
             sink,
             addr: addr.to_owned(),
@@ -128,6 +130,7 @@ impl RemoteOrigin {
                 conn: Some(Arc::new(conn)),
                 info,
                 generation: 1,
+                publishes_on_close,
                 last_failure: None,
             }),
             connecting: Mutex::new(()),
@@ -176,9 +179,10 @@ impl RemoteOrigin {
             }
         }
         match handshake(&self.addr, &self.security, &self.opts, &self.sink) {
-            Ok((conn, info)) => {
+            Ok((conn, info, publishes_on_close)) => {
                 let conn = Arc::new(conn);
                 let mut st = self.state.lock();
+                st.publishes_on_close = publishes_on_close;
                 if st.info.root.handle.epoch != info.root.handle.epoch {
                     tracing::info!(addr = %self.addr, "server restarted; old handles are stale");
                 }
@@ -458,6 +462,26 @@ impl Origin for RemoteOrigin {
         self.done(Op::Fsync { handle, datasync }, &[])
     }
 
+    fn publishes_on_close(&self) -> bool {
+        self.state.lock().publishes_on_close
+    }
+
+    fn flush(&self, handle: Handle) -> Result<Option<(u64, Attr)>> {
+        if !self.publishes_on_close() {
+            return Ok(None);
+        }
+        match self.request(Op::Flush { handle })? {
+            (Reply::Done, _) => Ok(None),
+            (
+                Reply::Written {
+                    pre_version, attr, ..
+                },
+                _,
+            ) => Ok(Some((pre_version, attr))),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     fn getxattr(&self, handle: Handle, name: &[u8]) -> Result<Vec<u8>> {
         self.xattr(Op::GetXattr {
             handle,
@@ -493,7 +517,7 @@ fn handshake(
     security: &Security,
     opts: &RemoteOptions,
     sink: &SinkSlot,
-) -> Result<(Conn, OriginInfo)> {
+) -> Result<(Conn, OriginInfo, bool)> {
     let addrs: Vec<SocketAddr> = addr
         .to_socket_addrs()
         .map_err(|e| OriginError::Unreachable(format!("cannot resolve {addr}: {e}")))?
@@ -553,6 +577,7 @@ fn handshake(
                 root,
                 read_only,
                 verifier,
+                publishes_on_close,
             },
             d,
         ) if d.is_empty() => {
@@ -569,6 +594,7 @@ fn handshake(
                     root,
                     read_only,
                 },
+                publishes_on_close,
             ))
         }
         other => Err(unexpected(&other)),

@@ -97,6 +97,7 @@ fn serve_conn(s: TcpStream, token: &[u8], h: Handler) {
                     root: root(),
                     read_only: true,
                     verifier: 7,
+                    publishes_on_close: false,
                 };
                 reply(&w, req.id, Ok(hello), &[]);
             }

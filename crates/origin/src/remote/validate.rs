@@ -72,6 +72,8 @@ pub enum Expect {
     XattrValue,
     /// A list of extended attribute names.
     XattrList,
+    /// `Done`, or `Written` of nothing with the attributes after a file was published.
+    Flushed,
 }
 
 impl Expect {
@@ -102,6 +104,7 @@ impl Expect {
             | Op::Fsync { .. }
             | Op::SetXattr { .. }
             | Op::RemoveXattr { .. } => Expect::Done,
+            Op::Flush { .. } => Expect::Flushed,
             Op::Write { offset, append, .. } => Expect::Written {
                 sent: u32::try_from(data_len).unwrap_or(u32::MAX),
                 offset: *offset,
@@ -178,7 +181,15 @@ pub fn answer(expect: &Expect, (mut reply, data): (Reply, Vec<u8>)) -> Result<(R
         }
         (Expect::StatFs, Reply::StatFs(_))
         | (Expect::Counters, Reply::Counters(_))
-        | (Expect::Done, Reply::Done) => {}
+        | (Expect::Done | Expect::Flushed, Reply::Done) => {}
+        (Expect::Flushed, Reply::Written { len, attr, .. }) => {
+            if *len != 0 {
+                return Err(protocol(format!(
+                    "a flush reply says {len} bytes were written"
+                )));
+            }
+            file_attr(attr, Some(FileKind::File)).map_err(protocol)?;
+        }
         (
             Expect::Written {
                 sent,
@@ -442,6 +453,7 @@ mod tests {
             root: e(kind),
             read_only: false,
             verifier: 1,
+            publishes_on_close: false,
         };
         ok(Expect::Hello, hello(FileKind::Dir), b"");
         assert!(rejected(Expect::Hello, hello(FileKind::File), b""));
