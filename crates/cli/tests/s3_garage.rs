@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::time::Instant;
+
 use common::bytes;
 use common::garage::Garage;
 
@@ -71,8 +73,10 @@ fn a_killed_node_leaves_objects_readable_from_the_others() {
     g.put_via(1, "after-kill.bin", &more);
     assert_eq!(g.get_via(0, "after-kill.bin"), more);
     // The killed node comes back with its data and catches up.
+    let t = Instant::now();
     g.start_again(2);
     g.wait_healthy();
+    eprintln!("garage: node 2 back and healthy after {:?}", t.elapsed());
     assert_eq!(g.get_via(2, "after-kill.bin"), more, "read through node 2");
 }
 
@@ -83,14 +87,21 @@ fn stopping_and_restarting_every_node_keeps_objects() {
     };
     let data = bytes(5, (1 << 20) + 12345);
     g.put("persist.bin", &data);
+    let t = Instant::now();
     g.stop_all();
+    let stopped = t.elapsed();
     for i in 0..g.len() {
         assert!(!g.is_running(i));
     }
+    let t = Instant::now();
     for i in 0..g.len() {
         g.start_again(i);
     }
     g.wait_healthy();
+    eprintln!(
+        "garage: stop_all took {stopped:?}, restart until healthy {:?}",
+        t.elapsed()
+    );
     assert_eq!(g.get_via(1, "persist.bin"), data, "read after restart");
     let before = g.s3_requests("GetObject");
     assert_eq!(g.get_via(2, "persist.bin"), data);

@@ -11,7 +11,7 @@
 //! ([`Garage::start_or_skip`]).
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -52,14 +52,19 @@ const BUILD_HINT: &str = "build it once with `bash .ci/run` (or `cargo install g
     ~/.cache/hoardfs-test/garage-2.5.0`), or point $HOARDFS_GARAGE at a garage 2.5.0 binary; \
     HOARDFS_SKIP_S3=1 skips the S3 tests instead";
 
-/// The garage binary: `$HOARDFS_GARAGE`, else `~/.cache/hoardfs-test/garage-2.5.0/bin/garage`;
-/// `None` if that file does not exist.
-pub fn garage_bin() -> Option<PathBuf> {
-    let p = match std::env::var_os("HOARDFS_GARAGE") {
+/// Where the garage binary should be: `$HOARDFS_GARAGE`, else
+/// `~/.cache/hoardfs-test/garage-2.5.0/bin/garage` (where `.ci/run` builds it).
+fn garage_path() -> PathBuf {
+    match std::env::var_os("HOARDFS_GARAGE") {
         Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => PathBuf::from(std::env::var_os("HOME")?)
+        _ => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
             .join(".cache/hoardfs-test/garage-2.5.0/bin/garage"),
-    };
+    }
+}
+
+/// The garage binary ([`garage_path`]), or `None` if that file does not exist.
+pub fn garage_bin() -> Option<PathBuf> {
+    let p = garage_path();
     p.is_file().then_some(p)
 }
 
@@ -73,8 +78,9 @@ fn require_garage() -> PathBuf {
     match garage_bin() {
         Some(p) => p,
         None => panic!(
-            "these tests need a Garage 2.5.0 binary (looked at $HOARDFS_GARAGE, then \
-             ~/.cache/hoardfs-test/garage-2.5.0/bin/garage): {BUILD_HINT}"
+            "these tests need a Garage 2.5.0 binary, and there is none at {} ($HOARDFS_GARAGE, \
+             else ~/.cache/hoardfs-test/garage-2.5.0/bin/garage): {BUILD_HINT}",
+            garage_path().display()
         ),
     }
 }
@@ -99,7 +105,10 @@ struct Node {
     cfg: PathBuf,
     log: PathBuf,
     s3: u16,
+    rpc: u16,
     admin: u16,
+    /// The length of `log` when the current process was spawned (the log is appended to).
+    log_start: u64,
     /// `<64 hex>@127.0.0.1:<rpc port>`, known once the node has started the first time.
     id: String,
     child: Option<Child>,
@@ -141,7 +150,12 @@ impl Garage {
                     );
                     return g;
                 }
-                Err(StartError::PortTaken(e)) => last = e, // drop (kills) and retry
+                Err(StartError::PortTaken(e)) => {
+                    // Another process took a port between probe and bind: drop (kill) this
+                    // attempt and start over on new ports.
+                    eprintln!("garage: a port was taken; starting over on new ports");
+                    last = e;
+                }
                 Err(StartError::Fatal(e)) => panic!("garage cluster did not start: {e}"),
             }
         }
@@ -204,7 +218,9 @@ admin_token = "{admin_token}"
                 cfg,
                 log,
                 s3,
+                rpc,
                 admin,
+                log_start: 0,
                 id: String::new(),
                 child: None,
             });
@@ -229,11 +245,12 @@ admin_token = "{admin_token}"
             .append(true)
             .open(&node.log)
             .unwrap();
+        node.log_start = log.metadata().unwrap().len();
         let child = Command::new(&self.bin)
             .arg("-c")
             .arg(&node.cfg)
             .arg("server")
-            .env("RUST_LOG", "garage=info,garage_api_common=warn")
+            .env("RUST_LOG", "garage=info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -292,11 +309,26 @@ admin_token = "{admin_token}"
         Ok(())
     }
 
-    /// Waits until node `i` answers HTTP on its admin port; an early exit is an error (a
-    /// port-taken one if its log says so).
+    /// Waits until node `i`'s log says that it listens on its three ports. Garage does not
+    /// exit when its S3 or admin port is taken (it logs "Address already in use" and runs
+    /// on), and another process on that port could answer in its place, so the log is the
+    /// only reliable signal; a taken port gives [`StartError::PortTaken`].
     fn wait_listening(&mut self, i: usize, deadline: Instant) -> Result<(), StartError> {
+        let (s3, rpc, admin) = (self.nodes[i].s3, self.nodes[i].rpc, self.nodes[i].admin);
+        let want = [
+            format!("Listening on 127.0.0.1:{rpc}"),
+            format!("Admin API server listening on http://127.0.0.1:{admin}"),
+            format!("S3 API server listening on http://127.0.0.1:{s3}"),
+        ];
         loop {
-            if http_get(self.nodes[i].admin, "/health").is_ok() {
+            let log = self.current_log(i);
+            if log.contains("ddress already in use") {
+                return Err(StartError::PortTaken(format!(
+                    "node {i}: a port was taken; {}",
+                    self.logs()
+                )));
+            }
+            if want.iter().all(|w| log.contains(w.as_str())) {
                 return Ok(());
             }
             let node = &mut self.nodes[i];
@@ -306,22 +338,30 @@ admin_token = "{admin_token}"
                 .and_then(|c| c.try_wait().ok().flatten())
             {
                 node.child = None;
-                let log = std::fs::read_to_string(&node.log).unwrap_or_default();
-                let e = format!("node {i} exited ({st}) while starting; {}", self.logs());
-                return Err(if log.contains("ddress already in use") {
-                    StartError::PortTaken(e)
-                } else {
-                    StartError::Fatal(e)
-                });
+                return Err(StartError::Fatal(format!(
+                    "node {i} exited ({st}) while starting; {}",
+                    self.logs()
+                )));
             }
             if Instant::now() > deadline {
                 return Err(StartError::Fatal(format!(
-                    "node {i} did not listen on its admin port within {START_TIMEOUT:?}; {}",
+                    "node {i} did not listen on all of {want:?} within {START_TIMEOUT:?}; {}",
                     self.logs()
                 )));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// What node `i`'s current process has logged so far (escape sequences included).
+    fn current_log(&self, i: usize) -> String {
+        let node = &self.nodes[i];
+        let mut buf = Vec::new();
+        if let Ok(mut f) = File::open(&node.log) {
+            let _ = f.seek(SeekFrom::Start(node.log_start));
+            let _ = f.read_to_end(&mut buf);
+        }
+        String::from_utf8_lossy(&buf).into_owned()
     }
 
     /// Retries `f` every 100 ms until it succeeds or `deadline` passes.
@@ -489,16 +529,24 @@ admin_token = "{admin_token}"
     /// requests once a quorum of nodes is back: call [`Self::wait_healthy`] after
     /// restarting the nodes a test needs.
     ///
-    /// A restarted Garage node does not dial its known peers at once; it and they only
-    /// retry on a backoff (observed: about 25 s), so the harness connects it explicitly.
+    /// Garage alone takes 25-30 s to count a restarted node as up again: the node does not
+    /// redial its peers at once, and a peer that saw it die keeps it "unavailable" until
+    /// its own redial backoff fires, even with the node's connection to it up. So the
+    /// harness runs `node connect` both ways (back to healthy in about 0.5 s).
     pub fn start_again(&mut self, i: usize) {
         self.spawn_node(i);
         let deadline = Instant::now() + START_TIMEOUT;
         let connected = self.wait_listening(i, deadline).and_then(|()| {
+            let me = self.nodes[i].id.clone();
             for j in (0..self.nodes.len()).filter(|&j| j != i && self.is_running(j)) {
                 let peer = self.nodes[j].id.clone();
                 self.retry(deadline, "node connect", || {
                     self.cli(i, &["node", "connect", &peer])
+                })?;
+                // Both ways: the peer keeps counting the node as down until it dials it
+                // itself, even when the node's own connection to it is up.
+                self.retry(deadline, "node connect", || {
+                    self.cli(j, &["node", "connect", &me])
                 })?;
             }
             Ok(())
@@ -630,7 +678,7 @@ admin_token = "{admin_token}"
     pub fn logs(&self) -> String {
         let mut s = String::from("node logs:");
         for (i, node) in self.nodes.iter().enumerate() {
-            let text = std::fs::read_to_string(&node.log).unwrap_or_default();
+            let text = strip_ansi(&std::fs::read_to_string(&node.log).unwrap_or_default());
             let lines: Vec<&str> = text.lines().collect();
             let tail = lines[lines.len().saturating_sub(8)..].join("\n    ");
             s.push_str(&format!("\n  node {i}: {}\n    {tail}", node.log.display()));
@@ -683,6 +731,24 @@ pub fn metric_in(body: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         }
     }
     sum
+}
+
+/// `s` without ANSI colour sequences (`ESC [ ... m`), which Garage writes to its log.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Panics with rclone's stderr unless it succeeded.
