@@ -107,3 +107,64 @@ fn stopping_and_restarting_every_node_keeps_objects() {
     assert_eq!(g.get_via(2, "persist.bin"), data);
     assert_eq!(g.s3_requests("GetObject") - before, 1);
 }
+
+/// Pins the conditional-request behaviour of Garage 2.5.0 that the S3 origin is designed
+/// around: GET/HEAD `If-Match` is honoured (412 on a changed object), while PutObject
+/// ignores `If-None-Match: *` and `If-Match` and overwrites. If a Garage upgrade changes
+/// either, this fails and the origin's create/replace path should be revisited.
+#[test]
+fn conditional_requests_behave_as_the_s3_origin_expects() {
+    let Some(g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    let data = bytes(6, 200_000);
+    g.put("c.bin", &data);
+    let status = |extra: &[&str], key: &str| -> (u16, Vec<u8>) {
+        let body = g.root().join("curl-body");
+        let mut c = g.curl();
+        c.args(extra)
+            .arg("-o")
+            .arg(&body)
+            .args(["-w", "%{http_code}"])
+            .arg(g.url(0, key));
+        let out = common::garage::output_within(c, std::time::Duration::from_secs(60)).unwrap();
+        assert!(out.status.success(), "curl {extra:?}: {out:?}");
+        let code = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        (code, std::fs::read(&body).unwrap_or_default())
+    };
+    let head = g.curl().arg("-I").arg(g.url(0, "c.bin")).output().unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).to_ascii_lowercase();
+    let etag = head
+        .lines()
+        .find_map(|l| l.strip_prefix("etag: "))
+        .unwrap_or_else(|| panic!("no ETag in {head}"))
+        .trim()
+        .to_string();
+
+    let errors = g.s3_errors("GetObject", 412);
+    let (code, body) = status(&["-H", &format!("If-Match: {etag}")], "c.bin");
+    assert_eq!(
+        (code, body == data),
+        (200, true),
+        "GET If-Match: current ETag"
+    );
+    let (code, _) = status(&["-H", "If-Match: \"0123\""], "c.bin");
+    assert_eq!(code, 412, "GET If-Match: another ETag");
+    let (code, _) = status(&["-H", "If-Match: \"0123\"", "-r", "0-99"], "c.bin");
+    assert_eq!(code, 412, "ranged GET If-Match: another ETag");
+    assert_eq!(g.s3_errors("GetObject", 412) - errors, 2);
+
+    let new = g.root().join("new-content");
+    std::fs::write(&new, b"replaced").unwrap();
+    let new = new.to_str().unwrap();
+    let (code, _) = status(&["-H", "If-None-Match: *", "-T", new], "c.bin");
+    assert_eq!(
+        code, 200,
+        "PUT If-None-Match: * on an existing key is not refused"
+    );
+    assert_eq!(g.get("c.bin"), b"replaced", "... and overwrites it");
+    std::fs::write(g.root().join("new-content"), b"again").unwrap();
+    let (code, _) = status(&["-H", "If-Match: \"0123\"", "-T", new], "c.bin");
+    assert_eq!(code, 200, "PUT If-Match: another ETag is not refused");
+    assert_eq!(g.get("c.bin"), b"again", "... and overwrites it");
+}

@@ -618,8 +618,30 @@ admin_token = "{admin_token}"
         ] {
             c.env(k, v);
         }
+        c.env("NO_PROXY", "127.0.0.1").env("no_proxy", "127.0.0.1");
         c.stdin(Stdio::null());
         c
+    }
+
+    /// curl signing with SigV4 as [`KEY_ID`] (curl ≥ 7.75), for requests rclone cannot
+    /// make, such as conditional ones: add `-H`, `-X`, `-T FILE` and [`Self::url`].
+    /// `-w '%{http_code}'` prints the status.
+    pub fn curl(&self) -> Command {
+        let mut c = Command::new("curl");
+        c.args(["-sS", "--aws-sigv4"])
+            .arg(format!("aws:amz:{REGION}:s3"))
+            .arg("--user")
+            .arg(format!("{KEY_ID}:{SECRET}"))
+            // Garage requires the header; curl signs it as given.
+            .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
+            .args(["--noproxy", "*", "--max-time", "60"]);
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// The path-style URL of `key` in the bucket on node `i`'s S3 API.
+    pub fn url(&self, i: usize, key: &str) -> String {
+        format!("{}/{BUCKET}/{key}", self.endpoint(i))
     }
 
     /// The first running node (for the convenience helpers).
