@@ -1,8 +1,10 @@
 //! Test harness: real `hoardfs serve` processes on 127.0.0.1 (ephemeral ports) and real
-//! FUSE mounts by `hoardfs mount`, in temp dirs, torn down on drop.
+//! FUSE mounts by `hoardfs mount`, in temp dirs, torn down on drop; [`garage`] runs a real
+//! Garage (S3) cluster the same way.
 
 #![allow(dead_code)]
 
+pub mod garage;
 pub mod proxy;
 pub mod rig;
 

@@ -1,0 +1,906 @@
+//! A real Garage cluster (S3-compatible, version 2.5.0) on 127.0.0.1 for the S3 tests: one
+//! `garage server` process per node on ephemeral ports, in a scratch dir, killed on drop.
+//!
+//! [`Garage::start`] returns once every node reports "fully operational" on `/health` and a
+//! bucket plus an access key with read/write/owner rights on it exist. `rclone` (configured
+//! only by environment variables, remote `garage:`) is the independent S3 client.
+//!
+//! The binary comes from [`garage_bin`]: `$HOARDFS_GARAGE`, else the copy `.ci/run` builds
+//! into `~/.cache/hoardfs-test/garage-2.5.0/bin/garage`. A missing binary fails the test
+//! with the build command, unless `HOARDFS_SKIP_S3=1` says to skip S3 tests
+//! ([`Garage::start_or_skip`]).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The S3 region every node announces (`[s3_api] s3_region`).
+pub const REGION: &str = "garage";
+/// The bucket [`Garage::start`] creates.
+pub const BUCKET: &str = "hoardfs-test";
+/// The imported access key (Garage accepts any id of 8+ chars of `[A-Za-z0-9._-]`).
+pub const KEY_ID: &str = "GKhoardfs000000000000000001";
+/// Its secret (16+ graphic ASCII chars).
+pub const SECRET: &str = "hoardfs-test-secret-0123456789abcdef0123456789abcdef";
+/// The name of the key in Garage.
+const KEY_NAME: &str = "hoardfs-test";
+
+/// Environment variables that would make an S3 client spawned by a test talk to something
+/// else than the cluster or with other credentials; removed from every such command.
+pub const AWS_ENV_NOISE: &[&str] = &[
+    "AWS_CA_BUNDLE",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_DEFAULT_REGION",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_REGION",
+];
+
+/// How long a whole cluster start (or restart) may take before the harness gives up.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+const BUILD_HINT: &str = "build it once with `bash .ci/run` (or `cargo install garage --version 2.5.0 \
+    --locked --no-default-features --features bundled-libs,lmdb,metrics --root \
+    ~/.cache/hoardfs-test/garage-2.5.0`), or point $HOARDFS_GARAGE at a garage 2.5.0 binary; \
+    HOARDFS_SKIP_S3=1 skips the S3 tests instead";
+
+/// Where the garage binary should be: `$HOARDFS_GARAGE`, else
+/// `~/.cache/hoardfs-test/garage-2.5.0/bin/garage` (where `.ci/run` builds it).
+fn garage_path() -> PathBuf {
+    match std::env::var_os("HOARDFS_GARAGE") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/hoardfs-test/garage-2.5.0/bin/garage"),
+    }
+}
+
+/// The garage binary ([`garage_path`]), or `None` if that file does not exist.
+pub fn garage_bin() -> Option<PathBuf> {
+    let p = garage_path();
+    p.is_file().then_some(p)
+}
+
+/// True when `HOARDFS_SKIP_S3=1`: S3 tests print "skipped" and pass.
+pub fn skip_s3() -> bool {
+    std::env::var("HOARDFS_SKIP_S3").is_ok_and(|v| v == "1")
+}
+
+/// The garage binary, or a panic that says how to get one.
+fn require_garage() -> PathBuf {
+    match garage_bin() {
+        Some(p) => p,
+        None => panic!(
+            "these tests need a Garage 2.5.0 binary, and there is none at {} ($HOARDFS_GARAGE, \
+             else ~/.cache/hoardfs-test/garage-2.5.0/bin/garage): {BUILD_HINT}",
+            garage_path().display()
+        ),
+    }
+}
+
+/// Fails loudly unless rclone is installed (the S3 tests' independent client).
+fn require_rclone() {
+    let ok = Command::new("rclone")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "these tests need rclone on $PATH (apt-get install rclone)"
+    );
+}
+
+/// One `garage server` process and its fixed identity (config, data, ports).
+struct Node {
+    dir: PathBuf,
+    cfg: PathBuf,
+    log: PathBuf,
+    s3: u16,
+    rpc: u16,
+    admin: u16,
+    /// The length of `log` when the current process was spawned (the log is appended to).
+    log_start: u64,
+    /// `<64 hex>@127.0.0.1:<rpc port>`, known once the node has started the first time.
+    id: String,
+    child: Option<Child>,
+}
+
+/// A running Garage cluster (see the module docs). Dropping it kills every node; if the
+/// thread is panicking, the scratch dir (configs, data, logs) is kept and its path printed.
+pub struct Garage {
+    dir: Option<tempfile::TempDir>,
+    bin: PathBuf,
+    nodes: Vec<Node>,
+}
+
+/// Why one start attempt failed: a port taken between probing and binding (retry with new
+/// ports), or anything else (give up).
+enum StartError {
+    PortTaken(String),
+    Fatal(String),
+}
+
+impl Garage {
+    /// Starts an `n`-node cluster (replication factor `n`, consistent mode) and returns
+    /// once it is healthy and [`BUCKET`] and [`KEY_ID`] exist. Panics with the node log paths
+    /// on failure, or if garage or rclone is missing (see [`Garage::start_or_skip`]).
+    pub fn start(n: usize) -> Garage {
+        assert!(n >= 1, "a cluster needs at least one node");
+        let bin = require_garage();
+        require_rclone();
+        let mut last = String::new();
+        for _attempt in 0..3 {
+            let t0 = Instant::now();
+            let mut g = Garage::spawn(&bin, n);
+            match g.form() {
+                Ok(()) => {
+                    eprintln!(
+                        "garage: {n}-node cluster up in {:?} (logs under {})",
+                        t0.elapsed(),
+                        g.root().display()
+                    );
+                    return g;
+                }
+                Err(StartError::PortTaken(e)) => {
+                    // Another process took a port between probe and bind: drop (kill) this
+                    // attempt and start over on new ports.
+                    eprintln!("garage: a port was taken; starting over on new ports");
+                    last = e;
+                }
+                Err(StartError::Fatal(e)) => panic!("garage cluster did not start: {e}"),
+            }
+        }
+        panic!("garage cluster did not start: ports kept being taken: {last}");
+    }
+
+    /// As [`Garage::start`], but `None` (after printing "skipped") when `HOARDFS_SKIP_S3=1`.
+    pub fn start_or_skip(n: usize) -> Option<Garage> {
+        if skip_s3() {
+            eprintln!("skipped: HOARDFS_SKIP_S3=1 (this test needs a Garage cluster)");
+            return None;
+        }
+        Some(Garage::start(n))
+    }
+
+    /// Writes the configs and spawns every node (no cluster formed yet).
+    fn spawn(bin: &Path, n: usize) -> Garage {
+        let dir = super::scratch();
+        let rpc_secret = random_hex(32);
+        let admin_token = random_hex(16);
+        let mut nodes = Vec::new();
+        for i in 0..n {
+            let (s3, rpc, admin) = (free_port(), free_port(), free_port());
+            let nd = dir.path().join(format!("node{i}"));
+            std::fs::create_dir_all(&nd).unwrap();
+            let cfg = nd.join("garage.toml");
+            std::fs::write(
+                &cfg,
+                format!(
+                    r#"# node {i} of {n}: written by crates/cli/tests/common/garage.rs
+metadata_dir = "{meta}"
+data_dir = "{data}"
+db_engine = "lmdb"
+lmdb_map_size = "1G"
+replication_factor = {n}
+consistency_mode = "consistent"
+compression_level = "none"
+disable_scrub = true
+rpc_bind_addr = "127.0.0.1:{rpc}"
+rpc_public_addr = "127.0.0.1:{rpc}"
+rpc_secret = "{rpc_secret}"
+rpc_timeout_msec = 5000
+
+[s3_api]
+s3_region = "{REGION}"
+api_bind_addr = "127.0.0.1:{s3}"
+
+[admin]
+api_bind_addr = "127.0.0.1:{admin}"
+admin_token = "{admin_token}"
+"#,
+                    meta = nd.join("meta").display(),
+                    data = nd.join("data").display(),
+                ),
+            )
+            .unwrap();
+            let log = nd.join("garage.log");
+            nodes.push(Node {
+                dir: nd,
+                cfg,
+                log,
+                s3,
+                rpc,
+                admin,
+                log_start: 0,
+                id: String::new(),
+                child: None,
+            });
+        }
+        let mut g = Garage {
+            dir: Some(dir),
+            bin: bin.to_path_buf(),
+            nodes,
+        };
+        for i in 0..n {
+            g.spawn_node(i);
+        }
+        g
+    }
+
+    /// Spawns node `i`'s server process, appending to its log.
+    fn spawn_node(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        assert!(node.child.is_none(), "garage node {i} is already running");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .unwrap();
+        node.log_start = log.metadata().unwrap().len();
+        let child = Command::new(&self.bin)
+            .arg("-c")
+            .arg(&node.cfg)
+            .arg("server")
+            .env("RUST_LOG", "garage=info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {}: {e}", self.bin.display()));
+        node.child = Some(child);
+    }
+
+    /// Waits for the daemons, connects them, applies a layout, waits for health, then
+    /// creates the key and the bucket.
+    fn form(&mut self) -> Result<(), StartError> {
+        let n = self.nodes.len();
+        let deadline = Instant::now() + START_TIMEOUT;
+        for i in 0..n {
+            self.wait_listening(i, deadline)?;
+        }
+        let ids: Vec<String> = (0..n)
+            .map(|i| {
+                self.cli(i, &["node", "id", "-q"])
+                    .map(|s| s.trim().to_string())
+            })
+            .collect::<Result<_, _>>()
+            .map_err(StartError::Fatal)?;
+        for (node, id) in self.nodes.iter_mut().zip(&ids) {
+            node.id = id.clone();
+        }
+        for id in &ids[1..] {
+            self.retry(deadline, "node connect", || {
+                self.cli(0, &["node", "connect", id])
+            })?;
+        }
+        let mut assign = vec!["layout", "assign", "-z", "dc1", "-c", "1G"];
+        assign.extend(ids.iter().map(|id| id.split('@').next().unwrap()));
+        // The peers' ids reach node 0's peer list asynchronously after `node connect`.
+        self.retry(deadline, "layout assign", || self.cli(0, &assign))?;
+        self.cli(0, &["layout", "apply", "--version", "1"])
+            .map_err(StartError::Fatal)?;
+        self.wait_healthy_until(deadline)?;
+        self.retry(deadline, "key import", || {
+            self.cli(
+                0,
+                &["key", "import", "--yes", "-n", KEY_NAME, KEY_ID, SECRET],
+            )
+        })?;
+        self.retry(deadline, "bucket create", || {
+            self.cli(0, &["bucket", "create", BUCKET])
+        })?;
+        self.retry(deadline, "bucket allow", || {
+            self.cli(
+                0,
+                &[
+                    "bucket", "allow", "--read", "--write", "--owner", BUCKET, "--key", KEY_ID,
+                ],
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Waits until node `i`'s log says that it listens on its three ports. Garage does not
+    /// exit when its S3 or admin port is taken (it logs "Address already in use" and runs
+    /// on), and another process on that port could answer in its place, so the log is the
+    /// only reliable signal; a taken port gives [`StartError::PortTaken`].
+    fn wait_listening(&mut self, i: usize, deadline: Instant) -> Result<(), StartError> {
+        let (s3, rpc, admin) = (self.nodes[i].s3, self.nodes[i].rpc, self.nodes[i].admin);
+        let want = [
+            format!("Listening on 127.0.0.1:{rpc}"),
+            format!("Admin API server listening on http://127.0.0.1:{admin}"),
+            format!("S3 API server listening on http://127.0.0.1:{s3}"),
+        ];
+        loop {
+            let log = self.current_log(i);
+            if log.contains("ddress already in use") {
+                return Err(StartError::PortTaken(format!(
+                    "node {i}: a port was taken; {}",
+                    self.logs()
+                )));
+            }
+            if want.iter().all(|w| log.contains(w.as_str())) {
+                return Ok(());
+            }
+            let node = &mut self.nodes[i];
+            if let Some(st) = node
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                node.child = None;
+                return Err(StartError::Fatal(format!(
+                    "node {i} exited ({st}) while starting; {}",
+                    self.logs()
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(StartError::Fatal(format!(
+                    "node {i} did not listen on all of {want:?} within {START_TIMEOUT:?}; {}",
+                    self.logs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// What node `i`'s current process has logged so far (escape sequences included).
+    fn current_log(&self, i: usize) -> String {
+        let node = &self.nodes[i];
+        let mut buf = Vec::new();
+        if let Ok(mut f) = File::open(&node.log) {
+            let _ = f.seek(SeekFrom::Start(node.log_start));
+            let _ = f.read_to_end(&mut buf);
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// Retries `f` every 100 ms until it succeeds or `deadline` passes.
+    fn retry(
+        &self,
+        deadline: Instant,
+        what: &str,
+        mut f: impl FnMut() -> Result<String, String>,
+    ) -> Result<(), StartError> {
+        loop {
+            match f() {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(StartError::Fatal(format!(
+                        "`garage {what}` kept failing: {e}; {}",
+                        self.logs()
+                    )));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    fn wait_healthy_until(&self, deadline: Instant) -> Result<(), StartError> {
+        let all_live = self.nodes.iter().all(|n| n.child.is_some());
+        let mut last;
+        for (i, node) in self.nodes.iter().enumerate() {
+            if node.child.is_none() {
+                continue;
+            }
+            loop {
+                match http_get(node.admin, "/health") {
+                    Ok((200, body)) if !all_live || body.contains("fully operational") => break,
+                    other => last = format!("node {i}: {other:?}"),
+                }
+                if Instant::now() > deadline {
+                    return Err(StartError::Fatal(format!(
+                        "cluster not healthy within {START_TIMEOUT:?}: last /health {last}; {}",
+                        self.logs()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every live node's `/health` is 200 ("fully operational" if no node is
+    /// down); panics with the logs otherwise. For use after [`Garage::start_again`].
+    pub fn wait_healthy(&self) {
+        if let Err(StartError::Fatal(e) | StartError::PortTaken(e)) =
+            self.wait_healthy_until(Instant::now() + START_TIMEOUT)
+        {
+            panic!("{e}");
+        }
+    }
+
+    /// Runs the garage CLI against node `i` (any running node works for cluster-wide
+    /// commands): `Ok(stdout)` or `Err(stderr)`.
+    pub fn cli(&self, i: usize, args: &[&str]) -> Result<String, String> {
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("-c").arg(&self.nodes[i].cfg).args(args);
+        let out = output_within(cmd, Duration::from_secs(30))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "garage {}: {}: {}{}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            ))
+        }
+    }
+
+    /// The scratch dir holding every node's config, data and log.
+    pub fn root(&self) -> &Path {
+        self.dir.as_ref().expect("present until drop").path()
+    }
+
+    /// Node `i`'s directory (`garage.toml`, `garage.log`, `meta/`, `data/`).
+    pub fn node_dir(&self, i: usize) -> &Path {
+        &self.nodes[i].dir
+    }
+
+    /// The number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether node `i` has a running process (not killed or stopped).
+    pub fn is_running(&self, i: usize) -> bool {
+        self.nodes[i].child.is_some()
+    }
+
+    /// `http://127.0.0.1:PORT` of node `i`'s S3 API.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.nodes[i].s3)
+    }
+
+    /// Node `i`'s admin port (`/health`, `/metrics`).
+    pub fn admin_port(&self, i: usize) -> u16 {
+        self.nodes[i].admin
+    }
+
+    pub fn bucket(&self) -> &str {
+        BUCKET
+    }
+
+    pub fn key_id(&self) -> &str {
+        KEY_ID
+    }
+
+    pub fn secret(&self) -> &str {
+        SECRET
+    }
+
+    pub fn region(&self) -> &str {
+        REGION
+    }
+
+    /// The credentials and region for a spawned S3 client (the endpoint is [`Self::endpoint`]).
+    /// Remove [`AWS_ENV_NOISE`] from the command first (`AWS_CA_BUNDLE` is set on some
+    /// machines and replaces the trusted roots).
+    pub fn aws_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID".into(), KEY_ID.into()),
+            ("AWS_SECRET_ACCESS_KEY".into(), SECRET.into()),
+            ("AWS_REGION".into(), REGION.into()),
+        ]
+    }
+
+    /// SIGKILLs node `i` (no clean shutdown) and reaps it. Its config and data stay, for
+    /// [`Self::start_again`].
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.nodes[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops every node: SIGTERM, then SIGKILL for any still running after 10 s.
+    pub fn stop_all(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(c) = &node.child {
+                // SAFETY: kill(2) on a child we spawned and have not reaped.
+                unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for node in &mut self.nodes {
+            if let Some(mut c) = node.child.take() {
+                while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// Restarts a killed or stopped node `i` with the same config, ports and data, and
+    /// returns once it listens and is connected to every other running node. It serves
+    /// requests once a quorum of nodes is back: call [`Self::wait_healthy`] after
+    /// restarting the nodes a test needs.
+    ///
+    /// Garage alone takes 25-30 s to count a restarted node as up again: the node does not
+    /// redial its peers at once, and a peer that saw it die keeps it "unavailable" until
+    /// its own redial backoff fires, even with the node's connection to it up. So the
+    /// harness runs `node connect` both ways (back to healthy in about 0.5 s).
+    pub fn start_again(&mut self, i: usize) {
+        self.spawn_node(i);
+        let deadline = Instant::now() + START_TIMEOUT;
+        let connected = self.wait_listening(i, deadline).and_then(|()| {
+            let me = self.nodes[i].id.clone();
+            for j in (0..self.nodes.len()).filter(|&j| j != i && self.is_running(j)) {
+                let peer = self.nodes[j].id.clone();
+                self.retry(deadline, "node connect", || {
+                    self.cli(i, &["node", "connect", &peer])
+                })?;
+                // Both ways: the peer keeps counting the node as down until it dials it
+                // itself, even when the node's own connection to it is up.
+                self.retry(deadline, "node connect", || {
+                    self.cli(j, &["node", "connect", &me])
+                })?;
+            }
+            Ok(())
+        });
+        if let Err(StartError::Fatal(e) | StartError::PortTaken(e)) = connected {
+            panic!("restarting garage node {i}: {e}");
+        }
+    }
+
+    /// Sum over running nodes of `api_s3_request_counter{api_endpoint="<endpoint>"}` from
+    /// `/metrics` (`GetObject`, `HeadObject`, `PutObject`, `ListObjectsV2`, ...). A request
+    /// counts on the node whose S3 port received it; a restarted node starts again from 0,
+    /// so take before/after deltas around the action being measured.
+    pub fn s3_requests(&self, endpoint: &str) -> u64 {
+        self.metric_sum("api_s3_request_counter", &[("api_endpoint", endpoint)])
+    }
+
+    /// Sum over running nodes of `api_s3_error_counter{api_endpoint=..,status_code=..}`.
+    pub fn s3_errors(&self, endpoint: &str, status: u16) -> u64 {
+        self.metric_sum(
+            "api_s3_error_counter",
+            &[
+                ("api_endpoint", endpoint),
+                ("status_code", &status.to_string()),
+            ],
+        )
+    }
+
+    /// Sum over running nodes of every sample of `name` whose labels include `labels`.
+    pub fn metric_sum(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        let mut sum = 0.0;
+        for (i, node) in self.nodes.iter().enumerate() {
+            if node.child.is_none() {
+                continue;
+            }
+            let body = match http_get(node.admin, "/metrics") {
+                Ok((200, body)) => body,
+                other => panic!("GET /metrics on garage node {i}: {other:?}"),
+            };
+            sum += metric_in(&body, name, labels);
+        }
+        sum as u64
+    }
+
+    /// rclone preconfigured by environment only (any config file ignored) with the remote
+    /// `garage:` pointing at node `i`'s S3 API. Retries are off (`--retries 1
+    /// --low-level-retries 1`) so request counters are exact and failures surface.
+    pub fn rclone(&self, i: usize) -> Command {
+        let mut c = Command::new("rclone");
+        // The AWS SDK inside rclone reads these; AWS_CA_BUNDLE in particular makes every
+        // request fail ("LoadCustomCABundleError ... unsupported transport").
+        for k in AWS_ENV_NOISE {
+            c.env_remove(k);
+        }
+        for (k, v) in [
+            ("RCLONE_CONFIG", "/dev/null".to_string()),
+            ("RCLONE_CONFIG_GARAGE_TYPE", "s3".into()),
+            ("RCLONE_CONFIG_GARAGE_PROVIDER", "Other".into()),
+            ("RCLONE_CONFIG_GARAGE_ENDPOINT", self.endpoint(i)),
+            ("RCLONE_CONFIG_GARAGE_REGION", REGION.into()),
+            ("RCLONE_CONFIG_GARAGE_ACCESS_KEY_ID", KEY_ID.into()),
+            ("RCLONE_CONFIG_GARAGE_SECRET_ACCESS_KEY", SECRET.into()),
+            ("RCLONE_CONFIG_GARAGE_FORCE_PATH_STYLE", "true".into()),
+            ("RCLONE_CONFIG_GARAGE_NO_CHECK_BUCKET", "true".into()),
+            ("RCLONE_RETRIES", "1".into()),
+            ("RCLONE_LOW_LEVEL_RETRIES", "1".into()),
+            ("RCLONE_CONTIMEOUT", "5s".into()),
+            ("RCLONE_TIMEOUT", "30s".into()),
+        ] {
+            c.env(k, v);
+        }
+        c.env("NO_PROXY", "127.0.0.1").env("no_proxy", "127.0.0.1");
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// curl signing with SigV4 as [`KEY_ID`] (curl ≥ 7.75), for requests rclone cannot
+    /// make, such as conditional ones: add `-H`, `-X`, `-T FILE` and [`Self::url`].
+    /// `-w '%{http_code}'` prints the status.
+    pub fn curl(&self) -> Command {
+        let mut c = Command::new("curl");
+        c.args(["-sS", "--aws-sigv4"])
+            .arg(format!("aws:amz:{REGION}:s3"))
+            .arg("--user")
+            .arg(format!("{KEY_ID}:{SECRET}"))
+            // Garage requires the header; curl signs it as given.
+            .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
+            .args(["--noproxy", "*", "--max-time", "60"]);
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// The path-style URL of `key` in the bucket on node `i`'s S3 API.
+    pub fn url(&self, i: usize, key: &str) -> String {
+        format!("{}/{BUCKET}/{key}", self.endpoint(i))
+    }
+
+    /// The first running node (for the convenience helpers).
+    fn live(&self) -> usize {
+        (0..self.nodes.len())
+            .find(|&i| self.is_running(i))
+            .expect("no garage node is running")
+    }
+
+    /// `garage:BUCKET/key` for rclone.
+    pub fn remote(&self, key: &str) -> String {
+        format!("garage:{BUCKET}/{key}")
+    }
+
+    /// Uploads `bytes` as `key` through node `i` (`rclone rcat`).
+    pub fn put_via(&self, i: usize, key: &str, bytes: &[u8]) {
+        let mut cmd = self.rclone(i);
+        cmd.arg("rcat").arg(self.remote(key));
+        let out = output_with_stdin(cmd, bytes, Duration::from_secs(60));
+        check_rclone(&format!("rclone rcat {key} via node {i}"), &out);
+    }
+
+    /// Downloads `key` through node `i` (`rclone cat`: one GetObject).
+    pub fn get_via(&self, i: usize, key: &str) -> Vec<u8> {
+        let mut cmd = self.rclone(i);
+        cmd.arg("cat").arg(self.remote(key));
+        let out = output_within(cmd, Duration::from_secs(60)).unwrap();
+        check_rclone(&format!("rclone cat {key} via node {i}"), &out);
+        out.stdout
+    }
+
+    /// Deletes `key` through node `i` (`rclone deletefile`).
+    pub fn delete_via(&self, i: usize, key: &str) {
+        let mut cmd = self.rclone(i);
+        cmd.arg("deletefile").arg(self.remote(key));
+        let out = output_within(cmd, Duration::from_secs(60)).unwrap();
+        check_rclone(&format!("rclone deletefile {key} via node {i}"), &out);
+    }
+
+    /// [`Self::put_via`] the first running node.
+    pub fn put(&self, key: &str, bytes: &[u8]) {
+        self.put_via(self.live(), key, bytes)
+    }
+
+    /// [`Self::get_via`] the first running node.
+    pub fn get(&self, key: &str) -> Vec<u8> {
+        self.get_via(self.live(), key)
+    }
+
+    /// [`Self::delete_via`] the first running node.
+    pub fn delete(&self, key: &str) {
+        self.delete_via(self.live(), key)
+    }
+
+    /// Every node's log path, with its last lines, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut s = String::from("node logs:");
+        for (i, node) in self.nodes.iter().enumerate() {
+            let text = strip_ansi(&std::fs::read_to_string(&node.log).unwrap_or_default());
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(8)..].join("\n    ");
+            s.push_str(&format!("\n  node {i}: {}\n    {tail}", node.log.display()));
+        }
+        s
+    }
+}
+
+impl Drop for Garage {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+        if std::thread::panicking()
+            && let Some(dir) = self.dir.take()
+        {
+            let kept = dir.keep();
+            eprintln!("garage: kept {} for inspection", kept.display());
+            for node in &self.nodes {
+                eprintln!("garage: log {}", node.log.display());
+            }
+        }
+    }
+}
+
+/// Sum of the samples of `name` in a Prometheus text exposition whose labels include
+/// every pair in `labels` (in any order, among others).
+pub fn metric_in(body: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let mut sum = 0.0;
+    for line in body.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (set, value) = match rest.strip_prefix('{') {
+            Some(r) => match r.split_once('}') {
+                Some((set, v)) => (set, v),
+                None => continue,
+            },
+            None if rest.starts_with(' ') => ("", rest),
+            None => continue, // a longer metric name with this prefix
+        };
+        let has = |k: &str, v: &str| set.split(',').any(|kv| kv.trim() == format!("{k}=\"{v}\""));
+        if labels.iter().all(|(k, v)| has(k, v))
+            && let Some(v) = value
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+        {
+            sum += v;
+        }
+    }
+    sum
+}
+
+/// `s` without ANSI colour sequences (`ESC [ ... m`), which Garage writes to its log.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Panics with rclone's stderr unless it succeeded.
+fn check_rclone(what: &str, out: &Output) {
+    assert!(
+        out.status.success(),
+        "{what}: {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A port that was free a moment ago (bind :0, release).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `bytes` random bytes as lowercase hex.
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .unwrap();
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Minimal HTTP/1.1 GET (connection: close) on 127.0.0.1:`port`: `(status, body)`.
+pub fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("no header end")?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("bad status line in {head:?}"))?;
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase()
+            .starts_with("transfer-encoding: chunked")
+    });
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((code, body))
+}
+
+/// Decodes a chunked HTTP body (text only, enough for /health and /metrics).
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap().trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
+    }
+    out
+}
+
+/// Runs `cmd` to completion with piped output, killing it after `timeout`.
+pub fn output_within(mut cmd: Command, timeout: Duration) -> Result<Output, String> {
+    cmd.stdin(Stdio::null());
+    run_bounded(cmd, None, timeout)
+}
+
+/// Runs `cmd` with `input` on stdin; panics if it cannot run or overruns `timeout`.
+fn output_with_stdin(cmd: Command, input: &[u8], timeout: Duration) -> Output {
+    run_bounded(cmd, Some(input.to_vec()), timeout).unwrap()
+}
+
+fn run_bounded(
+    mut cmd: Command,
+    input: Option<Vec<u8>>,
+    timeout: Duration,
+) -> Result<Output, String> {
+    if input.is_some() {
+        cmd.stdin(Stdio::piped());
+    }
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| format!("spawn {cmd:?}: {e}"))?;
+    if let Some(input) = input {
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+    }
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("{cmd:?} did not finish within {timeout:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Ok(Output {
+        status,
+        stdout: out_t.join().unwrap(),
+        stderr: err_t.join().unwrap(),
+    })
+}
