@@ -691,6 +691,16 @@ admin_token = "{admin_token}"
         self.get_via(self.live(), key)
     }
 
+    /// Whether the object `key` exists (`rclone cat` of a missing key succeeds: it takes
+    /// it for an empty directory).
+    pub fn exists(&self, key: &str) -> bool {
+        let mut cmd = self.rclone(self.live());
+        cmd.args(["lsf", "--files-only"]).arg(self.remote(key));
+        let out = output_within(cmd, Duration::from_secs(60)).unwrap();
+        check_rclone(&format!("rclone lsf {key}"), &out);
+        !out.stdout.is_empty()
+    }
+
     /// [`Self::delete_via`] the first running node.
     pub fn delete(&self, key: &str) {
         self.delete_via(self.live(), key)
@@ -903,4 +913,81 @@ fn run_bounded(
         stdout: out_t.join().unwrap(),
         stderr: err_t.join().unwrap(),
     })
+}
+
+/// hoardfs processes pointed at the cluster (mounts of the bucket, tiers in front of it).
+impl Garage {
+    /// A `hoardfs` command with this cluster's credentials in its environment (and
+    /// nothing else of the `AWS_*` kind).
+    pub fn hoardfs(&self) -> Command {
+        let mut cmd = Command::new(super::bin());
+        for v in AWS_ENV_NOISE {
+            cmd.env_remove(v);
+        }
+        cmd.envs(self.aws_env());
+        cmd
+    }
+
+    /// The flags that point an S3 source at node `i`.
+    pub fn s3_flags(&self, i: usize) -> Vec<String> {
+        vec![
+            "--endpoint-url".into(),
+            self.endpoint(i),
+            "--force-path-style".into(),
+        ]
+    }
+
+    /// Mounts `s3://BUCKET/prefix` through node `i` at `mnt` with the cache `cache`.
+    pub fn mount(
+        &self,
+        i: usize,
+        prefix: &str,
+        mnt: &Path,
+        cache: &Path,
+        extra: &[&str],
+    ) -> Result<super::Mount, String> {
+        std::fs::create_dir_all(mnt).unwrap();
+        let mut cmd = self.hoardfs();
+        cmd.arg("mount")
+            .arg(format!("s3://{}/{prefix}", self.bucket()))
+            .arg(mnt)
+            .arg("--cache-dir")
+            .arg(cache)
+            .args(self.s3_flags(i))
+            .args(extra);
+        let (child, _) = super::spawn_until_line(cmd, "hoardfs: mounted")?;
+        Ok(super::Mount {
+            child: Some(child),
+            path: mnt.to_path_buf(),
+        })
+    }
+
+    /// `hoardfs serve --origin s3://BUCKET` through node `i` (a shared cache tier, plain
+    /// TCP on an ephemeral port) with its cache in `cache`.
+    pub fn serve_tier(&self, i: usize, cache: &Path, extra: &[&str]) -> super::Server {
+        let mut cmd = self.hoardfs();
+        cmd.arg("serve")
+            .arg("--origin")
+            .arg(format!("s3://{}", self.bucket()))
+            .arg("--cache-dir")
+            .arg(cache)
+            .args(self.s3_flags(i))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--insecure-plaintext",
+                "--state-dir",
+            ])
+            .arg(super::state_dir())
+            .args(extra);
+        let (child, line) = super::spawn_until_line(cmd, "hoardfs: serving").expect("tier starts");
+        let (addr, fingerprint) = super::parse_ready(&line);
+        super::Server {
+            child: Some(child),
+            addr,
+            dir: cache.to_path_buf(),
+            token: Vec::new(),
+            fingerprint,
+        }
+    }
 }

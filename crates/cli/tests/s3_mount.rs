@@ -1,0 +1,345 @@
+//! `hoardfs mount s3://…` and `hoardfs serve --origin s3://…` against a real 3-node Garage
+//! cluster (replication factor 3) on 127.0.0.1, with rclone as the independent S3 client
+//! that puts and checks objects.
+
+mod common;
+
+use std::io::Write;
+use std::time::Duration;
+
+use common::garage::Garage;
+use common::*;
+
+/// Reads a whole file, or the error's errno.
+fn read(p: &std::path::Path) -> Result<Vec<u8>, i32> {
+    std::fs::read(p).map_err(|e| e.raw_os_error().unwrap_or(-1))
+}
+
+#[test]
+fn objects_read_and_list_as_the_store_has_them_and_survive_the_store_going_away() {
+    require_fuse();
+    let Some(mut g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    let big = bytes(1, 5 << 20);
+    g.put("data/big.bin", &big);
+    g.put("data/sub/a.txt", b"alpha");
+    g.put("top.txt", b"top");
+    // A directory marker, as `mkdir` in other tools makes (rclone cannot put one).
+    let marker = g
+        .curl()
+        .args(["-X", "PUT", "--data-binary", "", "-w", "%{http_code}"])
+        .arg(g.url(0, "empty-dir/"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&marker.stdout).trim(),
+        "200",
+        "{marker:?}"
+    );
+    let t = scratch();
+    let (mnt, cache) = (t.path().join("m"), t.path().join("c"));
+    let m = g.mount(0, "", &mnt, &cache, &[]).unwrap();
+    assert_bytes_eq("cold read", &read(&m.p("data/big.bin")).unwrap(), &big);
+    assert_eq!(read(&m.p("data/sub/a.txt")).unwrap(), b"alpha");
+    let mut top = list(&m.path).unwrap();
+    top.sort();
+    assert_eq!(
+        top,
+        [b"data".to_vec(), b"empty-dir".to_vec(), b"top.txt".to_vec()]
+    );
+    assert!(m.p("empty-dir").is_dir(), "a marker object is a directory");
+    assert!(list(&m.p("empty-dir")).unwrap().is_empty());
+    assert_eq!(
+        std::fs::metadata(m.p("data/big.bin")).unwrap().len(),
+        5 << 20
+    );
+    assert_errno(
+        "a missing key",
+        std::fs::metadata(m.p("nope")),
+        libc::ENOENT,
+    );
+    // Re-reads never reach the store.
+    let gets = g.s3_requests("GetObject");
+    drop_page_cache();
+    assert_bytes_eq("hot read", &read(&m.p("data/big.bin")).unwrap(), &big);
+    assert_eq!(
+        g.s3_requests("GetObject"),
+        gets,
+        "a cached file was fetched again"
+    );
+    m.unmount();
+
+    // Every node down: a remount still lists what was listed and reads what was read.
+    g.stop_all();
+    let m = g
+        .mount(0, "", &mnt, &cache, &["--timeout", "2"])
+        .expect("mounts with the store down");
+    let mut top = list(&m.path).unwrap();
+    top.sort();
+    assert_eq!(
+        top,
+        [b"data".to_vec(), b"empty-dir".to_vec(), b"top.txt".to_vec()]
+    );
+    assert_bytes_eq("offline read", &read(&m.p("data/big.bin")).unwrap(), &big);
+    assert_eq!(read(&m.p("data/sub/a.txt")).unwrap(), b"alpha");
+    assert_eq!(
+        read(&m.p("top.txt")),
+        Err(libc::EIO),
+        "never read, so not cached: an error, not wrong bytes"
+    );
+    m.unmount();
+}
+
+#[test]
+fn with_one_node_killed_uncached_reads_still_work() {
+    require_fuse();
+    let Some(mut g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    let want = bytes(2, 3 << 20);
+    g.put("f.bin", &want);
+    g.kill(2);
+    let t = scratch();
+    let m = g
+        .mount(0, "", &t.path().join("m"), &t.path().join("c"), &[])
+        .unwrap();
+    assert_bytes_eq(
+        "read with a node down",
+        &read(&m.p("f.bin")).unwrap(),
+        &want,
+    );
+    std::fs::write(m.p("new.txt"), b"written with a node down").unwrap();
+    assert_eq!(g.get("new.txt"), b"written with a node down");
+}
+
+#[test]
+fn an_overwrite_by_another_client_is_seen_within_the_ttl() {
+    require_fuse();
+    let Some(g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    g.put("doc.txt", b"version one");
+    let t = scratch();
+    let m = g
+        .mount(
+            0,
+            "",
+            &t.path().join("m"),
+            &t.path().join("c"),
+            &["--metadata-ttl", "0.5"],
+        )
+        .unwrap();
+    assert_eq!(read(&m.p("doc.txt")).unwrap(), b"version one");
+    g.put("doc.txt", b"version two, longer");
+    g.put("added.txt", b"new");
+    assert!(
+        wait_until(Duration::from_secs(3), || read(&m.p("doc.txt"))
+            .is_ok_and(|d| d == b"version two, longer")),
+        "the new object was not seen within 3 s (TTL 0.5 s): {:?}",
+        read(&m.p("doc.txt"))
+    );
+    assert!(
+        wait_until(Duration::from_secs(3), || m.p("added.txt").exists()),
+        "a new key was not listed within 3 s"
+    );
+    g.delete("doc.txt");
+    assert!(
+        wait_until(Duration::from_secs(3), || !m.p("doc.txt").exists()),
+        "a deleted key still shows after 3 s"
+    );
+}
+
+#[test]
+fn files_written_through_the_mount_are_the_objects_in_the_bucket_after_close() {
+    require_fuse();
+    let Some(g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    g.put("existing.bin", &bytes(3, 1 << 20));
+    let t = scratch();
+    let m = g
+        .mount(0, "", &t.path().join("m"), &t.path().join("c"), &[])
+        .unwrap();
+    // A new small file: one PUT at close.
+    std::fs::write(m.p("small.txt"), b"hello s3").unwrap();
+    assert_eq!(g.get("small.txt"), b"hello s3");
+    // A process started while a file is being written closes its inherited copy of the
+    // descriptor (a FLUSH from another pid): that must not publish half a file.
+    {
+        let mut f = std::fs::File::create(m.p("half.txt")).unwrap();
+        f.write_all(b"first half, ").unwrap();
+        assert!(
+            std::process::Command::new("true")
+                .status()
+                .unwrap()
+                .success()
+        );
+        assert!(
+            !g.exists("half.txt"),
+            "a forked child's close published the file"
+        );
+        f.write_all(b"second half").unwrap();
+    }
+    assert_eq!(g.get("half.txt"), b"first half, second half");
+    // A large one: parts uploaded in parallel, completed at close.
+    let large = bytes(4, 20 << 20);
+    let parts = g.s3_requests("UploadPart");
+    assert_errno(
+        "a file in a directory that does not exist",
+        std::fs::write(m.p("dir/x"), b""),
+        libc::ENOENT,
+    );
+    std::fs::create_dir(m.p("dir")).unwrap();
+    std::fs::write(m.p("dir/large.bin"), &large).unwrap();
+    assert!(
+        g.s3_requests("UploadPart") >= parts + 2,
+        "not a multipart upload"
+    );
+    assert_bytes_eq("multipart object", &g.get("dir/large.bin"), &large);
+    // A random write into an existing object replaces it whole, at close.
+    let mut want = bytes(3, 1 << 20);
+    want[1000..1005].copy_from_slice(b"XXXXX");
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.p("existing.bin"))
+            .unwrap();
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"XXXXX", 1000).unwrap();
+        f.flush().unwrap();
+    }
+    assert_bytes_eq("patched object", &g.get("existing.bin"), &want);
+    assert_bytes_eq("read back", &read(&m.p("existing.bin")).unwrap(), &want);
+    // Appends, renames (copy + delete), unlink, mkdir/rmdir.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("small.txt"))
+        .unwrap();
+    f.write_all(b", again").unwrap();
+    drop(f);
+    assert_eq!(g.get("small.txt"), b"hello s3, again");
+    std::fs::rename(m.p("small.txt"), m.p("dir/moved.txt")).unwrap();
+    assert_eq!(g.get("dir/moved.txt"), b"hello s3, again");
+    assert_errno(
+        "renamed away",
+        std::fs::metadata(m.p("small.txt")),
+        libc::ENOENT,
+    );
+    std::fs::remove_file(m.p("dir/moved.txt")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(
+            &g.rclone(0)
+                .args(["lsf", "-R", &g.remote("")])
+                .output()
+                .unwrap()
+                .stdout
+        )
+        .contains("moved.txt"),
+        "unlink deletes the object"
+    );
+    std::fs::create_dir(m.p("d2")).unwrap();
+    assert!(m.p("d2").is_dir());
+    std::fs::remove_dir(m.p("d2")).unwrap();
+    assert!(!m.p("d2").exists());
+    // `rm -r` of a directory with a marker, and of one that exists only through its keys.
+    g.put("implicit/a/x", b"x");
+    g.put("implicit/y", b"y");
+    std::fs::remove_dir_all(m.p("implicit")).unwrap();
+    assert!(!m.p("implicit").exists());
+    assert!(!g.exists("implicit/y"), "rm -r left objects behind");
+    // What S3 cannot do is refused clearly.
+    assert_errno(
+        "directory rename",
+        std::fs::rename(m.p("dir"), m.p("dir3")),
+        libc::EXDEV,
+    );
+    assert_errno(
+        "hard link",
+        std::fs::hard_link(m.p("existing.bin"), m.p("hl")),
+        libc::EPERM,
+    );
+}
+
+#[test]
+fn a_crash_during_an_upload_leaves_the_old_object_or_the_new_never_a_mix() {
+    require_fuse();
+    let Some(g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    let old = bytes(5, 24 << 20);
+    let new = bytes(6, 24 << 20);
+    g.put("victim.bin", &old);
+    let t = scratch();
+    let m = g
+        .mount(0, "", &t.path().join("m"), &t.path().join("c"), &[])
+        .unwrap();
+    let path = m.p("victim.bin");
+    let writer = std::thread::spawn(move || {
+        // The close uploads; the client dies during it (the close then fails).
+        let _ = std::fs::write(path, &new);
+    });
+    let parts = g.s3_requests("UploadPart");
+    assert!(
+        wait_until(Duration::from_secs(30), || g.s3_requests("UploadPart")
+            > parts),
+        "the upload never started"
+    );
+    m.kill9();
+    writer.join().unwrap();
+    let now = g.get("victim.bin");
+    assert!(
+        now == old || now == bytes(6, 24 << 20),
+        "the object is a mix: {} bytes, first difference from the old at {:?}, from the new at {:?}",
+        now.len(),
+        first_diff(&now, &old),
+        first_diff(&now, &bytes(6, 24 << 20))
+    );
+}
+
+#[test]
+fn clients_behind_one_tier_cost_the_store_one_read_and_see_changes() {
+    require_fuse();
+    let Some(g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    let want = bytes(7, 8 << 20);
+    g.put("shared/model.bin", &want);
+    let t = scratch();
+    let tier = g.serve_tier(0, &t.path().join("tier"), &["--metadata-ttl", "0.5"]);
+    let a = Mount::with_cache(
+        &tier.addr,
+        &t.path().join("a"),
+        &t.path().join("ca"),
+        &["--insecure-plaintext"],
+    );
+    let b = Mount::with_cache(
+        &tier.addr,
+        &t.path().join("b"),
+        &t.path().join("cb"),
+        &["--insecure-plaintext"],
+    );
+    let before = g.s3_requests("GetObject");
+    assert_bytes_eq("client a", &read(&a.p("shared/model.bin")).unwrap(), &want);
+    let one = g.s3_requests("GetObject") - before;
+    assert!(one >= 1, "the tier did not read the store");
+    assert_bytes_eq("client b", &read(&b.p("shared/model.bin")).unwrap(), &want);
+    assert_eq!(
+        g.s3_requests("GetObject") - before,
+        one,
+        "the second client's read reached the store"
+    );
+    // A write through the tier is in the bucket at close, and the other client sees it.
+    std::fs::write(a.p("shared/note.txt"), b"from a").unwrap();
+    assert_eq!(g.get("shared/note.txt"), b"from a");
+    assert_soon("b sees a's new file", || {
+        has_content(&b.p("shared/note.txt"), b"from a")
+    });
+    // A change made in the store by somebody else reaches both clients as a callback.
+    g.put("shared/note.txt", b"from outside");
+    for m in [&a, &b] {
+        assert_soon("an outside overwrite is seen", || {
+            has_content(&m.p("shared/note.txt"), b"from outside")
+        });
+    }
+}
