@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use hoardfs_cache::OpenHold;
 use parking_lot::{Mutex, RwLock};
@@ -33,6 +33,8 @@ pub(crate) struct OpenFile {
     /// The end of the farthest read asked for through this open: queued readahead of a
     /// chunk wholly before it is skipped (the reader fetched that chunk itself).
     read_to: AtomicU64,
+    /// Process id of the latest write through this open (0: none yet).
+    writer: AtomicU32,
 }
 
 impl OpenFile {
@@ -51,7 +53,21 @@ impl OpenFile {
             seq: Mutex::new(Sequence::default()),
             closed: AtomicBool::new(false),
             read_to: AtomicU64::new(0),
+            writer: AtomicU32::new(0),
         }
+    }
+
+    /// Process `pid` wrote through this open.
+    pub(crate) fn wrote_from(&self, pid: u32) {
+        self.writer.store(pid, Ordering::Relaxed);
+    }
+
+    /// Whether a close by process `pid` ends the writing: it is the latest writer, or
+    /// nobody wrote. A close by another process (typically a child forked while the
+    /// writer was still writing, closing its inherited copy at exec) is not.
+    pub(crate) fn closed_by_writer(&self, pid: u32) -> bool {
+        let w = self.writer.load(Ordering::Relaxed);
+        w == 0 || w == pid
     }
 
     /// Whether the open was released.

@@ -460,6 +460,16 @@ impl HoardFs {
         let Some(of) = self.files.remove(fh) else {
             return;
         };
+        if of.access.write
+            && let Err(e) = self.publish(&of.node)
+        {
+            // Published at the writer's close normally; this is the last chance (the
+            // writer's descriptor was closed by another process), with nobody to tell.
+            tracing::error!(
+                ino = of.node.ino,
+                "publishing a written file at release failed: {e}"
+            );
+        }
         let mut st = of.node.state.lock();
         if st.opens.release(of.mode) {
             of.node.passthrough_released.notify_all();

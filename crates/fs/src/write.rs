@@ -79,6 +79,26 @@ impl HoardFs {
         }
     }
 
+    /// Process `pid` is writing through `fh` (see [`HoardFs::flush`]).
+    pub fn note_writer(&self, fh: FileHandle, pid: u32) {
+        if let Ok(of) = self.open_file(fh) {
+            of.wrote_from(pid);
+        }
+    }
+
+    /// Has an origin that publishes whole files (S3) publish `node`'s writes.
+    pub(crate) fn publish(&self, node: &Node) -> FsResult<()> {
+        if !self.origin.publishes_on_close() || self.read_only {
+            return Ok(());
+        }
+        let since = self.callbacks.seq();
+        if let Some((pre, attr)) = self.with_handle(node, |h| self.origin.flush(h))? {
+            self.follow_publish(node, pre, &attr);
+            self.install_attr(node, attr, since);
+        }
+        Ok(())
+    }
+
     /// Moves the node's cached object from `pre` to `attr`'s version after the origin
     /// published the content it holds under a new version (no bytes changed).
     fn follow_publish(&self, node: &Node, pre: u64, attr: &Attr) {
@@ -127,16 +147,15 @@ impl HoardFs {
 
     /// A file descriptor of `ino` is closed: fails if writes to it may have been lost
     /// (they are not synced here; close-to-open needs only that they reached the server).
-    /// Origins that publish whole files (S3) upload here, and a failed upload fails the
-    /// `close()`.
-    pub fn flush(&self, ino: Ino) -> FsResult<()> {
-        let node = self.node(ino)?;
-        if node.kind == hoardfs_origin::FileKind::File && !self.read_only {
-            let since = self.callbacks.seq();
-            if let Some((pre, attr)) = self.with_handle(&node, |h| self.origin.flush(h))? {
-                self.follow_publish(&node, pre, &attr);
-                self.install_attr(&node, attr, since);
-            }
+    /// Origins that publish whole files (S3) upload here when process `pid` is the one
+    /// that wrote through `fh` (not a child that inherited the descriptor), and a failed
+    /// upload fails the `close()`.
+    pub fn flush(&self, ino: Ino, fh: FileHandle, pid: u32) -> FsResult<()> {
+        if let Ok(of) = self.open_file(fh)
+            && of.access.write
+            && of.closed_by_writer(pid)
+        {
+            self.publish(&of.node)?;
         }
         self.durability
             .closed(ino, self.verifier())

@@ -255,9 +255,9 @@ impl Filesystem for FuseBridge {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
@@ -265,7 +265,7 @@ impl Filesystem for FuseBridge {
             // Opens by the kernel carry no FOPEN_NOFLUSH: ENOSYS stops FLUSH for the mount.
             return reply.error(Errno::ENOSYS);
         }
-        modify::reply_empty(self.fs.flush(ino.0), reply);
+        modify::reply_empty(self.fs.flush(ino.0, fh.0, req.pid()), reply);
     }
 
     fn release(
@@ -558,7 +558,7 @@ impl Filesystem for FuseBridge {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -568,6 +568,7 @@ impl Filesystem for FuseBridge {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.fs.note_writer(fh.0, req.pid());
         match self.fs.write(fh.0, offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(&e)),

@@ -27,6 +27,8 @@ const PAGE: usize = 1000;
 const MEM_SNAPSHOTS: usize = 4096;
 /// Format tag of the files on disk.
 const DISK_MAGIC: &str = "hoardfs-s3-listing-1";
+/// The log of names looked up is started afresh beyond this size.
+const SEEN_LOG_MAX: u64 = 64 << 20;
 
 /// What a name in a directory is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,9 +91,13 @@ struct Held {
     used: u64,
 }
 
-/// The listing store. Lock: one mutex, never held across a request or a disk write.
+/// The listing store. Locks: `mem` and `seen` are leaves; `mem` is never held across a
+/// request or a disk write, `seen` only across an append to its log.
 pub struct Listings {
     mem: Mutex<(HashMap<String, Held>, u64)>,
+    /// Names resolved one by one (outside any listing), for offline lookups after a
+    /// remount: loaded from `seen.log` at the first need, appended to as they come.
+    seen: Mutex<Option<HashMap<String, Listed>>>,
     disk: Option<PathBuf>,
     ttl: Duration,
     immutable: bool,
@@ -105,6 +111,7 @@ impl Listings {
         }
         Listings {
             mem: Mutex::new((HashMap::new(), 0)),
+            seen: Mutex::new(None),
             disk,
             ttl,
             immutable,
@@ -183,6 +190,62 @@ impl Listings {
             // A snapshot on disk must not look fresh to a remount either.
             let _ = std::fs::remove_file(p);
         }
+    }
+
+    /// Records that `path` (a full key path) was found to be `l` by a lookup.
+    pub fn remember(&self, path: &str, l: &Listed) {
+        let mut g = self.seen.lock();
+        let m = g.get_or_insert_with(|| self.load_seen());
+        if m.get(path) == Some(l) {
+            return;
+        }
+        m.insert(path.to_string(), l.clone());
+        let Some(log) = self.disk.as_ref().map(|d| d.join("seen.log")) else {
+            return;
+        };
+        if std::fs::metadata(&log).is_ok_and(|md| md.len() > SEEN_LOG_MAX) {
+            let _ = std::fs::remove_file(&log);
+        }
+        let Ok(rec) = postcard::to_stdvec(&(path, l)) else {
+            return;
+        };
+        let mut buf = (rec.len() as u32).to_le_bytes().to_vec();
+        buf.extend_from_slice(&rec);
+        use std::io::Write;
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .and_then(|mut f| f.write_all(&buf));
+    }
+
+    /// What a lookup last found at `path`, whatever its age.
+    pub fn recall(&self, path: &str) -> Option<Listed> {
+        let mut g = self.seen.lock();
+        g.get_or_insert_with(|| self.load_seen()).get(path).cloned()
+    }
+
+    fn load_seen(&self) -> HashMap<String, Listed> {
+        let mut m = HashMap::new();
+        let Some(bytes) = self
+            .disk
+            .as_ref()
+            .and_then(|d| std::fs::read(d.join("seen.log")).ok())
+        else {
+            return m;
+        };
+        let mut rest = &bytes[..];
+        while rest.len() >= 4 {
+            let n = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+            let Some(rec) = rest.get(4..4 + n) else {
+                break; // a torn last record
+            };
+            if let Ok((path, l)) = postcard::from_bytes::<(String, Listed)>(rec) {
+                m.insert(path, l);
+            }
+            rest = &rest[4 + n..];
+        }
+        m
     }
 
     fn hold(&self, prefix: &str, snap: Arc<Snapshot>, fresh_until: Option<Instant>) {
@@ -311,6 +374,16 @@ mod tests {
         c.expire("");
         let e = Listings::new(Some(d.path().into()), Duration::from_secs(60), false);
         assert!(e.fresh("").is_none());
+        // Names looked up one by one are remembered across a remount, torn tail or not.
+        c.remember("a/b", &Listed::Dir);
+        c.remember("a/f", &Listed::File(info(3)));
+        let log = d.path().join("seen.log");
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        std::io::Write::write_all(&mut f, &[200, 0, 0, 0, 1, 2]).unwrap();
+        let r = Listings::new(Some(d.path().into()), Duration::ZERO, false);
+        assert_eq!(r.recall("a/b"), Some(Listed::Dir));
+        assert_eq!(r.recall("a/f"), Some(Listed::File(info(3))));
+        assert_eq!(r.recall("a/g"), None);
         // Garbage on disk is ignored.
         std::fs::write(c.path("x/").unwrap(), b"garbage").unwrap();
         assert!(c.any("x/").is_none());

@@ -286,22 +286,31 @@ impl S3Origin {
 
     /// The entry for a file at `path` as the store last described it (or as staged here).
     fn file_entry(&self, path: &str, info: ObjectInfo) -> Entry {
-        if let Some(attr) = self.staging.attr(path, self) {
-            let handle = self.table.put(S3Node {
-                path: path.to_string(),
-                kind: FileKind::File,
-                info: Some(info),
-            });
-            return Entry { handle, attr };
+        let staged = self.staging.attr(path, self);
+        let attr = staged.unwrap_or_else(|| self.file_attr(path, &info, version(&info)));
+        let handle = self.learn(path, info);
+        Entry { handle, attr }
+    }
+
+    /// Records what the store says the object at `path` is now. If that differs from what
+    /// clients were told before, subscribers hear of it: whichever request notices a
+    /// change (a lookup, a getattr, a listing) reports it, so none goes unreported.
+    fn learn(&self, path: &str, info: ObjectInfo) -> Handle {
+        let before = self.table.known(path, FileKind::File);
+        if let Some(prev) = before.as_ref().and_then(|n| n.info.as_ref())
+            && *prev != info
+            && let Some(sink) = self.sink.lock().clone()
+        {
+            sink(vec![hoardfs_proto::Break::Attr {
+                file_id: file_id(path, FileKind::File),
+                version: 0,
+            }]);
         }
-        let v = version(&info);
-        let attr = self.file_attr(path, &info, v);
-        let handle = self.table.put(S3Node {
+        self.table.put(S3Node {
             path: path.to_string(),
             kind: FileKind::File,
             info: Some(info),
-        });
-        Entry { handle, attr }
+        })
     }
 
     fn dir_entry(&self, path: &str) -> Entry {
@@ -333,7 +342,16 @@ impl S3Origin {
         if let Some(s) = self.listings.fresh(&prefix) {
             return Ok(s);
         }
-        match self.listings.refresh(&self.client, &prefix) {
+        let sink = self.sink.lock().clone();
+        let r = watch::relist(
+            &self.client,
+            &self.opts.location,
+            &self.listings,
+            &self.table,
+            sink.as_ref(),
+            path,
+        );
+        match r {
             Ok(s) => {
                 self.ok(Ok(()))?;
                 Ok(s)
@@ -436,10 +454,12 @@ impl S3Origin {
         match r {
             Ok(None) => {
                 self.ok(Ok(()))?;
+                self.listings.remember(path, &Listed::Dir);
                 Ok(self.dir_entry(path))
             }
             Ok(Some(info)) => {
                 self.ok(Ok(()))?;
+                self.listings.remember(path, &Listed::File(info.clone()));
                 Ok(self.file_entry(path, info))
             }
             Err(S3Error::NotFound) => {
@@ -450,12 +470,16 @@ impl S3Origin {
             Err(e) => {
                 let e = self.err(e);
                 if e.is_offline() {
-                    // Unreachable: answer from the last listing of the directory.
+                    // Unreachable: answer from the last listing of the directory, or
+                    // from what an earlier lookup of this very name found.
                     if let Some(s) = self.listings.any(&self.opts.location.dir_prefix(parent)) {
                         return match s.get(name) {
                             Some(l) => Ok(self.listed_entry(path, l)),
                             None => Err(WireError::NotFound.into()),
                         };
+                    }
+                    if let Some(l) = self.listings.recall(path) {
+                        return Ok(self.listed_entry(path, &l));
                     }
                 }
                 Err(e)
@@ -469,13 +493,7 @@ impl S3Origin {
         match self.client.head(&self.opts.location.key(&n.path)) {
             Ok(info) => {
                 self.ok(Ok(()))?;
-                if n.info.as_ref() != Some(&info) {
-                    self.table.put(S3Node {
-                        path: n.path.clone(),
-                        kind: FileKind::File,
-                        info: Some(info.clone()),
-                    });
-                }
+                self.learn(&n.path, info.clone());
                 Ok(info)
             }
             Err(S3Error::NotFound) => {
@@ -770,9 +788,19 @@ impl Origin for S3Origin {
     fn rmdir(&self, parent: Handle, name: &[u8]) -> Result<()> {
         self.writable()?;
         let path = self.child_path(parent, name)?;
-        let e = self.resolve(&path)?;
-        if e.attr.kind != FileKind::Dir {
-            return Err(WireError::NotDir.into());
+        match self.resolve(&path) {
+            Ok(e) if e.attr.kind != FileKind::Dir => return Err(WireError::NotDir.into()),
+            Ok(_) => {}
+            // A directory that existed only through the keys under it vanished with the
+            // last of them (`rm -r` removes the files first): removing it succeeds.
+            Err(OriginError::Fs(WireError::NotFound))
+                if self.table.known(&path, FileKind::Dir).is_some() =>
+            {
+                self.table.forget(&path, FileKind::Dir);
+                self.changed(&path);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
         }
         let prefix = self.opts.location.dir_prefix(&path);
         let page = self.client.list_page(&prefix, None, 2);

@@ -135,10 +135,10 @@ impl NodeTable {
         }
     }
 
-    /// The file at `path`, if a handle names it.
-    pub fn known(&self, path: &str) -> Option<Arc<S3Node>> {
+    /// The object of `kind` at `path`, if a handle names it.
+    pub fn known(&self, path: &str, kind: FileKind) -> Option<Arc<S3Node>> {
         let g = self.inner.lock();
-        let id = g.by_path.get(&(path.to_string(), false))?;
+        let id = g.by_path.get(&(path.to_string(), kind == FileKind::Dir))?;
         g.by_id.get(id).cloned()
     }
 

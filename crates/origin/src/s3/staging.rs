@@ -159,8 +159,9 @@ impl Staging {
         Ok(())
     }
 
-    /// The staged copy of `n`, made now (fetching the object) if there is none.
-    fn stage(&self, n: &S3Node, o: &S3Origin) -> Result<Arc<Mutex<Staged>>> {
+    /// The staged copy of `n`, made now if there is none: with the object's bytes, or
+    /// empty when `keep` is false (a truncation to zero needs none of them).
+    fn stage(&self, n: &S3Node, o: &S3Origin, keep: bool) -> Result<Arc<Mutex<Staged>>> {
         if let Some(e) = self.entry(&n.path) {
             return Ok(e);
         }
@@ -173,7 +174,8 @@ impl Staging {
             .map_err(|e| OriginError::Fs(super::io_error(&e)))?;
         let key = o.opts.location.key(&n.path);
         let mut off = 0u64;
-        while off < info.size {
+        let size = if keep { info.size } else { 0 };
+        while off < size {
             let want = (info.size - off).min(u64::from(FETCH_PIECE)) as u32;
             let data = match o.client.get_range(&key, &info.etag, off, want) {
                 Ok(d) => d,
@@ -193,9 +195,13 @@ impl Staging {
         let s = Staged {
             file,
             disk,
-            size: info.size,
-            version: version(&info),
-            dirty: false,
+            size,
+            version: if keep {
+                version(&info)
+            } else {
+                self.next_version()
+            },
+            dirty: !keep,
             base: Some(info),
         };
         let mut g = self.files.lock();
@@ -218,7 +224,7 @@ impl Staging {
         append: bool,
         o: &S3Origin,
     ) -> Result<WriteReply> {
-        let e = self.stage(n, o)?;
+        let e = self.stage(n, o, true)?;
         let mut s = e.lock();
         let at = if append { s.size } else { offset };
         s.file
@@ -238,7 +244,7 @@ impl Staging {
 
     /// Truncates (or extends) the staged copy of `n`.
     pub fn truncate(&self, n: &S3Node, size: u64, o: &S3Origin) -> Result<()> {
-        let e = self.stage(n, o)?;
+        let e = self.stage(n, o, size > 0)?;
         let mut s = e.lock();
         s.file
             .set_len(size)

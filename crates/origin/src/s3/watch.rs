@@ -93,21 +93,42 @@ impl Poller {
     }
 
     fn poll(&self, dir: &str) {
-        let prefix = self.location.dir_prefix(dir);
-        let old = self.listings.any(&prefix);
-        let new = match self.listings.refresh(&self.client, &prefix) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::debug!("watching {prefix:?}: {e}");
-                return;
-            }
-        };
-        let breaks = diff(dir, old.as_deref(), &new, &self.table);
-        if !breaks.is_empty() {
-            tracing::debug!("{} changes seen in {prefix:?}", breaks.len());
-            (self.sink)(breaks);
+        let sink = Some(&self.sink);
+        if let Err(e) = relist(
+            &self.client,
+            &self.location,
+            &self.listings,
+            &self.table,
+            sink,
+            dir,
+        ) {
+            tracing::debug!("watching {dir:?}: {e}");
         }
     }
+}
+
+/// Lists directory `dir` again and, with a `sink`, reports what changed since the last
+/// listing (or since what clients were told of its files): every listing goes through
+/// here, whoever asked for it, so no change is absorbed unreported.
+pub fn relist(
+    client: &S3Client,
+    location: &S3Location,
+    listings: &Listings,
+    table: &NodeTable,
+    sink: Option<&BreakSink>,
+    dir: &str,
+) -> super::client::S3Result<Arc<Snapshot>> {
+    let prefix = location.dir_prefix(dir);
+    let old = sink.and_then(|_| listings.any(&prefix));
+    let new = listings.refresh(client, &prefix)?;
+    if let Some(sink) = sink {
+        let breaks = diff(dir, old.as_deref(), &new, table);
+        if !breaks.is_empty() {
+            tracing::debug!("{} changes seen in {prefix:?}", breaks.len());
+            sink(breaks);
+        }
+    }
+    Ok(new)
 }
 
 /// The breaks that take clients from `old` (and what `table` knows of the files) to
@@ -128,11 +149,14 @@ pub fn diff(dir: &str, old: Option<&Snapshot>, new: &Snapshot, table: &NodeTable
         let path = join(dir, name);
         let before = old.and_then(|o| o.get(name));
         if let Listed::File(info) = l {
-            let known = table.known(&path).and_then(|n| n.info.clone());
-            let was = match before {
-                Some(Listed::File(i)) => Some(i.clone()),
-                _ => known,
-            };
+            // What clients were told last (the table), else the last listing.
+            let was = table
+                .known(&path, FileKind::File)
+                .and_then(|n| n.info.clone())
+                .or_else(|| match before {
+                    Some(Listed::File(i)) => Some(i.clone()),
+                    _ => None,
+                });
             if was.as_ref().is_some_and(|w| version(w) != version(info)) {
                 out.push(Break::Attr {
                     file_id: file_id(&path, FileKind::File),
@@ -254,6 +278,14 @@ mod tests {
                 version: 0
             }]
         );
-        assert_eq!(t.known("f").unwrap().info.as_ref().unwrap().etag, "new");
+        assert_eq!(
+            t.known("f", FileKind::File)
+                .unwrap()
+                .info
+                .as_ref()
+                .unwrap()
+                .etag,
+            "new"
+        );
     }
 }
