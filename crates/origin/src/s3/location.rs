@@ -71,9 +71,14 @@ impl std::fmt::Display for S3Location {
     }
 }
 
-/// A file-system name that can stand for a key component.
+/// A file-system name that can stand for a key component (at most NAME_MAX bytes: a
+/// longer key component cannot be shown, so it is left out of listings).
 pub fn valid_name(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
+    !name.is_empty()
+        && name.len() <= 255
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\0'])
 }
 
 /// Joins a directory path and a name.
@@ -114,9 +119,10 @@ mod tests {
     #[test]
     fn names_and_paths() {
         assert!(valid_name("a.txt"));
-        for bad in ["", ".", "..", "a/b", "a\0"] {
+        for bad in ["", ".", "..", "a/b", "a\0", &"x".repeat(256)] {
             assert!(!valid_name(bad), "{bad:?}");
         }
+        assert!(valid_name(&"x".repeat(255)));
         assert_eq!(join("", "a"), "a");
         assert_eq!(join("a", "b"), "a/b");
         assert_eq!(split("a/b/c"), ("a/b", "c"));

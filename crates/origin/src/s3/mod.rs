@@ -128,6 +128,9 @@ pub struct S3Origin {
 }
 
 const NEGATIVE_MAX: usize = 10_000;
+/// Directories of at most this many entries are listed again to answer a lookup once
+/// their listing expired (larger ones get a HEAD and a one-key listing per name).
+const RELIST_MAX: usize = 10_000;
 
 impl S3Origin {
     /// An origin for `opts`. Does not contact the store (see [`Origin::info`]).
@@ -297,9 +300,10 @@ impl S3Origin {
     /// change (a lookup, a getattr, a listing) reports it, so none goes unreported.
     fn learn(&self, path: &str, info: ObjectInfo) -> Handle {
         let before = self.table.known(path, FileKind::File);
+        let sink = self.sink.lock().clone();
         if let Some(prev) = before.as_ref().and_then(|n| n.info.as_ref())
             && *prev != info
-            && let Some(sink) = self.sink.lock().clone()
+            && let Some(sink) = sink
         {
             sink(vec![hoardfs_proto::Break::Attr {
                 file_id: file_id(path, FileKind::File),
@@ -433,7 +437,22 @@ impl S3Origin {
         if self.opts.watch {
             self.watched.touch(parent);
         }
-        if let Some(s) = self.listings.fresh(&self.opts.location.dir_prefix(parent)) {
+        let prefix = self.opts.location.dir_prefix(parent);
+        let listed = match self.listings.fresh(&prefix) {
+            Some(s) => Some(s),
+            // A directory listed before (and not huge) is listed again: one request
+            // answers this name and, for the next TTL, its neighbours (`find`, `ls -l`,
+            // a build reading a source tree), where a probe would cost two per name.
+            None if self
+                .listings
+                .any(&prefix)
+                .is_some_and(|s| s.entries.len() <= RELIST_MAX) =>
+            {
+                Some(self.listing(parent)?)
+            }
+            None => None,
+        };
+        if let Some(s) = listed {
             return match s.get(name) {
                 Some(l) => Ok(self.listed_entry(path, l)),
                 None => Err(WireError::NotFound.into()),
@@ -580,6 +599,14 @@ impl Origin for S3Origin {
         }
         if let Some(a) = self.staging.attr(&n.path, self) {
             return Ok(a);
+        }
+        // A fresh listing of the directory says as much as a HEAD would.
+        let (parent, name) = split(&n.path);
+        if let Some(s) = self.listings.fresh(&self.opts.location.dir_prefix(parent))
+            && let Some(Listed::File(info)) = s.get(name)
+        {
+            self.learn(&n.path, info.clone());
+            return Ok(self.file_attr(&n.path, info, version(info)));
         }
         let info = self.current(&n)?;
         Ok(self.file_attr(&n.path, &info, version(&info)))
