@@ -104,12 +104,52 @@ pub struct ClientConfig {
     pub credentials: Option<Credentials>,
     /// How long a request may wait for the store.
     pub timeout: Duration,
-    /// Connections kept open to the store.
+    /// Requests in flight at most (and connections kept open to the store), however
+    /// many readers, readahead threads, uploads and tier clients want one.
     pub max_connections: usize,
+}
+
+/// A bound on requests in flight: each request holds a slot from before it is sent until
+/// its answer is read (not while it waits to retry).
+#[derive(Debug)]
+pub struct Slots {
+    free: parking_lot::Mutex<usize>,
+    cv: parking_lot::Condvar,
+}
+
+/// A taken slot, given back on drop.
+pub struct Slot<'a>(&'a Slots);
+
+impl Slots {
+    /// `n` slots (at least one).
+    pub fn new(n: usize) -> Slots {
+        Slots {
+            free: parking_lot::Mutex::new(n.max(1)),
+            cv: parking_lot::Condvar::new(),
+        }
+    }
+
+    /// Waits for a free slot.
+    pub fn take(&self) -> Slot<'_> {
+        let mut f = self.free.lock();
+        while *f == 0 {
+            self.cv.wait(&mut f);
+        }
+        *f -= 1;
+        Slot(self)
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock() += 1;
+        self.0.cv.notify_one();
+    }
 }
 
 /// A blocking S3 client for one bucket. Cheap to share: the agent pools connections.
 pub struct S3Client {
+    slots: Slots,
     bucket: Bucket,
     credentials: Option<Credentials>,
     agent: Agent,
@@ -163,6 +203,7 @@ impl S3Client {
             .build()
             .into();
         Ok(S3Client {
+            slots: Slots::new(cfg.max_connections),
             bucket,
             credentials: cfg.credentials,
             agent,
@@ -476,7 +517,10 @@ impl S3Client {
     fn retrying<T>(&self, mut op: impl FnMut() -> S3Result<T>) -> S3Result<T> {
         let mut attempt = 0;
         loop {
-            match op() {
+            let slot = self.slots.take();
+            let r = op();
+            drop(slot);
+            match r {
                 Err(e) if attempt < RETRIES && transient(&e) => {
                     attempt += 1;
                     let base = 50u64 << (2 * attempt);
@@ -643,6 +687,28 @@ mod tests {
         assert!(!transient(&S3Error::Unreachable(
             "Connection refused".into()
         )));
+    }
+
+    #[test]
+    fn slots_bound_requests_in_flight() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let slots = Slots::new(3);
+        let (now, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..12 {
+                s.spawn(|| {
+                    for _ in 0..20 {
+                        let _slot = slots.take();
+                        let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(n, Ordering::SeqCst);
+                        std::thread::yield_now();
+                        now.fetch_sub(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        assert!(most.load(Ordering::SeqCst) <= 3);
+        assert_eq!(*slots.free.lock(), 3, "every slot was given back");
     }
 
     #[test]
