@@ -28,6 +28,8 @@ import tempfile
 import time
 import urllib.request
 
+import svgplot
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
 KEY_ID = "GKbench000000000000000001"
@@ -189,6 +191,42 @@ def ls_lr(root):
     return timed(["ls", "-lR", root])
 
 
+def plot(res, out_dir):
+    """The charts of doc/BENCHMARKS.md, from a result (`--plot-only bench/out/s3.json`)."""
+    s, m = res["seconds"], res["MiB_per_s"]
+    svgplot.bar_chart(
+        os.path.join(out_dir, "s3-big.svg"), "S3: one 200 MiB object, sequential reads",
+        "MiB/s", [("cold", [m["hoardfs_cold"], m["rclone_cold"], m["raw_cat"]]),
+                  ("hot, 1st read after remount", [m["hoardfs_hot_remount"],
+                                                   m["rclone_hot_remount"], m["local_disk"]]),
+                  ("hot, 2nd remount", [m["hoardfs_hot_remount2"], None, m["local_disk"]])],
+        ["hoardfs", "rclone mount (full cache)", "rclone cat / local disk"])
+    svgplot.bar_chart(
+        os.path.join(out_dir, "s3-small.svg"), "S3: 1000 objects of 4 KiB, find | xargs cat",
+        "seconds", [(k, [s[f"small_hoardfs_{k}"], s[f"small_rclone_{k}"]])
+                    for k in ["first", "hot", "warm"]],
+        ["hoardfs", "rclone mount (full cache)"], note="lower is better")
+    svgplot.bar_chart(
+        os.path.join(out_dir, "s3-lslr.svg"), "S3: ls -lR of 500 prefixes", "seconds",
+        [("cold", [s["ls_hoardfs_cold"], s["ls_rclone_cold"]]),
+         ("warm", [s["ls_hoardfs_warm"], s["ls_rclone_warm"]]),
+         ("after remount", [s["ls_hoardfs_remount"], s["ls_rclone_remount"]]),
+         ("after remount, TTL 60 s", [s["ls_hoardfs_ttl60_remount"], None])],
+        ["hoardfs (TTL 1 s unless noted)", "rclone mount (dir cache 5 min)"],
+        note="lower is better")
+    svgplot.bar_chart(
+        os.path.join(out_dir, "s3-tier.svg"), "Tier: store bytes per file byte, 64 MiB object",
+        "bytes read by the store / file size",
+        [(f"{n} clients", [tier_row(res, n)["store_bytes_per_file_byte"]]) for n in [1, 4, 16]],
+        ["clients behind one tier"])
+
+
+def tier_row(res, n):
+    """A tier row, keyed by int in a fresh result and by str in one read from JSON."""
+    t = res["tier_64MiB"]
+    return t[n] if n in t else t[str(n)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--binary", default=os.path.join(REPO, "target", "release", "hoardfs"))
@@ -196,7 +234,12 @@ def main():
         "~/.cache/hoardfs-test/garage-2.5.0/bin/garage")))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "out"))
+    ap.add_argument("--plot-only", metavar="JSON", help="only draw the charts of a result")
     a = ap.parse_args()
+    if a.plot_only:
+        with open(a.plot_only) as f:
+            plot(json.load(f), os.path.join(REPO, "doc", "img"))
+        return
     work = tempfile.mkdtemp(prefix="s3-bench-", dir="/var/tmp")
     g = Garage(a.garage, work)
     renv = rclone_env(g)
@@ -336,6 +379,7 @@ def main():
         with open(os.path.join(a.out, "s3.json"), "w") as f:
             json.dump(res, f, indent=2)
         print(json.dumps(res, indent=2))
+        plot(res, os.path.join(REPO, "doc", "img"))
     finally:
         for m in subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True,
                                 text=True).stdout.split():
