@@ -343,3 +343,33 @@ fn clients_behind_one_tier_cost_the_store_one_read_and_see_changes() {
         });
     }
 }
+
+#[test]
+fn wrong_credentials_and_missing_buckets_are_refused_with_clear_errors() {
+    require_fuse();
+    let Some(g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    let t = scratch();
+    let mount = |bucket: &str, secret: &str| {
+        let mut cmd = g.hoardfs();
+        cmd.env("AWS_SECRET_ACCESS_KEY", secret)
+            .arg("mount")
+            .arg(format!("s3://{bucket}"))
+            .arg(t.path().join("m"))
+            .arg("--cache-dir")
+            .arg(t.path().join("c"))
+            .args(g.s3_flags(0));
+        std::fs::create_dir_all(t.path().join("m")).unwrap();
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "mounted anyway");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = mount(g.bucket(), "not-the-secret-0123456789");
+    assert!(e.contains("check the credentials"), "{e}");
+    let e = mount("no-such-bucket", g.secret());
+    assert!(
+        e.contains("no-such-bucket") && e.contains("does not exist"),
+        "{e}"
+    );
+}
