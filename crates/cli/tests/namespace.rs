@@ -87,6 +87,77 @@ fn an_unlinked_open_file_keeps_working_until_closed() {
     assert_eq!(list(&r.m.path).unwrap(), Vec::<Vec<u8>>::new());
 }
 
+/// Client A has a file open (and has read it); client B removes its last name. The server
+/// released the file, so A's descriptor shows a link count of zero, and still reads the
+/// bytes A had and takes writes into A's cache. What A sees is what SEMANTICS.md describes.
+#[test]
+fn a_file_unlinked_by_another_client_stays_usable_where_it_is_open() {
+    let r = rig_with(
+        |exp| std::fs::write(exp.join("shared"), b"scratch").unwrap(),
+        &[],
+        &[],
+    );
+    let b = r.second_client(&[]);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(r.m.p("shared"))
+        .unwrap();
+    let mut buf = [0u8; 7];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"scratch");
+    std::fs::remove_file(b.p("shared")).unwrap();
+    assert_gone(&r.srv("shared"));
+    assert_soon("A sees the name go", || gone(&r.m.p("shared")));
+    assert_soon("A's fstat shows no link left", || {
+        let st = f.metadata().map_err(|e| e.to_string())?;
+        match (st.len(), st.nlink()) {
+            (7, 0) => Ok(()),
+            other => Err(format!("size, nlink {other:?}")),
+        }
+    });
+    let mut buf = [0u8; 7];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"scratch", "A reads the bytes it had");
+    f.write_all_at(b" pad", 7).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 11);
+    let mut buf = [0u8; 11];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"scratch pad");
+    f.sync_all().unwrap();
+    close_checked(f).unwrap();
+    assert_eq!(list(&r.exp).unwrap(), Vec::<Vec<u8>>::new());
+    assert_eq!(list(&b.path).unwrap(), Vec::<Vec<u8>>::new());
+    assert_eq!(list(&r.m.path).unwrap(), Vec::<Vec<u8>>::new());
+}
+
+/// Bytes A never read of a file B removed are gone with it: reading them fails with
+/// `ESTALE`, while what A had read stays readable.
+#[test]
+fn uncached_bytes_of_a_file_unlinked_by_another_client_are_stale() {
+    let big = bytes(3, 16 << 20);
+    let r = rig_with(
+        |exp| std::fs::write(exp.join("big"), &big).unwrap(),
+        &[],
+        &[],
+    );
+    let b = r.second_client(&[]);
+    let f = File::open(r.m.p("big")).unwrap();
+    let mut head = vec![0u8; 4096];
+    f.read_exact_at(&mut head, 0).unwrap();
+    std::fs::remove_file(b.p("big")).unwrap();
+    assert_soon("A sees the name go", || gone(&r.m.p("big")));
+    let mut tail = vec![0u8; 4096];
+    assert_errno(
+        "read of bytes never fetched",
+        f.read_exact_at(&mut tail, (16 << 20) - 4096),
+        libc::ESTALE,
+    );
+    f.read_exact_at(&mut head, 0).unwrap();
+    assert_eq!(head, big[..4096]);
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+}
+
 #[test]
 fn unlink_removes_the_file_everywhere() {
     let r = rig_with(
