@@ -158,6 +158,108 @@ fn uncached_bytes_of_a_file_unlinked_by_another_client_are_stale() {
     assert_eq!(f.metadata().unwrap().nlink(), 0);
 }
 
+/// Kills the rig's server, starts a new one on the same address and directory, and waits
+/// for the client to be connected to it (until then its requests fail with `EIO`).
+fn restart_server(r: &mut Rig) {
+    let addr = r.srv.addr.clone();
+    r.srv.kill();
+    assert_soon("the client notices the server is gone", || {
+        let s = stats(&r.m);
+        (s["connected"] == false).then_some(()).ok_or(s.to_string())
+    });
+    r.srv = Server::start_at(&r.exp, &addr, &[]);
+    assert_soon("the client is connected again", || {
+        let s = stats(&r.m);
+        (s["connected"] == true).then_some(()).ok_or(s.to_string())
+    });
+}
+
+/// A file this client unlinked while open lives under its hidden name, which a restarted
+/// server resolves like any other: the descriptor keeps reading (bytes never fetched too),
+/// writing and closing, and the hidden name goes at close.
+#[test]
+fn an_unlinked_open_file_survives_a_server_restart() {
+    let big = bytes(4, 16 << 20);
+    let mut r = rig_with(
+        |exp| std::fs::write(exp.join("tmpfile"), &big).unwrap(),
+        &[],
+        &[],
+    );
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(r.m.p("tmpfile"))
+        .unwrap();
+    let mut head = vec![0u8; 4096];
+    f.read_exact_at(&mut head, 0).unwrap();
+    std::fs::remove_file(r.m.p("tmpfile")).unwrap();
+    assert_gone(&r.srv("tmpfile"));
+    restart_server(&mut r);
+    let mut tail = vec![0u8; 4096];
+    f.read_exact_at(&mut tail, (16 << 20) - 4096).unwrap();
+    assert_eq!(
+        tail,
+        big[(16 << 20) - 4096..],
+        "bytes fetched after the restart"
+    );
+    f.write_all_at(b"tail", 16 << 20).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), (16 << 20) + 4);
+    let hidden = list(&r.exp).unwrap();
+    assert_eq!(hidden.len(), 1, "{hidden:?}");
+    assert!(hidden[0].starts_with(b".hoardfs-unlinked-"), "{hidden:?}");
+    let on_server = std::fs::read(r.exp.join(OsStr::from_bytes(&hidden[0]))).unwrap();
+    assert_eq!(
+        &on_server[16 << 20..],
+        b"tail",
+        "the write reached the hidden file"
+    );
+    close_checked(f).unwrap();
+    assert_soon("the hidden name goes at close", || match list(&r.exp) {
+        Ok(l) if l.is_empty() => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+}
+
+/// A file another client removed was held only by the old server process: after a server
+/// restart the descriptor that has it open still works as a deleted file's (link count 0,
+/// bytes read before, local writes) and the bytes never fetched are `ESTALE`.
+#[test]
+fn a_file_unlinked_by_another_client_across_a_server_restart() {
+    let big = bytes(5, 16 << 20);
+    let mut r = rig_with(
+        |exp| std::fs::write(exp.join("shared"), &big).unwrap(),
+        &[],
+        &[],
+    );
+    let b = r.second_client(&[]);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(r.m.p("shared"))
+        .unwrap();
+    let mut head = vec![0u8; 4096];
+    f.read_exact_at(&mut head, 0).unwrap();
+    std::fs::remove_file(b.p("shared")).unwrap();
+    assert_gone(&r.srv("shared"));
+    restart_server(&mut r);
+    let mut tail = vec![0u8; 4096];
+    assert_errno(
+        "read of bytes never fetched",
+        f.read_exact_at(&mut tail, (16 << 20) - 4096),
+        libc::ESTALE,
+    );
+    let st = f.metadata().unwrap();
+    assert_eq!((st.len(), st.nlink()), (16 << 20, 0));
+    let mut again = vec![0u8; 4096];
+    f.read_exact_at(&mut again, 0).unwrap();
+    assert_eq!(again, big[..4096]);
+    f.write_all_at(b"mine", 0).unwrap();
+    f.read_exact_at(&mut again[..4], 0).unwrap();
+    assert_eq!(&again[..4], b"mine");
+    close_checked(f).unwrap();
+    assert_eq!(list(&r.exp).unwrap(), Vec::<Vec<u8>>::new());
+}
+
 #[test]
 fn unlink_removes_the_file_everywhere() {
     let r = rig_with(
