@@ -85,6 +85,12 @@ fn an_unlinked_open_file_keeps_working_until_closed() {
         other => Err(format!("{other:?}")),
     });
     assert_eq!(list(&r.m.path).unwrap(), Vec::<Vec<u8>>::new());
+    let journal = r.t.path().join("cache/unlinked");
+    assert_eq!(
+        std::fs::read(journal).unwrap(),
+        b"",
+        "the journal forgets removed names"
+    );
 }
 
 /// Client A has a file open (and has read it); client B removes its last name. The server
@@ -258,6 +264,73 @@ fn a_file_unlinked_by_another_client_across_a_server_restart() {
     assert_eq!(&again[..4], b"mine");
     close_checked(f).unwrap();
     assert_eq!(list(&r.exp).unwrap(), Vec::<Vec<u8>>::new());
+}
+
+/// A client killed while it holds a file unlinked while open leaves its hidden name on
+/// the server; the next mount with the same cache directory removes it (and only the
+/// names that client made: another client's open file keeps its hidden name).
+#[test]
+fn hidden_names_left_by_a_crashed_client_go_at_its_next_mount() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(exp.join("d")).unwrap();
+    std::fs::write(exp.join("d/mine"), b"mine").unwrap();
+    std::fs::write(exp.join("d/theirs"), b"theirs").unwrap();
+    let srv = Server::start(&exp);
+    let (mnt, cache) = (t.path().join("mnt"), t.path().join("cache"));
+    let a = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
+    let b = Mount::with_cache(
+        &srv.addr,
+        &t.path().join("mnt2"),
+        &t.path().join("cache2"),
+        &[],
+    );
+    let mine = File::open(a.p("d/mine")).unwrap();
+    let theirs = File::open(b.p("d/theirs")).unwrap();
+    std::fs::remove_file(a.p("d/mine")).unwrap();
+    std::fs::remove_file(b.p("d/theirs")).unwrap();
+    let hidden = list(&exp.join("d")).unwrap();
+    assert_eq!(hidden.len(), 2, "{hidden:?}");
+    let id = std::fs::read_to_string(cache.join("client-id")).unwrap();
+    let ours: Vec<_> = hidden
+        .iter()
+        .filter(|n| String::from_utf8_lossy(n).contains(id.trim()))
+        .cloned()
+        .collect();
+    assert_eq!(
+        ours.len(),
+        1,
+        "one hidden name carries A's client id: {hidden:?}"
+    );
+    a.kill9();
+    drop(mine);
+    assert_eq!(
+        list(&exp.join("d")).unwrap().len(),
+        2,
+        "nobody removed them"
+    );
+    let a = Mount::with_cache(&srv.addr, &mnt, &cache, &[]);
+    let left = list(&exp.join("d")).unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(
+        left[0] != ours[0],
+        "A's hidden name is gone, B's stays: {left:?}"
+    );
+    assert_eq!(std::fs::read(cache.join("unlinked")).unwrap(), b"");
+    assert_eq!(
+        std::fs::read_to_string(cache.join("client-id")).unwrap(),
+        id
+    );
+    drop(theirs);
+    assert_soon("B's hidden name goes at its close", || {
+        match list(&exp.join("d")) {
+            Ok(l) if l.is_empty() => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    a.unmount();
+    b.unmount();
 }
 
 #[test]

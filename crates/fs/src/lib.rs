@@ -78,6 +78,12 @@ pub struct FsConfig {
     /// cache; ignored otherwise): no per-open round trip, no passthrough, no open-time
     /// version check (`crate::kernel_opens`).
     pub kernel_opens: bool,
+    /// This client's id, stable across its runs (one per cache directory): part of the
+    /// hidden names of files unlinked while open (`crate::unlinked`).
+    pub client_id: Option<String>,
+    /// Where hidden names are journaled until removed, so that the next run removes
+    /// those a crash left behind (`crate::unlinked`).
+    pub unlinked_journal: Option<std::path::PathBuf>,
 }
 
 impl Default for FsConfig {
@@ -92,6 +98,8 @@ impl Default for FsConfig {
             fetch_threads: 4,
             xattrs: false,
             kernel_opens: false,
+            client_id: None,
+            unlinked_journal: None,
         }
     }
 }
@@ -151,6 +159,8 @@ impl HoardFs {
         let info = origin.info()?;
         let stats = Arc::new(Stats::default());
         let (callbacks, breaks) = Callbacks::subscribe(&*origin);
+        let unlinked =
+            unlinked::Unlinked::new(config.client_id.clone(), config.unlinked_journal.clone());
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
             files: open_files::OpenFiles::default(),
@@ -165,7 +175,7 @@ impl HoardFs {
             callbacks,
             notifier: OnceLock::new(),
             durability: durability::Durability::default(),
-            unlinked: unlinked::Unlinked::default(),
+            unlinked,
         });
         breaks.spawn(Arc::downgrade(&fs))?;
         if fs.callbacks.held() {
@@ -177,6 +187,9 @@ impl HoardFs {
                 fs.expire_attr(&root);
             }
             let _ = fs.getattr(ROOT_INO);
+        }
+        if !fs.read_only {
+            fs.remove_leftover_hidden_names();
         }
         Ok(fs)
     }

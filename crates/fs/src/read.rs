@@ -477,11 +477,16 @@ impl HoardFs {
         let idle = st.is_idle();
         let still_open = st.is_open();
         drop(st);
-        if !still_open && let Some((dir, hidden)) = self.unlinked.closed(of.node.ino) {
+        if !still_open && let Some((dir, hidden, path)) = self.unlinked.closed(of.node.ino) {
             // The last descriptor of a file unlinked while open: its hidden name goes now.
-            if let Err(e) = self.unlink(dir, &hidden) {
-                tracing::warn!("cannot remove the hidden name of an unlinked file: {e}");
-            }
+            let gone = match self.unlink(dir, &hidden) {
+                Ok(()) | Err(FsError::Origin(hoardfs_origin::WireError::NotFound)) => true,
+                Err(e) => {
+                    tracing::warn!("cannot remove the hidden name of an unlinked file: {e}");
+                    false
+                }
+            };
+            self.unlinked.removed(path, gone);
         }
         if idle {
             self.nodes.forget(of.node.ino, 0);
