@@ -131,7 +131,13 @@ fn a_file_unlinked_by_another_client_stays_usable_where_it_is_open() {
     f.read_exact_at(&mut buf, 0).unwrap();
     assert_eq!(&buf, b"scratch pad");
     f.sync_all().unwrap();
+    let cached = |m: &Mount| stats(m)["cache"]["bytes"].as_u64().unwrap();
+    let before = cached(&r.m);
     close_checked(f).unwrap();
+    assert_soon("its cached bytes go at close", || match cached(&r.m) {
+        n if n < before => Ok(()),
+        n => Err(format!("{n} bytes of {before}")),
+    });
     assert_eq!(list(&r.exp).unwrap(), Vec::<Vec<u8>>::new());
     assert_eq!(list(&b.path).unwrap(), Vec::<Vec<u8>>::new());
     assert_eq!(list(&r.m.path).unwrap(), Vec::<Vec<u8>>::new());
