@@ -147,6 +147,33 @@ fn open_cache(dir: &Path, limits: Limits) -> Result<CacheDir, String> {
     }
 }
 
+/// File in the cache directory holding the client id (see [`client_id`]).
+const CLIENT_ID: &str = "client-id";
+
+/// File in the cache directory journaling the hidden names of files unlinked while open
+/// (`hoardfs_fs::FsConfig::unlinked_journal`).
+const UNLINKED_JOURNAL: &str = "unlinked";
+
+/// The id of the client that uses cache directory `dir` (16 hex digits, random, made at
+/// its first mount and kept in `dir/client-id`): hidden names carry it, so that the next
+/// mount of `dir` knows which ones it may remove after a crash.
+fn client_id(dir: &Path) -> Result<String, String> {
+    let p = dir.join(CLIENT_ID);
+    if let Ok(text) = std::fs::read_to_string(&p) {
+        let id = text.trim();
+        if id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(id.to_owned());
+        }
+    }
+    let id = format!("{:016x}", hoardfs_server::random_verifier());
+    let tmp = dir.join(format!("{CLIENT_ID}.tmp"));
+    std::fs::write(&tmp, format!("{id}\n"))
+        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, &p))
+        .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    Ok(id)
+}
+
 fn open_origin(a: &MountArgs) -> Result<Arc<dyn Origin>, String> {
     if let Some(loc) = hoardfs_origin::s3::location::S3Location::parse(&a.source) {
         let state = a
@@ -249,7 +276,10 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         // Never revalidated: a year stands for forever.
         a.attr_timeout = 365.0 * 86400.0;
     }
+    let client_id = cache_dir.map(client_id).transpose()?;
     let config = FsConfig {
+        client_id,
+        unlinked_journal: cache_dir.map(|d| d.join(UNLINKED_JOURNAL)),
         attr_ttl: Duration::from_secs_f64(a.attr_timeout),
         callback_ttl: Duration::from_secs_f64(a.callback_timeout),
         read_only: a.read_only,

@@ -78,6 +78,12 @@ pub struct FsConfig {
     /// cache; ignored otherwise): no per-open round trip, no passthrough, no open-time
     /// version check (`crate::kernel_opens`).
     pub kernel_opens: bool,
+    /// This client's id, stable across its runs (one per cache directory): part of the
+    /// hidden names of files unlinked while open (`crate::unlinked`).
+    pub client_id: Option<String>,
+    /// Where hidden names are journaled until removed, so that the next run removes
+    /// those a crash left behind (`crate::unlinked`).
+    pub unlinked_journal: Option<std::path::PathBuf>,
 }
 
 impl Default for FsConfig {
@@ -92,6 +98,8 @@ impl Default for FsConfig {
             fetch_threads: 4,
             xattrs: false,
             kernel_opens: false,
+            client_id: None,
+            unlinked_journal: None,
         }
     }
 }
@@ -151,6 +159,8 @@ impl HoardFs {
         let info = origin.info()?;
         let stats = Arc::new(Stats::default());
         let (callbacks, breaks) = Callbacks::subscribe(&*origin);
+        let unlinked =
+            unlinked::Unlinked::new(config.client_id.clone(), config.unlinked_journal.clone());
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
             files: open_files::OpenFiles::default(),
@@ -165,7 +175,7 @@ impl HoardFs {
             callbacks,
             notifier: OnceLock::new(),
             durability: durability::Durability::default(),
-            unlinked: unlinked::Unlinked::default(),
+            unlinked,
         });
         breaks.spawn(Arc::downgrade(&fs))?;
         if fs.callbacks.held() {
@@ -177,6 +187,9 @@ impl HoardFs {
                 fs.expire_attr(&root);
             }
             let _ = fs.getattr(ROOT_INO);
+        }
+        if !fs.read_only {
+            fs.remove_leftover_hidden_names();
         }
         Ok(fs)
     }
@@ -245,13 +258,45 @@ impl HoardFs {
         node: &Node,
         mut op: impl FnMut(Handle) -> Result<T, OriginError>,
     ) -> FsResult<T> {
+        if node.state.lock().is_deleted() {
+            return Err(WireError::Stale.into());
+        }
         match op(node.handle()) {
             Err(OriginError::Fs(WireError::Stale)) => {
-                let h = self.resolve(node.ino, 0)?;
+                let h = match self.resolve(node.ino, 0) {
+                    Ok(h) => h,
+                    Err(e) => return Err(self.lost(node, e)),
+                };
                 Ok(op(h)?)
             }
             r => Ok(r?),
         }
+    }
+
+    /// `node`'s handle is stale and resolving its name failed with `e`. A regular file
+    /// open here whose name is gone (or names another object) was deleted on the origin
+    /// while open: it becomes a deleted node (`NodeState::mark_deleted`), which keeps
+    /// serving `fstat`, cached reads and local writes to its descriptors, as a local file
+    /// system would; what needs the origin fails with `ESTALE`.
+    fn lost(&self, node: &Node, e: FsError) -> FsError {
+        let gone = matches!(e, FsError::Origin(WireError::NotFound | WireError::Stale));
+        if !gone || node.kind != FileKind::File {
+            return e;
+        }
+        let file_id = {
+            let mut st = node.state.lock();
+            if !st.is_open() {
+                return e;
+            }
+            st.mark_deleted();
+            st.attr().file_id
+        };
+        self.nodes.unbind_file_id(node.ino, file_id);
+        tracing::debug!(ino = node.ino, "an open file was deleted on the origin");
+        if let Some(n) = self.notifier.get() {
+            n.inval_attr(node.ino);
+        }
+        FsError::Origin(WireError::Stale)
     }
 
     /// Finds a fresh handle for `ino` by walking its names from the root.
@@ -355,6 +400,13 @@ impl HoardFs {
     pub(crate) fn attr_of(&self, node: &Node) -> FsResult<NodeAttr> {
         {
             let st = node.state.lock();
+            if st.is_deleted() {
+                // Nothing to ask the origin: only this client changes it now.
+                return Ok(NodeAttr {
+                    attr: st.attr(),
+                    ttl: Duration::ZERO,
+                });
+            }
             if st.attr_fresh(&self.config) {
                 return Ok(NodeAttr {
                     attr: st.attr(),
@@ -371,6 +423,12 @@ impl HoardFs {
         let since = self.callbacks.seq();
         match self.with_handle(node, |h| self.origin.getattr(h)) {
             Ok(a) => Ok(self.install_attr(node, a, since)),
+            Err(FsError::Origin(WireError::Stale)) if node.state.lock().is_deleted() => {
+                Ok(NodeAttr {
+                    attr: node.state.lock().attr(),
+                    ttl: Duration::ZERO,
+                })
+            }
             Err(FsError::Offline(_)) => Ok(NodeAttr {
                 attr: node.state.lock().attr(),
                 ttl: self.config.attr_ttl,

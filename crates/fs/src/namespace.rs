@@ -13,7 +13,7 @@ use hoardfs_origin::{Attr, Entry, FileKind, Owner, RENAME_EXCHANGE, SetAttrs, Wi
 
 use crate::nodes::{Ino, Node};
 use crate::read::{Access, Opened};
-use crate::{FsResult, HoardFs, ListedNode, NodeAttr};
+use crate::{FsError, FsResult, HoardFs, ListedNode, NodeAttr, ROOT_INO};
 
 /// A name the kernel learns of (by lookup or creation): its node, the node's attributes
 /// and how long the kernel may cache both.
@@ -139,6 +139,59 @@ impl HoardFs {
         self.remove(parent, name, false)
     }
 
+    /// The names leading from the root to directory `ino`, as this client last saw them.
+    pub(crate) fn components_of(&self, ino: Ino) -> Option<Vec<Vec<u8>>> {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        for _ in 0..4096 {
+            if cur == ROOT_INO {
+                parts.reverse();
+                return Some(parts);
+            }
+            let n = self.nodes.get(cur)?;
+            let st = n.state.lock();
+            parts.push(st.name().to_vec());
+            cur = st.parent();
+        }
+        None
+    }
+
+    /// At mount: removes the hidden names a previous run of this client journaled and
+    /// could not remove (it crashed, or the server was unreachable), walking their paths
+    /// from the root; those not removable now stay journaled.
+    pub(crate) fn remove_leftover_hidden_names(&self) {
+        let mut left = Vec::new();
+        for path in self.unlinked.journaled() {
+            let Some((name, dirs)) = path.split_last() else {
+                continue;
+            };
+            let root = match self.origin.info() {
+                Ok(i) => i.root.handle,
+                Err(_) => {
+                    left.push(path);
+                    continue;
+                }
+            };
+            let mut h = Ok(root);
+            for d in dirs {
+                h = h.and_then(|h| self.origin.lookup(h, d).map(|e| e.handle));
+            }
+            let r = h.and_then(|h| self.origin.unlink(h, name));
+            match r.map_err(FsError::from) {
+                Ok(()) => tracing::info!(
+                    name = %String::from_utf8_lossy(name),
+                    "removed the hidden name of a file a previous run had open"
+                ),
+                Err(FsError::Origin(WireError::NotFound | WireError::Stale)) => {}
+                Err(e) => {
+                    tracing::warn!("cannot remove a hidden name left by a previous run: {e}");
+                    left.push(path);
+                }
+            }
+        }
+        self.unlinked.cleaned(left);
+    }
+
     /// Removes an empty directory.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
         self.remove(parent, name, true)
@@ -162,14 +215,20 @@ impl HoardFs {
             });
         if let Some((ino, file_id)) = open_last_name {
             let hidden = self.unlinked.name_for(file_id);
-            self.rename(
+            let mut path = self.components_of(parent).unwrap_or_default();
+            path.push(hidden.clone());
+            // Journaled first: a crash after the rename leaves a name the next run removes.
+            self.unlinked.hiding(ino, parent, path);
+            if let Err(e) = self.rename(
                 parent,
                 name,
                 parent,
                 &hidden,
                 hoardfs_origin::RENAME_NOREPLACE,
-            )?;
-            self.unlinked.hid(ino, parent, hidden);
+            ) {
+                self.unlinked.not_hidden(ino);
+                return Err(e);
+            }
             return Ok(());
         }
         self.with_handle(&dir, |h| {

@@ -64,6 +64,9 @@ pub struct NodeState {
     dir: DirState,
     /// Cached object, opens and passthrough registration (regular files).
     pub(crate) opens: OpenState,
+    /// The origin no longer has the object (its last name was removed elsewhere while it
+    /// was open here): see [`NodeState::mark_deleted`].
+    deleted: bool,
 }
 
 impl NodeState {
@@ -138,6 +141,24 @@ impl NodeState {
     /// Keeps a freshly fetched listing.
     pub(crate) fn keep_listing(&mut self, listing: Arc<Listing>) {
         self.dir.keep_listing(listing);
+    }
+
+    /// Whether the origin no longer has the object (see [`NodeState::mark_deleted`]).
+    pub fn is_deleted(&self) -> bool {
+        self.deleted
+    }
+
+    /// The origin released the object while it is open here: from now on its attributes
+    /// are the last ones seen with a link count of zero, changed only by this client's
+    /// own writes, and nothing is asked of the origin about it.
+    pub(crate) fn mark_deleted(&mut self) {
+        self.deleted = true;
+        self.attr.nlink = 0;
+    }
+
+    /// Attributes changed by this client alone (a write to a deleted object).
+    pub(crate) fn set_local_attr(&mut self, attr: Attr) {
+        self.attr = attr;
     }
 
     /// Whether any open file refers to this node.
@@ -270,6 +291,7 @@ impl NodeTable {
                 lookups: 0,
                 dir: DirState::default(),
                 opens: OpenState::default(),
+                deleted: false,
             }),
             passthrough_released: Condvar::new(),
         })
@@ -336,6 +358,15 @@ impl NodeTable {
             p.state.lock().add_child(name, node.ino);
         }
         node
+    }
+
+    /// Forgets that `ino` is the node of `file_id` (its object is gone from the origin), so
+    /// that an object later given the same id gets a node of its own.
+    pub fn unbind_file_id(&self, ino: Ino, file_id: u64) {
+        let mut inner = self.inner.write();
+        if inner.by_file_id.get(&file_id) == Some(&ino) {
+            inner.by_file_id.remove(&file_id);
+        }
     }
 
     /// Drops `n` kernel lookups; true if the kernel now references the node no more. A

@@ -476,15 +476,34 @@ impl HoardFs {
         }
         let idle = st.is_idle();
         let still_open = st.is_open();
+        let deleted = st.is_deleted().then(|| st.attr().file_id);
         drop(st);
-        if !still_open && let Some((dir, hidden)) = self.unlinked.closed(of.node.ino) {
+        if !still_open && let Some((dir, hidden, path)) = self.unlinked.closed(of.node.ino) {
             // The last descriptor of a file unlinked while open: its hidden name goes now.
-            if let Err(e) = self.unlink(dir, &hidden) {
-                tracing::warn!("cannot remove the hidden name of an unlinked file: {e}");
-            }
+            let gone = match self.unlink(dir, &hidden) {
+                Ok(()) | Err(FsError::Origin(hoardfs_origin::WireError::NotFound)) => true,
+                Err(e) => {
+                    tracing::warn!("cannot remove the hidden name of an unlinked file: {e}");
+                    false
+                }
+            };
+            self.unlinked.removed(path, gone);
         }
         if idle {
             self.nodes.forget(of.node.ino, 0);
+        }
+        drop(of);
+        if !still_open
+            && let Some(file_id) = deleted
+            && let Some(cache) = self.objects.dir_if_any()
+        {
+            // A file deleted on the origin, closed for good (its open file's hold on the
+            // object is dropped): its cached bytes, with this client's writes that the
+            // origin never saw, must not outlive it.
+            match cache.evict(&self.objects.key(file_id)) {
+                Ok(b) => tracing::debug!(file_id, b, "cached object of a deleted file evicted"),
+                Err(e) => tracing::debug!(file_id, "cached object of a deleted file kept: {e}"),
+            }
         }
     }
 
