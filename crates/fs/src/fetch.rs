@@ -33,13 +33,54 @@ struct PrefetchJob {
     chunk: u64,
 }
 
-/// Sequential-read detection of one open file.
+/// Sequential-read detection of one open file, and its readahead window: it starts at
+/// the configured number of chunks and doubles (up to [`WINDOW_GROWTH`] times that) each
+/// time the reader keeps reading in order, so a long sequential read keeps more requests
+/// queued (what a store with a long first-byte latency needs), and drops back when the
+/// reader seeks.
 #[derive(Debug, Default)]
 pub(crate) struct Sequence {
     /// Where the next read starts if the reader is sequential.
     next: u64,
     /// The highest chunk already scheduled for readahead.
     scheduled_to: Option<u64>,
+    /// Current window in chunks (0: not started).
+    window: u64,
+}
+
+/// How far a readahead window grows, as a multiple of the configured one.
+pub(crate) const WINDOW_GROWTH: u64 = 4;
+
+impl Sequence {
+    /// A read of `offset..end` (last chunk `last`) of a file of `chunks` chunks: the chunks
+    /// to schedule now (`from..=to`), if the reader is sequential and any are left.
+    fn advance(
+        &mut self,
+        offset: u64,
+        end: u64,
+        last: u64,
+        base: u64,
+        chunks: u64,
+    ) -> Option<(u64, u64)> {
+        let sequential = offset == self.next || offset == 0;
+        self.next = end;
+        if !sequential {
+            self.window = 0;
+            return None;
+        }
+        self.window = if self.window == 0 {
+            base
+        } else {
+            (self.window * 2).min(base * WINDOW_GROWTH)
+        };
+        let from = self.scheduled_to.map_or(last + 1, |a| a.max(last) + 1);
+        let to = (last + self.window).min(chunks.saturating_sub(1));
+        if from > to {
+            return None;
+        }
+        self.scheduled_to = Some(to);
+        Some((from, to))
+    }
 }
 
 type FetchResult = FsResult<Arc<Recycled>>;
@@ -132,20 +173,12 @@ impl Fetcher {
         if window == 0 || of.mode == ModeKind::Passthrough {
             return;
         }
-        let (from, to) = {
-            let mut seq = of.seq.lock();
-            let sequential = offset == seq.next || offset == 0;
-            seq.next = end;
-            if !sequential {
-                return;
-            }
-            let from = seq.scheduled_to.map_or(last + 1, |a| a.max(last) + 1);
-            let to = (last + window).min(view.chunks().saturating_sub(1));
-            if from > to {
-                return;
-            }
-            seq.scheduled_to = Some(to);
-            (from, to)
+        let Some((from, to)) = of
+            .seq
+            .lock()
+            .advance(offset, end, last, window, view.chunks())
+        else {
+            return;
         };
         // Chunks already in the disk cache need no fetch: queueing them would only wake a
         // fetch thread (a cross-CPU wake-up) to find them there.
@@ -287,6 +320,30 @@ mod tests {
 
     use super::Fetcher;
     use crate::{FsConfig, FsError};
+
+    #[test]
+    fn the_readahead_window_grows_while_reading_in_order_and_restarts_on_a_seek() {
+        let mut s = super::Sequence::default();
+        let mb = 1 << 20;
+        // 1 MiB reads of a 1000-chunk file with a base window of 8 chunks.
+        assert_eq!(s.advance(0, mb, 0, 8, 1000), Some((1, 8)));
+        assert_eq!(s.advance(mb, 2 * mb, 1, 8, 1000), Some((9, 17)));
+        assert_eq!(s.advance(2 * mb, 3 * mb, 2, 8, 1000), Some((18, 34)));
+        assert_eq!(s.advance(3 * mb, 4 * mb, 3, 8, 1000), Some((35, 35)));
+        assert_eq!(
+            s.advance(4 * mb, 5 * mb, 4, 8, 1000),
+            Some((36, 36)),
+            "capped at 4x"
+        );
+        // A seek: nothing scheduled, and the window starts over.
+        assert_eq!(s.advance(500 * mb, 501 * mb, 500, 8, 1000), None);
+        assert_eq!(
+            s.advance(501 * mb, 502 * mb, 501, 8, 1000),
+            Some((502, 509))
+        );
+        // Never past the end of the file.
+        assert_eq!(s.advance(502 * mb, 503 * mb, 502, 8, 505), None);
+    }
 
     #[test]
     fn concurrent_misses_of_one_chunk_share_one_fetch() {

@@ -149,16 +149,11 @@ impl NodeState {
     }
 
     /// The origin released the object while it is open here: from now on its attributes
-    /// are the last ones seen with a link count of zero, changed only by this client's
-    /// own writes, and nothing is asked of the origin about it.
+    /// are the last ones seen with a link count of zero, and nothing is asked of the
+    /// origin about it.
     pub(crate) fn mark_deleted(&mut self) {
         self.deleted = true;
         self.attr.nlink = 0;
-    }
-
-    /// Attributes changed by this client alone (a write to a deleted object).
-    pub(crate) fn set_local_attr(&mut self, attr: Attr) {
-        self.attr = attr;
     }
 
     /// Whether any open file refers to this node.

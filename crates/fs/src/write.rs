@@ -29,12 +29,10 @@ impl HoardFs {
         let since = self.callbacks.seq();
         let append = of.access.append;
         let verifier = self.verifier();
-        let w = match self.with_handle(node, |h| self.origin.write(h, offset, data, append)) {
-            Err(FsError::Origin(WireError::Stale)) if node.state.lock().is_deleted() => {
-                return self.write_deleted(node, offset, data, append);
-            }
-            w => w?,
-        };
+        // A file removed elsewhere while open here answers `Stale` (ESTALE, as on NFS):
+        // this client cannot tell it from one renamed elsewhere and then forgotten by a
+        // restarted server, so it must not accept bytes that would go nowhere.
+        let w = self.with_handle(node, |h| self.origin.write(h, offset, data, append))?;
         // An origin cannot have written more than it was given (a remote one's replies
         // are checked for that, this guards any other).
         let Some(written) = data.get(..w.written as usize) else {
@@ -54,48 +52,6 @@ impl HoardFs {
             n.inval_attr(node.ino);
         }
         Ok(w.written)
-    }
-
-    /// A write to a file the origin no longer has (deleted elsewhere while open here): it
-    /// goes into the cached object only, where this client's descriptors read it back;
-    /// nobody else can see the file any more. Without room in the cache (or without a
-    /// cache) it fails with `ESTALE`.
-    fn write_deleted(&self, node: &Node, offset: u64, data: &[u8], append: bool) -> FsResult<u32> {
-        let stale = FsError::Origin(WireError::Stale);
-        let mut st = node.state.lock();
-        let mut attr = st.attr();
-        let offset = if append { attr.size } else { offset };
-        let end = offset.checked_add(data.len() as u64).ok_or(stale.clone())?;
-        let size = attr.size.max(end);
-        let Some(o) = st.opens.object() else {
-            return Err(stale);
-        };
-        match o.apply_write(attr.version, offset, data, attr.version, size) {
-            Ok(true) => {}
-            Ok(false) => return Err(stale),
-            Err(e) => {
-                tracing::warn!("cache update after a write failed: {e}");
-                Stats::add(&self.stats.cache_errors, 1);
-                return Err(stale);
-            }
-        }
-        attr.size = size;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        attr.mtime = hoardfs_origin::Timestamp {
-            secs: now.as_secs() as i64,
-            nanos: now.subsec_nanos(),
-        };
-        attr.ctime = attr.mtime;
-        st.set_local_attr(attr);
-        drop(st);
-        Stats::add(&self.stats.writes, 1);
-        Stats::add(&self.stats.bytes_written, data.len() as u64);
-        if let Some(n) = self.notifier.get() {
-            n.inval_attr(node.ino);
-        }
-        Ok(data.len() as u32)
     }
 
     /// Moves the node's cached object along with a write made through this client.
