@@ -143,7 +143,7 @@ impl NodeState {
         self.dir.keep_listing(listing);
     }
 
-    /// Whether the origin no longer has the object (see [`NodeState::mark_deleted`]).
+    /// Whether the origin no longer has the object (set by `mark_deleted`).
     pub fn is_deleted(&self) -> bool {
         self.deleted
     }

@@ -132,13 +132,10 @@ impl KernelNotifier for Notes {
 }
 
 /// Waits until `cond` holds (breaks are applied on their own thread, an origin's change
-/// reports arrive when they do), polling every millisecond; fails after 10 s.
-pub(crate) fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+/// reports arrive when they do).
+#[track_caller]
+pub(crate) fn wait_until(what: &str, cond: impl FnMut() -> bool) {
+    hoardfs_testutil::assert_eventually(what, cond);
 }
 
 struct Rig {

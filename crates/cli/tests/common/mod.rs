@@ -360,44 +360,8 @@ pub fn scratch() -> tempfile::TempDir {
     tempfile::tempdir_in("/var/tmp/hoardfs-tests").unwrap()
 }
 
-/// Polls `cond` every 5 ms until it holds or `timeout` passes; true if it held. The
-/// condition is always evaluated once more at the deadline.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return cond();
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// The bound used when polling for something that should happen "promptly" (callbacks:
-/// target 100 ms). Generous, but far below the 60 s attribute timeout the observers use.
-pub const PROMPTLY: Duration = Duration::from_secs(5);
-
-/// Panics with `what` and the last observed state unless `cond` holds within [`PROMPTLY`].
-/// `cond` returns `Ok(())` when satisfied, `Err(description of what it saw)` otherwise.
-#[track_caller]
-pub fn assert_soon(what: &str, mut cond: impl FnMut() -> Result<(), String>) {
-    let started = Instant::now();
-    let mut last = String::new();
-    let ok = wait_until(PROMPTLY, || match cond() {
-        Ok(()) => true,
-        Err(e) => {
-            last = e;
-            false
-        }
-    });
-    assert!(
-        ok,
-        "{what}: not true after {:?}; last seen: {last}",
-        started.elapsed()
-    );
-}
+#[allow(unused_imports)]
+pub use hoardfs_testutil::{PROMPTLY, assert_eventually, assert_soon, wait_until};
 
 impl Server {
     /// Serves `dir` on an ephemeral loopback port with extra `args` (e.g. `--read-only`).

@@ -113,15 +113,9 @@ pub fn config(token: Option<&[u8]>) -> ServerConfig {
     }
 }
 
-/// Polls `cond` for up to 5 s.
-pub fn eventually(mut cond: impl FnMut() -> bool) -> bool {
-    for _ in 0..500 {
-        if cond() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
-    false
+/// Polls `cond` for up to [`hoardfs_testutil::PROMPTLY`].
+pub fn eventually(cond: impl FnMut() -> bool) -> bool {
+    hoardfs_testutil::wait_until(hoardfs_testutil::PROMPTLY, cond)
 }
 
 pub const EPOCH: u64 = 77;
