@@ -169,6 +169,13 @@ impl Listings {
                     "{prefix:?} has more than {MAX_ENTRIES} entries"
                 )));
             }
+            // A store that keeps answering with a continuation token but no entries (or
+            // the token it was given) would keep us listing forever.
+            if pages.len() > MAX_ENTRIES / PAGE + 1 || (page.next.is_some() && page.next == token) {
+                return Err(S3Error::Protocol(format!(
+                    "the listing of {prefix:?} does not end"
+                )));
+            }
             token = page.next.clone();
             pages.push(page);
             if token.is_none() {
