@@ -25,6 +25,7 @@ fn objects_read_and_list_as_the_store_has_them_and_survive_the_store_going_away(
     g.put("data/big.bin", &big);
     g.put("data/sub/a.txt", b"alpha");
     g.put("top.txt", b"top");
+    g.put("prefetched/p.bin", &bytes(8, 3 << 20));
     // A directory marker, as `mkdir` in other tools makes (rclone cannot put one).
     let marker = g
         .curl()
@@ -46,7 +47,12 @@ fn objects_read_and_list_as_the_store_has_them_and_survive_the_store_going_away(
     top.sort();
     assert_eq!(
         top,
-        [b"data".to_vec(), b"empty-dir".to_vec(), b"top.txt".to_vec()]
+        [
+            b"data".to_vec(),
+            b"empty-dir".to_vec(),
+            b"prefetched".to_vec(),
+            b"top.txt".to_vec()
+        ]
     );
     assert!(m.p("empty-dir").is_dir(), "a marker object is a directory");
     assert!(list(&m.p("empty-dir")).unwrap().is_empty());
@@ -68,6 +74,9 @@ fn objects_read_and_list_as_the_store_has_them_and_survive_the_store_going_away(
         gets,
         "a cached file was fetched again"
     );
+    // `hoardfs prefetch` works on S3 mounts as on any other.
+    let (ok, _, err) = tool(&["prefetch", m.p("prefetched").to_str().unwrap(), "-q"]);
+    assert!(ok, "prefetch: {err}");
     m.unmount();
 
     // Every node down: a remount still lists what was listed and reads what was read.
@@ -79,10 +88,20 @@ fn objects_read_and_list_as_the_store_has_them_and_survive_the_store_going_away(
     top.sort();
     assert_eq!(
         top,
-        [b"data".to_vec(), b"empty-dir".to_vec(), b"top.txt".to_vec()]
+        [
+            b"data".to_vec(),
+            b"empty-dir".to_vec(),
+            b"prefetched".to_vec(),
+            b"top.txt".to_vec()
+        ]
     );
     assert_bytes_eq("offline read", &read(&m.p("data/big.bin")).unwrap(), &big);
     assert_eq!(read(&m.p("data/sub/a.txt")).unwrap(), b"alpha");
+    assert_bytes_eq(
+        "prefetched, never read",
+        &read(&m.p("prefetched/p.bin")).unwrap(),
+        &bytes(8, 3 << 20),
+    );
     assert_eq!(
         read(&m.p("top.txt")),
         Err(libc::EIO),
