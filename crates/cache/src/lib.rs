@@ -19,6 +19,7 @@
 //! (writes through this client), `recover` (orphan adoption and the scrub), `warm`
 //! (reading records ahead of the opens that need them).
 
+pub mod flight;
 pub mod index;
 pub mod meta;
 mod object;

@@ -7,12 +7,12 @@
 //! Lock ordering: the in-flight table is a leaf (never held while taking another lock or
 //! doing I/O), as is the readahead queue.
 
-use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 
+use hoardfs_cache::flight::Flights;
 use hoardfs_proto::buffers::Recycled;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use crate::nodes::{Ino, Node};
 use crate::read::{ModeKind, OpenFile, View};
@@ -85,31 +85,11 @@ impl Sequence {
 
 type FetchResult = FsResult<Arc<Recycled>>;
 
-#[derive(Default)]
-struct Flight {
-    done: Mutex<Option<FetchResult>>,
-    cv: Condvar,
-}
-
-impl Flight {
-    fn wait(&self) -> FetchResult {
-        let mut g = self.done.lock();
-        while g.is_none() {
-            self.cv.wait(&mut g);
-        }
-        g.clone().expect("set before notify")
-    }
-    fn complete(&self, r: FetchResult) {
-        *self.done.lock() = Some(r);
-        self.cv.notify_all();
-    }
-}
-
 /// Shared fetches and readahead: one fetch per chunk however many readers want it, and
 /// readahead jobs for sequential readers, run by a small pool of threads.
 pub(crate) struct Fetcher {
-    /// Fetches in progress, by chunk. Lock: a leaf.
-    inflight: Mutex<HashMap<ChunkKey, Arc<Flight>>>,
+    /// Fetches in progress, by chunk (one per chunk however many readers want it).
+    inflight: Flights<ChunkKey, FetchResult>,
     /// Chunks fetched ahead of a sequential reader.
     window: u64,
     /// Where readahead jobs go (`None` without threads, or once stopped).
@@ -142,7 +122,7 @@ impl Fetcher {
                 .expect("spawn fetch thread");
         }
         Fetcher {
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Flights::default(),
             window: config.readahead_chunks,
             queue: Mutex::new((threads > 0).then_some(tx)),
         }
@@ -209,25 +189,9 @@ impl Fetcher {
             version,
             chunk: c,
         };
-        let (flight, leader) = {
-            let mut m = self.inflight.lock();
-            match m.get(&key) {
-                Some(f) => (f.clone(), false),
-                None => {
-                    let f = Arc::new(Flight::default());
-                    m.insert(key, f.clone());
-                    (f, true)
-                }
-            }
-        };
-        if leader {
-            let r = fetch().map(|d| Arc::new(Recycled::from(d)));
-            self.inflight.lock().remove(&key);
-            flight.complete(r.clone());
-            r
-        } else {
-            flight.wait()
-        }
+        self.inflight
+            .run(key, || fetch().map(|d| Arc::new(Recycled::from(d))))
+            .0
     }
 }
 
@@ -356,12 +320,7 @@ mod tests {
             }));
             // The follower found this flight: its clone is the third reference.
             let deadline = Instant::now() + Duration::from_secs(10);
-            while f
-                .inflight
-                .lock()
-                .values()
-                .all(|fl| Arc::strong_count(fl) < 3)
-            {
+            while f.inflight.waiting() == 0 {
                 assert!(Instant::now() < deadline, "the follower never joined");
                 std::thread::yield_now();
             }
@@ -370,7 +329,7 @@ mod tests {
         let followed = follower.unwrap().join().unwrap();
         assert_eq!(**led.unwrap(), [1, 2, 3]);
         assert_eq!(**followed.unwrap(), [1, 2, 3]);
-        assert!(f.inflight.lock().is_empty());
+        assert_eq!(f.inflight.in_progress(), 0);
     }
 
     #[test]

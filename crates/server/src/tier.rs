@@ -9,25 +9,34 @@
 //! through, or a `getattr`), and every fetched piece must come back with that version to
 //! be stored, so the cache never mixes two versions of a file.
 //!
-//! Lock order: `known` and `inflight` are leaves, never held across origin calls or disk
-//! I/O; a chunk's fetch runs with no lock held, its followers wait on its `Flight`.
+//! Lock order: `known` is a leaf, never held across origin calls or disk I/O; a chunk's
+//! fetch runs with no lock held (`Flights`), its followers wait for its result.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use hoardfs_cache::flight::Flights;
 use hoardfs_cache::{CacheDir, CachedObject, ObjectKey};
 use hoardfs_origin::{
     Attr, BreakSink, DirPage, Entry, FileKind, FileRange, Handle, Origin, OriginError, OriginInfo,
     Owner, ReadReply, Result, SetAttrs, StatFs, WriteReply,
 };
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 /// Largest piece asked of the origin in one call.
 const PIECE: u64 = 8 << 20;
 /// Handles whose attributes are remembered.
 const KNOWN_MAX: usize = 1 << 20;
+
+/// A chunk of a version of a file: what one fetch is shared for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ChunkId {
+    file_id: u64,
+    version: u64,
+    chunk: u64,
+}
 
 /// What the tier knows of a file behind a handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,12 +44,6 @@ struct Known {
     file_id: u64,
     version: u64,
     size: u64,
-}
-
-#[derive(Default)]
-struct Flight {
-    done: Mutex<Option<Result<Arc<Vec<u8>>>>>,
-    cv: Condvar,
 }
 
 /// Counters of the tier's cache.
@@ -60,7 +63,7 @@ pub struct CachingOrigin {
     cache: CacheDir,
     export_id: u128,
     known: Mutex<(HashMap<Handle, Known>, VecDeque<Handle>)>,
-    inflight: Mutex<HashMap<(u64, u64, u64), Arc<Flight>>>,
+    inflight: Flights<ChunkId, Result<Arc<Vec<u8>>>>,
     /// Counters.
     pub stats: Arc<TierStats>,
 }
@@ -73,7 +76,7 @@ impl CachingOrigin {
             cache,
             export_id,
             known: Mutex::new((HashMap::new(), VecDeque::new())),
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Flights::default(),
             stats: Arc::default(),
         }
     }
@@ -124,30 +127,15 @@ impl CachingOrigin {
         obj: &CachedObject,
         c: u64,
     ) -> Result<Arc<Vec<u8>>> {
-        let key = (k.file_id, k.version, c);
-        let (flight, leader) = {
-            let mut m = self.inflight.lock();
-            match m.get(&key) {
-                Some(f) => (f.clone(), false),
-                None => {
-                    let f = Arc::new(Flight::default());
-                    m.insert(key, f.clone());
-                    (f, true)
-                }
-            }
+        let id = ChunkId {
+            file_id: k.file_id,
+            version: k.version,
+            chunk: c,
         };
-        if !leader {
+        let (r, led) = self.inflight.run(id, || self.fetch_chunk(h, k, obj, c));
+        if !led {
             self.stats.shared_fetches.fetch_add(1, Ordering::Relaxed);
-            let mut g = flight.done.lock();
-            while g.is_none() {
-                flight.cv.wait(&mut g);
-            }
-            return g.clone().expect("set");
         }
-        let r = self.fetch_chunk(h, k, obj, c);
-        self.inflight.lock().remove(&key);
-        *flight.done.lock() = Some(r.clone());
-        flight.cv.notify_all();
         r
     }
 
