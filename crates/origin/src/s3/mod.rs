@@ -3,7 +3,9 @@
 //! Module map: `client` (the S3 requests, signed by `rusty-s3`, carried by `ureq`),
 //! `credentials` (the AWS chain: environment and profile files), `location` (paths ↔
 //! keys), `nodes` (handles ↔ paths; identities and versions), `listings` (directory
-//! snapshots in memory and on disk), `staging` (files being written, uploaded on close).
+//! snapshots in memory and on disk), `resolve` (what is at a path; attributes, entries,
+//! change reports), `modify` (namespace changes), `staging` (files being written,
+//! uploaded on close), `watch` (change reports for a tier), `options`.
 //!
 //! S3 has no callbacks, so this origin does not subscribe: the file-system layer
 //! revalidates by time (`--metadata-ttl`). A file's version is a hash of its ETag and
@@ -21,93 +23,30 @@ pub mod client;
 pub mod credentials;
 pub mod listings;
 pub mod location;
+mod modify;
 pub mod nodes;
+mod options;
+mod resolve;
 mod staging;
 pub mod watch;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hoardfs_proto::{
-    Attr, DirEntry, Entry, FileKind, Handle, Owner, RENAME_EXCHANGE, RENAME_NOREPLACE, SetAttrs,
-    StatFs, Timestamp, WireError,
+    Attr, DirEntry, Entry, FileKind, Handle, Owner, SetAttrs, StatFs, Timestamp, WireError,
 };
 use parking_lot::Mutex;
 
-use self::client::{ClientConfig, ObjectInfo, S3Client, S3Error};
+use self::client::{ClientConfig, S3Client, S3Error};
 use self::listings::{Listed, Listings};
-use self::location::{S3Location, join, split, valid_name};
-use self::nodes::{NodeTable, S3Node, file_id, version};
+use self::location::{join, split, valid_name};
+use self::nodes::{NodeTable, S3Node, version};
 use self::staging::Staging;
 use crate::{DirPage, Origin, OriginError, OriginInfo, ReadReply, Result, WriteReply};
 
 pub use self::credentials::CredentialSource;
-
-/// How an S3 origin is set up.
-#[derive(Debug, Clone)]
-pub struct S3Options {
-    /// Bucket and prefix.
-    pub location: S3Location,
-    /// Endpoint URL.
-    pub endpoint: String,
-    /// Region for signatures.
-    pub region: String,
-    /// Path-style URLs.
-    pub path_style: bool,
-    /// Credentials (`None`: unsigned).
-    pub credentials: Option<rusty_s3::Credentials>,
-    /// How long a request may wait.
-    pub timeout: Duration,
-    /// How long listings and negative lookups are trusted.
-    pub metadata_ttl: Duration,
-    /// The bucket never changes: listings are trusted forever.
-    pub immutable: bool,
-    /// Refuse modifications.
-    pub read_only: bool,
-    /// Where listings and files being written are kept (`None`: memory and a temp dir).
-    pub state_dir: Option<PathBuf>,
-    /// Owner shown for every file.
-    pub uid: u32,
-    /// Group shown for every file.
-    pub gid: u32,
-    /// Permission bits of files.
-    pub file_mode: u16,
-    /// Permission bits of directories.
-    pub dir_mode: u16,
-    /// Objects up to this size are uploaded in one PUT; larger ones in parts.
-    pub multipart_threshold: u64,
-    /// Size of each uploaded part.
-    pub part_size: u64,
-    /// Report changes to subscribers by listing the directories in use every
-    /// `metadata_ttl` (for a server exporting the bucket; module `watch`).
-    pub watch: bool,
-}
-
-impl S3Options {
-    /// Defaults for `location` at `endpoint` (no credentials, 1 s TTL, read-write).
-    pub fn new(location: S3Location, endpoint: String, region: String) -> S3Options {
-        S3Options {
-            location,
-            endpoint,
-            region,
-            path_style: false,
-            credentials: None,
-            timeout: Duration::from_secs(15),
-            metadata_ttl: Duration::from_secs(1),
-            immutable: false,
-            read_only: false,
-            state_dir: None,
-            uid: unsafe { libc::getuid() },
-            gid: unsafe { libc::getgid() },
-            file_mode: 0o644,
-            dir_mode: 0o755,
-            multipart_threshold: 16 << 20,
-            part_size: 8 << 20,
-            watch: false,
-        }
-    }
-}
+pub use self::options::S3Options;
 
 /// The S3 origin.
 pub struct S3Origin {
@@ -126,11 +65,6 @@ pub struct S3Origin {
     started: Timestamp,
     connected: std::sync::atomic::AtomicBool,
 }
-
-const NEGATIVE_MAX: usize = 10_000;
-/// Directories of at most this many entries are listed again to answer a lookup once
-/// their listing expired (larger ones get a HEAD and a one-key listing per name).
-const RELIST_MAX: usize = 10_000;
 
 impl S3Origin {
     /// An origin for `opts`. Does not contact the store (see [`Origin::info`]).
@@ -222,11 +156,17 @@ impl S3Origin {
         }
     }
 
+    /// The store answered: it is reachable.
+    fn reached(&self) {
+        self.connected
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `r` as an origin result, noting whether the store was reachable.
     fn ok<T>(&self, r: std::result::Result<T, S3Error>) -> Result<T> {
         match r {
             Ok(v) => {
-                self.connected
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                self.reached();
                 Ok(v)
             }
             Err(e) => Err(self.err(e)),
@@ -239,294 +179,6 @@ impl S3Origin {
             return Err(WireError::NotDir.into());
         }
         Ok(n)
-    }
-
-    fn dir_attr(&self, path: &str) -> Attr {
-        Attr {
-            file_id: if path.is_empty() {
-                1
-            } else {
-                file_id(path, FileKind::Dir)
-            },
-            version: 1,
-            kind: FileKind::Dir,
-            perm: self.opts.dir_mode,
-            nlink: 2,
-            uid: self.opts.uid,
-            gid: self.opts.gid,
-            size: 0,
-            blocks: 0,
-            rdev: 0,
-            blksize: 4096,
-            atime: self.started,
-            mtime: self.started,
-            ctime: self.started,
-        }
-    }
-
-    fn file_attr(&self, path: &str, info: &ObjectInfo, version: u64) -> Attr {
-        let t = Timestamp {
-            secs: info.mtime,
-            nanos: 0,
-        };
-        Attr {
-            file_id: file_id(path, FileKind::File),
-            version,
-            kind: FileKind::File,
-            perm: self.opts.file_mode,
-            nlink: 1,
-            uid: self.opts.uid,
-            gid: self.opts.gid,
-            size: info.size,
-            blocks: info.size.div_ceil(512),
-            rdev: 0,
-            blksize: 1 << 17,
-            atime: t,
-            mtime: t,
-            ctime: t,
-        }
-    }
-
-    /// The entry for a file at `path` as the store last described it (or as staged here).
-    fn file_entry(&self, path: &str, info: ObjectInfo) -> Entry {
-        let staged = self.staging.attr(path, self);
-        let attr = staged.unwrap_or_else(|| self.file_attr(path, &info, version(&info)));
-        let handle = self.learn(path, info);
-        Entry { handle, attr }
-    }
-
-    /// Records what the store says the object at `path` is now. If that differs from what
-    /// clients were told before, subscribers hear of it: whichever request notices a
-    /// change (a lookup, a getattr, a listing) reports it, so none goes unreported.
-    fn learn(&self, path: &str, info: ObjectInfo) -> Handle {
-        let before = self.table.known(path, FileKind::File);
-        let sink = self.sink.lock().clone();
-        if let Some(prev) = before.as_ref().and_then(|n| n.info.as_ref())
-            && *prev != info
-            && let Some(sink) = sink
-        {
-            sink(vec![hoardfs_proto::Break::Attr {
-                file_id: file_id(path, FileKind::File),
-                version: 0,
-            }]);
-        }
-        self.table.put(S3Node {
-            path: path.to_string(),
-            kind: FileKind::File,
-            info: Some(info),
-        })
-    }
-
-    fn dir_entry(&self, path: &str) -> Entry {
-        let handle = self.table.put(S3Node {
-            path: path.to_string(),
-            kind: FileKind::Dir,
-            info: None,
-        });
-        Entry {
-            handle,
-            attr: self.dir_attr(path),
-        }
-    }
-
-    fn listed_entry(&self, path: &str, l: &Listed) -> Entry {
-        match l {
-            Listed::Dir => self.dir_entry(path),
-            Listed::File(info) => self.file_entry(path, info.clone()),
-        }
-    }
-
-    /// The listing of the directory at `path`: fresh, or from the store, or (store
-    /// unreachable) the last one kept.
-    fn listing(&self, path: &str) -> Result<Arc<listings::Snapshot>> {
-        if self.opts.watch {
-            self.watched.touch(path);
-        }
-        let prefix = self.opts.location.dir_prefix(path);
-        if let Some(s) = self.listings.fresh(&prefix) {
-            return Ok(s);
-        }
-        let sink = self.sink.lock().clone();
-        let r = watch::relist(
-            &self.client,
-            &self.opts.location,
-            &self.listings,
-            &self.table,
-            sink.as_ref(),
-            path,
-        );
-        match r {
-            Ok(s) => {
-                self.ok(Ok(()))?;
-                Ok(s)
-            }
-            Err(e) => {
-                let e = self.err(e);
-                if e.is_offline()
-                    && let Some(s) = self.listings.any(&prefix)
-                {
-                    return Ok(s);
-                }
-                Err(e)
-            }
-        }
-    }
-
-    fn negative_fresh(&self, path: &str) -> bool {
-        if self.opts.metadata_ttl.is_zero() && !self.opts.immutable {
-            return false;
-        }
-        let g = self.negative.lock();
-        g.get(path)
-            .is_some_and(|t| self.opts.immutable || t.elapsed() < self.opts.metadata_ttl)
-    }
-
-    fn remember_missing(&self, path: &str) {
-        let mut g = self.negative.lock();
-        if g.len() >= NEGATIVE_MAX {
-            g.clear();
-        }
-        g.insert(path.to_string(), Instant::now());
-    }
-
-    /// A change made here: forget cached answers about `path` and its directory.
-    fn changed(&self, path: &str) {
-        self.negative.lock().remove(path);
-        let (parent, _) = split(path);
-        self.listings.expire(&self.opts.location.dir_prefix(parent));
-    }
-
-    /// Tells subscribers (the clients of a server exporting this origin) that `path` now
-    /// names an object of kind `now` (`None`: nothing).
-    fn report(&self, path: &str, now: Option<FileKind>) {
-        let Some(sink) = self.sink.lock().clone() else {
-            return;
-        };
-        let (parent, name) = split(path);
-        let dir_id = if parent.is_empty() {
-            1
-        } else {
-            file_id(parent, FileKind::Dir)
-        };
-        let mut breaks = vec![hoardfs_proto::Break::Entry {
-            dir_id,
-            name: name.as_bytes().to_vec(),
-            file_id: now.map(|k| file_id(path, k)),
-        }];
-        if let Some(k) = now {
-            breaks.push(hoardfs_proto::Break::Attr {
-                file_id: file_id(path, k),
-                version: 0,
-            });
-        }
-        sink(breaks);
-    }
-
-    /// What is at `path` now: from a fresh listing of its directory if there is one,
-    /// else from the store (HEAD of the key, then a one-key listing of the prefix).
-    fn resolve(&self, path: &str) -> Result<Entry> {
-        if let Some(attr) = self.staging.attr(path, self) {
-            let handle = self.table.put(S3Node {
-                path: path.into(),
-                kind: FileKind::File,
-                info: None,
-            });
-            return Ok(Entry { handle, attr });
-        }
-        let (parent, name) = split(path);
-        if self.opts.watch {
-            self.watched.touch(parent);
-        }
-        let prefix = self.opts.location.dir_prefix(parent);
-        let listed = match self.listings.fresh(&prefix) {
-            Some(s) => Some(s),
-            // A directory listed before (and not huge) is listed again: one request
-            // answers this name and, for the next TTL, its neighbours (`find`, `ls -l`,
-            // a build reading a source tree), where a probe would cost two per name.
-            None if self
-                .listings
-                .any(&prefix)
-                .is_some_and(|s| s.entries.len() <= RELIST_MAX) =>
-            {
-                Some(self.listing(parent)?)
-            }
-            None => None,
-        };
-        if let Some(s) = listed {
-            return match s.get(name) {
-                Some(l) => Ok(self.listed_entry(path, l)),
-                None => Err(WireError::NotFound.into()),
-            };
-        }
-        if self.negative_fresh(path) {
-            return Err(WireError::NotFound.into());
-        }
-        let r = self
-            .client
-            .any_under(&self.opts.location.dir_prefix(path))
-            .and_then(|dir| {
-                if dir {
-                    return Ok(None);
-                }
-                self.client.head(&self.opts.location.key(path)).map(Some)
-            });
-        match r {
-            Ok(None) => {
-                self.ok(Ok(()))?;
-                self.listings.remember(path, &Listed::Dir);
-                Ok(self.dir_entry(path))
-            }
-            Ok(Some(info)) => {
-                self.ok(Ok(()))?;
-                self.listings.remember(path, &Listed::File(info.clone()));
-                Ok(self.file_entry(path, info))
-            }
-            Err(S3Error::NotFound) => {
-                self.ok(Ok(()))?;
-                self.remember_missing(path);
-                Err(WireError::NotFound.into())
-            }
-            Err(e) => {
-                let e = self.err(e);
-                if e.is_offline() {
-                    // Unreachable: answer from the last listing of the directory, or
-                    // from what an earlier lookup of this very name found.
-                    if let Some(s) = self.listings.any(&self.opts.location.dir_prefix(parent)) {
-                        return match s.get(name) {
-                            Some(l) => Ok(self.listed_entry(path, l)),
-                            None => Err(WireError::NotFound.into()),
-                        };
-                    }
-                    if let Some(l) = self.listings.recall(path) {
-                        return Ok(self.listed_entry(path, &l));
-                    }
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// The node's object as the store has it now (HEAD), or the last seen while the
-    /// store is unreachable.
-    fn current(&self, n: &S3Node) -> Result<ObjectInfo> {
-        match self.client.head(&self.opts.location.key(&n.path)) {
-            Ok(info) => {
-                self.ok(Ok(()))?;
-                self.learn(&n.path, info.clone());
-                Ok(info)
-            }
-            Err(S3Error::NotFound) => {
-                self.ok(Ok(()))?;
-                Err(WireError::Stale.into())
-            }
-            Err(e) => {
-                let e = self.err(e);
-                match (&n.info, e.is_offline()) {
-                    (Some(i), true) => Ok(i.clone()),
-                    _ => Err(e),
-                }
-            }
-        }
     }
 
     fn writable(&self) -> Result<()> {
@@ -555,7 +207,7 @@ impl Origin for S3Origin {
         // One cheap request proves the bucket and the credentials; an unreachable store
         // is not an error here (listings kept on disk can still be served).
         match self.client.list_page(&self.opts.location.prefix, None, 1) {
-            Ok(_) => self.ok(Ok(()))?,
+            Ok(_) => self.reached(),
             Err(S3Error::NotFound) => {
                 return Err(OriginError::Protocol(format!(
                     "bucket {:?} does not exist at {}",
@@ -686,7 +338,7 @@ impl Origin for S3Origin {
                 .get_range(&self.opts.location.key(&n.path), &info.etag, offset, want)
             {
                 Ok(data) => {
-                    self.ok(Ok(()))?;
+                    self.reached();
                     return Ok(ReadReply {
                         data,
                         version: version(&info),
@@ -761,88 +413,19 @@ impl Origin for S3Origin {
         exclusive: bool,
         _owner: Owner,
     ) -> Result<Entry> {
-        self.writable()?;
-        let path = self.child_path(parent, name)?;
-        match self.resolve(&path) {
-            Ok(e) if e.attr.kind == FileKind::Dir => return Err(WireError::IsDir.into()),
-            Ok(_) if exclusive => return Err(WireError::Exists.into()),
-            Ok(e) => return Ok(e),
-            Err(OriginError::Fs(WireError::NotFound)) => {}
-            Err(e) => return Err(e),
-        }
-        self.staging
-            .create(&path)
-            .map_err(|e| OriginError::Fs(io_error(&e)))?;
-        self.changed(&path);
-        self.report(&path, Some(FileKind::File));
-        self.resolve(&path)
+        self.create_file(parent, name, exclusive)
     }
 
     fn mkdir(&self, parent: Handle, name: &[u8], _mode: u32, _owner: Owner) -> Result<Entry> {
-        self.writable()?;
-        let path = self.child_path(parent, name)?;
-        match self.resolve(&path) {
-            Ok(_) => return Err(WireError::Exists.into()),
-            Err(OriginError::Fs(WireError::NotFound)) => {}
-            Err(e) => return Err(e),
-        }
-        let marker = self.opts.location.dir_prefix(&path);
-        let r = self.client.put(&marker, &[], client::PutCondition::Absent);
-        self.ok(r)?;
-        self.changed(&path);
-        self.report(&path, Some(FileKind::Dir));
-        Ok(self.dir_entry(&path))
+        self.make_dir(parent, name)
     }
 
     fn unlink(&self, parent: Handle, name: &[u8]) -> Result<()> {
-        self.writable()?;
-        let path = self.child_path(parent, name)?;
-        let e = self.resolve(&path)?;
-        if e.attr.kind == FileKind::Dir {
-            return Err(WireError::IsDir.into());
-        }
-        let was_staged_only = self.staging.discard(&path);
-        if !was_staged_only {
-            let r = self.client.delete(&self.opts.location.key(&path));
-            self.ok(r)?;
-        }
-        self.table.forget(&path, FileKind::File);
-        self.changed(&path);
-        self.report(&path, None);
-        Ok(())
+        self.remove_file(parent, name)
     }
 
     fn rmdir(&self, parent: Handle, name: &[u8]) -> Result<()> {
-        self.writable()?;
-        let path = self.child_path(parent, name)?;
-        match self.resolve(&path) {
-            Ok(e) if e.attr.kind != FileKind::Dir => return Err(WireError::NotDir.into()),
-            Ok(_) => {}
-            // A directory that existed only through the keys under it vanished with the
-            // last of them (`rm -r` removes the files first): removing it succeeds.
-            Err(OriginError::Fs(WireError::NotFound))
-                if self.table.known(&path, FileKind::Dir).is_some() =>
-            {
-                self.table.forget(&path, FileKind::Dir);
-                self.changed(&path);
-                return Ok(());
-            }
-            Err(e) => return Err(e),
-        }
-        let prefix = self.opts.location.dir_prefix(&path);
-        let page = self.client.list_page(&prefix, None, 2);
-        let page = self.ok(page)?;
-        let others = page.objects.iter().any(|(k, _)| *k != prefix) || !page.prefixes.is_empty();
-        if others || !self.staging.new_files_in(&path).is_empty() {
-            return Err(WireError::NotEmpty.into());
-        }
-        let r = self.client.delete(&prefix);
-        self.ok(r)?;
-        self.table.forget(&path, FileKind::Dir);
-        self.changed(&path);
-        self.listings.expire(&prefix);
-        self.report(&path, None);
-        Ok(())
+        self.remove_dir(parent, name)
     }
 
     fn rename(
@@ -853,45 +436,7 @@ impl Origin for S3Origin {
         new_name: &[u8],
         flags: u32,
     ) -> Result<()> {
-        self.writable()?;
-        if flags & RENAME_EXCHANGE != 0 {
-            return Err(WireError::Unsupported.into());
-        }
-        let from = self.child_path(parent, name)?;
-        let to = self.child_path(new_parent, new_name)?;
-        let src = self.resolve(&from)?;
-        if src.attr.kind == FileKind::Dir {
-            // A directory is every key under it: no atomic way to move them.
-            return Err(WireError::CrossDevice.into());
-        }
-        if from == to {
-            return Ok(());
-        }
-        match self.resolve(&to) {
-            Ok(e) if e.attr.kind == FileKind::Dir => return Err(WireError::IsDir.into()),
-            Ok(_) if flags & RENAME_NOREPLACE != 0 => return Err(WireError::Exists.into()),
-            Ok(_) | Err(OriginError::Fs(WireError::NotFound)) => {}
-            Err(e) => return Err(e),
-        }
-        // Pending writes reach the store first, then copy + delete (not atomic).
-        self.staging.upload(&from, self)?;
-        let n = self.table.get(self.resolve(&from)?.handle)?;
-        let info = self.current(&n)?;
-        let r = self.client.copy(
-            &self.opts.location.key(&from),
-            &info.etag,
-            &self.opts.location.key(&to),
-        );
-        self.ok(r)?;
-        let r = self.client.delete(&self.opts.location.key(&from));
-        self.ok(r)?;
-        self.table.forget(&from, FileKind::File);
-        self.table.forget(&to, FileKind::File);
-        self.changed(&from);
-        self.changed(&to);
-        self.report(&from, None);
-        self.report(&to, Some(FileKind::File));
-        Ok(())
+        self.rename_file(parent, name, new_parent, new_name, flags)
     }
 
     fn link(&self, _handle: Handle, _parent: Handle, _name: &[u8]) -> Result<Entry> {

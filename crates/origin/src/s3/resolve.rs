@@ -1,0 +1,315 @@
+//! What is at a path, as this origin answers it: from a fresh listing, from the store
+//! (HEAD of the key, a one-key listing of the prefix), or, while the store is
+//! unreachable, from the listings and lookups kept on disk; the attributes and entries
+//! it hands out; and the bookkeeping of changes (expiring cached answers, reporting to
+//! subscribers). `learn` is where every new fact about a file enters the handle table, so
+//! a changed object is reported whichever request noticed it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hoardfs_proto::{Attr, Entry, FileKind, Handle, Timestamp, WireError};
+
+use super::S3Origin;
+use super::client::{ObjectInfo, S3Error};
+use super::listings::{self, Listed};
+use super::location::split;
+use super::nodes::{S3Node, file_id, version};
+use super::watch;
+use crate::Result;
+
+/// Most "no such name" answers remembered.
+const NEGATIVE_MAX: usize = 10_000;
+/// Directories of at most this many entries are listed again to answer a lookup once
+/// their listing expired (larger ones get a HEAD and a one-key listing per name).
+const RELIST_MAX: usize = 10_000;
+
+impl S3Origin {
+    pub(super) fn dir_attr(&self, path: &str) -> Attr {
+        Attr {
+            file_id: if path.is_empty() {
+                1
+            } else {
+                file_id(path, FileKind::Dir)
+            },
+            version: 1,
+            kind: FileKind::Dir,
+            perm: self.opts.dir_mode,
+            nlink: 2,
+            uid: self.opts.uid,
+            gid: self.opts.gid,
+            size: 0,
+            blocks: 0,
+            rdev: 0,
+            blksize: 4096,
+            atime: self.started,
+            mtime: self.started,
+            ctime: self.started,
+        }
+    }
+
+    pub(super) fn file_attr(&self, path: &str, info: &ObjectInfo, version: u64) -> Attr {
+        let t = Timestamp {
+            secs: info.mtime,
+            nanos: 0,
+        };
+        Attr {
+            file_id: file_id(path, FileKind::File),
+            version,
+            kind: FileKind::File,
+            perm: self.opts.file_mode,
+            nlink: 1,
+            uid: self.opts.uid,
+            gid: self.opts.gid,
+            size: info.size,
+            blocks: info.size.div_ceil(512),
+            rdev: 0,
+            blksize: 1 << 17,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        }
+    }
+
+    /// The entry for a file at `path` as the store last described it (or as staged here).
+    pub(super) fn file_entry(&self, path: &str, info: ObjectInfo) -> Entry {
+        let staged = self.staging.attr(path, self);
+        let attr = staged.unwrap_or_else(|| self.file_attr(path, &info, version(&info)));
+        let handle = self.learn(path, info);
+        Entry { handle, attr }
+    }
+
+    /// Records what the store says the object at `path` is now. If that differs from what
+    /// clients were told before, subscribers hear of it: whichever request notices a
+    /// change (a lookup, a getattr, a listing) reports it, so none goes unreported.
+    pub(super) fn learn(&self, path: &str, info: ObjectInfo) -> Handle {
+        let before = self.table.known(path, FileKind::File);
+        let sink = self.sink.lock().clone();
+        if let Some(prev) = before.as_ref().and_then(|n| n.info.as_ref())
+            && *prev != info
+            && let Some(sink) = sink
+        {
+            sink(vec![hoardfs_proto::Break::Attr {
+                file_id: file_id(path, FileKind::File),
+                version: 0,
+            }]);
+        }
+        self.table.put(S3Node {
+            path: path.to_string(),
+            kind: FileKind::File,
+            info: Some(info),
+        })
+    }
+
+    pub(super) fn dir_entry(&self, path: &str) -> Entry {
+        let handle = self.table.put(S3Node {
+            path: path.to_string(),
+            kind: FileKind::Dir,
+            info: None,
+        });
+        Entry {
+            handle,
+            attr: self.dir_attr(path),
+        }
+    }
+
+    pub(super) fn listed_entry(&self, path: &str, l: &Listed) -> Entry {
+        match l {
+            Listed::Dir => self.dir_entry(path),
+            Listed::File(info) => self.file_entry(path, info.clone()),
+        }
+    }
+
+    /// The listing of the directory at `path`: fresh, or from the store, or (store
+    /// unreachable) the last one kept.
+    pub(super) fn listing(&self, path: &str) -> Result<Arc<listings::Snapshot>> {
+        if self.opts.watch {
+            self.watched.touch(path);
+        }
+        let prefix = self.opts.location.dir_prefix(path);
+        if let Some(s) = self.listings.fresh(&prefix) {
+            return Ok(s);
+        }
+        let sink = self.sink.lock().clone();
+        let r = watch::relist(
+            &self.client,
+            &self.opts.location,
+            &self.listings,
+            &self.table,
+            sink.as_ref(),
+            path,
+        );
+        match r {
+            Ok(s) => {
+                self.reached();
+                Ok(s)
+            }
+            Err(e) => {
+                let e = self.err(e);
+                if e.is_offline()
+                    && let Some(s) = self.listings.any(&prefix)
+                {
+                    return Ok(s);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn negative_fresh(&self, path: &str) -> bool {
+        if self.opts.metadata_ttl.is_zero() && !self.opts.immutable {
+            return false;
+        }
+        let g = self.negative.lock();
+        g.get(path)
+            .is_some_and(|t| self.opts.immutable || t.elapsed() < self.opts.metadata_ttl)
+    }
+
+    pub(super) fn remember_missing(&self, path: &str) {
+        let mut g = self.negative.lock();
+        if g.len() >= NEGATIVE_MAX {
+            g.clear();
+        }
+        g.insert(path.to_string(), Instant::now());
+    }
+
+    /// A change made here: forget cached answers about `path` and its directory.
+    pub(super) fn changed(&self, path: &str) {
+        self.negative.lock().remove(path);
+        let (parent, _) = split(path);
+        self.listings.expire(&self.opts.location.dir_prefix(parent));
+    }
+
+    /// Tells subscribers (the clients of a server exporting this origin) that `path` now
+    /// names an object of kind `now` (`None`: nothing).
+    pub(super) fn report(&self, path: &str, now: Option<FileKind>) {
+        let Some(sink) = self.sink.lock().clone() else {
+            return;
+        };
+        let (parent, name) = split(path);
+        let dir_id = if parent.is_empty() {
+            1
+        } else {
+            file_id(parent, FileKind::Dir)
+        };
+        let mut breaks = vec![hoardfs_proto::Break::Entry {
+            dir_id,
+            name: name.as_bytes().to_vec(),
+            file_id: now.map(|k| file_id(path, k)),
+        }];
+        if let Some(k) = now {
+            breaks.push(hoardfs_proto::Break::Attr {
+                file_id: file_id(path, k),
+                version: 0,
+            });
+        }
+        sink(breaks);
+    }
+
+    /// What is at `path` now: from a fresh listing of its directory if there is one,
+    /// else from the store (HEAD of the key, then a one-key listing of the prefix).
+    pub(super) fn resolve(&self, path: &str) -> Result<Entry> {
+        if let Some(attr) = self.staging.attr(path, self) {
+            let handle = self.table.put(S3Node {
+                path: path.into(),
+                kind: FileKind::File,
+                info: None,
+            });
+            return Ok(Entry { handle, attr });
+        }
+        let (parent, name) = split(path);
+        if self.opts.watch {
+            self.watched.touch(parent);
+        }
+        let prefix = self.opts.location.dir_prefix(parent);
+        let listed = match self.listings.fresh(&prefix) {
+            Some(s) => Some(s),
+            // A directory listed before (and not huge) is listed again: one request
+            // answers this name and, for the next TTL, its neighbours (`find`, `ls -l`,
+            // a build reading a source tree), where a probe would cost two per name.
+            None if self
+                .listings
+                .any(&prefix)
+                .is_some_and(|s| s.entries.len() <= RELIST_MAX) =>
+            {
+                Some(self.listing(parent)?)
+            }
+            None => None,
+        };
+        if let Some(s) = listed {
+            return match s.get(name) {
+                Some(l) => Ok(self.listed_entry(path, l)),
+                None => Err(WireError::NotFound.into()),
+            };
+        }
+        if self.negative_fresh(path) {
+            return Err(WireError::NotFound.into());
+        }
+        let r = self
+            .client
+            .any_under(&self.opts.location.dir_prefix(path))
+            .and_then(|dir| {
+                if dir {
+                    return Ok(None);
+                }
+                self.client.head(&self.opts.location.key(path)).map(Some)
+            });
+        match r {
+            Ok(None) => {
+                self.reached();
+                self.listings.remember(path, &Listed::Dir);
+                Ok(self.dir_entry(path))
+            }
+            Ok(Some(info)) => {
+                self.reached();
+                self.listings.remember(path, &Listed::File(info.clone()));
+                Ok(self.file_entry(path, info))
+            }
+            Err(S3Error::NotFound) => {
+                self.reached();
+                self.remember_missing(path);
+                Err(WireError::NotFound.into())
+            }
+            Err(e) => {
+                let e = self.err(e);
+                if e.is_offline() {
+                    // Unreachable: answer from the last listing of the directory, or
+                    // from what an earlier lookup of this very name found.
+                    if let Some(s) = self.listings.any(&self.opts.location.dir_prefix(parent)) {
+                        return match s.get(name) {
+                            Some(l) => Ok(self.listed_entry(path, l)),
+                            None => Err(WireError::NotFound.into()),
+                        };
+                    }
+                    if let Some(l) = self.listings.recall(path) {
+                        return Ok(self.listed_entry(path, &l));
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The node's object as the store has it now (HEAD), or the last seen while the
+    /// store is unreachable.
+    pub(super) fn current(&self, n: &S3Node) -> Result<ObjectInfo> {
+        match self.client.head(&self.opts.location.key(&n.path)) {
+            Ok(info) => {
+                self.reached();
+                self.learn(&n.path, info.clone());
+                Ok(info)
+            }
+            Err(S3Error::NotFound) => {
+                self.reached();
+                Err(WireError::Stale.into())
+            }
+            Err(e) => {
+                let e = self.err(e);
+                match (&n.info, e.is_offline()) {
+                    (Some(i), true) => Ok(i.clone()),
+                    _ => Err(e),
+                }
+            }
+        }
+    }
+}
