@@ -3,7 +3,9 @@
 //!
 //! [`Garage::start`] returns once every node reports "fully operational" on `/health` and a
 //! bucket plus an access key with read/write/owner rights on it exist. `rclone` (configured
-//! only by environment variables, remote `garage:`) is the independent S3 client.
+//! only by environment variables, remote `garage:`) is the independent S3 client; the
+//! clients pointed at the cluster (rclone, curl, `hoardfs` mounts and tiers) are in
+//! `clients`.
 //!
 //! The binary comes from [`garage_bin`]: `$HOARDFS_GARAGE`, else the copy `.ci/run` builds
 //! into `~/.cache/hoardfs-test/garage-2.5.0/bin/garage`. A missing binary fails the test
@@ -16,6 +18,8 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+mod clients;
 
 /// The S3 region every node announces (`[s3_api] s3_region`).
 pub const REGION: &str = "garage";
@@ -591,121 +595,6 @@ admin_token = "{admin_token}"
         sum as u64
     }
 
-    /// rclone preconfigured by environment only (any config file ignored) with the remote
-    /// `garage:` pointing at node `i`'s S3 API. Retries are off (`--retries 1
-    /// --low-level-retries 1`) so request counters are exact and failures surface.
-    pub fn rclone(&self, i: usize) -> Command {
-        let mut c = Command::new("rclone");
-        // The AWS SDK inside rclone reads these; AWS_CA_BUNDLE in particular makes every
-        // request fail ("LoadCustomCABundleError ... unsupported transport").
-        for k in AWS_ENV_NOISE {
-            c.env_remove(k);
-        }
-        for (k, v) in [
-            ("RCLONE_CONFIG", "/dev/null".to_string()),
-            ("RCLONE_CONFIG_GARAGE_TYPE", "s3".into()),
-            ("RCLONE_CONFIG_GARAGE_PROVIDER", "Other".into()),
-            ("RCLONE_CONFIG_GARAGE_ENDPOINT", self.endpoint(i)),
-            ("RCLONE_CONFIG_GARAGE_REGION", REGION.into()),
-            ("RCLONE_CONFIG_GARAGE_ACCESS_KEY_ID", KEY_ID.into()),
-            ("RCLONE_CONFIG_GARAGE_SECRET_ACCESS_KEY", SECRET.into()),
-            ("RCLONE_CONFIG_GARAGE_FORCE_PATH_STYLE", "true".into()),
-            ("RCLONE_CONFIG_GARAGE_NO_CHECK_BUCKET", "true".into()),
-            ("RCLONE_RETRIES", "1".into()),
-            ("RCLONE_LOW_LEVEL_RETRIES", "1".into()),
-            ("RCLONE_CONTIMEOUT", "5s".into()),
-            ("RCLONE_TIMEOUT", "30s".into()),
-        ] {
-            c.env(k, v);
-        }
-        c.env("NO_PROXY", "127.0.0.1").env("no_proxy", "127.0.0.1");
-        c.stdin(Stdio::null());
-        c
-    }
-
-    /// curl signing with SigV4 as [`KEY_ID`] (curl ≥ 7.75), for requests rclone cannot
-    /// make, such as conditional ones: add `-H`, `-X`, `-T FILE` and [`Self::url`].
-    /// `-w '%{http_code}'` prints the status.
-    pub fn curl(&self) -> Command {
-        let mut c = Command::new("curl");
-        c.args(["-sS", "--aws-sigv4"])
-            .arg(format!("aws:amz:{REGION}:s3"))
-            .arg("--user")
-            .arg(format!("{KEY_ID}:{SECRET}"))
-            // Garage requires the header; curl signs it as given.
-            .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
-            .args(["--noproxy", "*", "--max-time", "60"]);
-        c.stdin(Stdio::null());
-        c
-    }
-
-    /// The path-style URL of `key` in the bucket on node `i`'s S3 API.
-    pub fn url(&self, i: usize, key: &str) -> String {
-        format!("{}/{BUCKET}/{key}", self.endpoint(i))
-    }
-
-    /// The first running node (for the convenience helpers).
-    fn live(&self) -> usize {
-        (0..self.nodes.len())
-            .find(|&i| self.is_running(i))
-            .expect("no garage node is running")
-    }
-
-    /// `garage:BUCKET/key` for rclone.
-    pub fn remote(&self, key: &str) -> String {
-        format!("garage:{BUCKET}/{key}")
-    }
-
-    /// Uploads `bytes` as `key` through node `i` (`rclone rcat`).
-    pub fn put_via(&self, i: usize, key: &str, bytes: &[u8]) {
-        let mut cmd = self.rclone(i);
-        cmd.arg("rcat").arg(self.remote(key));
-        let out = output_with_stdin(cmd, bytes, Duration::from_secs(60));
-        check_rclone(&format!("rclone rcat {key} via node {i}"), &out);
-    }
-
-    /// Downloads `key` through node `i` (`rclone cat`: one GetObject).
-    pub fn get_via(&self, i: usize, key: &str) -> Vec<u8> {
-        let mut cmd = self.rclone(i);
-        cmd.arg("cat").arg(self.remote(key));
-        let out = output_within(cmd, Duration::from_secs(60)).unwrap();
-        check_rclone(&format!("rclone cat {key} via node {i}"), &out);
-        out.stdout
-    }
-
-    /// Deletes `key` through node `i` (`rclone deletefile`).
-    pub fn delete_via(&self, i: usize, key: &str) {
-        let mut cmd = self.rclone(i);
-        cmd.arg("deletefile").arg(self.remote(key));
-        let out = output_within(cmd, Duration::from_secs(60)).unwrap();
-        check_rclone(&format!("rclone deletefile {key} via node {i}"), &out);
-    }
-
-    /// [`Self::put_via`] the first running node.
-    pub fn put(&self, key: &str, bytes: &[u8]) {
-        self.put_via(self.live(), key, bytes)
-    }
-
-    /// [`Self::get_via`] the first running node.
-    pub fn get(&self, key: &str) -> Vec<u8> {
-        self.get_via(self.live(), key)
-    }
-
-    /// Whether the object `key` exists (`rclone cat` of a missing key succeeds: it takes
-    /// it for an empty directory).
-    pub fn exists(&self, key: &str) -> bool {
-        let mut cmd = self.rclone(self.live());
-        cmd.args(["lsf", "--files-only"]).arg(self.remote(key));
-        let out = output_within(cmd, Duration::from_secs(60)).unwrap();
-        check_rclone(&format!("rclone lsf {key}"), &out);
-        !out.stdout.is_empty()
-    }
-
-    /// [`Self::delete_via`] the first running node.
-    pub fn delete(&self, key: &str) {
-        self.delete_via(self.live(), key)
-    }
-
     /// Every node's log path, with its last lines, for failure messages.
     pub fn logs(&self) -> String {
         let mut s = String::from("node logs:");
@@ -781,16 +670,6 @@ fn strip_ansi(s: &str) -> String {
         }
     }
     out
-}
-
-/// Panics with rclone's stderr unless it succeeded.
-fn check_rclone(what: &str, out: &Output) {
-    assert!(
-        out.status.success(),
-        "{what}: {}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A port that was free a moment ago (bind :0, release).
@@ -913,81 +792,4 @@ fn run_bounded(
         stdout: out_t.join().unwrap(),
         stderr: err_t.join().unwrap(),
     })
-}
-
-/// hoardfs processes pointed at the cluster (mounts of the bucket, tiers in front of it).
-impl Garage {
-    /// A `hoardfs` command with this cluster's credentials in its environment (and
-    /// nothing else of the `AWS_*` kind).
-    pub fn hoardfs(&self) -> Command {
-        let mut cmd = Command::new(super::bin());
-        for v in AWS_ENV_NOISE {
-            cmd.env_remove(v);
-        }
-        cmd.envs(self.aws_env());
-        cmd
-    }
-
-    /// The flags that point an S3 source at node `i`.
-    pub fn s3_flags(&self, i: usize) -> Vec<String> {
-        vec![
-            "--endpoint-url".into(),
-            self.endpoint(i),
-            "--force-path-style".into(),
-        ]
-    }
-
-    /// Mounts `s3://BUCKET/prefix` through node `i` at `mnt` with the cache `cache`.
-    pub fn mount(
-        &self,
-        i: usize,
-        prefix: &str,
-        mnt: &Path,
-        cache: &Path,
-        extra: &[&str],
-    ) -> Result<super::Mount, String> {
-        std::fs::create_dir_all(mnt).unwrap();
-        let mut cmd = self.hoardfs();
-        cmd.arg("mount")
-            .arg(format!("s3://{}/{prefix}", self.bucket()))
-            .arg(mnt)
-            .arg("--cache-dir")
-            .arg(cache)
-            .args(self.s3_flags(i))
-            .args(extra);
-        let (child, _) = super::spawn_until_line(cmd, "hoardfs: mounted")?;
-        Ok(super::Mount {
-            child: Some(child),
-            path: mnt.to_path_buf(),
-        })
-    }
-
-    /// `hoardfs serve --origin s3://BUCKET` through node `i` (a shared cache tier, plain
-    /// TCP on an ephemeral port) with its cache in `cache`.
-    pub fn serve_tier(&self, i: usize, cache: &Path, extra: &[&str]) -> super::Server {
-        let mut cmd = self.hoardfs();
-        cmd.arg("serve")
-            .arg("--origin")
-            .arg(format!("s3://{}", self.bucket()))
-            .arg("--cache-dir")
-            .arg(cache)
-            .args(self.s3_flags(i))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--insecure-plaintext",
-                "--state-dir",
-            ])
-            .arg(super::state_dir())
-            .args(extra);
-        let (child, line) = super::spawn_until_line(cmd, "hoardfs: serving").expect("tier starts");
-        let (addr, fingerprint) = super::parse_ready(&line);
-        super::Server {
-            child: Some(child),
-            addr,
-            dir: cache.to_path_buf(),
-            token: Vec::new(),
-            fingerprint,
-        }
-    }
 }
