@@ -199,7 +199,10 @@ fn write_replies_beyond_what_was_written_are_errors_not_panics() {
     let fs = fs_over(o, Some(CacheDir::open(&t.path().join("c1")).unwrap()));
     let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
     let fh = fs.open(f, rw, &refused).unwrap().fh;
-    assert!(matches!(fs.write(fh, 0, b"abc"), Err(FsError::Protocol(_))));
+    assert!(matches!(
+        fs.write(fh, 0, b"abc", 1),
+        Err(FsError::Protocol(_))
+    ));
     fs.release(fh);
     // Written at an offset where the end overflows: the cache cannot follow, the write
     // still succeeds.
@@ -208,7 +211,7 @@ fn write_replies_beyond_what_was_written_are_errors_not_panics() {
     let fs = fs_over(o, Some(CacheDir::open(&t.path().join("c2")).unwrap()));
     let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
     let fh = fs.open(f, rw, &refused).unwrap().fh;
-    assert_eq!(fs.write(fh, 0, b"abc").unwrap(), 3);
+    assert_eq!(fs.write(fh, 0, b"abc", 1).unwrap(), 3);
     fs.release(fh);
 }
 

@@ -505,7 +505,7 @@ fn writes_move_the_object_along_and_read_back_from_the_cache() {
     let (r, reg, f) = cached_file(&data, false, config(Duration::ZERO));
     let (o, bytes) = open_read(&r, f, WRITE, &reg);
     assert_eq!(bytes, data);
-    assert_eq!(r.fs.write(o.fh, 10, b"hello").unwrap(), 5);
+    assert_eq!(r.fs.write(o.fh, 10, b"hello", 1).unwrap(), 5);
     let from_network = r.fs.stats().bytes_from_network;
     let mut want = data.clone();
     want[10..15].copy_from_slice(b"hello");

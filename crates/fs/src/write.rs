@@ -18,13 +18,16 @@ use crate::stats::Stats;
 use crate::{FsError, FsResult, HoardFs, NodeAttr};
 
 impl HoardFs {
-    /// Writes `data` at `offset` through open file `fh`; returns the bytes written.
-    pub fn write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32> {
+    /// Process `pid` writes `data` at `offset` through open file `fh`; returns the bytes
+    /// written. (The writer's pid decides which close publishes the file: see
+    /// [`HoardFs::flush`].)
+    pub fn write(&self, fh: FileHandle, offset: u64, data: &[u8], pid: u32) -> FsResult<u32> {
         self.check_writable()?;
         let of = self.open_file(fh)?;
         if !of.access.write {
             return Err(FsError::BadHandle);
         }
+        of.wrote_from(pid);
         let node = &of.node;
         let since = self.callbacks.seq();
         let append = of.access.append;
@@ -79,13 +82,6 @@ impl HoardFs {
             && let Err(e) = fresh.apply_write(v, w.offset, data, v, size)
         {
             tracing::warn!("cache update after a write failed: {e}");
-        }
-    }
-
-    /// Process `pid` is writing through `fh` (see [`HoardFs::flush`]).
-    pub fn note_writer(&self, fh: FileHandle, pid: u32) {
-        if let Ok(of) = self.open_file(fh) {
-            of.wrote_from(pid);
         }
     }
 

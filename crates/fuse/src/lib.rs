@@ -568,8 +568,7 @@ impl Filesystem for FuseBridge {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.fs.note_writer(fh.0, req.pid());
-        match self.fs.write(fh.0, offset, data) {
+        match self.fs.write(fh.0, offset, data, req.pid()) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(&e)),
         }
