@@ -210,11 +210,16 @@ impl S3Origin {
     /// else from the store (HEAD of the key, then a one-key listing of the prefix).
     pub(super) fn resolve(&self, path: &str) -> Result<Entry> {
         if let Some(attr) = self.staging.attr(path, self) {
-            let handle = self.table.put(S3Node {
-                path: path.into(),
-                kind: FileKind::File,
-                info: None,
-            });
+            // Being written here: the staged attributes, and what the store has (if
+            // anything) stays known, for change reports.
+            let handle = match self.table.known(path, FileKind::File) {
+                Some(n) => self.table.put((*n).clone()),
+                None => self.table.put(S3Node {
+                    path: path.into(),
+                    kind: FileKind::File,
+                    info: None,
+                }),
+            };
             return Ok(Entry { handle, attr });
         }
         let (parent, name) = split(path);
