@@ -17,7 +17,8 @@
 //! Module map: `store` (index, eviction, reservations, lock order), `policy` (S3-FIFO),
 //! `quota` (limits and free-space thresholds), `object` (one object's files), `write`
 //! (writes through this client), `recover` (orphan adoption and the scrub), `warm`
-//! (reading records ahead of the opens that need them).
+//! (reading records ahead of the opens that need them), `flight` (one fetch per chunk
+//! however many callers want it).
 
 pub mod flight;
 pub mod index;
