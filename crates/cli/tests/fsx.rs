@@ -5,7 +5,9 @@
 //! and `fsync`s. After every operation the affected bytes and the size, read back through
 //! the mount, must equal the reference; the whole file is compared every few operations, the
 //! server's copy after every `fsync` and at the end, and the mount's view again after
-//! dropping the page cache and after a remount on the same cache directory.
+//! dropping the page cache and after a remount on the same cache directory. One operation
+//! in twenty races a client `pwrite` with a `pwrite` by a process on the server to another
+//! range of the file; the mount must then promptly show both.
 //!
 //! `HOARDFS_FSX_SEED` replays a seed (printed on failure), `HOARDFS_FSX_OPS` sets the number
 //! of operations (default 2000), `HOARDFS_FSX_NO_MMAP=1` leaves out the mmap operations.
@@ -232,6 +234,68 @@ impl Fsx {
         self.check_range("pwrite read-back", off.saturating_sub(100), len + 200);
     }
 
+    /// A client `pwrite` racing a `pwrite` by a process on the server (a thread of this
+    /// test writing the server's copy directly) to a disjoint range of the file. Once both
+    /// returned, the mount must show both promptly (callbacks) and never settle on bytes
+    /// that differ from the server's.
+    fn op_race(&mut self) {
+        let size = self.model.len() as u64;
+        if size < 8192 {
+            return self.op_write();
+        }
+        let half = size / 2;
+        let (slen, clen) = (self.rng.len().min(half), self.rng.len().min(half));
+        let at = |rng: &mut Rng, lo: u64, hi: u64, len: u64| lo + rng.below(hi - lo - len + 1);
+        let (soff, coff) = if self.rng.below(2) == 0 {
+            (
+                at(&mut self.rng, 0, half, slen),
+                at(&mut self.rng, half, size, clen),
+            )
+        } else {
+            (
+                at(&mut self.rng, half, size, slen),
+                at(&mut self.rng, 0, half, clen),
+            )
+        };
+        let delay = std::time::Duration::from_micros(self.rng.below(2000));
+        self.note(format!(
+            "race      client {coff:#9x} +{clen:#x}, server-local {soff:#x} +{slen:#x} after {delay:?}"
+        ));
+        let (sdata, cdata) = (self.rng.bytes(slen as usize), self.rng.bytes(clen as usize));
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let server_path = self.server_path.clone();
+        let (b, sd) = (barrier.clone(), sdata.clone());
+        let local = std::thread::spawn(move || {
+            let f = OpenOptions::new().write(true).open(&server_path)?;
+            b.wait();
+            std::thread::sleep(delay);
+            f.write_all_at(&sd, soff)
+        });
+        barrier.wait();
+        let r = self.file().write_all_at(&cdata, coff);
+        if let Err(e) = local.join().unwrap() {
+            self.fail(format!("server-local pwrite: {e}"));
+        }
+        if let Err(e) = r {
+            self.fail(format!("pwrite: {e}"));
+        }
+        self.write_model(soff as usize, &sdata);
+        self.write_model(coff as usize, &cdata);
+        let deadline = std::time::Instant::now() + PROMPTLY;
+        loop {
+            let got = std::fs::read(&self.path)
+                .unwrap_or_else(|e| self.fail(format!("read after the race: {e}")));
+            if first_diff(&got, &self.model).is_none() && got.len() == self.model.len() {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                self.compare("after the race, through a fresh open", 0, &got);
+                self.fail("after the race: the mount's size differs".into());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
     fn op_read(&mut self) {
         let off = self.rng.below(self.model.len() as u64 + MAX_LEN);
         let len = self.rng.len();
@@ -386,6 +450,7 @@ impl Fsx {
             60..70 => self.op_reopen(),
             70..90 if self.mmap => self.op_mmap(),
             70..90 => self.op_write(),
+            90..95 => self.op_race(),
             _ => self.op_fsync(),
         }
         if self.step % FULL_CHECK_EVERY == FULL_CHECK_EVERY - 1 {

@@ -8,7 +8,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use hoardfs_proto::{FileKind, Handle, WireError};
 use parking_lot::Mutex;
@@ -24,6 +26,43 @@ pub struct Node {
     pub dev: u64,
     /// Inode number.
     pub ino: u64,
+    /// When data of this object was last read or written for a client: milliseconds since
+    /// [`CLOCK`], plus one (0: never).
+    last_io: AtomicU64,
+}
+
+/// The origin of [`Node`]'s I/O times.
+static CLOCK: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+impl Node {
+    /// A node for the object open at `fd`.
+    pub fn new(fd: OwnedFd, kind: FileKind, dev: u64, ino: u64) -> Node {
+        Node {
+            fd,
+            kind,
+            dev,
+            ino,
+            last_io: AtomicU64::new(0),
+        }
+    }
+
+    /// Records that data of this object is being read or written for a client now.
+    pub fn note_io(&self) {
+        let ms = CLOCK.elapsed().as_millis() as u64 + 1;
+        self.last_io.store(ms, Ordering::Relaxed);
+    }
+
+    /// Whether data of this object was read or written for a client less than `window`
+    /// ago.
+    pub fn io_within(&self, window: Duration) -> bool {
+        match self.last_io.load(Ordering::Relaxed) {
+            0 => false,
+            at => {
+                let now = CLOCK.elapsed().as_millis() as u64 + 1;
+                now.saturating_sub(at) < window.as_millis() as u64
+            }
+        }
+    }
 }
 
 /// Id of the export root in every epoch.
@@ -114,6 +153,24 @@ impl HandleTable {
             id,
         };
         (h, node)
+    }
+
+    /// The node registered for inode (`dev`, `ino`), if any.
+    pub fn by_inode(&self, dev: u64, ino: u64) -> Option<Arc<Node>> {
+        let inner = self.inner.lock();
+        let id = inner.by_inode.get(&(dev, ino))?;
+        inner.by_id.get(id).cloned()
+    }
+
+    /// Every node whose data was read or written less than `window` ago (a snapshot).
+    pub fn used_within(&self, window: Duration) -> Vec<Arc<Node>> {
+        let inner = self.inner.lock();
+        inner
+            .by_id
+            .values()
+            .filter(|n| n.io_within(window))
+            .cloned()
+            .collect()
     }
 
     /// Forgets the handle of inode (`dev`, `ino`); returns its id if it had one.

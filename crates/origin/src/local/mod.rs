@@ -16,6 +16,7 @@
 mod files;
 mod handles;
 mod namespace;
+mod outside;
 pub mod sys;
 mod sys_write;
 mod watch;
@@ -70,7 +71,7 @@ pub struct LocalOrigin {
     root_dev: u64,
     export_id: u128,
     opts: LocalOptions,
-    handles: HandleTable,
+    handles: Arc<HandleTable>,
     files: OpenFiles,
     /// Serialise the misses of `files` per stripe of file ids, so that the concurrent
     /// first reads of one file (a client's read and its readahead) open it once.
@@ -79,7 +80,7 @@ pub struct LocalOrigin {
     /// Files (device, inode) whose writable descriptor failed its fsync when it left
     /// `wfiles`: the next fsync of the file, through any handle, reports the failure.
     write_errors: parking_lot::Mutex<std::collections::HashSet<(u64, u64)>>,
-    locks: write::WriteLocks,
+    locks: Arc<write::WriteLocks>,
     proc_fd: OwnedFd,
     reads: AtomicU64,
     bytes_read: AtomicU64,
@@ -87,6 +88,8 @@ pub struct LocalOrigin {
     writes: AtomicU64,
     bytes_written: AtomicU64,
     watch: OnceLock<watch::Subscription>,
+    /// Started with `watch` when it has the privilege (see `outside`).
+    outside: OnceLock<Option<outside::OutsideWrites>>,
 }
 
 /// Maps an OS error to the wire's typed error set. `EXDEV` becomes `Access` (what `openat2`
@@ -154,23 +157,18 @@ impl LocalOrigin {
         let mut id_bytes = root_path.as_os_str().as_encoded_bytes().to_vec();
         id_bytes.extend_from_slice(&st.st_ino.to_le_bytes());
         let export_id = xxhash_rust::xxh3::xxh3_128(&id_bytes);
-        let node = Node {
-            fd,
-            kind: FileKind::Dir,
-            dev: st.st_dev,
-            ino: st.st_ino,
-        };
+        let node = Node::new(fd, FileKind::Dir, st.st_dev, st.st_ino);
         let epoch = rand::random::<u64>() | 1;
         Ok(LocalOrigin {
             root_path,
             root_dev: st.st_dev,
             export_id,
-            handles: HandleTable::new(epoch, opts.max_handles, node),
+            handles: Arc::new(HandleTable::new(epoch, opts.max_handles, node)),
             files: OpenFiles::new(opts.max_open_files, opts.open_file_idle),
             open_misses: Default::default(),
             wfiles: OpenFiles::new(opts.max_open_files, opts.open_file_idle),
             write_errors: Default::default(),
-            locks: write::WriteLocks::new(),
+            locks: Arc::new(write::WriteLocks::new()),
             proc_fd: sys::open_proc_self_fd()?,
             opts,
             reads: AtomicU64::new(0),
@@ -179,6 +177,7 @@ impl LocalOrigin {
             writes: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
             watch: OnceLock::new(),
+            outside: OnceLock::new(),
         })
     }
 
@@ -198,6 +197,13 @@ impl LocalOrigin {
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
             ..Default::default()
         }
+    }
+
+    /// How many files had their mtime moved because another process on this machine wrote
+    /// them while clients used them (see `outside`); `None` before [`Origin::subscribe`]
+    /// or without the privilege to watch.
+    pub fn outside_write_bumps(&self) -> Option<u64> {
+        self.outside.get()?.as_ref().map(|o| o.bumps())
     }
 
     /// A stable file id: the inode number, mixed with the device for objects on other file
@@ -250,16 +256,16 @@ impl LocalOrigin {
     /// table; a directory also gets an inotify watch once [`Origin::subscribe`] was called.
     fn register(&self, fd: OwnedFd, st: &libc::stat) -> Entry {
         let attr = sys::attr_of(st, self.file_id(st));
-        let (handle, node) = self.handles.insert(Node {
-            fd,
-            kind: attr.kind,
-            dev: st.st_dev,
-            ino: st.st_ino,
-        });
+        let (handle, node) = self
+            .handles
+            .insert(Node::new(fd, attr.kind, st.st_dev, st.st_ino));
         if attr.kind == FileKind::Dir
             && let Some(sub) = self.watch.get()
         {
             sub.watch_dir(&node);
+            if let Some(Some(o)) = self.outside.get() {
+                o.watch_dir(&node);
+            }
         }
         Entry { handle, attr }
     }
@@ -355,6 +361,7 @@ impl Origin for LocalOrigin {
             _ => return Err(WireError::Invalid.into()),
         }
         let file = self.open_file(handle.id, &node)?;
+        node.note_io();
         self.reads.fetch_add(1, Ordering::Relaxed);
         let mut data = hoardfs_proto::buffers::take(len as usize);
         // A read is labelled with the version seen before and after it; if the file changed
@@ -388,6 +395,7 @@ impl Origin for LocalOrigin {
             return Ok(None);
         }
         let file = self.open_file(handle.id, &node)?;
+        node.note_io();
         let st = sys::fstat(file.as_raw_fd()).map_err(werr)?;
         // A file written recently may be written again while the kernel copies the range
         // (after its version was taken): those get `read`, which checks the version after.

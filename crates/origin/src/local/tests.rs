@@ -3,6 +3,7 @@
 
 mod modify;
 mod namespace;
+mod outside;
 mod watch;
 
 use super::*;

@@ -28,6 +28,7 @@ use hoardfs_proto::Break;
 use parking_lot::Mutex;
 
 use super::handles::Node;
+use super::outside::OutsideWrites;
 use super::{LocalOrigin, file_id_of, sys};
 use crate::BreakSink;
 
@@ -390,10 +391,28 @@ impl LocalOrigin {
         }
         let sub = self.watch.get().expect("set above");
         sub.set_sink(sink);
+        let outside = self.outside.get_or_init(|| {
+            match OutsideWrites::start(self.handles.clone(), self.locks.clone()) {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        "cannot watch for writes by other processes on this machine \
+                         (fanotify needs CAP_SYS_ADMIN): a client writing a file at the same \
+                         moment as a local process may keep a stale copy of it \
+                         (doc/SEMANTICS.md, \"Writes on the server\")"
+                    );
+                    None
+                }
+            }
+        });
         // Directories registered from now on are watched by `register`; these are the
         // ones registered before.
         for node in self.handles.dirs() {
             sub.watch_dir(&node);
+            if let Some(o) = outside {
+                o.watch_dir(&node);
+            }
         }
         true
     }

@@ -115,6 +115,7 @@ impl LocalOrigin {
         }
         let len = u32::try_from(data.len()).map_err(|_| WireError::Invalid)?;
         let file = self.open_writable(handle.id, &node)?;
+        node.note_io();
         let _guard = self.locks.lock(&node);
         let pre = sys::fstat(file.as_raw_fd()).map_err(werr)?;
         let offset = if append { pre.st_size as u64 } else { offset };
@@ -154,6 +155,9 @@ impl LocalOrigin {
         let fd = node.fd.as_raw_fd();
         let proc_fd = self.proc_fd.as_raw_fd();
         let _guard = self.locks.lock(&node);
+        if set.size.is_some() {
+            node.note_io();
+        }
         if let Some(size) = set.size {
             match node.kind {
                 FileKind::File => {}

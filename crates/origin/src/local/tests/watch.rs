@@ -192,12 +192,12 @@ fn failed_watches_break_everything_at_most_once_a_second() {
     // IN_ONLYDIR) means callbacks for it can no longer be promised.
     let a = o.lookup(root, b"a.txt").unwrap();
     let file = std::fs::File::open(path.join("a.txt")).unwrap();
-    let bogus = Arc::new(handles::Node {
-        fd: file.into(),
-        kind: FileKind::Dir,
-        dev: 0,
-        ino: a.attr.file_id,
-    });
+    let bogus = Arc::new(handles::Node::new(
+        file.into(),
+        FileKind::Dir,
+        0,
+        a.attr.file_id,
+    ));
     let sub = o.watch.get().unwrap();
     sub.watch_dir(&bogus);
     expect(&rx, "the first Break::All", |b| *b == Break::All);
