@@ -4,6 +4,7 @@
 mod cachedir;
 mod control;
 mod demo;
+mod disconnected;
 mod docs;
 mod hoard;
 mod instance;

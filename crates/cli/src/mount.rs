@@ -174,7 +174,25 @@ fn client_id(dir: &Path) -> Result<String, String> {
     Ok(id)
 }
 
-fn open_origin(a: &MountArgs) -> Result<Arc<dyn Origin>, String> {
+/// The origin of a mount, and for a hoardfs server its concrete type and, when it starts
+/// disconnected, the namespace saved by an earlier mount.
+struct OpenedOrigin {
+    origin: Arc<dyn Origin>,
+    remote: Option<Arc<RemoteOrigin>>,
+    restored: Option<hoardfs_fs::NamespaceSnapshot>,
+}
+
+impl OpenedOrigin {
+    fn other(origin: Arc<dyn Origin>) -> OpenedOrigin {
+        OpenedOrigin {
+            origin,
+            remote: None,
+            restored: None,
+        }
+    }
+}
+
+fn open_origin(a: &MountArgs) -> Result<OpenedOrigin, String> {
     if let Some(loc) = hoardfs_origin::s3::location::S3Location::parse(&a.source) {
         let state = a
             .cache_dir
@@ -194,12 +212,12 @@ fn open_origin(a: &MountArgs) -> Result<Arc<dyn Origin>, String> {
             },
             state,
         )?;
-        return Ok(Arc::new(o));
+        return Ok(OpenedOrigin::other(Arc::new(o)));
     }
     if a.source.starts_with('/') {
         let o = LocalOrigin::new(Path::new(&a.source), LocalOptions::default())
             .map_err(|e| format!("cannot use {} as a source: {e}", a.source))?;
-        return Ok(Arc::new(o));
+        return Ok(OpenedOrigin::other(Arc::new(o)));
     }
     let known = a.cache_dir.as_deref().filter(|_| !a.no_cache);
     let sec = a.security.build(known)?;
@@ -208,10 +226,37 @@ fn open_origin(a: &MountArgs) -> Result<Arc<dyn Origin>, String> {
         connect_timeout: Duration::from_secs_f64(a.timeout.min(5.0)),
         ..Default::default()
     };
-    let o = RemoteOrigin::connect(&a.source, sec.security.clone(), opts)
-        .map_err(|e| sec.explain(&a.source, &e))?;
-    sec.connected(&a.source)?;
-    Ok(Arc::new(o))
+    match RemoteOrigin::connect(&a.source, sec.security.clone(), opts) {
+        Ok(o) => {
+            sec.connected(&a.source)?;
+            let o = Arc::new(o);
+            Ok(OpenedOrigin {
+                origin: o.clone(),
+                remote: Some(o),
+                restored: None,
+            })
+        }
+        Err(e) => {
+            let offline = known.and_then(|dir| {
+                crate::disconnected::start_offline(dir, &a.source, sec.security.clone(), opts, &e)
+            });
+            let Some((o, snap)) = offline else {
+                return Err(sec.explain(&a.source, &e));
+            };
+            eprintln!(
+                "hoardfs: {} is unreachable ({e}); starting disconnected from the cache: \
+                 cached files and names seen before are served, the rest fails with EIO \
+                 until the server is back (reconnecting in the background)",
+                a.source
+            );
+            let o = Arc::new(o);
+            Ok(OpenedOrigin {
+                origin: o.clone(),
+                remote: Some(o),
+                restored: Some(snap),
+            })
+        }
+    }
 }
 
 fn mount_and_serve(args: MountArgs) -> Result<(), String> {
@@ -257,7 +302,11 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         }
         _ => None,
     };
-    let origin = open_origin(&a)?;
+    let OpenedOrigin {
+        origin,
+        remote,
+        restored,
+    } = open_origin(&a)?;
     let export_id = origin
         .info()
         .map_err(|e| format!("cannot start: {e}"))?
@@ -290,6 +339,14 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         ..Default::default()
     };
     let fs = HoardFs::new(origin, cache, config).map_err(|e| format!("cannot start: {e}"))?;
+    if let Some(snap) = &restored {
+        let n = fs.restore_namespace(snap);
+        tracing::info!("started disconnected: {n} names restored from the cache directory");
+    }
+    let namespace_file = cache_dir
+        .filter(|_| remote.is_some())
+        .map(|d| crate::disconnected::namespace_file(d, &a.source));
+    crate::disconnected::start_keeper(&fs, remote, namespace_file.clone(), a.source.clone());
     // Canonicalised before the mount exists: afterwards the path would be served by us.
     let info = crate::control::MountInfo {
         source: a.source.clone(),
@@ -392,6 +449,9 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
             "cannot record the names of cached files in {}: {e}",
             dir.display()
         );
+    }
+    if let Some(p) = &namespace_file {
+        crate::disconnected::save(&fs, p, &a.source);
     }
     fs.shutdown();
     Ok(())

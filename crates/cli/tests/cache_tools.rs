@@ -403,3 +403,82 @@ fn offline_serves_the_cache_fails_fast_and_reconnects_by_itself() {
     assert_eq!(stats(&m)["connected"], serde_json::json!(true));
     m.unmount();
 }
+
+#[test]
+fn a_mount_starts_disconnected_from_its_cache_and_reconnects_in_the_background() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(exp.join("d/deep")).unwrap();
+    std::fs::write(exp.join("d/cached"), bytes(1, 2 * MIB)).unwrap();
+    std::fs::write(exp.join("d/uncached"), bytes(2, 2 * MIB)).unwrap();
+    std::fs::write(exp.join("d/deep/small"), b"small and deep").unwrap();
+    std::fs::write(exp.join("top"), b"top").unwrap();
+    let mut srv = Server::start(&exp);
+    let addr = srv.addr.clone();
+    let (mnt, cache) = (t.path().join("mnt"), t.path().join("cache"));
+    let args = ["--timeout", "2"];
+    let m = Mount::with_cache(&addr, &mnt, &cache, &args);
+    let (ok, _, err) = tool(&["prefetch", m.p("d/cached").to_str().unwrap(), "-q"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        std::fs::read(m.p("d/deep/small")).unwrap(),
+        b"small and deep"
+    );
+    let names = list(&m.p("d")).unwrap();
+    let top = list(&m.p("")).unwrap();
+    m.unmount();
+    srv.kill();
+
+    // The server is down: the mount starts anyway, from the cache directory.
+    let started = Instant::now();
+    let m = Mount::with_cache(&addr, &mnt, &cache, &args);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(stats(&m)["connected"], serde_json::json!(false));
+    assert_eq!(list(&m.p("")).unwrap(), top);
+    assert_eq!(list(&m.p("d")).unwrap(), names);
+    assert_eq!(std::fs::read(m.p("d/cached")).unwrap(), bytes(1, 2 * MIB));
+    assert_eq!(
+        std::fs::read(m.p("d/deep/small")).unwrap(),
+        b"small and deep"
+    );
+    assert_eq!(
+        std::fs::metadata(m.p("d/uncached")).unwrap().len(),
+        2 * MIB as u64,
+        "a name listed before"
+    );
+    assert_errno("uncached data", std::fs::read(m.p("d/uncached")), libc::EIO);
+    assert_errno(
+        "a name never seen",
+        std::fs::metadata(m.p("d/new")),
+        libc::EIO,
+    );
+    assert_errno(
+        "a change while disconnected",
+        std::fs::write(m.p("d/new"), b"x"),
+        libc::EIO,
+    );
+
+    // Changes on the server meanwhile; then it comes back on its address. Nothing uses
+    // the mount: the reconnect happens in the background.
+    std::fs::write(exp.join("d/cached"), bytes(7, MIB)).unwrap();
+    std::fs::write(exp.join("d/new"), b"new").unwrap();
+    let _srv = Server::start_at(&exp, &addr, &[]);
+    assert_soon(
+        "the mount reconnects by itself",
+        || match stats(&m)["connected"].as_bool() {
+            Some(true) => Ok(()),
+            other => Err(format!("connected: {other:?}")),
+        },
+    );
+    assert_soon("changes made meanwhile are seen", || {
+        has_content(&m.p("d/cached"), &bytes(7, MIB))?;
+        has_content(&m.p("d/new"), b"new")
+    });
+    assert_eq!(std::fs::read(m.p("d/uncached")).unwrap(), bytes(2, 2 * MIB));
+    m.unmount();
+}

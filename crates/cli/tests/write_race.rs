@@ -14,7 +14,6 @@ mod common;
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 

@@ -68,6 +68,12 @@ impl Callbacks {
         self.held
     }
 
+    /// Records a `Break::All` that no origin sent: nothing known before this moment may
+    /// be granted a callback (used for a namespace restored from disk).
+    pub(crate) fn presume_all_broken(&self) {
+        self.log.record(&[Break::All]);
+    }
+
     /// Number of breaks received so far: noted before a request, for [`Callbacks::grants`].
     pub(crate) fn seq(&self) -> u64 {
         self.log.seq()

@@ -24,6 +24,7 @@ mod objects;
 mod open_files;
 mod opens;
 mod read;
+mod snapshot;
 mod stats;
 mod unlinked;
 mod write;
@@ -40,6 +41,7 @@ pub use manage::{CachedEntry, Prefetched};
 pub use namespace::NodeEntry;
 pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO};
 pub use read::{Access, FileHandle, OpenMode, Opened, ReadData};
+pub use snapshot::{NamespaceSnapshot, SnapshotError};
 pub use stats::{Stats, StatsSnapshot};
 
 use callbacks::Callbacks;

@@ -355,6 +355,36 @@ impl NodeTable {
         node
     }
 
+    /// Adds a node saved by an earlier session (`crate::namespace_file`): known under
+    /// (`parent`, `name`), not referenced by the kernel (idle, so the table may drop it),
+    /// its attributes expired. Returns `None` if `parent` is unknown or the object already
+    /// has a node.
+    pub fn restore(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        handle: Handle,
+        attr: Attr,
+    ) -> Option<Arc<Node>> {
+        let p = self.get(parent)?;
+        let node = {
+            let mut inner = self.inner.write();
+            if inner.by_file_id.contains_key(&attr.file_id) {
+                return None;
+            }
+            let ino = inner.next_ino;
+            inner.next_ino += 1;
+            let n = Self::make(ino, handle, attr, parent, name.to_vec());
+            inner.by_file_id.insert(attr.file_id, ino);
+            inner.nodes.insert(ino, n.clone());
+            inner.idle.push_back(ino);
+            n
+        };
+        node.state.lock().expire();
+        p.state.lock().add_child(name, node.ino);
+        Some(node)
+    }
+
     /// Forgets that `ino` is the node of `file_id` (its object is gone from the origin), so
     /// that an object later given the same id gets a node of its own.
     pub fn unbind_file_id(&self, ino: Ino, file_id: u64) {

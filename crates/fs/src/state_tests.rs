@@ -562,3 +562,116 @@ fn an_unreachable_origin_leaves_cached_data_readable_and_the_rest_failing_fast()
     assert!(matches!(r.fs.read(o.fh, 0, 10), Err(FsError::Offline(_))));
     r.fs.release(o.fh);
 }
+
+#[test]
+fn a_saved_namespace_lets_a_new_mount_start_offline_and_revalidate_once_back() {
+    let data = content(9, 3 * MIB / 2);
+    let r = Rig::new(
+        &[("f", &data), ("g", b"never read")],
+        true,
+        true,
+        config(Duration::ZERO),
+    );
+    std::fs::create_dir(r.export.join("sub")).unwrap();
+    std::fs::write(r.export.join("sub/c"), b"in sub").unwrap();
+    let reg = Registrar(AtomicUsize::new(0));
+    let (f, _) = r.lookup("f");
+    let (o, _) = open_read(&r, f, READ, &reg);
+    r.fs.release(o.fh);
+    r.fs.lookup(ROOT_INO, b"g").unwrap();
+    let (sub, _) = r.lookup("sub");
+    assert_eq!(r.fs.listing(sub).unwrap().entries.len(), 1);
+    assert_eq!(r.fs.listing(ROOT_INO).unwrap().entries.len(), 3);
+    let snap = r.fs.namespace_snapshot("the source").unwrap();
+    assert_eq!(snap.len(), 3, "f, g and sub (sub/c was only listed)");
+    let path = r._dir.path().join("namespace");
+    snap.save(&path).unwrap();
+    r.fs.shutdown();
+    let Rig {
+        _dir: dir,
+        export,
+        fs,
+        ..
+    } = r;
+    drop(fs);
+
+    // A new mount of the same cache, the origin unreachable from the start.
+    let loaded = crate::NamespaceSnapshot::load(&path).unwrap().unwrap();
+    assert_eq!(loaded.source, "the source");
+    let origin = Arc::new(Scripted::new(&export, true));
+    origin.offline.store(true, Ordering::SeqCst);
+    let cache = CacheDir::open(&dir.path().join("cache")).unwrap();
+    let no_passthrough = FsConfig {
+        passthrough: false,
+        ..config(Duration::ZERO)
+    };
+    let fs = HoardFs::new(origin.clone(), Some(cache), no_passthrough).unwrap();
+    assert_eq!(
+        fs.restore_namespace(&loaded),
+        4,
+        "and sub/c from sub's listing"
+    );
+    let names = |l: &crate::Listing| {
+        let mut v: Vec<Vec<u8>> = l.entries.iter().map(|e| e.name.clone()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        names(&fs.listing(ROOT_INO).unwrap()),
+        vec![b"f".to_vec(), b"g".to_vec(), b"sub".to_vec()]
+    );
+    let f = fs.lookup(ROOT_INO, b"f").unwrap();
+    assert_eq!(f.attr.size, data.len() as u64);
+    let sub = fs.lookup(ROOT_INO, b"sub").unwrap().ino;
+    assert_eq!(fs.lookup(sub, b"c").unwrap().attr.size, 6);
+    let o = fs.open(f.ino, READ, &|f| reg.register(f)).unwrap();
+    assert_eq!(
+        fs.read(o.fh, 0, MIB as u32).unwrap()[..],
+        data[..MIB],
+        "cached bytes"
+    );
+    fs.release(o.fh);
+    let g = fs.lookup(ROOT_INO, b"g").unwrap().ino;
+    let o = fs.open(g, READ, &|f| reg.register(f)).unwrap();
+    assert!(
+        matches!(fs.read(o.fh, 0, 10), Err(FsError::Offline(_))),
+        "never read"
+    );
+    fs.release(o.fh);
+    assert!(matches!(
+        fs.lookup(ROOT_INO, b"unknown"),
+        Err(FsError::Offline(_))
+    ));
+
+    // The server is back, and f changed meanwhile: nothing restored is trusted unasked.
+    std::fs::write(export.join("f"), b"changed").unwrap();
+    origin.offline.store(false, Ordering::SeqCst);
+    let before = origin.getattrs.load(Ordering::SeqCst);
+    assert_eq!(fs.getattr(f.ino).unwrap().attr.size, 7);
+    assert!(origin.getattrs.load(Ordering::SeqCst) > before);
+    let o = fs.open(f.ino, READ, &|f| reg.register(f)).unwrap();
+    assert_eq!(fs.read(o.fh, 0, 100).unwrap()[..], b"changed"[..]);
+    fs.release(o.fh);
+}
+
+#[test]
+fn a_damaged_namespace_file_is_refused_whole() {
+    let r = Rig::new(&[("f", b"x")], true, false, config(Duration::ZERO));
+    r.lookup("f");
+    let path = r._dir.path().join("namespace");
+    r.fs.namespace_snapshot("s").unwrap().save(&path).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let e = crate::NamespaceSnapshot::load(&path).unwrap_err();
+    assert!(e.to_string().contains("damaged"), "{e}");
+    bytes.truncate(bytes.len() - 3);
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(crate::NamespaceSnapshot::load(&path).is_err());
+    assert!(
+        crate::NamespaceSnapshot::load(&r._dir.path().join("none"))
+            .unwrap()
+            .is_none()
+    );
+}

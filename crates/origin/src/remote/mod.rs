@@ -138,6 +138,49 @@ impl RemoteOrigin {
         })
     }
 
+    /// An origin for `addr` that starts disconnected, answering [`Origin::info`] with
+    /// `info` (what an earlier session of this client saw) until a connection succeeds;
+    /// the first request, or [`RemoteOrigin::reconnect`], tries to connect. For a mount
+    /// that starts while the server is unreachable.
+    pub fn disconnected(
+        addr: &str,
+        security: Security,
+        opts: RemoteOptions,
+        info: OriginInfo,
+        publishes_on_close: bool,
+        why: OriginError,
+    ) -> RemoteOrigin {
+        RemoteOrigin {
+            sink: SinkSlot::default(),
+            addr: addr.to_owned(),
+            security,
+            opts,
+            state: Mutex::new(State {
+                conn: None,
+                info,
+                generation: 0,
+                publishes_on_close,
+                last_failure: Some((Instant::now(), why)),
+            }),
+            connecting: Mutex::new(()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Whether the latest attempt to reach the server failed and no connection was made
+    /// since: the state a background [`RemoteOrigin::reconnect`] is for. (A connection the
+    /// server closed while idle is not this: the next request reconnects.)
+    pub fn is_offline(&self) -> bool {
+        let st = self.state.lock();
+        st.last_failure.is_some() && !st.conn.as_ref().is_some_and(|c| c.is_alive())
+    }
+
+    /// Connects now if there is no live connection (subject to the backoff after a failed
+    /// attempt).
+    pub fn reconnect(&self) -> Result<()> {
+        self.conn().map(|_| ())
+    }
+
     /// The address this origin was given.
     pub fn addr(&self) -> &str {
         &self.addr

@@ -1,0 +1,120 @@
+//! Disconnected operation of a mount of a hoardfs server: the saved namespace and the
+//! background reconnect.
+//!
+//! A mount with a cache directory saves the namespace it knows (names, attributes,
+//! listings: `hoardfs_fs::NamespaceSnapshot`) in `CACHE_DIR/namespace-<hash of the
+//! source>` every minute while it changes, and at unmount. When a later mount finds the
+//! server unreachable (refused, timed out, no route: not a refused identity or
+//! credential), it starts from that file instead of failing: cached files and the names
+//! seen before are served, everything else is `EIO`, and a background thread reconnects.
+//! The same thread reconnects any mount whose connection attempts failed, so callbacks
+//! come back without waiting for the next use.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hoardfs_fs::{HoardFs, NamespaceSnapshot};
+use hoardfs_origin::OriginError;
+use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin, Security};
+
+/// How often the keeper looks at the connection.
+const TICK: Duration = Duration::from_secs(1);
+/// How often the namespace is saved while it changes.
+const SAVE_EVERY: Duration = Duration::from_secs(60);
+
+/// The namespace file of `source` in cache directory `dir`.
+pub fn namespace_file(dir: &Path, source: &str) -> PathBuf {
+    let h = xxhash_rust::xxh3::xxh3_64(source.as_bytes());
+    dir.join(format!("namespace-{h:016x}"))
+}
+
+/// A disconnected origin for `source` from the namespace saved in `dir`, if the failure
+/// `e` of connecting is one to start offline from and a namespace of this source is
+/// there.
+pub fn start_offline(
+    dir: &Path,
+    source: &str,
+    security: Security,
+    opts: RemoteOptions,
+    e: &OriginError,
+) -> Option<(RemoteOrigin, NamespaceSnapshot)> {
+    if !matches!(e, OriginError::Unreachable(_)) {
+        return None;
+    }
+    let path = namespace_file(dir, source);
+    let snap = match NamespaceSnapshot::load(&path) {
+        Ok(Some(s)) if s.source == source => s,
+        Ok(_) => return None,
+        Err(err) => {
+            tracing::warn!("cannot start disconnected: {err}");
+            return None;
+        }
+    };
+    let info = snap.info();
+    let origin = RemoteOrigin::disconnected(
+        source,
+        security,
+        opts,
+        info,
+        snap.publishes_on_close(),
+        e.clone(),
+    );
+    Some((origin, snap))
+}
+
+/// Saves the namespace of `fs` to `path` now; logs a failure.
+pub fn save(fs: &HoardFs, path: &Path, source: &str) -> Option<u64> {
+    let snap = match fs.namespace_snapshot(source) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot take the namespace snapshot: {e}");
+            return None;
+        }
+    };
+    let digest = snap.digest();
+    if let Err(e) = snap.save(path) {
+        tracing::warn!("cannot save the namespace to {}: {e}", path.display());
+        return None;
+    }
+    Some(digest)
+}
+
+/// Starts the thread that reconnects `remote` (if any) in the background while its
+/// connection attempts fail, and saves the namespace to `path` (if any) every minute
+/// when it changed. It ends when `fs` is gone.
+pub fn start_keeper(
+    fs: &Arc<HoardFs>,
+    remote: Option<Arc<RemoteOrigin>>,
+    path: Option<PathBuf>,
+    source: String,
+) {
+    let weak = Arc::downgrade(fs);
+    let spawned = std::thread::Builder::new()
+        .name("hoardfs-keeper".into())
+        .spawn(move || {
+            let mut saved: Option<u64> = None;
+            let mut last_save = Instant::now();
+            loop {
+                std::thread::sleep(TICK);
+                let Some(fs) = weak.upgrade() else { return };
+                if let Some(r) = remote.as_ref().filter(|r| r.is_offline())
+                    && r.reconnect().is_ok()
+                {
+                    tracing::info!(server = %r.addr(), "reconnected");
+                }
+                if let Some(p) = &path
+                    && last_save.elapsed() >= SAVE_EVERY
+                {
+                    last_save = Instant::now();
+                    let now = fs.namespace_snapshot(&source).map(|s| s.digest()).ok();
+                    if now.is_some() && now != saved {
+                        saved = save(&fs, p, &source);
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the reconnect thread: {e}");
+    }
+}

@@ -1,0 +1,281 @@
+//! The namespace a client knows, saved in its cache directory so that a later mount can
+//! start while the server is unreachable (Coda's disconnected operation starts from the
+//! hoard): every node reachable from the root with its name, handle and last attributes,
+//! and each directory's last listing. Cached *data* is keyed by file id and version in the
+//! cache store and needs nothing from here.
+//!
+//! A snapshot is taken by [`HoardFs::namespace_snapshot`] (the mount saves one every
+//! minute while the namespace changes, and at unmount) and written atomically
+//! ([`NamespaceSnapshot::save`]: temporary file, fsync, rename). [`HoardFs::restore_namespace`]
+//! adds its nodes to a fresh file system with expired attributes and listings and no
+//! callbacks, so the first use after the server is back revalidates each of them (a handle
+//! from an earlier server instance is stale and resolved again by name). Format: a magic
+//! line, the postcard body and its xxh3 checksum; anything that does not check out is
+//! reported and ignored, never half-applied.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hoardfs_origin::{Attr, DirEntry, Entry, FileKind, Handle, OriginInfo};
+use serde::{Deserialize, Serialize};
+
+use crate::HoardFs;
+use crate::dirs::Listing;
+use crate::nodes::{Ino, ROOT_INO};
+
+const MAGIC: &[u8; 8] = b"HFSNS\x001\n";
+
+/// Largest snapshot file read back (the node table holds at most 250,000 nodes).
+const MAX_FILE: u64 = 1 << 30;
+
+/// The saved namespace of one mount source.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NamespaceSnapshot {
+    /// The source it was taken from (as given to `mount`, e.g. `host:port`).
+    pub source: String,
+    /// The export's identity at the time.
+    pub export_id: u128,
+    read_only: bool,
+    publishes_on_close: bool,
+    root: Entry,
+    root_listing: Option<Vec<DirEntry>>,
+    /// Parents before children.
+    nodes: Vec<SavedNode>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedNode {
+    /// Index of the parent in `nodes`, or `u32::MAX` for the root.
+    parent: u32,
+    name: Vec<u8>,
+    handle: Handle,
+    attr: Attr,
+    listing: Option<Vec<DirEntry>>,
+}
+
+/// Why a snapshot could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// Reading the file failed.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not a snapshot this version wrote, or it is damaged.
+    #[error("{path} is damaged or from another version ({why})")]
+    Damaged {
+        /// The file.
+        path: String,
+        /// What did not check out.
+        why: String,
+    },
+}
+
+impl NamespaceSnapshot {
+    /// What the origin said about itself when the snapshot was taken (write verifier 0).
+    pub fn info(&self) -> OriginInfo {
+        OriginInfo {
+            export_id: self.export_id,
+            root: self.root.clone(),
+            read_only: self.read_only,
+            verifier: 0,
+        }
+    }
+
+    /// Whether the origin published written files only at close.
+    pub fn publishes_on_close(&self) -> bool {
+        self.publishes_on_close
+    }
+
+    /// Number of nodes besides the root.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True when only the root was known.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// A hash of the whole snapshot: equal digests, same content.
+    pub fn digest(&self) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(&hoardfs_proto::frame::encode_body(self))
+    }
+
+    /// Writes the snapshot to `path` atomically (a crash leaves the old one or this one).
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        let body = hoardfs_proto::frame::encode_body(self);
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(MAGIC)?;
+        f.write_all(&(body.len() as u64).to_le_bytes())?;
+        f.write_all(&body)?;
+        f.write_all(&xxhash_rust::xxh3::xxh3_64(&body).to_le_bytes())?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Reads the snapshot at `path`; `Ok(None)` if there is none.
+    pub fn load(path: &Path) -> Result<Option<NamespaceSnapshot>, SnapshotError> {
+        let shown = path.display().to_string();
+        let io = |source| SnapshotError::Io {
+            path: shown.clone(),
+            source,
+        };
+        let damaged = |why: String| SnapshotError::Damaged {
+            path: shown.clone(),
+            why,
+        };
+        let len = match std::fs::metadata(path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(e)),
+        };
+        if len > MAX_FILE {
+            return Err(damaged(format!("{len} bytes")));
+        }
+        let bytes = std::fs::read(path).map_err(io)?;
+        let rest = bytes
+            .strip_prefix(MAGIC.as_slice())
+            .ok_or_else(|| damaged("no magic".into()))?;
+        if rest.len() < 16 {
+            return Err(damaged("truncated".into()));
+        }
+        let (n, rest) = rest.split_at(8);
+        let n = u64::from_le_bytes(n.try_into().expect("8 bytes")) as usize;
+        if rest.len() != n.saturating_add(8) {
+            return Err(damaged("truncated".into()));
+        }
+        let (body, sum) = rest.split_at(n);
+        if xxhash_rust::xxh3::xxh3_64(body).to_le_bytes() != sum {
+            return Err(damaged("checksum mismatch".into()));
+        }
+        let snap: NamespaceSnapshot =
+            hoardfs_proto::frame::decode_body(body).map_err(|e| damaged(e.to_string()))?;
+        Ok(Some(snap))
+    }
+}
+
+impl HoardFs {
+    /// The namespace this mount knows now: every node whose names lead to the root, with
+    /// its last attributes and (directories) last listing. Deleted nodes are left out.
+    pub fn namespace_snapshot(&self, source: &str) -> crate::FsResult<NamespaceSnapshot> {
+        let info = self.origin.info()?;
+        let mut children: HashMap<Ino, Vec<(Ino, SavedNode)>> = HashMap::new();
+        let mut root_listing = None;
+        let mut root = info.root.clone();
+        for node in self.nodes.all() {
+            let st = node.state.lock();
+            let listing = st.last_listing().map(|l| l.entries.clone());
+            if node.ino == ROOT_INO {
+                root = Entry {
+                    handle: st.handle(),
+                    attr: st.attr(),
+                };
+                root_listing = listing;
+                continue;
+            }
+            if st.is_deleted() {
+                continue;
+            }
+            let saved = SavedNode {
+                parent: u32::MAX,
+                name: st.name().to_vec(),
+                handle: st.handle(),
+                attr: st.attr(),
+                listing,
+            };
+            children
+                .entry(st.parent())
+                .or_default()
+                .push((node.ino, saved));
+        }
+        // Breadth first from the root, so parents come before children; nodes whose
+        // parent chain does not reach the root are left out.
+        let mut nodes = Vec::new();
+        let mut queue = std::collections::VecDeque::from([(ROOT_INO, u32::MAX)]);
+        while let Some((ino, index)) = queue.pop_front() {
+            for (child, saved) in children.remove(&ino).unwrap_or_default() {
+                let me = nodes.len() as u32;
+                if saved.attr.kind == FileKind::Dir {
+                    queue.push_back((child, me));
+                }
+                nodes.push(SavedNode {
+                    parent: index,
+                    ..saved
+                });
+            }
+        }
+        Ok(NamespaceSnapshot {
+            source: source.to_owned(),
+            export_id: info.export_id,
+            read_only: info.read_only,
+            publishes_on_close: self.origin.publishes_on_close(),
+            root,
+            root_listing,
+            nodes,
+        })
+    }
+
+    /// Adds the nodes of `snap` (taken from this export) to this file system, expired and
+    /// without callbacks; returns how many were added. Meant for a mount that starts
+    /// disconnected, before the kernel looks anything up.
+    pub fn restore_namespace(&self, snap: &NamespaceSnapshot) -> usize {
+        self.callbacks.presume_all_broken();
+        let restored_listing = |entries: &Vec<DirEntry>| {
+            Arc::new(Listing {
+                entries: entries.clone(),
+                fetched: Instant::now(),
+                since: 0,
+            })
+        };
+        let Some(root) = self.nodes.get(ROOT_INO) else {
+            return 0;
+        };
+        {
+            let mut st = root.state.lock();
+            st.expire();
+            if let Some(l) = &snap.root_listing {
+                st.keep_listing(restored_listing(l));
+            }
+        }
+        let mut inos: Vec<Option<Ino>> = Vec::with_capacity(snap.nodes.len());
+        let mut listed: Vec<(Ino, &Vec<DirEntry>)> = Vec::new();
+        listed.extend(snap.root_listing.as_ref().map(|l| (ROOT_INO, l)));
+        let mut added = 0;
+        for n in &snap.nodes {
+            let parent = match n.parent {
+                u32::MAX => Some(ROOT_INO),
+                i => inos.get(i as usize).copied().flatten(),
+            };
+            let node = parent.and_then(|p| self.nodes.restore(p, &n.name, n.handle, n.attr));
+            if let (Some(node), Some(l)) = (&node, &n.listing) {
+                node.state.lock().keep_listing(restored_listing(l));
+                listed.push((node.ino, l));
+            }
+            added += node.is_some() as usize;
+            inos.push(node.map(|n| n.ino));
+        }
+        // Names only listed (never looked up) answer offline lookups too.
+        for (dir, entries) in listed {
+            for e in entries {
+                let node = self
+                    .nodes
+                    .restore(dir, &e.name, e.entry.handle, e.entry.attr);
+                added += node.is_some() as usize;
+            }
+        }
+        added
+    }
+}
