@@ -1,7 +1,7 @@
 //! The control socket of a running mount: a Unix stream socket, readable and writable by
 //! its owner only (peers must be root or the mount's user), speaking one JSON object per
-//! line each way. `hoardfs stats`, `cache`, `prefetch`, `pin` and `unpin` find it from the
-//! mount point (`socket_path`). The same counters feed the Prometheus exporter.
+//! line each way. `hoardfs stats`, `cache`, `prefetch`, `pin`, `unpin`, `sync` and
+//! `conflicts` find it from the mount point (`socket_path`). The same counters feed the Prometheus exporter.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -301,6 +301,27 @@ fn handle(fs: &HoardFs, info: &MountInfo, req: &Value) -> Result<Value, String> 
             let p = fs.prefetch(ino()?).map_err(fs_err)?;
             Ok(json!({"size": p.size, "fetched": p.fetched, "complete": p.complete}))
         }
+        "sync" => {
+            // Sends the offline changes back, waiting at most `timeout` seconds.
+            let timeout = req["timeout"].as_f64().unwrap_or(60.0).clamp(0.0, 86_400.0);
+            let deadline = std::time::Instant::now() + Duration::from_secs_f64(timeout);
+            loop {
+                fs.reintegrate();
+                let left = fs.pending_changes();
+                if left == 0 || std::time::Instant::now() >= deadline {
+                    return Ok(json!({"pending": left}));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        "conflicts" => {
+            let list: Vec<Value> = fs
+                .conflicts()
+                .into_iter()
+                .map(|c| json!({"at": c.at, "path": c.path, "copy": c.copy, "reason": c.reason}))
+                .collect();
+            Ok(json!({"conflicts": list}))
+        }
         "verify" => {
             let r = fs.verify_cache(&|_, _| {}).map_err(fs_err)?;
             Ok(
@@ -350,6 +371,11 @@ pub fn stats_json(fs: &HoardFs, info: &MountInfo) -> Value {
             "bytes_written": s.bytes_written,
         },
         "cache": fs.cache_usage().map(|u| usage_json(&u)),
+        "offline_writes": fs.offline_stats().map(|o| json!({
+            "pending_files": o.files, "pending_bytes": o.bytes,
+            "oldest_pending_secs": o.oldest.map(|d| d.as_secs()),
+            "conflicts": o.conflicts,
+        })),
     })
 }
 

@@ -3,20 +3,21 @@
 //!
 //! A mount with a cache directory saves the namespace it knows (names, attributes,
 //! listings: `hoardfs_fs::NamespaceSnapshot`) in `CACHE_DIR/namespace-<hash of the
-//! source>` every minute while it changes, and at unmount. When a later mount finds the
+//! source>` every minute while it changes, when the connection is lost, and at unmount. When a later mount finds the
 //! server unreachable (refused, timed out, no route: not a refused identity or
 //! credential), it starts from that file instead of failing: cached files and the names
 //! seen before are served, everything else is `EIO`, and a background thread reconnects.
 //! The same thread reconnects any mount whose connection attempts failed, so callbacks
-//! come back without waiting for the next use.
+//! come back without waiting for the next use, and then sends back the changes kept by
+//! `--offline-writes` (`HoardFs::reintegrate`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hoardfs_fs::{HoardFs, NamespaceSnapshot};
-use hoardfs_origin::OriginError;
 use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin, Security};
+use hoardfs_origin::{Origin, OriginError};
 
 /// How often the keeper looks at the connection.
 const TICK: Duration = Duration::from_secs(1);
@@ -95,13 +96,35 @@ pub fn start_keeper(
         .spawn(move || {
             let mut saved: Option<u64> = None;
             let mut last_save = Instant::now();
+            let mut was_connected = true;
             loop {
                 std::thread::sleep(TICK);
                 let Some(fs) = weak.upgrade() else { return };
+                // Just lost the server: save what we know now, for a restart while it
+                // stays away.
+                let connected = remote.as_ref().is_none_or(|r| r.is_connected());
+                if let Some(p) = path.as_ref().filter(|_| was_connected && !connected) {
+                    let now = fs.namespace_snapshot(&source).map(|s| s.digest()).ok();
+                    if now.is_some() && now != saved {
+                        saved = save(&fs, p, &source);
+                    }
+                }
+                was_connected = connected;
                 if let Some(r) = remote.as_ref().filter(|r| r.is_offline())
                     && r.reconnect().is_ok()
                 {
                     tracing::info!(server = %r.addr(), "reconnected");
+                }
+                if fs.pending_changes() > 0 && remote.as_ref().is_none_or(|r| !r.is_offline()) {
+                    let r = fs.reintegrate();
+                    if r.sent + r.conflicts > 0 {
+                        tracing::info!(
+                            "offline changes sent back: {} written, {} as conflict copies, {} left",
+                            r.sent,
+                            r.conflicts,
+                            r.left
+                        );
+                    }
                 }
                 if let Some(p) = &path
                     && last_save.elapsed() >= SAVE_EVERY

@@ -47,6 +47,12 @@ enum Command {
     Stats(tools::StatsArgs),
     /// Counters of a running server: connections, requests, reads, file opens, bytes.
     ServerStats(tools::ServerStatsArgs),
+    /// Wait until the changes a mount kept while its server was unreachable
+    /// (--offline-writes) are on the server; fails if some are left at the timeout.
+    Sync(tools::SyncArgs),
+    /// List the offline changes that met a change on the server, and where this client's
+    /// version was put.
+    Conflicts(tools::ConflictsArgs),
     /// Inspect, evict from or verify a mount's cache or a cache directory.
     #[command(subcommand)]
     Cache(tools::CacheCommand),
@@ -100,6 +106,8 @@ fn main() -> ExitCode {
         Command::Demo(a) => demo::run(a),
         Command::Stats(a) => tools::stats(a),
         Command::ServerStats(a) => tools::server_stats(a),
+        Command::Sync(a) => tools::sync(a),
+        Command::Conflicts(a) => tools::conflicts(a),
         Command::Cache(c) => tools::cache(c),
         Command::Prefetch(a) => prefetch::prefetch(a),
         Command::Pin(a) => prefetch::pin(a),

@@ -154,6 +154,31 @@ const CLIENT_ID: &str = "client-id";
 /// (`hoardfs_fs::FsConfig::unlinked_journal`).
 const UNLINKED_JOURNAL: &str = "unlinked";
 
+/// Directory in the cache directory holding the offline change log (`--offline-writes`).
+const OFFLINE_LOG: &str = "cml";
+
+/// This machine's host name (for conflict copies' names), made safe for a file name.
+fn host_name() -> String {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let name: String = raw
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    if name.is_empty() {
+        "client".into()
+    } else {
+        name
+    }
+}
+
 /// The id of the client that uses cache directory `dir` (16 hex digits, random, made at
 /// its first mount and kept in `dir/client-id`): hidden names carry it, so that the next
 /// mount of `dir` knows which ones it may remove after a crash.
@@ -336,6 +361,10 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         passthrough: !a.no_passthrough,
         xattrs: a.xattrs,
         kernel_opens: a.kernel_opens,
+        offline_writes: cache_dir
+            .filter(|_| a.offline_writes)
+            .map(|d| d.join(OFFLINE_LOG)),
+        host: host_name(),
         ..Default::default()
     };
     let fs = HoardFs::new(origin, cache, config).map_err(|e| format!("cannot start: {e}"))?;
@@ -452,6 +481,17 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     }
     if let Some(p) = &namespace_file {
         crate::disconnected::save(&fs, p, &a.source);
+    }
+    if let Some(s) = fs.offline_stats().filter(|s| s.files > 0) {
+        eprintln!(
+            "hoardfs: {} file(s) changed while {} was unreachable ({} bytes) are not on the \
+             server yet; they are kept in {} and sent at the next mount of this cache \
+             directory",
+            s.files,
+            a.source,
+            s.bytes,
+            cache_dir.map_or_else(String::new, |d| d.join(OFFLINE_LOG).display().to_string())
+        );
     }
     fs.shutdown();
     Ok(())

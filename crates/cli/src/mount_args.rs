@@ -73,6 +73,14 @@ pub struct MountArgs {
     /// three per file.
     #[arg(long)]
     pub xattrs: bool,
+    /// Keep changes to fully cached files while the server is unreachable (writes,
+    /// truncations), in a log in the cache directory, and send them back when it returns;
+    /// a file changed on both sides keeps the server's version and gets this client's
+    /// next to it as NAME.conflict-HOST-TIME (`hoardfs conflicts`). Off by default:
+    /// other clients do not see such changes until then, and `fsync` then means "on this
+    /// disk" (doc/SEMANTICS.md, "Offline writes").
+    #[arg(long)]
+    pub offline_writes: bool,
     /// Let users other than the mounting one access the mount (default when run as root).
     #[arg(long)]
     pub allow_other: bool,
@@ -262,6 +270,7 @@ impl MountArgs {
                 "no_passthrough" => a.no_passthrough = true,
                 "kernel_opens" => a.kernel_opens = true,
                 "xattrs" => a.xattrs = true,
+                "offline_writes" => a.offline_writes = true,
                 "allow_other" => a.allow_other = true,
                 "endpoint_url" => a.endpoint_url = Some(need()?.into()),
                 "region" => a.region = Some(need()?.into()),
@@ -331,6 +340,16 @@ impl MountArgs {
         }
         if a.kernel_opens && a.no_cache {
             return Err("--kernel-opens needs a disk cache (--cache-dir), not --no-cache".into());
+        }
+        if a.offline_writes && (a.no_cache || a.cache_dir.is_none()) {
+            return Err("--offline-writes needs a disk cache (--cache-dir)".into());
+        }
+        if a.offline_writes && (s3 || a.source.starts_with('/')) {
+            return Err(
+                "--offline-writes applies to hoardfs servers (HOST:PORT), not to s3:// or \
+                 local-path sources"
+                    .into(),
+            );
         }
         if a.cache_dir.is_none() && !a.no_cache {
             return Err("--cache-dir DIR is required (or --no-cache to read through)".into());

@@ -241,6 +241,83 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
     } else {
         println!("  no disk cache");
     }
+    let o = &v["offline_writes"];
+    if o.is_object() {
+        let n = |k: &str| o[k].as_u64().unwrap_or(0);
+        let oldest = o["oldest_pending_secs"]
+            .as_u64()
+            .map_or(String::new(), |s| format!(", oldest {s} s old"));
+        println!(
+            "  offline changes: {} file(s) not yet on the server ({}{oldest}); {} conflict(s) \
+             recorded (hoardfs conflicts)",
+            n("pending_files"),
+            human(n("pending_bytes")),
+            n("conflicts")
+        );
+    }
+    Ok(())
+}
+
+/// Options of `hoardfs sync`.
+#[derive(Args, Debug)]
+pub struct SyncArgs {
+    /// The mount point (or any path on the mount).
+    pub mountpoint: PathBuf,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout: f64,
+}
+
+/// `hoardfs sync`: waits until the changes kept offline are on the server; fails if some
+/// are still pending at the timeout.
+pub fn sync(a: SyncArgs) -> Result<(), String> {
+    let mp = mount_of(&a.mountpoint)?;
+    if !(a.timeout >= 0.0 && a.timeout < 86_400.0) {
+        return Err("--timeout is a number of seconds below 86400".into());
+    }
+    let v = Control::connect(&mp)?.call(json!({"op": "sync", "timeout": a.timeout}))?;
+    match v["pending"].as_u64() {
+        Some(0) => Ok(()),
+        Some(n) => Err(format!(
+            "{n} file(s) changed offline are not on the server yet after {} s (is it \
+             reachable? `hoardfs stats {}`)",
+            a.timeout,
+            mp.display()
+        )),
+        None => Err("unexpected reply from the mount".into()),
+    }
+}
+
+/// Options of `hoardfs conflicts`.
+#[derive(Args, Debug)]
+pub struct ConflictsArgs {
+    /// The mount point (or any path on the mount).
+    pub mountpoint: PathBuf,
+    /// Print JSON instead of lines.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `hoardfs conflicts`: the changes kept offline that met a change on the server, and
+/// where this client's version went.
+pub fn conflicts(a: ConflictsArgs) -> Result<(), String> {
+    let mp = mount_of(&a.mountpoint)?;
+    let v = Control::connect(&mp)?.call(json!({"op": "conflicts"}))?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&strip_ok(v)).expect("json")
+        );
+        return Ok(());
+    }
+    for c in v["conflicts"].as_array().into_iter().flatten() {
+        println!(
+            "{}: {} -> this client's version is {}",
+            c["path"].as_str().unwrap_or("?"),
+            c["reason"].as_str().unwrap_or("?"),
+            c["copy"].as_str().unwrap_or("?")
+        );
+    }
     Ok(())
 }
 

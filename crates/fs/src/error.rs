@@ -37,6 +37,10 @@ pub enum FsError {
     /// An inode or handle number the kernel gave us is unknown.
     #[error("unknown inode or file handle")]
     BadHandle,
+    /// A change made while the origin was unreachable could not be kept locally (the
+    /// staging file of `--offline-writes`: out of space, I/O error).
+    #[error("cannot keep the offline change: {0}")]
+    OfflineChange(#[source] Shared<std::io::Error>),
     /// Writes the server acknowledged may have been lost before they became durable.
     #[error(transparent)]
     WritesLost(#[from] crate::durability::WritesMayBeLost),

@@ -11,6 +11,7 @@
 //! attributes, names and data are served and everything else fails fast.
 
 mod callbacks;
+mod cml;
 mod dirs;
 mod durability;
 mod error;
@@ -21,9 +22,12 @@ mod manage;
 mod namespace;
 pub mod nodes;
 mod objects;
+mod offline;
 mod open_files;
 mod opens;
 mod read;
+mod reintegrate;
+mod sealed;
 mod snapshot;
 mod stats;
 mod unlinked;
@@ -36,11 +40,13 @@ use hoardfs_cache::CacheDir;
 use hoardfs_origin::{Attr, FileKind, Handle, Origin, OriginError, StatFs, WireError};
 
 pub use callbacks::KernelNotifier;
+pub use cml::{Conflict, LogStats};
 pub use error::{CacheFault, FsError, FsResult, Shared};
 pub use manage::{CachedEntry, Prefetched};
 pub use namespace::NodeEntry;
 pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO};
 pub use read::{Access, FileHandle, OpenMode, Opened, ReadData};
+pub use reintegrate::Reintegrated;
 pub use snapshot::{NamespaceSnapshot, SnapshotError};
 pub use stats::{Stats, StatsSnapshot};
 
@@ -86,6 +92,11 @@ pub struct FsConfig {
     /// Where hidden names are journaled until removed, so that the next run removes
     /// those a crash left behind (`crate::unlinked`).
     pub unlinked_journal: Option<std::path::PathBuf>,
+    /// `--offline-writes`: the directory of the client modify log (`crate::cml`); `None`
+    /// keeps changes failing while the origin is unreachable.
+    pub offline_writes: Option<std::path::PathBuf>,
+    /// This client's host name, in the names of conflict copies.
+    pub host: String,
 }
 
 impl Default for FsConfig {
@@ -102,6 +113,8 @@ impl Default for FsConfig {
             kernel_opens: false,
             client_id: None,
             unlinked_journal: None,
+            offline_writes: None,
+            host: "client".into(),
         }
     }
 }
@@ -123,6 +136,9 @@ pub struct ListedNode {
     pub ino: Ino,
     /// How long the kernel may keep the name and attributes.
     pub ttl: Duration,
+    /// The attributes to hand out (the entry's, or a file's local ones while it has a
+    /// change not yet sent back).
+    pub attr: Attr,
 }
 
 /// The file system: an origin, an optional disk cache, and the inode table.
@@ -149,6 +165,10 @@ pub struct HoardFs {
     durability: durability::Durability,
     /// Open files whose last name was replaced by a hidden one.
     unlinked: unlinked::Unlinked,
+    /// The client modify log of `--offline-writes`.
+    offline: Option<offline::OfflineWrites>,
+    /// One reintegration pass at a time (taken before any change's lock).
+    reintegrating: parking_lot::Mutex<()>,
 }
 
 impl HoardFs {
@@ -163,6 +183,14 @@ impl HoardFs {
         let (callbacks, breaks) = Callbacks::subscribe(&*origin);
         let unlinked =
             unlinked::Unlinked::new(config.client_id.clone(), config.unlinked_journal.clone());
+        let offline = match &config.offline_writes {
+            Some(dir) => Some(offline::OfflineWrites {
+                log: cml::ChangeLog::open(dir)
+                    .map_err(|e| FsError::OfflineChange(Shared::new(e)))?,
+                host: config.host.clone(),
+            }),
+            None => None,
+        };
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
             files: open_files::OpenFiles::default(),
@@ -178,7 +206,14 @@ impl HoardFs {
             notifier: OnceLock::new(),
             durability: durability::Durability::default(),
             unlinked,
+            offline,
+            reintegrating: parking_lot::Mutex::new(()),
         });
+        if let Some(off) = &fs.offline {
+            for (file_id, change) in off.log.local_changes() {
+                fs.nodes.set_local(file_id, Some(change));
+            }
+        }
         breaks.spawn(Arc::downgrade(&fs))?;
         if fs.callbacks.held() {
             // The root's attributes came with the handshake, before breaks were subscribed
@@ -337,12 +372,8 @@ impl HoardFs {
         let dir_id = dir.state.lock().attr().file_id;
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
             Ok(e) => {
-                let ListedNode { ino, ttl } = self.remember(parent, name, &e, dir_id, since);
-                Ok(NodeEntry {
-                    ino,
-                    attr: e.attr,
-                    ttl,
-                })
+                let ListedNode { ino, ttl, attr } = self.remember(parent, name, &e, dir_id, since);
+                Ok(NodeEntry { ino, attr, ttl })
             }
             Err(FsError::Offline(why)) => {
                 // Serve the name from what we saw while connected.
@@ -387,8 +418,12 @@ impl HoardFs {
     ) -> ListedNode {
         let grant = |a: &Attr| self.grant(a.file_id, since) && self.grant(dir_id, since);
         let n = self.nodes.remember(parent, name, e.handle, e.attr, grant);
-        let ttl = n.state.lock().kernel_ttl(&self.config);
-        ListedNode { ino: n.ino, ttl }
+        let st = n.state.lock();
+        ListedNode {
+            ino: n.ino,
+            ttl: st.kernel_ttl(&self.config),
+            attr: st.attr(),
+        }
     }
 
     /// Attributes of `ino` and how long the kernel may cache them: from memory while under

@@ -49,13 +49,9 @@ impl HoardFs {
         let (dir, dir_id) = self.dir(parent)?;
         let since = self.callbacks.seq();
         let e = self.with_handle(&dir, op)?;
-        let ListedNode { ino, ttl } = self.remember(parent, name, &e, dir_id, since);
+        let ListedNode { ino, ttl, attr } = self.remember(parent, name, &e, dir_id, since);
         self.dir_changed(&dir);
-        Ok(NodeEntry {
-            ino,
-            attr: e.attr,
-            ttl,
-        })
+        Ok(NodeEntry { ino, attr, ttl })
     }
 
     /// A directory's content changed through this client.

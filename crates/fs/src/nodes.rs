@@ -16,6 +16,7 @@ use hoardfs_origin::{Attr, FileKind, Handle};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::FsConfig;
+use crate::cml::LocalChange;
 use crate::dirs::DirState;
 pub use crate::dirs::Listing;
 use crate::freshness::Freshness;
@@ -67,12 +68,45 @@ pub struct NodeState {
     /// The origin no longer has the object (its last name was removed elsewhere while it
     /// was open here): see [`NodeState::mark_deleted`].
     deleted: bool,
+    /// Changed here while the origin was unreachable and not yet sent back
+    /// (`--offline-writes`): its size and mtime override the origin's.
+    local: Option<LocalChange>,
 }
 
 impl NodeState {
-    /// Last attributes seen.
+    /// Last attributes seen, with the local size and mtime of a file changed offline.
     pub fn attr(&self) -> Attr {
-        self.attr
+        match self.local {
+            None => self.attr,
+            Some(l) => {
+                let mut a = self.attr;
+                let t = l
+                    .mtime
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                a.size = l.size;
+                a.mtime = hoardfs_proto::Timestamp {
+                    secs: t.as_secs() as i64,
+                    nanos: t.subsec_nanos(),
+                };
+                a.ctime = a.mtime;
+                // Not the origin's version, and a new one with every local change.
+                a.version = xxhash_rust::xxh3::xxh3_64(
+                    &[
+                        self.attr.version.to_le_bytes(),
+                        l.size.to_le_bytes(),
+                        (t.as_nanos() as u64).to_le_bytes(),
+                    ]
+                    .concat(),
+                );
+                a
+            }
+        }
+    }
+
+    /// Whether the file has a change not yet sent back to the origin.
+    pub fn is_local(&self) -> bool {
+        self.local.is_some()
     }
 
     /// Whether the origin holds a callback for the attributes.
@@ -243,6 +277,8 @@ const MAX_NODES: usize = 250_000;
 
 #[derive(Default)]
 struct Inner {
+    /// Files changed offline, by file id: their nodes (now or when made) carry it.
+    local: HashMap<u64, LocalChange>,
     nodes: HashMap<Ino, Arc<Node>>,
     by_file_id: HashMap<u64, Ino>,
     /// Forgotten nodes, oldest first (entries may be stale: re-checked before removal).
@@ -287,6 +323,7 @@ impl NodeTable {
                 dir: DirState::default(),
                 opens: OpenState::default(),
                 deleted: false,
+                local: None,
             }),
             passthrough_released: Condvar::new(),
         })
@@ -336,6 +373,7 @@ impl NodeTable {
                     let ino = inner.next_ino;
                     inner.next_ino += 1;
                     let n = Self::make(ino, handle, attr, parent, name.to_vec());
+                    n.state.lock().local = inner.local.get(&attr.file_id).copied();
                     inner.by_file_id.insert(attr.file_id, ino);
                     inner.nodes.insert(ino, n.clone());
                     n
@@ -375,6 +413,7 @@ impl NodeTable {
             let ino = inner.next_ino;
             inner.next_ino += 1;
             let n = Self::make(ino, handle, attr, parent, name.to_vec());
+            n.state.lock().local = inner.local.get(&attr.file_id).copied();
             inner.by_file_id.insert(attr.file_id, ino);
             inner.nodes.insert(ino, n.clone());
             inner.idle.push_back(ino);
@@ -383,6 +422,26 @@ impl NodeTable {
         node.state.lock().expire();
         p.state.lock().add_child(name, node.ino);
         Some(node)
+    }
+
+    /// Records the local attributes of file `file_id` (changed offline), or forgets them
+    /// (`None`: sent back); its node, if any, follows.
+    pub fn set_local(&self, file_id: u64, change: Option<LocalChange>) {
+        let node = {
+            let mut inner = self.inner.write();
+            match change {
+                Some(c) => inner.local.insert(file_id, c),
+                None => inner.local.remove(&file_id),
+            };
+            inner
+                .by_file_id
+                .get(&file_id)
+                .and_then(|i| inner.nodes.get(i))
+                .cloned()
+        };
+        if let Some(n) = node {
+            n.state.lock().local = change;
+        }
     }
 
     /// Forgets that `ino` is the node of `file_id` (its object is gone from the origin), so

@@ -195,6 +195,9 @@ impl HoardFs {
             self.check_writable()?;
         }
         let node = self.file_node(ino)?;
+        if self.pending_of(&node).is_some() {
+            return Ok(self.open_pending(node, access));
+        }
         let (before, attr) = self.validated_attr(&node)?;
         // The kernel may still hold the old size: the bridge invalidates its attributes.
         let changed = before.version != attr.version || before.size != attr.size;
@@ -374,6 +377,11 @@ impl HoardFs {
         size: u32,
     ) -> FsResult<ReadData> {
         Stats::add(&self.stats.reads, 1);
+        if let Some(p) = self.pending_of(&of.node)
+            && let Some(data) = self.read_pending(&p, offset, size)?
+        {
+            return Ok(data);
+        }
         let view = View::of(&of.node);
         if offset >= view.size || size == 0 {
             return Ok(Recycled::default());

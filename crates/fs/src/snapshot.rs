@@ -14,7 +14,6 @@
 //! reported and ignored, never half-applied.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -110,20 +109,7 @@ impl NamespaceSnapshot {
 
     /// Writes the snapshot to `path` atomically (a crash leaves the old one or this one).
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        let body = hoardfs_proto::frame::encode_body(self);
-        let tmp = path.with_extension("tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(MAGIC)?;
-        f.write_all(&(body.len() as u64).to_le_bytes())?;
-        f.write_all(&body)?;
-        f.write_all(&xxhash_rust::xxh3::xxh3_64(&body).to_le_bytes())?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        crate::sealed::write_atomically(path, &crate::sealed::seal(MAGIC, self))
     }
 
     /// Reads the snapshot at `path`; `Ok(None)` if there is none.
@@ -146,23 +132,7 @@ impl NamespaceSnapshot {
             return Err(damaged(format!("{len} bytes")));
         }
         let bytes = std::fs::read(path).map_err(io)?;
-        let rest = bytes
-            .strip_prefix(MAGIC.as_slice())
-            .ok_or_else(|| damaged("no magic".into()))?;
-        if rest.len() < 16 {
-            return Err(damaged("truncated".into()));
-        }
-        let (n, rest) = rest.split_at(8);
-        let n = u64::from_le_bytes(n.try_into().expect("8 bytes")) as usize;
-        if rest.len() != n.saturating_add(8) {
-            return Err(damaged("truncated".into()));
-        }
-        let (body, sum) = rest.split_at(n);
-        if xxhash_rust::xxh3::xxh3_64(body).to_le_bytes() != sum {
-            return Err(damaged("checksum mismatch".into()));
-        }
-        let snap: NamespaceSnapshot =
-            hoardfs_proto::frame::decode_body(body).map_err(|e| damaged(e.to_string()))?;
+        let snap: NamespaceSnapshot = crate::sealed::unseal(MAGIC, &bytes).map_err(damaged)?;
         Ok(Some(snap))
     }
 }

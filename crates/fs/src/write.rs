@@ -29,13 +29,28 @@ impl HoardFs {
         }
         of.wrote_from(pid);
         let node = &of.node;
+        // A file changed offline stays local until reintegration sent it back.
+        if let Some(p) = self.pending_of(node)
+            && let Some(n) = self.write_pending(&of, &p, offset, data)?
+        {
+            return Ok(n);
+        }
         let since = self.callbacks.seq();
         let append = of.access.append;
         let verifier = self.verifier();
         // A file removed elsewhere while open here answers `Stale` (ESTALE, as on NFS):
         // this client cannot tell it from one renamed elsewhere and then forgotten by a
         // restarted server, so it must not accept bytes that would go nowhere.
-        let w = self.with_handle(node, |h| self.origin.write(h, offset, data, append))?;
+        let w = match self.with_handle(node, |h| self.origin.write(h, offset, data, append)) {
+            Err(FsError::Offline(why)) => {
+                let p = self.stage(node, why)?;
+                return match self.write_pending(&of, &p, offset, data)? {
+                    Some(n) => Ok(n),
+                    None => Err(FsError::Offline("sent back meanwhile: try again".into())),
+                };
+            }
+            r => r?,
+        };
         // An origin cannot have written more than it was given (a remote one's replies
         // are checked for that, this guards any other).
         let Some(written) = data.get(..w.written as usize) else {
@@ -87,7 +102,7 @@ impl HoardFs {
 
     /// Has an origin that publishes whole files (S3) publish `node`'s writes.
     pub(crate) fn publish(&self, node: &Node) -> FsResult<()> {
-        if !self.origin.publishes_on_close() || self.read_only {
+        if !self.origin.publishes_on_close() || self.read_only || self.pending_of(node).is_some() {
             return Ok(());
         }
         let since = self.callbacks.seq();
@@ -123,8 +138,29 @@ impl HoardFs {
     pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<NodeAttr> {
         self.check_writable()?;
         let node = self.node(ino)?;
+        // A truncation (times, which the kernel may send along, follow from it).
+        let truncation = set.mode.is_none() && set.uid.is_none() && set.gid.is_none();
+        if let Some(size) = set.size.filter(|_| truncation)
+            && let Some(p) = self.pending_of(&node)
+            && let Some(a) = self.truncate_pending(&node, &p, size)?
+        {
+            return Ok(a);
+        }
         let since = self.callbacks.seq();
-        let attr = self.with_handle(&node, |h| self.origin.setattr(h, set))?;
+        let attr = match self.with_handle(&node, |h| self.origin.setattr(h, set)) {
+            // A truncation while the origin is unreachable is an offline change too.
+            Err(FsError::Offline(why))
+                if truncation
+                    && set.size.is_some()
+                    && node.kind == hoardfs_origin::FileKind::File =>
+            {
+                let p = self.stage(&node, why)?;
+                return self
+                    .truncate_pending(&node, &p, set.size.unwrap_or(0))?
+                    .ok_or_else(|| FsError::Offline("sent back meanwhile: try again".into()));
+            }
+            r => r?,
+        };
         if node.kind == hoardfs_origin::FileKind::File {
             self.reset_object(&node, &attr);
         }
@@ -136,6 +172,10 @@ impl HoardFs {
     /// them (module `durability`).
     pub fn fsync(&self, ino: Ino, datasync: bool) -> FsResult<()> {
         let node = self.node(ino)?;
+        if let Some(p) = self.pending_of(&node) {
+            // Durable on this client's disk; it reaches the origin at reintegration.
+            return self.sync_pending(&p);
+        }
         let verifier = self.verifier();
         match self.with_handle(&node, |h| self.origin.fsync(h, datasync)) {
             // Deleted on the origin: nothing of it can ever be read back after a crash, as
@@ -159,9 +199,15 @@ impl HoardFs {
     pub fn flush(&self, ino: Ino, fh: FileHandle, pid: u32) -> FsResult<()> {
         if let Ok(of) = self.open_file(fh)
             && of.access.write
-            && of.closed_by_writer(pid)
         {
-            self.publish(&of.node)?;
+            if let Some(p) = self.pending_of(&of.node) {
+                // As a local file system would not, but as close-to-open promises:
+                // what was written is durable (here) once close returns.
+                return self.sync_pending(&p);
+            }
+            if of.closed_by_writer(pid) {
+                self.publish(&of.node)?;
+            }
         }
         self.durability
             .closed(ino, self.verifier())

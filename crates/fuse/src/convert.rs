@@ -40,6 +40,11 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::ReadOnly => Errno::EROFS,
         FsError::BadHandle => Errno::EBADF,
         FsError::WritesLost(_) | FsError::Thread { .. } => Errno::EIO,
+        FsError::OfflineChange(e) => match e.get().raw_os_error() {
+            Some(libc::ENOSPC) => Errno::ENOSPC,
+            Some(libc::EDQUOT) => Errno::EDQUOT,
+            _ => Errno::EIO,
+        },
     }
 }
 

@@ -368,13 +368,17 @@ impl Filesystem for FuseBridge {
                 }
             } else {
                 let e = &listing.entries[i - 2];
-                let ListedNode { ino: child, ttl } = self.fs.remember_entry(ino.0, &listing, e);
+                let ListedNode {
+                    ino: child,
+                    ttl,
+                    attr,
+                } = self.fs.remember_entry(ino.0, &listing, e);
                 let full = reply.add(
                     INodeNo(child),
                     i as u64 + 1,
                     OsStr::from_bytes(&e.name),
                     &ttl,
-                    &fuse_attr(child, &e.entry.attr),
+                    &fuse_attr(child, &attr),
                     Generation(0),
                 );
                 if full {

@@ -1,0 +1,193 @@
+//! Writes while the origin is unreachable (`--offline-writes`).
+//!
+//! When a write or truncation of a regular file fails because the origin is unreachable,
+//! and the file's cached copy is complete, the change is kept in the client modify log
+//! ([`crate::cml`]) instead: the file is staged (a copy of its cached bytes) and the change
+//! applies to the staging file. From then on, until the change is sent back
+//! (`crate::reintegrate`), every write, truncation, read, open and `stat` of that file is
+//! served from the staging file, whether or not the origin is back, so the file's changes
+//! reach the origin in order and whole. `fsync` and the writer's close make the staged
+//! bytes durable on this disk. A file not completely cached cannot be changed offline
+//! (`EIO`, with a warning naming the file): the client does not have its bytes.
+//!
+//! Only file contents are logged: creating, removing or renaming names, and changing
+//! permissions or times, still need the origin (`EIO` while it is unreachable).
+//!
+//! The [`OfflineWrites`] value owns the log; the `HoardFs` methods here route the
+//! operations of files with a pending change to it.
+
+use std::sync::Arc;
+
+use hoardfs_proto::buffers::Recycled;
+
+use crate::cml::{ChangeLog, Pending};
+use crate::nodes::Node;
+use crate::open_files::OpenFile;
+use crate::read::{ModeKind, OpenMode, Opened};
+use crate::stats::Stats;
+use crate::{Access, FsError, FsResult, HoardFs, NodeAttr, Shared};
+
+/// The offline-writes state of a mount: the log and the name conflicts are kept under.
+pub(crate) struct OfflineWrites {
+    pub(crate) log: ChangeLog,
+    /// This client's host name, in conflict copies' names.
+    pub(crate) host: String,
+}
+
+/// A local I/O error of the offline change log as the fs reports it.
+pub(crate) fn kept(e: std::io::Error) -> FsError {
+    FsError::OfflineChange(Shared::new(e))
+}
+
+impl HoardFs {
+    /// The pending change of `node`'s file, if offline writes are on and it has one.
+    pub(crate) fn pending_of(&self, node: &Node) -> Option<Arc<Pending>> {
+        let off = self.offline.as_ref()?;
+        let file_id = node.state.lock().attr().file_id;
+        off.log.get(file_id)
+    }
+
+    /// Starts a pending change of `node`'s file (the origin just failed with `why`):
+    /// the file's complete cached copy becomes its staging file. Without offline writes,
+    /// or without a complete copy, the change fails as the origin did.
+    pub(crate) fn stage(&self, node: &Node, why: String) -> FsResult<Arc<Pending>> {
+        let Some(off) = &self.offline else {
+            return Err(FsError::Offline(why));
+        };
+        let (attr, object) = {
+            let st = node.state.lock();
+            (st.attr(), st.opens.object().cloned())
+        };
+        let complete = object
+            .as_ref()
+            .filter(|o| o.is_complete() && o.shape().version == attr.version);
+        let (Some(object), Some(path)) = (complete, self.components_of(node.ino)) else {
+            tracing::warn!(
+                ino = node.ino,
+                "cannot change a file offline that is not completely cached \
+                 (hoardfs prefetch or pin it while connected)"
+            );
+            return Err(FsError::Offline(why));
+        };
+        let p = off.log.stage(path, &attr, object).map_err(kept)?;
+        let local = p.lock().local();
+        self.nodes.set_local(attr.file_id, Some(local));
+        tracing::info!(
+            ino = node.ino,
+            "the server is unreachable: this file's changes are kept locally until it is back"
+        );
+        Ok(p)
+    }
+
+    /// Writes `data` at `offset` (or at the end, for `O_APPEND` opens) of the staged
+    /// content of `of`'s file. `None`: the change was sent back meanwhile (the caller
+    /// writes through the origin instead).
+    pub(crate) fn write_pending(
+        &self,
+        of: &OpenFile,
+        p: &Pending,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<Option<u32>> {
+        let mut g = p.lock();
+        if g.is_gone() {
+            return Ok(None);
+        }
+        let offset = if of.access.append {
+            g.local().size
+        } else {
+            offset
+        };
+        g.write(offset, data).map_err(kept)?;
+        let local = g.local();
+        drop(g);
+        self.nodes.set_local(p.file_id, Some(local));
+        Stats::add(&self.stats.writes, 1);
+        Stats::add(&self.stats.bytes_written, data.len() as u64);
+        if of.access.append
+            && let Some(n) = self.notifier.get()
+        {
+            n.inval_attr(of.node.ino);
+        }
+        Ok(Some(data.len() as u32))
+    }
+
+    /// Sets the size of the staged content of `node`'s file; `None` if it was sent back
+    /// meanwhile.
+    pub(crate) fn truncate_pending(
+        &self,
+        node: &Node,
+        p: &Pending,
+        size: u64,
+    ) -> FsResult<Option<NodeAttr>> {
+        let mut g = p.lock();
+        if g.is_gone() {
+            return Ok(None);
+        }
+        g.truncate(size).map_err(kept)?;
+        let local = g.local();
+        drop(g);
+        self.nodes.set_local(p.file_id, Some(local));
+        let st = node.state.lock();
+        Ok(Some(NodeAttr {
+            attr: st.attr(),
+            ttl: st.kernel_ttl(&self.config),
+        }))
+    }
+
+    /// Makes the staged content of a pending file durable (`fsync`, and the writer's
+    /// close).
+    pub(crate) fn sync_pending(&self, p: &Pending) -> FsResult<()> {
+        let g = p.lock();
+        if g.is_gone() {
+            return Ok(());
+        }
+        g.sync().map_err(kept)
+    }
+
+    /// Opens a file with a pending change: daemon reads without the page cache, served
+    /// from the staging file (no cached object is involved).
+    pub(crate) fn open_pending(&self, node: Arc<Node>, access: Access) -> Opened {
+        node.state.lock().opens.admit_direct();
+        let fh = self
+            .files
+            .insert(OpenFile::new(node, ModeKind::Direct, access, None));
+        Opened {
+            fh,
+            mode: OpenMode::Direct,
+            changed: true,
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset` of a pending file's staged content; `None`
+    /// if it was sent back meanwhile.
+    pub(crate) fn read_pending(
+        &self,
+        p: &Pending,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<Option<Recycled>> {
+        let g = p.lock();
+        if g.is_gone() {
+            return Ok(None);
+        }
+        let data = g.read(offset, size as usize).map_err(kept)?;
+        Stats::add(&self.stats.bytes_from_cache, data.len() as u64);
+        Ok(Some(Recycled::from(data)))
+    }
+}
+
+impl HoardFs {
+    /// The offline change log's counters; `None` without `--offline-writes`.
+    pub fn offline_stats(&self) -> Option<crate::LogStats> {
+        self.offline.as_ref().map(|o| o.log.stats())
+    }
+
+    /// The conflicts recorded in this cache directory, oldest first.
+    pub fn conflicts(&self) -> Vec<crate::Conflict> {
+        self.offline
+            .as_ref()
+            .map(|o| o.log.conflicts())
+            .unwrap_or_default()
+    }
+}

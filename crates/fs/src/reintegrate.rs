@@ -1,0 +1,307 @@
+//! Reintegration: sending the changes of `--offline-writes` back to the origin once it is
+//! reachable, oldest first.
+//!
+//! For each pending file the path recorded at its first change is looked up from the
+//! root. If it still names the same object at the **base version** the change started
+//! from, the staged content is written over it (whole, then truncated to its size,
+//! published and fsynced), and the change is done. If the file changed on the origin
+//! meanwhile, or was removed or replaced by another file, or its directory is gone, the
+//! origin's version stays where it is and this client's is written next to it as
+//! `NAME.conflict-HOST-TIME` (in the root directory, with the path's components joined by
+//! `_`, when the directory is gone); the conflict is logged and listed by
+//! `hoardfs conflicts`. Nothing is dropped: a change that cannot be sent for any other
+//! reason (permissions, a full disk on the server) stays pending and is tried again later.
+//!
+//! Idempotent across a client killed in the middle: the record says `Uploading` (durably)
+//! before the first byte goes out, and a change found `Uploading` is sent again whole
+//! over the same object whatever its version, since that version may be its own half
+//! upload. (A change made on the origin to that file during those moments is then
+//! overwritten, as it would be by a slow writer; the window is that of one upload.)
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use hoardfs_origin::{Entry, Handle, Owner, SetAttrs, WireError};
+
+use crate::cml::{Conflict, Inner, Pending, Phase};
+use crate::{FsError, FsResult, HoardFs};
+
+/// Bytes per write when sending a staged file back.
+const PIECE: usize = 1 << 20;
+
+/// What one pass of [`HoardFs::reintegrate`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reintegrated {
+    /// Changes written over their file.
+    pub sent: u64,
+    /// Changes written to a conflict copy.
+    pub conflicts: u64,
+    /// Changes still pending.
+    pub left: u64,
+}
+
+/// How a change went back.
+enum Outcome {
+    Sent,
+    Conflict(Conflict),
+}
+
+/// A UTC time as `YYYYMMDDTHHMMSSZ` (civil-from-days, proleptic Gregorian).
+fn utc_stamp(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn shown(path: &[Vec<u8>]) -> String {
+    let mut s = String::new();
+    for c in path {
+        s.push('/');
+        s.push_str(&String::from_utf8_lossy(c));
+    }
+    s
+}
+
+impl HoardFs {
+    /// Sends pending offline changes back, oldest first, until one cannot be sent because
+    /// the origin is unreachable. Safe to call at any time and from any thread (one pass
+    /// at a time).
+    pub fn reintegrate(&self) -> Reintegrated {
+        let mut r = Reintegrated::default();
+        let Some(off) = &self.offline else {
+            return r;
+        };
+        let _one_pass = self.reintegrating.lock();
+        let all = off.log.all();
+        let mut stopped = false;
+        for p in &all {
+            if stopped {
+                r.left += 1;
+                continue;
+            }
+            match self.send_back(p) {
+                Ok(Some(Outcome::Sent)) => r.sent += 1,
+                Ok(Some(Outcome::Conflict(c))) => {
+                    tracing::warn!(
+                        "conflict: {} changed on the server while this client changed it \
+                         offline ({}); this client's version is at {}",
+                        c.path,
+                        c.reason,
+                        c.copy
+                    );
+                    off.log.record_conflict(&c);
+                    r.conflicts += 1;
+                }
+                Ok(None) => {}
+                Err(FsError::Offline(why)) => {
+                    tracing::debug!("reintegration paused: {why}");
+                    stopped = true;
+                    r.left += 1;
+                }
+                Err(e) => {
+                    tracing::error!(
+                        file_id = p.file_id,
+                        "an offline change cannot be sent back now (kept, tried again \
+                         later): {e}"
+                    );
+                    r.left += 1;
+                }
+            }
+        }
+        r
+    }
+
+    /// Number of changes waiting to be sent back.
+    pub fn pending_changes(&self) -> u64 {
+        self.offline.as_ref().map_or(0, |o| o.log.stats().files)
+    }
+
+    /// Sends one change back (under its lock, so writes to the file wait); `None` if it
+    /// was done already.
+    fn send_back(&self, p: &Pending) -> FsResult<Option<Outcome>> {
+        let off = self
+            .offline
+            .as_ref()
+            .expect("called with offline writes on");
+        let mut g = p.lock();
+        if g.is_gone() {
+            return Ok(None);
+        }
+        let rec = g.record().clone();
+        let Some((name, dirs)) = rec.path.split_last() else {
+            return Err(FsError::Origin(WireError::Invalid));
+        };
+        let root = self.origin.info()?.root.handle;
+        let mut dir = Some(root);
+        for c in dirs {
+            let Some(d) = dir else { break };
+            dir = match self.origin.lookup(d, c) {
+                Ok(e) => Some(e.handle),
+                Err(hoardfs_origin::OriginError::Fs(WireError::NotFound | WireError::NotDir)) => {
+                    None
+                }
+                Err(e) => return Err(e.into()),
+            };
+        }
+        let found = match dir {
+            Some(d) => match self.origin.lookup(d, name) {
+                Ok(e) => Some(e),
+                Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => None,
+                Err(e) => return Err(e.into()),
+            },
+            None => None,
+        };
+        let outcome = match (&dir, found) {
+            (Some(_), Some(e))
+                if e.attr.file_id == rec.file_id
+                    && (e.attr.version == rec.base_version || rec.phase == Phase::Uploading) =>
+            {
+                g.start_upload().map_err(crate::offline::kept)?;
+                self.upload(e.handle, &g)?;
+                Outcome::Sent
+            }
+            (Some(d), found) => {
+                let reason = match found {
+                    None => "removed on the server",
+                    Some(e) if e.attr.file_id != rec.file_id => "replaced on the server",
+                    Some(_) => "changed on the server since the change began",
+                };
+                let copy = self.conflict_copy(*d, name, &g, &off.host)?;
+                let mut at = rec.path[..rec.path.len() - 1].to_vec();
+                at.push(copy);
+                Outcome::Conflict(Conflict {
+                    at: now_secs(),
+                    path: shown(&rec.path),
+                    copy: shown(&at),
+                    reason: reason.into(),
+                })
+            }
+            (None, _) => {
+                let flat = rec.path.join(&b'_');
+                let copy = self.conflict_copy(root, &flat, &g, &off.host)?;
+                Outcome::Conflict(Conflict {
+                    at: now_secs(),
+                    path: shown(&rec.path),
+                    copy: shown(&[copy]),
+                    reason: "its directory was removed on the server".into(),
+                })
+            }
+        };
+        off.log.finish(p.file_id, &mut g);
+        drop(g);
+        self.nodes.set_local(p.file_id, None);
+        if let Some(node) = self.nodes.by_file_id(p.file_id) {
+            {
+                let mut st = node.state.lock();
+                st.contents_changed();
+                if let Some(old) = st.opens.set_object(None) {
+                    old.retire();
+                }
+            }
+            if let Some(n) = self.notifier.get() {
+                n.inval_inode(node.ino);
+            }
+        }
+        Ok(Some(outcome))
+    }
+
+    /// Writes the staged content over the object at `handle`: every byte, then the size,
+    /// then publishes (origins that publish at close) and fsyncs.
+    fn upload(&self, handle: Handle, g: &Inner) -> FsResult<()> {
+        let size = g.local().size;
+        let mut at = 0u64;
+        while at < size {
+            let piece = g.read(at, PIECE).map_err(crate::offline::kept)?;
+            if piece.is_empty() {
+                break;
+            }
+            let mut done = 0;
+            while done < piece.len() {
+                let w = self
+                    .origin
+                    .write(handle, at + done as u64, &piece[done..], false)?;
+                if w.written == 0 {
+                    return Err(FsError::Origin(WireError::NoSpace));
+                }
+                done += w.written as usize;
+            }
+            at += piece.len() as u64;
+        }
+        let set = SetAttrs {
+            size: Some(size),
+            ..Default::default()
+        };
+        self.origin.setattr(handle, &set)?;
+        if self.origin.publishes_on_close() {
+            self.origin.flush(handle)?;
+        }
+        self.origin.fsync(handle, false)?;
+        Ok(())
+    }
+
+    /// Creates `NAME.conflict-HOST-TIME` (or `...-2`, `-3` if taken) in `dir` with the
+    /// change's permissions and owner, writes the staged content to it; returns its name.
+    fn conflict_copy(&self, dir: Handle, name: &[u8], g: &Inner, host: &str) -> FsResult<Vec<u8>> {
+        let rec = g.record();
+        let base = format!(".conflict-{host}-{}", utc_stamp(SystemTime::now()));
+        let owner = Owner {
+            uid: rec.uid,
+            gid: rec.gid,
+        };
+        for n in 1..100 {
+            let suffix = if n > 1 {
+                format!("{base}-{n}")
+            } else {
+                base.clone()
+            };
+            // A long name is shortened so that the suffix fits in 255 bytes.
+            let mut copy = name[..name.len().min(255 - suffix.len())].to_vec();
+            copy.extend_from_slice(suffix.as_bytes());
+            match self
+                .origin
+                .create(dir, &copy, u32::from(rec.perm), true, owner)
+            {
+                Ok(Entry { handle, .. }) => {
+                    self.upload(handle, g)?;
+                    return Ok(copy);
+                }
+                Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(FsError::Origin(WireError::Exists))
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_stamps() {
+        assert_eq!(utc_stamp(UNIX_EPOCH), "19700101T000000Z");
+        let t = UNIX_EPOCH + std::time::Duration::from_secs(1_795_519_500);
+        assert_eq!(utc_stamp(t), "20261124T112500Z");
+        let leap = UNIX_EPOCH + std::time::Duration::from_secs(951_825_600);
+        assert_eq!(utc_stamp(leap), "20000229T120000Z");
+    }
+}
