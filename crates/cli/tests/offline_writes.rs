@@ -259,3 +259,162 @@ fn offline_changes_survive_a_client_crash_and_a_remount_while_the_server_is_away
     );
     m.unmount();
 }
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn sessions() -> u64 {
+    std::env::var("HOARDFS_OFFLINE_SESSIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(25)
+}
+
+/// Random sessions of writes, appends and truncations of four cached files, with the
+/// link to the server cut and restored at random points (the server keeps running), and
+/// now and then the client killed right after the link comes back (in the middle of
+/// sending its changes) and mounted again. After each session the server's files must
+/// equal a model of what the client wrote, byte for byte, and the mount must show the
+/// same. `HOARDFS_OFFLINE_SESSIONS` sets the number of sessions (default 25);
+/// `HOARDFS_OFFLINE_SEED` replays a seed.
+#[test]
+fn random_sessions_with_the_link_cut_and_restored_match_a_model() {
+    require_fuse();
+    let seed = std::env::var("HOARDFS_OFFLINE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("offline sessions: seed {seed}, {} sessions", sessions());
+    let mut rng = Rng(seed);
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    let names = ["f0", "f1", "f2", "f3"];
+    let mut model: Vec<Vec<u8>> = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let len = 1 + rng.below(3 * MIB as u64) as usize;
+        let data = bytes(100 + i as u64, len);
+        std::fs::write(exp.join(n), &data).unwrap();
+        model.push(data);
+    }
+    let srv = Server::start(&exp);
+    let mut link = common::link::Link::start(&srv.addr);
+    let mut m = mount(&link.addr, t.path());
+    let mut log: Vec<String> = Vec::new();
+    // Files found pending at the end of a session's operations, over all sessions.
+    let mut staged = 0;
+    let fail = |log: &[String], msg: String| -> ! {
+        panic!(
+            "seed {seed}: {msg}\nlast operations:\n{}",
+            log[log.len().saturating_sub(30)..].join("\n")
+        )
+    };
+    for session in 0..sessions() {
+        for n in names {
+            read_whole(&m, n);
+        }
+        let ops = 5 + rng.below(15);
+        for _ in 0..ops {
+            let i = rng.below(names.len() as u64) as usize;
+            let (name, cur) = (names[i], &mut model[i]);
+            match rng.below(10) {
+                0 | 1 => {
+                    if link.is_up() {
+                        link.cut();
+                        log.push(format!("s{session} cut"));
+                    } else {
+                        link.restore();
+                        log.push(format!("s{session} restore"));
+                    }
+                }
+                2 => {
+                    let size = rng.below(cur.len() as u64 + 100_000) as usize;
+                    log.push(format!("s{session} truncate {name} {size}"));
+                    let f = OpenOptions::new().write(true).open(m.p(name)).unwrap();
+                    if let Err(e) = f.set_len(size as u64) {
+                        fail(&log, format!("truncate {name}: {e}"));
+                    }
+                    cur.resize(size, 0);
+                }
+                3 => {
+                    let data = bytes(rng.next(), 1 + rng.below(50_000) as usize);
+                    log.push(format!("s{session} append {name} {}", data.len()));
+                    let mut f = OpenOptions::new().append(true).open(m.p(name)).unwrap();
+                    if let Err(e) = f.write_all(&data).and_then(|()| close_checked(f)) {
+                        fail(&log, format!("append {name}: {e}"));
+                    }
+                    cur.extend_from_slice(&data);
+                }
+                _ => {
+                    let off = rng.below(cur.len() as u64 + 1000) as usize;
+                    let data = bytes(rng.next(), 1 + rng.below(200_000) as usize);
+                    log.push(format!("s{session} pwrite {name} {off} {}", data.len()));
+                    let f = OpenOptions::new().write(true).open(m.p(name)).unwrap();
+                    if let Err(e) = f
+                        .write_all_at(&data, off as u64)
+                        .and_then(|()| close_checked(f))
+                    {
+                        fail(&log, format!("pwrite {name}: {e}"));
+                    }
+                    if cur.len() < off + data.len() {
+                        cur.resize(off + data.len(), 0);
+                    }
+                    cur[off..off + data.len()].copy_from_slice(&data);
+                }
+            }
+            let got = std::fs::read(m.p(name)).unwrap();
+            if first_diff(&got, cur).is_some() || got.len() != cur.len() {
+                fail(
+                    &log,
+                    format!("{name} through the mount differs from the model"),
+                );
+            }
+        }
+        staged += offline(&m)["pending_files"].as_u64().unwrap_or(0);
+        link.restore();
+        if rng.below(4) == 0 {
+            // Killed while (perhaps) sending its changes back; mounted again.
+            log.push(format!("s{session} kill -9 and remount"));
+            m.kill9();
+            m = mount(&link.addr, t.path());
+        }
+        let (ok, err) = sync(&m, "60");
+        if !ok {
+            fail(&log, format!("sync: {err}"));
+        }
+        for (i, n) in names.iter().enumerate() {
+            let on_server = std::fs::read(exp.join(n)).unwrap();
+            if let Some(d) = first_diff(&on_server, &model[i]) {
+                fail(&log, format!("{n} on the server differs at byte {d}"));
+            }
+            if on_server.len() != model[i].len() {
+                fail(&log, format!("{n} on the server has the wrong size"));
+            }
+        }
+        let o = offline(&m);
+        if o["pending_files"] != 0 || o["conflicts"] != 0 {
+            fail(&log, format!("after sync: {o}"));
+        }
+    }
+    assert!(staged > 0, "no session ended with changes kept offline");
+    eprintln!("offline sessions: {staged} file(s) were pending at the ends of sessions");
+    m.unmount();
+}

@@ -9,7 +9,8 @@
 //! origin's version stays where it is and this client's is written next to it as
 //! `NAME.conflict-HOST-TIME` (in the root directory, with the path's components joined by
 //! `_`, when the directory is gone); the conflict is logged and listed by
-//! `hoardfs conflicts`. Nothing is dropped: a change that cannot be sent for any other
+//! `hoardfs conflicts`. A file sent back is fetched again into the cache at its new
+//! version, so that it can be changed offline again. Nothing is dropped: a change that cannot be sent for any other
 //! reason (permissions, a full disk on the server) stays pending and is tried again later.
 //!
 //! Idempotent across a client killed in the middle: the record says `Uploading` (durably)
@@ -213,6 +214,13 @@ impl HoardFs {
             }
             if let Some(n) = self.notifier.get() {
                 n.inval_inode(node.ino);
+            }
+            // Cached again (fetched at the origin's new version), so that the file can
+            // be changed offline again at the next disconnection.
+            if matches!(outcome, Outcome::Sent)
+                && let Err(e) = self.prefetch(node.ino)
+            {
+                tracing::debug!(ino = node.ino, "refetching a file sent back failed: {e}");
             }
         }
         Ok(Some(outcome))

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod garage;
+pub mod link;
 pub mod proxy;
 pub mod rig;
 
