@@ -154,7 +154,8 @@ const CLIENT_ID: &str = "client-id";
 /// (`hoardfs_fs::FsConfig::unlinked_journal`).
 const UNLINKED_JOURNAL: &str = "unlinked";
 
-/// Directory in the cache directory holding the offline change log (`--offline-writes`).
+/// Directory in the cache directory holding the offline change logs (`--offline-writes`),
+/// one per export.
 const OFFLINE_LOG: &str = "cml";
 
 /// This machine's host name (for conflict copies' names), made safe for a file name.
@@ -361,9 +362,8 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         passthrough: !a.no_passthrough,
         xattrs: a.xattrs,
         kernel_opens: a.kernel_opens,
-        offline_writes: cache_dir
-            .filter(|_| a.offline_writes)
-            .map(|d| d.join(OFFLINE_LOG)),
+        offline_log: cache_dir.map(|d| d.join(OFFLINE_LOG)),
+        offline_writes: a.offline_writes,
         host: host_name(),
         ..Default::default()
     };
@@ -490,7 +490,10 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
             s.files,
             a.source,
             s.bytes,
-            cache_dir.map_or_else(String::new, |d| d.join(OFFLINE_LOG).display().to_string())
+            cache_dir.map_or_else(String::new, |d| format!(
+                "{}/{export_id:032x}",
+                d.join(OFFLINE_LOG).display()
+            ))
         );
     }
     fs.shutdown();

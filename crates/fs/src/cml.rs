@@ -16,7 +16,8 @@
 //! record is rewritten once more when an upload starts (`Uploading`), so that a client
 //! killed in the middle sends the whole file again rather than take its own half-sent
 //! file for somebody else's change. A record that does not check out is set aside
-//! (`SEQ.rec.damaged`) and reported, never applied. Conflicts are appended to
+//! (`SEQ.rec.damaged`, with its `SEQ.data.damaged`) and reported, never applied; numbers
+//! are never reused. Conflicts are appended to
 //! `cml/conflicts` (one JSON object per line).
 //!
 //! Locks: the log's table is a leaf; a [`Pending`]'s lock is held across its staging
@@ -41,8 +42,16 @@ const MAGIC: &[u8; 8] = b"HFSCML1\n";
 pub enum Phase {
     /// Staged; the origin has none of it.
     Staged,
-    /// An upload started: the origin's file may hold part of it.
+    /// An upload started and may have been cut short by a crash: the origin's file may
+    /// hold part of it, at a version nobody recorded.
     Uploading,
+    /// An upload failed (the origin went away, or refused): the origin's file may hold
+    /// part of it, and `expected` is the version it reported after this client's last
+    /// write; another version there means somebody else changed the file since.
+    Resume {
+        /// The origin's version after the failed upload's last write.
+        expected: u64,
+    },
 }
 
 /// The durable description of one pending change.
@@ -156,6 +165,11 @@ impl ChangeLog {
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            // Numbers are never reused, whatever became of their files (set aside as
+            // damaged, or left half made).
+            if let Some(n) = name.split('.').next().and_then(|s| s.parse::<u64>().ok()) {
+                next = next.max(n.saturating_add(1));
+            }
             if name.ends_with(".tmp") {
                 // An unfinished stage or record update: its first change was never
                 // acknowledged (or the previous record is still in place).
@@ -207,6 +221,7 @@ impl ChangeLog {
                         path.display()
                     );
                     let _ = std::fs::rename(&path, path.with_extension("rec.damaged"));
+                    let _ = std::fs::rename(&data_path, data_path.with_extension("data.damaged"));
                 }
             }
         }
@@ -494,11 +509,20 @@ impl Inner {
 
     /// Records that an upload starts (durably, before the origin sees any of it).
     pub fn start_upload(&mut self) -> std::io::Result<()> {
-        if self.record.phase == Phase::Uploading {
+        self.set_phase(Phase::Uploading)
+    }
+
+    /// Records that an upload failed, leaving the origin's file at version `expected`.
+    pub fn upload_failed(&mut self, expected: u64) -> std::io::Result<()> {
+        self.set_phase(Phase::Resume { expected })
+    }
+
+    fn set_phase(&mut self, phase: Phase) -> std::io::Result<()> {
+        if self.record.phase == phase {
             return Ok(());
         }
         self.staging.sync_data()?;
-        self.record.phase = Phase::Uploading;
+        self.record.phase = phase;
         crate::sealed::write_atomically(&self.rec_path, &encode(&self.record))
     }
 }
@@ -532,6 +556,23 @@ mod tests {
             assert!(decode(&bad).is_err(), "flipped byte {i}");
         }
         assert!(decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn a_damaged_record_is_set_aside_with_its_data_and_its_number_never_reused() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("0000000000000005.rec"), b"not a record").unwrap();
+        std::fs::write(d.path().join("0000000000000005.data"), b"precious").unwrap();
+        std::fs::write(d.path().join("0000000000000009.data.tmp"), b"half made").unwrap();
+        let log = ChangeLog::open(d.path()).unwrap();
+        assert!(log.all().is_empty());
+        assert!(d.path().join("0000000000000005.rec.damaged").exists());
+        assert_eq!(
+            std::fs::read(d.path().join("0000000000000005.data.damaged")).unwrap(),
+            b"precious"
+        );
+        assert!(!d.path().join("0000000000000009.data.tmp").exists());
+        assert_eq!(*log.next_seq.lock(), 10);
     }
 
     #[test]

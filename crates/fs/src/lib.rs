@@ -92,9 +92,12 @@ pub struct FsConfig {
     /// Where hidden names are journaled until removed, so that the next run removes
     /// those a crash left behind (`crate::unlinked`).
     pub unlinked_journal: Option<std::path::PathBuf>,
-    /// `--offline-writes`: the directory of the client modify log (`crate::cml`); `None`
-    /// keeps changes failing while the origin is unreachable.
-    pub offline_writes: Option<std::path::PathBuf>,
+    /// Where client modify logs live (`crate::cml`; one subdirectory per export). A log
+    /// left by an earlier mount is sent back whenever this is set.
+    pub offline_log: Option<std::path::PathBuf>,
+    /// `--offline-writes`: keep changes made while the origin is unreachable in the log
+    /// (needs `offline_log`); off, they fail.
+    pub offline_writes: bool,
     /// This client's host name, in the names of conflict copies.
     pub host: String,
 }
@@ -113,7 +116,8 @@ impl Default for FsConfig {
             kernel_opens: false,
             client_id: None,
             unlinked_journal: None,
-            offline_writes: None,
+            offline_log: None,
+            offline_writes: false,
             host: "client".into(),
         }
     }
@@ -183,14 +187,7 @@ impl HoardFs {
         let (callbacks, breaks) = Callbacks::subscribe(&*origin);
         let unlinked =
             unlinked::Unlinked::new(config.client_id.clone(), config.unlinked_journal.clone());
-        let offline = match &config.offline_writes {
-            Some(dir) => Some(offline::OfflineWrites {
-                log: cml::ChangeLog::open(dir)
-                    .map_err(|e| FsError::OfflineChange(Shared::new(e)))?,
-                host: config.host.clone(),
-            }),
-            None => None,
-        };
+        let offline = offline::OfflineWrites::open(&config, info.export_id)?;
         let fs = Arc::new_cyclic(|weak| HoardFs {
             nodes: NodeTable::new(info.root.handle, info.root.attr),
             files: open_files::OpenFiles::default(),

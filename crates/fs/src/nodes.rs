@@ -104,6 +104,11 @@ impl NodeState {
         }
     }
 
+    /// The attributes as the origin last reported them (without a local change).
+    pub fn origin_attr(&self) -> Attr {
+        self.attr
+    }
+
     /// Whether the file has a change not yet sent back to the origin.
     pub fn is_local(&self) -> bool {
         self.local.is_some()

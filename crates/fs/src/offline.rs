@@ -32,6 +32,40 @@ pub(crate) struct OfflineWrites {
     pub(crate) log: ChangeLog,
     /// This client's host name, in conflict copies' names.
     pub(crate) host: String,
+    /// Whether new changes are kept (`--offline-writes`), or only an earlier mount's are
+    /// sent back.
+    keep_new: bool,
+}
+
+impl OfflineWrites {
+    /// The log of export `export_id` under `config.offline_log`: opened when offline
+    /// writes are on, or when an earlier mount left changes in it (they are sent back
+    /// whatever this mount's options; new ones are then not kept).
+    pub(crate) fn open(config: &crate::FsConfig, export_id: u128) -> FsResult<Option<Self>> {
+        let Some(base) = &config.offline_log else {
+            return Ok(None);
+        };
+        let dir = base.join(format!("{export_id:032x}"));
+        let left = std::fs::read_dir(&dir).is_ok_and(|mut d| {
+            d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".rec")))
+        });
+        if !config.offline_writes && !left {
+            return Ok(None);
+        }
+        let log = ChangeLog::open(&dir).map_err(kept)?;
+        if !config.offline_writes {
+            tracing::warn!(
+                "{} change(s) made offline by an earlier mount are sent back to the server; \
+                 new ones are not kept (mount with --offline-writes for that)",
+                log.stats().files
+            );
+        }
+        Ok(Some(OfflineWrites {
+            log,
+            host: config.host.clone(),
+            keep_new: config.offline_writes,
+        }))
+    }
 }
 
 /// A local I/O error of the offline change log as the fs reports it.
@@ -51,7 +85,7 @@ impl HoardFs {
     /// the file's complete cached copy becomes its staging file. Without offline writes,
     /// or without a complete copy, the change fails as the origin did.
     pub(crate) fn stage(&self, node: &Node, why: String) -> FsResult<Arc<Pending>> {
-        let Some(off) = &self.offline else {
+        let Some(off) = self.offline.as_ref().filter(|o| o.keep_new) else {
             return Err(FsError::Offline(why));
         };
         let (attr, object) = {
@@ -72,6 +106,11 @@ impl HoardFs {
         let p = off.log.stage(path, &attr, object).map_err(kept)?;
         let local = p.lock().local();
         self.nodes.set_local(attr.file_id, Some(local));
+        // Pages cached from the origin's version are the staged content's too, but its
+        // size and times change from here on.
+        if let Some(n) = self.notifier.get() {
+            n.inval_attr(node.ino);
+        }
         tracing::info!(
             ino = node.ino,
             "the server is unreachable: this file's changes are kept locally until it is back"
@@ -148,7 +187,13 @@ impl HoardFs {
     /// Opens a file with a pending change: daemon reads without the page cache, served
     /// from the staging file (no cached object is involved).
     pub(crate) fn open_pending(&self, node: Arc<Node>, access: Access) -> Opened {
-        node.state.lock().opens.admit_direct();
+        {
+            // The kernel refuses a non-passthrough open of an inode open in passthrough:
+            // wait a little for those opens to end, as any other daemon open does.
+            let mut st = node.state.lock();
+            self.drain_passthrough(&node, &mut st, None);
+            st.opens.admit_direct();
+        }
         let fh = self
             .files
             .insert(OpenFile::new(node, ModeKind::Direct, access, None));

@@ -257,7 +257,7 @@ impl HoardFs {
     /// execs, a reader about to close): wait a little for them to end. Only a few opens
     /// wait at once, so that FUSE threads remain for the RELEASE that ends it.
     /// `passthrough_object` is the complete object a read-only open could share.
-    fn drain_passthrough(
+    pub(crate) fn drain_passthrough(
         &self,
         node: &Node,
         st: &mut MutexGuard<'_, NodeState>,

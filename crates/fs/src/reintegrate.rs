@@ -16,8 +16,11 @@
 //! Idempotent across a client killed in the middle: the record says `Uploading` (durably)
 //! before the first byte goes out, and a change found `Uploading` is sent again whole
 //! over the same object whatever its version, since that version may be its own half
-//! upload. (A change made on the origin to that file during those moments is then
-//! overwritten, as it would be by a slow writer; the window is that of one upload.)
+//! upload. (A change made on the origin to that file between the crash and the next
+//! attempt is then overwritten.) An upload that fails without a crash (the origin went
+//! away again, or refused) records the version the origin reported after its last write
+//! (`Resume`), and the next attempt goes on only if the file is still at that version;
+//! otherwise somebody else changed it, and this client's version becomes a conflict copy.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -42,7 +45,8 @@ pub struct Reintegrated {
 
 /// How a change went back.
 enum Outcome {
-    Sent,
+    /// Written over its file, which now has these attributes.
+    Sent(hoardfs_origin::Attr),
     Conflict(Conflict),
 }
 
@@ -94,7 +98,7 @@ impl HoardFs {
                 continue;
             }
             match self.send_back(p) {
-                Ok(Some(Outcome::Sent)) => r.sent += 1,
+                Ok(Some(Outcome::Sent(_))) => r.sent += 1,
                 Ok(Some(Outcome::Conflict(c))) => {
                     tracing::warn!(
                         "conflict: {} changed on the server while this client changed it \
@@ -165,14 +169,28 @@ impl HoardFs {
             },
             None => None,
         };
+        // Whether the file holds what this change started from (or this change's own
+        // half upload).
+        let ours = |e: &Entry| {
+            e.attr.file_id == rec.file_id
+                && match rec.phase {
+                    Phase::Staged => e.attr.version == rec.base_version,
+                    Phase::Uploading => true,
+                    Phase::Resume { expected } => e.attr.version == expected,
+                }
+        };
         let outcome = match (&dir, found) {
-            (Some(_), Some(e))
-                if e.attr.file_id == rec.file_id
-                    && (e.attr.version == rec.base_version || rec.phase == Phase::Uploading) =>
-            {
+            (Some(_), Some(e)) if ours(&e) => {
                 g.start_upload().map_err(crate::offline::kept)?;
-                self.upload(e.handle, &g)?;
-                Outcome::Sent
+                match self.upload(e.handle, &g, e.attr.version) {
+                    Ok(attr) => Outcome::Sent(attr),
+                    Err((err, last)) => {
+                        if let Err(io) = g.upload_failed(last) {
+                            tracing::warn!("cannot record a failed upload: {io}");
+                        }
+                        return Err(err);
+                    }
+                }
             }
             (Some(d), found) => {
                 let reason = match found {
@@ -201,23 +219,31 @@ impl HoardFs {
                 })
             }
         };
+        // The node leaves the staged content before the change is marked done, still
+        // under its lock: a read or write waiting for it then finds the origin's file
+        // (with its new attributes, or expired ones after a conflict), never the cached
+        // object of the base version.
+        self.nodes.set_local(p.file_id, None);
+        let node = self.nodes.by_file_id(p.file_id);
+        if let Some(node) = &node {
+            let mut st = node.state.lock();
+            match &outcome {
+                Outcome::Sent(attr) => st.install_attr(*attr, false),
+                Outcome::Conflict(_) => st.contents_changed(),
+            }
+            if let Some(old) = st.opens.set_object(None) {
+                old.retire();
+            }
+        }
         off.log.finish(p.file_id, &mut g);
         drop(g);
-        self.nodes.set_local(p.file_id, None);
-        if let Some(node) = self.nodes.by_file_id(p.file_id) {
-            {
-                let mut st = node.state.lock();
-                st.contents_changed();
-                if let Some(old) = st.opens.set_object(None) {
-                    old.retire();
-                }
-            }
+        if let Some(node) = node {
             if let Some(n) = self.notifier.get() {
                 n.inval_inode(node.ino);
             }
             // Cached again (fetched at the origin's new version), so that the file can
             // be changed offline again at the next disconnection.
-            if matches!(outcome, Outcome::Sent)
+            if matches!(outcome, Outcome::Sent(_))
                 && let Err(e) = self.prefetch(node.ino)
             {
                 tracing::debug!(ino = node.ino, "refetching a file sent back failed: {e}");
@@ -226,13 +252,23 @@ impl HoardFs {
         Ok(Some(outcome))
     }
 
-    /// Writes the staged content over the object at `handle`: every byte, then the size,
-    /// then publishes (origins that publish at close) and fsyncs.
-    fn upload(&self, handle: Handle, g: &Inner) -> FsResult<()> {
+    /// Writes the staged content over the object at `handle` (at version `at_start`):
+    /// every byte, then the size, then publishes (origins that publish at close) and
+    /// fsyncs; returns the file's attributes after. On failure, also the last version the
+    /// origin reported for it (`at_start` if nothing was written).
+    fn upload(
+        &self,
+        handle: Handle,
+        g: &Inner,
+        at_start: u64,
+    ) -> Result<hoardfs_origin::Attr, (FsError, u64)> {
+        let mut last = at_start;
         let size = g.local().size;
         let mut at = 0u64;
         while at < size {
-            let piece = g.read(at, PIECE).map_err(crate::offline::kept)?;
+            let piece = g
+                .read(at, PIECE)
+                .map_err(|e| (crate::offline::kept(e), last))?;
             if piece.is_empty() {
                 break;
             }
@@ -240,9 +276,11 @@ impl HoardFs {
             while done < piece.len() {
                 let w = self
                     .origin
-                    .write(handle, at + done as u64, &piece[done..], false)?;
+                    .write(handle, at + done as u64, &piece[done..], false)
+                    .map_err(|e| (e.into(), last))?;
+                last = w.attr.version;
                 if w.written == 0 {
-                    return Err(FsError::Origin(WireError::NoSpace));
+                    return Err((FsError::Origin(WireError::NoSpace), last));
                 }
                 done += w.written as usize;
             }
@@ -252,12 +290,20 @@ impl HoardFs {
             size: Some(size),
             ..Default::default()
         };
-        self.origin.setattr(handle, &set)?;
-        if self.origin.publishes_on_close() {
-            self.origin.flush(handle)?;
+        let mut attr = self
+            .origin
+            .setattr(handle, &set)
+            .map_err(|e| (e.into(), last))?;
+        last = attr.version;
+        if self.origin.publishes_on_close()
+            && let Some((_, a)) = self.origin.flush(handle).map_err(|e| (e.into(), last))?
+        {
+            attr = a;
         }
-        self.origin.fsync(handle, false)?;
-        Ok(())
+        self.origin
+            .fsync(handle, false)
+            .map_err(|e| (e.into(), attr.version))?;
+        Ok(attr)
     }
 
     /// Creates `NAME.conflict-HOST-TIME` (or `...-2`, `-3` if taken) in `dir` with the
@@ -282,8 +328,8 @@ impl HoardFs {
                 .origin
                 .create(dir, &copy, u32::from(rec.perm), true, owner)
             {
-                Ok(Entry { handle, .. }) => {
-                    self.upload(handle, g)?;
+                Ok(Entry { handle, attr }) => {
+                    self.upload(handle, g, attr.version).map_err(|(e, _)| e)?;
                     return Ok(copy);
                 }
                 Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => continue,

@@ -151,7 +151,7 @@ impl HoardFs {
             if node.ino == ROOT_INO {
                 root = Entry {
                     handle: st.handle(),
-                    attr: st.attr(),
+                    attr: st.origin_attr(),
                 };
                 root_listing = listing;
                 continue;
@@ -163,7 +163,8 @@ impl HoardFs {
                 parent: u32::MAX,
                 name: st.name().to_vec(),
                 handle: st.handle(),
-                attr: st.attr(),
+                // The origin's attributes: a local change is in the log, not here.
+                attr: st.origin_attr(),
                 listing,
             };
             children

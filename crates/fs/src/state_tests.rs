@@ -110,6 +110,25 @@ impl Origin for Scripted {
         self.reachable()?;
         self.inner.write(handle, offset, data, append)
     }
+    fn setattr(&self, handle: Handle, set: &hoardfs_origin::SetAttrs) -> Result<Attr> {
+        self.reachable()?;
+        self.inner.setattr(handle, set)
+    }
+    fn fsync(&self, handle: Handle, datasync: bool) -> Result<()> {
+        self.reachable()?;
+        self.inner.fsync(handle, datasync)
+    }
+    fn create(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        owner: hoardfs_origin::Owner,
+    ) -> Result<Entry> {
+        self.reachable()?;
+        self.inner.create(parent, name, mode, exclusive, owner)
+    }
 }
 
 /// What the file system told the kernel to drop.
@@ -674,4 +693,133 @@ fn a_damaged_namespace_file_is_refused_whole() {
             .unwrap()
             .is_none()
     );
+}
+
+/// A mount with offline writes on (its log in the rig's directory) of an export holding
+/// `f` (`data`), read whole so that it is cached.
+fn offline_rig(data: &[u8]) -> (Rig, Registrar, Ino) {
+    let dir = tempfile::tempdir().unwrap();
+    let export = dir.path().join("export");
+    std::fs::create_dir(&export).unwrap();
+    std::fs::write(export.join("f"), data).unwrap();
+    let origin = Arc::new(Scripted::new(&export, true));
+    let cache = CacheDir::open(&dir.path().join("cache")).unwrap();
+    let config = FsConfig {
+        offline_log: Some(dir.path().join("cml")),
+        offline_writes: true,
+        host: "testhost".into(),
+        passthrough: false,
+        ..config(Duration::ZERO)
+    };
+    let fs = HoardFs::new(origin.clone(), Some(cache), config).unwrap();
+    let notes = Arc::new(Notes::default());
+    fs.set_notifier(notes.clone());
+    let r = Rig {
+        _dir: dir,
+        export,
+        origin,
+        fs,
+        notes,
+    };
+    let reg = Registrar(AtomicUsize::new(0));
+    let (f, _) = r.lookup("f");
+    let (o, _) = open_read(&r, f, READ, &reg);
+    r.fs.release(o.fh);
+    (r, reg, f)
+}
+
+fn read_all(r: &Rig, fh: crate::FileHandle) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let got = r.fs.read(fh, out.len() as u64, MIB as u32).unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        out.extend_from_slice(&got);
+    }
+}
+
+#[test]
+fn offline_writes_are_staged_read_back_and_sent_back_once_the_origin_returns() {
+    let mut want = content(3, 2 * MIB);
+    let (r, reg, f) = offline_rig(&want);
+    r.origin.offline.store(true, Ordering::SeqCst);
+    let o = r.fs.open(f, WRITE, &|f| reg.register(f)).unwrap();
+    assert_eq!(r.fs.write(o.fh, 100, b"offline", 1).unwrap(), 7);
+    want[100..107].copy_from_slice(b"offline");
+    assert_eq!(r.fs.write(o.fh, 2 * MIB as u64, b"grown", 1).unwrap(), 5);
+    want.extend_from_slice(b"grown");
+    r.fs.flush(f, o.fh, 1).unwrap();
+    assert_eq!(read_all(&r, o.fh), want, "read back from the staging file");
+    r.fs.release(o.fh);
+    assert_eq!(r.fs.getattr(f).unwrap().attr.size, want.len() as u64);
+    assert_eq!(r.fs.pending_changes(), 1);
+    // Still away: nothing is sent, nothing is lost.
+    assert_eq!(r.fs.reintegrate().left, 1);
+    assert_eq!(
+        std::fs::read(r.export.join("f")).unwrap(),
+        content(3, 2 * MIB)
+    );
+
+    r.origin.offline.store(false, Ordering::SeqCst);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (1, 0, 0));
+    assert_eq!(std::fs::read(r.export.join("f")).unwrap(), want);
+    assert_eq!(r.fs.pending_changes(), 0);
+    // The node follows the origin again, and the file is cached again at its new
+    // version: readable with the origin away.
+    r.origin.offline.store(true, Ordering::SeqCst);
+    let o = r.fs.open(f, READ, &|f| reg.register(f)).unwrap();
+    assert_eq!(read_all(&r, o.fh), want);
+    r.fs.release(o.fh);
+}
+
+#[test]
+fn an_offline_change_meeting_a_change_on_the_origin_becomes_a_conflict_copy() {
+    let base = content(4, 50_000);
+    let (r, reg, f) = offline_rig(&base);
+    r.origin.offline.store(true, Ordering::SeqCst);
+    let o = r.fs.open(f, WRITE, &|f| reg.register(f)).unwrap();
+    r.fs.write(o.fh, 0, b"ours", 1).unwrap();
+    r.fs.release(o.fh);
+    std::fs::write(r.export.join("f"), b"theirs").unwrap();
+    r.origin.offline.store(false, Ordering::SeqCst);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (0, 1, 0));
+    assert_eq!(std::fs::read(r.export.join("f")).unwrap(), b"theirs");
+    let copy = std::fs::read_dir(&r.export)
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("f.conflict-testhost-")
+        })
+        .expect("a conflict copy");
+    let mut ours = base.clone();
+    ours[..4].copy_from_slice(b"ours");
+    assert_eq!(std::fs::read(copy.path()).unwrap(), ours);
+    let c = r.fs.conflicts();
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].path, "/f");
+    assert!(c[0].reason.contains("changed on the server"), "{:?}", c[0]);
+    // The mount shows the origin's version again.
+    let o = r.fs.open(f, READ, &|f| reg.register(f)).unwrap();
+    assert_eq!(read_all(&r, o.fh), b"theirs");
+    r.fs.release(o.fh);
+}
+
+#[test]
+fn a_file_not_completely_cached_cannot_be_changed_offline() {
+    let (r, reg, _) = offline_rig(b"cached");
+    std::fs::write(r.export.join("g"), content(5, 3 * MIB)).unwrap();
+    let (g, _) = r.lookup("g");
+    let o = r.fs.open(g, WRITE, &|f| reg.register(f)).unwrap();
+    r.origin.offline.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        r.fs.write(o.fh, 0, b"x", 1),
+        Err(FsError::Offline(_))
+    ));
+    r.fs.release(o.fh);
+    assert_eq!(r.fs.pending_changes(), 0);
 }

@@ -140,11 +140,21 @@ impl HoardFs {
         let node = self.node(ino)?;
         // A truncation (times, which the kernel may send along, follow from it).
         let truncation = set.mode.is_none() && set.uid.is_none() && set.gid.is_none();
-        if let Some(size) = set.size.filter(|_| truncation)
-            && let Some(p) = self.pending_of(&node)
-            && let Some(a) = self.truncate_pending(&node, &p, size)?
-        {
-            return Ok(a);
+        if let Some(p) = self.pending_of(&node) {
+            if let Some(size) = set.size.filter(|_| truncation)
+                && let Some(a) = self.truncate_pending(&node, &p, size)?
+            {
+                return Ok(a);
+            }
+            // Other changes (mode, times) need the origin, and the content first: set on
+            // the origin's file before the staged content reaches it, they would change
+            // its version and turn this client's change into a conflict.
+            self.reintegrate();
+            if self.pending_of(&node).is_some() {
+                return Err(FsError::Offline(
+                    "the file's offline change is not on the server yet".into(),
+                ));
+            }
         }
         let since = self.callbacks.seq();
         let attr = match self.with_handle(&node, |h| self.origin.setattr(h, set)) {

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,9 @@ pub struct Node {
     /// When data of this object was last read or written for a client: milliseconds since
     /// [`CLOCK`], plus one (0: never).
     last_io: AtomicU64,
+    /// The mtime (nanoseconds since the epoch) this server last moved the file to
+    /// (`outside`); 0: never.
+    bumped_to: AtomicI64,
 }
 
 /// The origin of [`Node`]'s I/O times.
@@ -43,7 +46,19 @@ impl Node {
             dev,
             ino,
             last_io: AtomicU64::new(0),
+            bumped_to: AtomicI64::new(0),
         }
+    }
+
+    /// The mtime this server last moved the file to (nanoseconds since the epoch; 0:
+    /// never). Only changed under the file's write lock.
+    pub fn bumped_to(&self) -> i64 {
+        self.bumped_to.load(Ordering::Relaxed)
+    }
+
+    /// Records that the file's mtime was moved to `ns`.
+    pub fn set_bumped_to(&self, ns: i64) {
+        self.bumped_to.store(ns, Ordering::Relaxed);
     }
 
     /// Records that data of this object is being read or written for a client now.

@@ -183,10 +183,40 @@ fn poll_fd(fd: RawFd) -> libc::pollfd {
     }
 }
 
+/// Moves the mtime of regular file `node` (open at `fd`, any mode, `O_PATH` included) to
+/// one nanosecond after both its current mtime and the last one it was moved to: a time
+/// no version of the file had. The caller holds the file's write lock.
+pub(super) fn move_mtime(node: &Node, fd: RawFd) -> io::Result<()> {
+    let st = sys::fstat(fd)?;
+    let now = (st.st_mtime as i64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(st.st_mtime_nsec as i64);
+    let to = now.max(node.bumped_to()).saturating_add(1);
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: to.div_euclid(1_000_000_000),
+            tv_nsec: to.rem_euclid(1_000_000_000),
+        },
+    ];
+    // Through `/proc/self/fd`, which also works for an `O_PATH` descriptor.
+    let path = sys::fd_path(fd);
+    // SAFETY: valid C string and a two-element timespec array.
+    if unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    node.set_bumped_to(to);
+    Ok(())
+}
+
 impl Inner {
     fn run(self: Arc<Self>) {
         let me = std::process::id() as i32;
-        let mut buf = vec![0u8; 64 * 1024];
+        // Small: the kernel opens a descriptor for every event a read returns.
+        let mut buf = vec![0u8; 4096];
         while !self.stop.load(Ordering::Acquire) {
             let mut fds = [
                 poll_fd(self.fan.as_raw_fd()),
@@ -206,17 +236,27 @@ impl Inner {
             }
             // SAFETY: reads into our buffer, at most its length.
             let n = unsafe { libc::read(self.fan.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n <= 0 {
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                ) {
+                    continue;
+                }
+                // (EMFILE: the kernel could not open an event's descriptor, and dropped
+                // the event.) Whatever was lost, treat it as an overflow.
+                tracing::warn!("fanotify read failed: {e}");
+                self.bump_all_in_use();
+                continue;
+            }
+            if n == 0 {
                 continue;
             }
             for ev in parse(&buf[..n as usize]) {
                 if ev.mask & libc::FAN_Q_OVERFLOW != 0 {
-                    tracing::warn!(
-                        "fanotify queue overflowed: moving the mtime of every file in use"
-                    );
-                    for node in self.handles.used_within(RACE_WINDOW) {
-                        self.bump(&node, node.fd.as_raw_fd());
-                    }
+                    tracing::warn!("fanotify queue overflowed");
+                    self.bump_all_in_use();
                     continue;
                 }
                 let Some(fd) = ev.fd else { continue };
@@ -238,48 +278,35 @@ impl Inner {
         }
     }
 
-    /// Moves the mtime of `node` (open at `fd`) forward by one nanosecond, under its write
-    /// lock, so that its version changes.
+    /// Events were lost: moves the mtime of every file served within the window.
+    fn bump_all_in_use(&self) {
+        tracing::warn!("moving the mtime of every file in use, since writes may have been missed");
+        for node in self.handles.used_within(RACE_WINDOW) {
+            self.bump(&node, node.fd.as_raw_fd());
+        }
+    }
+
+    /// Moves the mtime of `node` (open at `fd`) forward, under its write lock, so that
+    /// its version changes.
     fn bump(&self, node: &Node, fd: RawFd) {
         if node.kind != hoardfs_proto::FileKind::File {
             return;
         }
         let _guard = self.locks.lock(node);
-        let Ok(st) = sys::fstat(fd) else {
-            return;
-        };
-        // Through `/proc/self/fd`, which also works for an `O_PATH` descriptor.
-        let path = sys::fd_path(fd);
-        let (mut secs, mut nanos) = (st.st_mtime, st.st_mtime_nsec + 1);
-        if nanos >= 1_000_000_000 {
-            secs += 1;
-            nanos = 0;
+        match move_mtime(node, fd) {
+            Ok(()) => {
+                self.bumps.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    dev = node.dev,
+                    ino = node.ino,
+                    "a process on the server wrote a file clients use: its mtime moved"
+                );
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "cannot move the mtime of a file another process wrote while clients used \
+                 it (needs ownership or CAP_FOWNER); clients may keep a stale copy of it"
+            ),
         }
-        let times = [
-            libc::timespec {
-                tv_sec: 0,
-                tv_nsec: libc::UTIME_OMIT,
-            },
-            libc::timespec {
-                tv_sec: secs,
-                tv_nsec: nanos,
-            },
-        ];
-        // SAFETY: valid C string and a two-element timespec array.
-        let r = unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) };
-        if r < 0 {
-            tracing::warn!(
-                error = %io::Error::last_os_error(),
-                "cannot move the mtime of a file another process wrote while clients used it; \
-                 clients may keep a stale copy of it"
-            );
-            return;
-        }
-        self.bumps.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(
-            dev = st.st_dev,
-            ino = st.st_ino,
-            "a process on the server wrote a file clients use: its mtime moved by 1 ns"
-        );
     }
 }

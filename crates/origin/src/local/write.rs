@@ -131,7 +131,17 @@ impl LocalOrigin {
         {
             return Err(werr(e));
         }
-        let post = sys::fstat(file.as_raw_fd()).map_err(werr)?;
+        let mut post = sys::fstat(file.as_raw_fd()).map_err(werr)?;
+        // A write stamped with a coarse time can move the mtime back to before one this
+        // server set (`outside`), to a version a client may hold for other bytes: forward
+        // again.
+        let post_ns = (post.st_mtime as i64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(post.st_mtime_nsec as i64);
+        if node.bumped_to() != 0 && post_ns <= node.bumped_to() {
+            super::outside::move_mtime(&node, file.as_raw_fd()).map_err(werr)?;
+            post = sys::fstat(file.as_raw_fd()).map_err(werr)?;
+        }
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.bytes_written
             .fetch_add(written as u64, Ordering::Relaxed);
