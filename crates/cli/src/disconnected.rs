@@ -90,6 +90,9 @@ pub fn start_keeper(
     path: Option<PathBuf>,
     source: String,
 ) {
+    if let Some(r) = &remote {
+        r.reconnect_in_background();
+    }
     let weak = Arc::downgrade(fs);
     let spawned = std::thread::Builder::new()
         .name("hoardfs-keeper".into())

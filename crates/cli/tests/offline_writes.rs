@@ -219,7 +219,10 @@ fn offline_changes_survive_a_client_crash_and_a_remount_while_the_server_is_away
         let saved = std::fs::read_dir(t.path().join("cache"))
             .unwrap()
             .flatten()
-            .any(|e| e.file_name().to_string_lossy().starts_with("namespace-"));
+            .any(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.starts_with("namespace-") && !n.ends_with(".tmp")
+            });
         if saved {
             Ok(())
         } else {

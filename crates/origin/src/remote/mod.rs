@@ -102,6 +102,8 @@ pub struct RemoteOrigin {
     connecting: Mutex<()>,
     next_id: AtomicU64,
     sink: SinkSlot,
+    /// Whether a background thread reconnects (see `reconnect_in_background`).
+    background: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RemoteOrigin {
@@ -135,6 +137,7 @@ impl RemoteOrigin {
             }),
             connecting: Mutex::new(()),
             next_id: AtomicU64::new(1),
+            background: Default::default(),
         })
     }
 
@@ -164,6 +167,7 @@ impl RemoteOrigin {
             }),
             connecting: Mutex::new(()),
             next_id: AtomicU64::new(1),
+            background: Default::default(),
         }
     }
 
@@ -175,10 +179,16 @@ impl RemoteOrigin {
         st.last_failure.is_some() && !st.conn.as_ref().is_some_and(|c| c.is_alive())
     }
 
-    /// Connects now if there is no live connection (subject to the backoff after a failed
-    /// attempt).
+    /// Connects now if there is no live connection, whatever the backoff.
     pub fn reconnect(&self) -> Result<()> {
-        self.conn().map(|_| ())
+        self.conn_or_attempt(true).map(|_| ())
+    }
+
+    /// From now on a background thread calls [`RemoteOrigin::reconnect`] while the
+    /// server is unreachable: requests fail at once instead of trying themselves (and
+    /// waiting up to the connect timeout each time).
+    pub fn reconnect_in_background(&self) {
+        self.background.store(true, Ordering::Relaxed);
     }
 
     /// The address this origin was given.
@@ -203,17 +213,18 @@ impl RemoteOrigin {
 
     /// The current connection, reconnecting if there is none (subject to the backoff).
     fn conn(&self) -> Result<Arc<Conn>> {
-        if let Some(c) = self.live_conn() {
-            return Ok(c);
-        }
-        let _one_at_a_time = self.connecting.lock();
-        // Someone else may have reconnected (or failed) while we waited.
-        if let Some(c) = self.live_conn() {
-            return Ok(c);
+        self.conn_or_attempt(false)
+    }
+
+    /// Fails at once if the last attempt failed within the backoff, or at all when a
+    /// background thread does the reconnecting (`forced` is that thread).
+    fn fail_fast(&self, forced: bool) -> Result<()> {
+        if forced {
+            return Ok(());
         }
         if let Some((at, err)) = &self.state.lock().last_failure {
             let ago = at.elapsed();
-            if ago < self.opts.reconnect_backoff {
+            if ago < self.opts.reconnect_backoff || self.background.load(Ordering::Relaxed) {
                 return Err(OriginError::Unreachable(format!(
                     "{}: last connection attempt {} ms ago failed: {err}",
                     self.addr,
@@ -221,6 +232,22 @@ impl RemoteOrigin {
                 )));
             }
         }
+        Ok(())
+    }
+
+    fn conn_or_attempt(&self, forced: bool) -> Result<Arc<Conn>> {
+        if let Some(c) = self.live_conn() {
+            return Ok(c);
+        }
+        // Before waiting for an attempt in progress: an unreachable server must not make
+        // every caller wait for the next attempt's timeout.
+        self.fail_fast(forced)?;
+        let _one_at_a_time = self.connecting.lock();
+        // Someone else may have reconnected (or failed) while we waited.
+        if let Some(c) = self.live_conn() {
+            return Ok(c);
+        }
+        self.fail_fast(forced)?;
         match handshake(&self.addr, &self.security, &self.opts, &self.sink) {
             Ok((conn, info, publishes_on_close)) => {
                 let conn = Arc::new(conn);
