@@ -92,13 +92,17 @@ pub struct Pending {
     pub seq: u64,
     /// The origin object changed (also in the record).
     pub file_id: u64,
+    /// When it was first changed (seconds since the epoch; also in the record).
+    since: u64,
+    /// The staged size, readable without the lock (for `stats`, which must not wait for
+    /// an upload).
+    size: std::sync::atomic::AtomicU64,
     inner: Mutex<Inner>,
 }
 
 /// What the lock of a [`Pending`] covers.
 pub struct Inner {
     record: Record,
-    staging: File,
     rec_path: PathBuf,
     data_path: PathBuf,
     size: u64,
@@ -196,18 +200,19 @@ impl ChangeLog {
                     Ok((rec, staging, md))
                 });
             match loaded {
-                Ok((record, staging, md)) => {
+                Ok((record, _, md)) => {
                     next = next.max(record.seq + 1);
-                    let (seq, file_id) = (record.seq, record.file_id);
+                    let (seq, file_id, since) = (record.seq, record.file_id, record.since);
                     let p = Pending {
                         seq,
                         file_id,
+                        since,
+                        size: md.len().into(),
                         inner: Mutex::new(Inner {
                             size: md.len(),
                             mtime: md.modified().unwrap_or_else(|_| SystemTime::now()),
                             rec_path: path.clone(),
                             data_path,
-                            staging,
                             gone: false,
                             record,
                         }),
@@ -311,12 +316,14 @@ impl ChangeLog {
         };
         let rec_path = self.dir.join(format!("{seq:016}.rec"));
         crate::sealed::write_atomically(&rec_path, &encode(&record))?;
+        drop(staging);
         let p = Arc::new(Pending {
             seq,
             file_id,
+            since: record.since,
+            size: size.into(),
             inner: Mutex::new(Inner {
                 record,
-                staging,
                 rec_path,
                 data_path,
                 size,
@@ -374,9 +381,8 @@ impl ChangeLog {
             ..Default::default()
         };
         for p in &all {
-            let g = p.lock();
-            s.bytes += g.size;
-            let age = Duration::from_secs(now.saturating_sub(g.record.since));
+            s.bytes += p.size.load(std::sync::atomic::Ordering::Relaxed);
+            let age = Duration::from_secs(now.saturating_sub(p.since));
             s.oldest = Some(s.oldest.map_or(age, |o| o.max(age)));
         }
         s
@@ -447,6 +453,12 @@ impl Pending {
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock()
     }
+
+    /// Publishes the staged size of `g` (this change's locked state) to `stats`.
+    pub fn note_size(&self, g: &Inner) {
+        self.size
+            .store(g.size, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Inner {
@@ -468,9 +480,18 @@ impl Inner {
         }
     }
 
+    /// The staging file, opened for this operation (thousands of changes may be pending:
+    /// none holds a descriptor between operations).
+    fn staging(&self) -> std::io::Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.data_path)
+    }
+
     /// Writes `data` at `offset` of the staged content.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.staging.write_all_at(data, offset)?;
+        self.staging()?.write_all_at(data, offset)?;
         self.size = self.size.max(offset + data.len() as u64);
         self.mtime = SystemTime::now();
         Ok(())
@@ -478,7 +499,7 @@ impl Inner {
 
     /// Sets the staged content's size.
     pub fn truncate(&mut self, size: u64) -> std::io::Result<()> {
-        self.staging.set_len(size)?;
+        self.staging()?.set_len(size)?;
         self.size = size;
         self.mtime = SystemTime::now();
         Ok(())
@@ -488,12 +509,10 @@ impl Inner {
     pub fn read(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
         let end = offset.saturating_add(len as u64).min(self.size);
         let mut buf = vec![0u8; end.saturating_sub(offset) as usize];
+        let file = self.staging()?;
         let mut done = 0;
         while done < buf.len() {
-            match self
-                .staging
-                .read_at(&mut buf[done..], offset + done as u64)?
-            {
+            match file.read_at(&mut buf[done..], offset + done as u64)? {
                 0 => break,
                 n => done += n,
             }
@@ -504,7 +523,7 @@ impl Inner {
 
     /// Makes the staged content durable.
     pub fn sync(&self) -> std::io::Result<()> {
-        self.staging.sync_data()
+        self.staging()?.sync_data()
     }
 
     /// Records that an upload starts (durably, before the origin sees any of it).
@@ -521,7 +540,7 @@ impl Inner {
         if self.record.phase == phase {
             return Ok(());
         }
-        self.staging.sync_data()?;
+        self.staging()?.sync_data()?;
         self.record.phase = phase;
         crate::sealed::write_atomically(&self.rec_path, &encode(&self.record))
     }

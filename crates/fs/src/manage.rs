@@ -148,6 +148,15 @@ impl HoardFs {
             }
         }
         done.complete = object.is_complete();
+        drop(_hold);
+        drop(object);
+        // Not an open: a file nobody has open lets go of its object (its descriptors), so
+        // that prefetching a tree of any size does not hold two descriptors per file; the
+        // next open finds the object in the cache again.
+        let mut st = node.state.lock();
+        if !st.is_open() {
+            st.opens.set_object(None);
+        }
         Ok(done)
     }
 

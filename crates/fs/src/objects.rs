@@ -4,11 +4,20 @@
 //! lives here: an object of another version is replaced, and retired so that writes
 //! through it can never touch the newer record.
 //!
+//! A node keeps its object after its last close (a reopen, the hot path, then costs no
+//! disk I/O and reuses the passthrough registration), but only the [`IDLE_OBJECTS`]
+//! most recently closed nodes do: each object holds two descriptors, and a tree of tens of
+//! thousands of files read once must not run the process out of them.
+//!
 //! Lock ordering: a node's `state` lock is held across the creation of its object (disk
 //! I/O), so that two opens of a changed file cannot both replace its data file; the cache
-//! store's locks are taken under it (see `hoardfs_cache`), never the reverse.
+//! store's locks are taken under it (see `hoardfs_cache`), never the reverse. The idle
+//! queue's lock is a leaf (nodes are locked after it is released).
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 
 use hoardfs_cache::{CacheDir, CachedObject, ObjectKey, ObjectShape};
 use hoardfs_origin::{DirEntry, FileKind};
@@ -17,11 +26,17 @@ use crate::nodes::{Listing, Node, NodeState};
 use crate::stats::Stats;
 use crate::{CacheFault, FsResult, WARM_PER_LISTING};
 
+/// Closed nodes that may keep their object: at most this many (two descriptors each).
+pub(crate) const IDLE_OBJECTS: usize = 4096;
+
 /// The mount's disk cache (if it has one) and its export's keys.
 pub(crate) struct Objects {
     cache: Option<CacheDir>,
     export_id: u128,
     stats: Arc<Stats>,
+    /// Nodes closed with their object kept, oldest first (may repeat a node, and hold
+    /// nodes opened again since: re-checked when they leave).
+    idle: Mutex<VecDeque<Weak<Node>>>,
 }
 
 impl Objects {
@@ -31,6 +46,27 @@ impl Objects {
             cache,
             export_id,
             stats,
+            idle: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// `node` was closed for good (nothing has it open) and keeps its object: past
+    /// [`IDLE_OBJECTS`] such nodes, the one closed longest ago lets go of its object,
+    /// unless it was opened again.
+    pub(crate) fn closed(&self, node: &Arc<Node>) {
+        let oldest = {
+            let mut q = self.idle.lock();
+            q.push_back(Arc::downgrade(node));
+            if q.len() <= IDLE_OBJECTS {
+                return;
+            }
+            q.pop_front()
+        };
+        if let Some(n) = oldest.and_then(|w| w.upgrade()) {
+            let mut st = n.state.lock();
+            if !st.is_open() {
+                st.opens.set_object(None);
+            }
         }
     }
 

@@ -138,6 +138,7 @@ impl HoardFs {
             offset
         };
         g.write(offset, data).map_err(kept)?;
+        p.note_size(&g);
         let local = g.local();
         drop(g);
         self.nodes.set_local(p.file_id, Some(local));
@@ -164,6 +165,7 @@ impl HoardFs {
             return Ok(None);
         }
         g.truncate(size).map_err(kept)?;
+        p.note_size(&g);
         let local = g.local();
         drop(g);
         self.nodes.set_local(p.file_id, Some(local));

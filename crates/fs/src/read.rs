@@ -499,6 +499,8 @@ impl HoardFs {
         }
         if idle {
             self.nodes.forget(of.node.ino, 0);
+        } else if !still_open {
+            self.objects.closed(&of.node);
         }
         drop(of);
         if !still_open

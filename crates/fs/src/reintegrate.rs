@@ -1,8 +1,8 @@
 //! Reintegration: sending the changes of `--offline-writes` back to the origin once it is
 //! reachable, oldest first.
 //!
-//! For each pending file the path recorded at its first change is looked up from the
-//! root. If it still names the same object at the **base version** the change started
+//! Changes of different files are independent and go [`SENDERS`] at a time. For each
+//! pending file the path recorded at its first change is looked up from the root. If it still names the same object at the **base version** the change started
 //! from, the staged content is written over it (whole, then truncated to its size,
 //! published and fsynced), and the change is done. If the file changed on the origin
 //! meanwhile, or was removed or replaced by another file, or its directory is gone, the
@@ -27,6 +27,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use hoardfs_origin::{Entry, Handle, Owner, SetAttrs, WireError};
 
 use crate::cml::{Conflict, Inner, Pending, Phase};
+use std::sync::atomic::Ordering;
+
+use crate::nodes::Ino;
 use crate::{FsError, FsResult, HoardFs};
 
 /// Bytes per write when sending a staged file back.
@@ -45,10 +48,13 @@ pub struct Reintegrated {
 
 /// How a change went back.
 enum Outcome {
-    /// Written over its file, which now has these attributes.
-    Sent(hoardfs_origin::Attr),
+    /// Written over its file, which now has these attributes (and this node, if known).
+    Sent(hoardfs_origin::Attr, Option<Ino>),
     Conflict(Conflict),
 }
+
+/// Changes sent at once.
+const SENDERS: usize = 8;
 
 /// A UTC time as `YYYYMMDDTHHMMSSZ` (civil-from-days, proleptic Gregorian).
 fn utc_stamp(t: SystemTime) -> String {
@@ -85,45 +91,70 @@ impl HoardFs {
     /// the origin is unreachable. Safe to call at any time and from any thread (one pass
     /// at a time).
     pub fn reintegrate(&self) -> Reintegrated {
-        let mut r = Reintegrated::default();
         let Some(off) = &self.offline else {
-            return r;
+            return Reintegrated::default();
         };
         let _one_pass = self.reintegrating.lock();
         let all = off.log.all();
-        let mut stopped = false;
-        for p in &all {
-            if stopped {
-                r.left += 1;
-                continue;
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let stopped = std::sync::atomic::AtomicBool::new(false);
+        let totals = parking_lot::Mutex::new((Reintegrated::default(), Vec::new()));
+        // Changes of different files are independent: a few are sent at once (each
+        // costs round trips and a server fsync), oldest first.
+        let workers = SENDERS.min(all.len());
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        let Some(p) = all.get(i) else { return };
+                        if stopped.load(Ordering::SeqCst) {
+                            totals.lock().0.left += 1;
+                            continue;
+                        }
+                        let outcome = self.send_back(p);
+                        let mut t = totals.lock();
+                        match outcome {
+                            Ok(Some(Outcome::Sent(_, ino))) => {
+                                t.0.sent += 1;
+                                t.1.extend(ino);
+                            }
+                            Ok(Some(Outcome::Conflict(c))) => {
+                                tracing::warn!(
+                                    "conflict: {} changed on the server while this client \
+                                     changed it offline ({}); this client's version is at {}",
+                                    c.path,
+                                    c.reason,
+                                    c.copy
+                                );
+                                off.log.record_conflict(&c);
+                                t.0.conflicts += 1;
+                            }
+                            Ok(None) => {}
+                            Err(FsError::Offline(why)) => {
+                                tracing::debug!("reintegration paused: {why}");
+                                stopped.store(true, Ordering::SeqCst);
+                                t.0.left += 1;
+                            }
+                            Err(e) => {
+                                tracing::error!(
+                                    file_id = p.file_id,
+                                    "an offline change cannot be sent back now (kept, tried \
+                                     again later): {e}"
+                                );
+                                t.0.left += 1;
+                            }
+                        }
+                    }
+                });
             }
-            match self.send_back(p) {
-                Ok(Some(Outcome::Sent(_))) => r.sent += 1,
-                Ok(Some(Outcome::Conflict(c))) => {
-                    tracing::warn!(
-                        "conflict: {} changed on the server while this client changed it \
-                         offline ({}); this client's version is at {}",
-                        c.path,
-                        c.reason,
-                        c.copy
-                    );
-                    off.log.record_conflict(&c);
-                    r.conflicts += 1;
-                }
-                Ok(None) => {}
-                Err(FsError::Offline(why)) => {
-                    tracing::debug!("reintegration paused: {why}");
-                    stopped = true;
-                    r.left += 1;
-                }
-                Err(e) => {
-                    tracing::error!(
-                        file_id = p.file_id,
-                        "an offline change cannot be sent back now (kept, tried again \
-                         later): {e}"
-                    );
-                    r.left += 1;
-                }
+        });
+        let (r, sent) = totals.into_inner();
+        // Cached again (fetched at the origin's new version), so that the files can be
+        // changed offline at the next disconnection; after the log is empty, not before.
+        for ino in sent {
+            if let Err(e) = self.prefetch(ino) {
+                tracing::debug!(ino, "refetching a file sent back failed: {e}");
             }
         }
         r
@@ -183,7 +214,7 @@ impl HoardFs {
             (Some(_), Some(e)) if ours(&e) => {
                 g.start_upload().map_err(crate::offline::kept)?;
                 match self.upload(e.handle, &g, e.attr.version) {
-                    Ok(attr) => Outcome::Sent(attr),
+                    Ok(attr) => Outcome::Sent(attr, None),
                     Err((err, last)) => {
                         if let Err(io) = g.upload_failed(last) {
                             tracing::warn!("cannot record a failed upload: {io}");
@@ -228,7 +259,7 @@ impl HoardFs {
         if let Some(node) = &node {
             let mut st = node.state.lock();
             match &outcome {
-                Outcome::Sent(attr) => st.install_attr(*attr, false),
+                Outcome::Sent(attr, _) => st.install_attr(*attr, false),
                 Outcome::Conflict(_) => st.contents_changed(),
             }
             if let Some(old) = st.opens.set_object(None) {
@@ -237,16 +268,13 @@ impl HoardFs {
         }
         off.log.finish(p.file_id, &mut g);
         drop(g);
+        let mut outcome = outcome;
         if let Some(node) = node {
             if let Some(n) = self.notifier.get() {
                 n.inval_inode(node.ino);
             }
-            // Cached again (fetched at the origin's new version), so that the file can
-            // be changed offline again at the next disconnection.
-            if matches!(outcome, Outcome::Sent(_))
-                && let Err(e) = self.prefetch(node.ino)
-            {
-                tracing::debug!(ino = node.ino, "refetching a file sent back failed: {e}");
+            if let Outcome::Sent(_, ino) = &mut outcome {
+                *ino = Some(node.ino);
             }
         }
         Ok(Some(outcome))

@@ -823,3 +823,39 @@ fn a_file_not_completely_cached_cannot_be_changed_offline() {
     r.fs.release(o.fh);
     assert_eq!(r.fs.pending_changes(), 0);
 }
+
+#[test]
+fn closed_files_keep_their_objects_only_up_to_a_bound() {
+    let n = crate::objects::IDLE_OBJECTS + 50;
+    let r = Rig::new(&[], true, true, config(Duration::from_secs(60)));
+    for i in 0..n {
+        std::fs::write(r.export.join(format!("f{i}")), b"small").unwrap();
+    }
+    let reg = Registrar(AtomicUsize::new(0));
+    let mut inos = Vec::new();
+    for i in 0..n {
+        let (ino, _) = r.lookup(&format!("f{i}"));
+        let (o, _) = open_read(&r, ino, READ, &reg);
+        r.fs.release(o.fh);
+        inos.push(ino);
+    }
+    let holding = |ino: &Ino| {
+        r.fs.nodes
+            .get(*ino)
+            .is_some_and(|n| n.state.lock().opens.object().is_some())
+    };
+    let held = inos.iter().filter(|i| holding(i)).count();
+    assert_eq!(
+        held,
+        crate::objects::IDLE_OBJECTS,
+        "objects kept by closed files"
+    );
+    assert!(!holding(&inos[0]), "the first closed let go");
+    assert!(holding(&inos[n - 1]), "the last closed keeps it");
+    // Its object is found in the cache again: nothing is fetched.
+    let fetched = r.fs.stats().chunk_fetches;
+    let (o, _) = open_read(&r, inos[0], READ, &reg);
+    r.fs.release(o.fh);
+    assert!(holding(&inos[0]));
+    assert_eq!(r.fs.stats().chunk_fetches, fetched);
+}

@@ -155,6 +155,7 @@ impl Conn {
             .set_write_timeout(Some(write_timeout.max(Duration::from_millis(1))))
             .map_err(io)?;
         hoardfs_tls::enable_keepalive(&stream);
+        set_user_timeout(&stream, write_timeout);
         let ctl = stream.try_clone().map_err(io)?;
         let (reader, writer) = match tls {
             Some(tls) => {
@@ -359,4 +360,26 @@ fn reader_loop(stream: Reader, shared: Arc<Shared>) {
         }
     };
     shared.kill(&reason);
+}
+
+/// Bounds how long sent data may stay unacknowledged before the kernel aborts the
+/// connection (`TCP_USER_TIMEOUT`): a request that timed out on a dead link is then
+/// discarded with the connection, instead of being delivered (and applied by the server)
+/// when the link comes back, after this client gave up on it. Best effort.
+fn set_user_timeout(stream: &TcpStream, timeout: Duration) {
+    use std::os::fd::AsRawFd;
+    let ms = timeout.as_millis().clamp(1, u32::MAX as u128) as libc::c_uint;
+    // SAFETY: a valid socket and a c_uint option value of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        tracing::debug!("TCP_USER_TIMEOUT: {}", std::io::Error::last_os_error());
+    }
 }
