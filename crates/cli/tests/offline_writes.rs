@@ -263,6 +263,102 @@ fn offline_changes_survive_a_client_crash_and_a_remount_while_the_server_is_away
     m.unmount();
 }
 
+#[test]
+fn files_created_and_removed_offline_are_created_and_removed_on_the_server() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(exp.join("d")).unwrap();
+    for f in ["keep", "gone", "edited", "theirs", "changed"] {
+        std::fs::write(exp.join("d").join(f), format!("{f} before")).unwrap();
+    }
+    let mut srv = Server::start(&exp);
+    let addr = srv.addr.clone();
+    let m = mount(&addr, t.path());
+    for f in ["keep", "gone", "edited", "theirs", "changed"] {
+        read_whole(&m, &format!("d/{f}"));
+    }
+    // Names are created offline only in a directory listed while connected.
+    list(&m.p("d")).unwrap();
+    srv.kill();
+
+    assert_errno(
+        "a name in a directory never listed",
+        std::fs::write(m.p("new"), b"x"),
+        libc::EIO,
+    );
+    std::fs::write(m.p("d/new"), b"created offline").unwrap();
+    std::fs::write(m.p("d/tmp"), b"created and removed offline").unwrap();
+    std::fs::remove_file(m.p("d/tmp")).unwrap();
+    std::fs::remove_file(m.p("d/gone")).unwrap();
+    std::fs::write(m.p("d/edited"), b"edited, then removed").unwrap();
+    std::fs::remove_file(m.p("d/edited")).unwrap();
+    std::fs::remove_file(m.p("d/changed")).unwrap();
+    std::fs::write(m.p("d/clash"), b"ours").unwrap();
+    assert_errno(
+        "mkdir offline",
+        std::fs::create_dir(m.p("d/sub")),
+        libc::EIO,
+    );
+    assert_eq!(std::fs::read(m.p("d/new")).unwrap(), b"created offline");
+    let mut names = list(&m.p("d")).unwrap();
+    names.sort();
+    let want: Vec<Vec<u8>> = ["clash", "keep", "new", "theirs"]
+        .iter()
+        .map(|n| n.as_bytes().to_vec())
+        .collect();
+    assert_eq!(names, want, "the listing follows the offline changes");
+    assert_errno(
+        "a removed name",
+        std::fs::metadata(m.p("d/gone")),
+        libc::ENOENT,
+    );
+    // Meanwhile on the server: a clashing name, and a change to a file removed here.
+    std::fs::write(exp.join("d/clash"), b"theirs").unwrap();
+    std::fs::write(exp.join("d/changed"), b"changed on the server").unwrap();
+
+    let _srv = Server::start_at(&exp, &addr, &[]);
+    let (ok, err) = sync(&m, "30");
+    assert!(ok, "sync: {err}");
+    let d = exp.join("d");
+    assert_eq!(std::fs::read(d.join("new")).unwrap(), b"created offline");
+    for gone in ["tmp", "gone", "edited"] {
+        assert!(!d.join(gone).exists(), "{gone} is still on the server");
+    }
+    assert_eq!(std::fs::read(d.join("keep")).unwrap(), b"keep before");
+    assert_eq!(std::fs::read(d.join("clash")).unwrap(), b"theirs");
+    assert_eq!(
+        std::fs::read(d.join("changed")).unwrap(),
+        b"changed on the server",
+        "a file changed on the server is not removed"
+    );
+    let copies: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.contains(".conflict-"))
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert!(copies[0].starts_with("clash.conflict-"));
+    assert_eq!(std::fs::read(d.join(&copies[0])).unwrap(), b"ours");
+    let (ok, out, err) = tool(&["conflicts", m.path.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("/d/clash: a file of that name was created"),
+        "{out}"
+    );
+    assert!(
+        out.contains("/d/changed: removed here, but changed"),
+        "{out}"
+    );
+    // The created file is the server's file now: written through, seen by the server.
+    assert_soon("the mount shows the server's clash", || {
+        has_content(&m.p("d/clash"), b"theirs")
+    });
+    std::fs::write(m.p("d/new"), b"online again").unwrap();
+    assert_eq!(std::fs::read(d.join("new")).unwrap(), b"online again");
+    m.unmount();
+}
+
 /// splitmix64.
 struct Rng(u64);
 

@@ -1,5 +1,6 @@
-//! The client modify log (Coda's CML) of `--offline-writes`: files changed while the
-//! origin was unreachable, waiting to be sent back.
+//! The client modify log (Coda's CML) of `--offline-writes`: files changed, created or
+//! removed while the origin was unreachable, waiting to be sent back (a record's
+//! [`Kind`]).
 //!
 //! One [`Pending`] per changed file (repeated writes of a file collapse into it): a
 //! record naming the file (its path from the export root at the first change, its file
@@ -35,7 +36,7 @@ use hoardfs_cache::CachedObject;
 use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
-const MAGIC: &[u8; 8] = b"HFSCML1\n";
+const MAGIC: &[u8; 8] = b"HFSCML2\n";
 
 /// Where a pending change is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +53,17 @@ pub enum Phase {
         /// The origin's version after the failed upload's last write.
         expected: u64,
     },
+}
+
+/// What a pending change does to its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kind {
+    /// The file's content becomes the staged content.
+    Store,
+    /// A new file with the staged content (the log's file id is this client's own).
+    Create,
+    /// The file is removed (nothing staged).
+    Remove,
 }
 
 /// The durable description of one pending change.
@@ -75,6 +87,11 @@ pub struct Record {
     pub since: u64,
     /// Where it is.
     pub phase: Phase,
+    /// What it does.
+    pub kind: Kind,
+    /// For a `Create`: the origin's id of the file once created (an upload then goes on
+    /// over it after a failure).
+    pub created: Option<u64>,
 }
 
 /// Local attributes of a file with a pending change.
@@ -313,10 +330,75 @@ impl ChangeLog {
             gid: base.gid,
             since: now_secs(),
             phase: Phase::Staged,
+            kind: Kind::Store,
+            created: None,
         };
-        let rec_path = self.dir.join(format!("{seq:016}.rec"));
-        crate::sealed::write_atomically(&rec_path, &encode(&record))?;
         drop(staging);
+        let p = self.insert(record, size)?;
+        drop(next);
+        Ok(p)
+    }
+
+    /// Starts a pending creation of a new file at `path` with attributes `attr` (its file
+    /// id this client's own): an empty staging file and a record, durably.
+    pub fn stage_new(
+        &self,
+        path: Vec<Vec<u8>>,
+        attr: &hoardfs_origin::Attr,
+    ) -> std::io::Result<Arc<Pending>> {
+        self.stage_empty(path, attr, Kind::Create)
+    }
+
+    /// Starts a pending removal of the file at `path` (attributes `base`, as the origin
+    /// last reported them), durably.
+    pub fn stage_remove(
+        &self,
+        path: Vec<Vec<u8>>,
+        base: &hoardfs_origin::Attr,
+    ) -> std::io::Result<Arc<Pending>> {
+        self.stage_empty(path, base, Kind::Remove)
+    }
+
+    fn stage_empty(
+        &self,
+        path: Vec<Vec<u8>>,
+        attr: &hoardfs_origin::Attr,
+        kind: Kind,
+    ) -> std::io::Result<Arc<Pending>> {
+        let mut next = self.next_seq.lock();
+        if let Some(p) = self.get(attr.file_id) {
+            return Ok(p);
+        }
+        let seq = *next;
+        *next += 1;
+        let data_path = self.dir.join(format!("{seq:016}.data"));
+        let f = File::create(&data_path)?;
+        f.sync_all()?;
+        drop(f);
+        let record = Record {
+            seq,
+            path,
+            file_id: attr.file_id,
+            base_version: attr.version,
+            perm: attr.perm,
+            uid: attr.uid,
+            gid: attr.gid,
+            since: now_secs(),
+            phase: Phase::Staged,
+            kind,
+            created: None,
+        };
+        let p = self.insert(record, 0)?;
+        drop(next);
+        Ok(p)
+    }
+
+    /// Writes `record` durably and adds it to the table (its staging file is in place).
+    fn insert(&self, record: Record, size: u64) -> std::io::Result<Arc<Pending>> {
+        let (seq, file_id) = (record.seq, record.file_id);
+        let rec_path = self.dir.join(format!("{seq:016}.rec"));
+        let data_path = self.dir.join(format!("{seq:016}.data"));
+        crate::sealed::write_atomically(&rec_path, &encode(&record))?;
         let p = Arc::new(Pending {
             seq,
             file_id,
@@ -332,7 +414,6 @@ impl ChangeLog {
             }),
         });
         self.pending.lock().insert(file_id, p.clone());
-        drop(next);
         Ok(p)
     }
 
@@ -526,6 +607,23 @@ impl Inner {
         self.staging()?.sync_data()
     }
 
+    /// The file with a pending `Store` is removed too: the change becomes its removal
+    /// (from the same base version), and the staged bytes go.
+    pub fn become_removal(&mut self) -> std::io::Result<()> {
+        self.staging()?.set_len(0)?;
+        self.size = 0;
+        self.record.kind = Kind::Remove;
+        crate::sealed::write_atomically(&self.rec_path, &encode(&self.record))
+    }
+
+    /// A `Create` reached the origin as file `server_id` (at version `version`): a
+    /// failed upload goes on over that file.
+    pub fn created(&mut self, server_id: u64, version: u64) -> std::io::Result<()> {
+        self.record.created = Some(server_id);
+        self.record.phase = Phase::Resume { expected: version };
+        crate::sealed::write_atomically(&self.rec_path, &encode(&self.record))
+    }
+
     /// Records that an upload starts (durably, before the origin sees any of it).
     pub fn start_upload(&mut self) -> std::io::Result<()> {
         self.set_phase(Phase::Uploading)
@@ -562,6 +660,8 @@ mod tests {
             gid: 2,
             since: 1,
             phase: Phase::Uploading,
+            kind: Kind::Create,
+            created: Some(3),
         };
         let bytes = encode(&rec);
         let back = decode(&bytes).unwrap();

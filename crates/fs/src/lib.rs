@@ -374,7 +374,16 @@ impl HoardFs {
             }
             Err(FsError::Offline(why)) => {
                 // Serve the name from what we saw while connected.
-                let child = dir.state.lock().child(name);
+                let (child, listed) = {
+                    let st = dir.state.lock();
+                    (st.child(name), st.last_listing().is_some())
+                };
+                // With offline writes, a name missing from the directory's kept listing
+                // is absent (as the listing shows), so that it can be created.
+                if child.is_none() && listed && self.offline.as_ref().is_some_and(|o| o.keeps_new())
+                {
+                    return Err(WireError::NotFound.into());
+                }
                 let node = child
                     .and_then(|c| self.nodes.get(c))
                     .ok_or(FsError::Offline(why))?;

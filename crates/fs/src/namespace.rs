@@ -72,13 +72,44 @@ impl HoardFs {
         owner: Owner,
         make_backing: &crate::MakeBacking,
     ) -> FsResult<(NodeEntry, Opened)> {
+        let made = self.make(parent, name, |h| {
+            self.origin.create(h, name, mode, exclusive, owner)
+        });
         let NodeEntry {
             ino,
             mut attr,
             mut ttl,
-        } = self.make(parent, name, |h| {
-            self.origin.create(h, name, mode, exclusive, owner)
-        })?;
+        } = match made {
+            Err(FsError::Offline(why)) => {
+                let (entry, opened) = self.create_offline(
+                    parent,
+                    name,
+                    mode,
+                    exclusive,
+                    access,
+                    owner,
+                    make_backing,
+                    why,
+                )?;
+                if truncate && entry.attr.size > 0 {
+                    let set = SetAttrs {
+                        size: Some(0),
+                        ..Default::default()
+                    };
+                    let NodeAttr { attr, ttl } = self.setattr(entry.ino, &set)?;
+                    return Ok((
+                        NodeEntry {
+                            ino: entry.ino,
+                            attr,
+                            ttl,
+                        },
+                        opened,
+                    ));
+                }
+                return Ok((entry, opened));
+            }
+            r => r?,
+        };
         if truncate && attr.size > 0 {
             let set = SetAttrs {
                 size: Some(0),
@@ -227,13 +258,19 @@ impl HoardFs {
             }
             return Ok(());
         }
-        self.with_handle(&dir, |h| {
+        let removed = self.with_handle(&dir, |h| {
             if dir_wanted {
                 self.origin.rmdir(h, name)
             } else {
                 self.origin.unlink(h, name)
             }
-        })?;
+        });
+        match removed {
+            Err(FsError::Offline(why)) if !dir_wanted => {
+                return self.unlink_offline(parent, name, why);
+            }
+            r => r?,
+        }
         dir.state.lock().remove_child(name);
         if let Some(child) = child.and_then(|c| self.nodes.get(c)) {
             // Its link count changed.

@@ -182,6 +182,46 @@ impl NodeState {
         self.dir.keep_listing(listing);
     }
 
+    /// A name made here while the origin is unreachable (`--offline-writes`): listed
+    /// and looked up from now on (the kept listing, if any, gains the entry).
+    pub(crate) fn add_local_entry(&mut self, entry: hoardfs_origin::DirEntry, ino: Ino) {
+        self.dir.add_child(&entry.name, ino);
+        if let Some(l) = self.dir.listing() {
+            let mut entries: Vec<_> = l
+                .entries
+                .iter()
+                .filter(|e| e.name != entry.name)
+                .cloned()
+                .collect();
+            entries.push(entry);
+            let kept = Listing {
+                entries,
+                fetched: l.fetched,
+                since: l.since,
+            };
+            self.dir.keep_listing(Arc::new(kept));
+        }
+    }
+
+    /// A name removed here while the origin is unreachable: gone from the names seen and
+    /// from the kept listing.
+    pub(crate) fn remove_local_entry(&mut self, name: &[u8]) {
+        self.dir.remove_child(name);
+        if let Some(l) = self.dir.listing() {
+            let kept = Listing {
+                entries: l
+                    .entries
+                    .iter()
+                    .filter(|e| e.name != name)
+                    .cloned()
+                    .collect(),
+                fetched: l.fetched,
+                since: l.since,
+            };
+            self.dir.keep_listing(Arc::new(kept));
+        }
+    }
+
     /// Whether the origin no longer has the object (set by `mark_deleted`).
     pub fn is_deleted(&self) -> bool {
         self.deleted
@@ -373,7 +413,8 @@ impl NodeTable {
                 .and_then(|i| inner.nodes.get(i))
                 .cloned();
             match existing {
-                Some(n) if n.kind == attr.kind => n,
+                // (A deleted node's id may have gone to a new object: never reused.)
+                Some(n) if n.kind == attr.kind && !n.state.lock().is_deleted() => n,
                 _ => {
                     let ino = inner.next_ino;
                     inner.next_ino += 1;
@@ -446,6 +487,24 @@ impl NodeTable {
         };
         if let Some(n) = node {
             n.state.lock().local = change;
+        }
+    }
+
+    /// Node `ino`, known by this client's own id `local_id` (a file created offline), is
+    /// now origin object `entry` (sent back): it answers to the origin's id and handle.
+    pub fn rebind(&self, ino: Ino, local_id: u64, entry: &hoardfs_origin::Entry) {
+        let node = {
+            let mut inner = self.inner.write();
+            if inner.by_file_id.get(&local_id) == Some(&ino) {
+                inner.by_file_id.remove(&local_id);
+            }
+            inner.by_file_id.entry(entry.attr.file_id).or_insert(ino);
+            inner.nodes.get(&ino).cloned()
+        };
+        if let Some(n) = node {
+            let mut st = n.state.lock();
+            st.handle = entry.handle;
+            st.install_attr(entry.attr, false);
         }
     }
 

@@ -10,8 +10,11 @@
 //! bytes durable on this disk. A file not completely cached cannot be changed offline
 //! (`EIO`, with a warning naming the file): the client does not have its bytes.
 //!
-//! Only file contents are logged: creating, removing or renaming names, and changing
-//! permissions or times, still need the origin (`EIO` while it is unreachable).
+//! Regular files can also be created (in a directory listed while connected: a node
+//! with an id of this client's own, an empty staging file, a `Create` record) and removed
+//! (a `Remove` record, replacing a pending change of the file's content; removing a file
+//! created offline cancels it). Directories, renames, links, permissions and times still
+//! need the origin (`EIO` while it is unreachable).
 //!
 //! The [`OfflineWrites`] value owns the log; the `HoardFs` methods here route the
 //! operations of files with a pending change to it.
@@ -38,6 +41,11 @@ pub(crate) struct OfflineWrites {
 }
 
 impl OfflineWrites {
+    /// Whether new changes are kept (`--offline-writes`).
+    pub(crate) fn keeps_new(&self) -> bool {
+        self.keep_new
+    }
+
     /// The log of export `export_id` under `config.offline_log`: opened when offline
     /// writes are on, or when an earlier mount left changes in it (they are sent back
     /// whatever this mount's options; new ones are then not kept).
@@ -236,5 +244,166 @@ impl HoardFs {
             .as_ref()
             .map(|o| o.log.conflicts())
             .unwrap_or_default()
+    }
+}
+
+/// The top bit marks the file ids this client makes for files created offline (origin
+/// ids of local exports are inode numbers, far below it; S3 origins are not offline).
+const LOCAL_ID: u64 = 1 << 63;
+
+impl HoardFs {
+    /// Creates regular file `parent/name` while the origin is unreachable (it failed
+    /// with `why`): a node with an id of this client's own, an empty staging file and a
+    /// `Create` record; the name is listed and looked up from now on, and the file is
+    /// opened. An existing name opens that file instead (`EEXIST` if `exclusive`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn create_offline(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        access: Access,
+        owner: hoardfs_origin::Owner,
+        make_backing: &crate::MakeBacking,
+        why: String,
+    ) -> FsResult<(crate::NodeEntry, Opened)> {
+        let Some(off) = self.offline.as_ref().filter(|o| o.keep_new) else {
+            return Err(FsError::Offline(why));
+        };
+        let dir = self.node(parent)?;
+        if let Some(existing) = dir.state.lock().child(name) {
+            if exclusive {
+                return Err(hoardfs_origin::WireError::Exists.into());
+            }
+            let opened = self.open(existing, access, make_backing)?;
+            let st = self.node(existing)?;
+            let attr = st.state.lock().attr();
+            return Ok((
+                crate::NodeEntry {
+                    ino: existing,
+                    attr,
+                    ttl: self.config.attr_ttl,
+                },
+                opened,
+            ));
+        }
+        let Some(mut path) = self.components_of(parent) else {
+            return Err(FsError::Offline(why));
+        };
+        path.push(name.to_vec());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let t = hoardfs_origin::Timestamp {
+            secs: now.as_secs() as i64,
+            nanos: now.subsec_nanos(),
+        };
+        let seed = [
+            &now.as_nanos().to_le_bytes()[..],
+            &parent.to_le_bytes(),
+            name,
+        ]
+        .concat();
+        let attr = hoardfs_origin::Attr {
+            file_id: LOCAL_ID | xxhash_rust::xxh3::xxh3_64(&seed),
+            version: 0,
+            kind: hoardfs_origin::FileKind::File,
+            perm: (mode & 0o7777) as u16,
+            nlink: 1,
+            uid: owner.uid,
+            gid: owner.gid,
+            size: 0,
+            blocks: 0,
+            rdev: 0,
+            blksize: 4096,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        };
+        let p = off.log.stage_new(path, &attr).map_err(kept)?;
+        let local = p.lock().local();
+        self.nodes.set_local(attr.file_id, Some(local));
+        let handle = hoardfs_origin::Handle { epoch: 0, id: 0 };
+        let node = self.nodes.remember(parent, name, handle, attr, |_| false);
+        let entry = hoardfs_origin::DirEntry {
+            name: name.to_vec(),
+            entry: hoardfs_origin::Entry { handle, attr },
+        };
+        dir.state.lock().add_local_entry(entry, node.ino);
+        tracing::info!(
+            ino = node.ino,
+            "the server is unreachable: a file created here is kept locally until it is back"
+        );
+        let attr = node.state.lock().attr();
+        let opened = self.open_pending(node.clone(), access);
+        Ok((
+            crate::NodeEntry {
+                ino: node.ino,
+                attr,
+                ttl: self.config.attr_ttl,
+            },
+            opened,
+        ))
+    }
+
+    /// Removes file `parent/name` while the origin is unreachable (it failed with
+    /// `why`): a file created offline just goes (with its staged content); a file of
+    /// the origin gets a `Remove` record (replacing a pending change of its content).
+    /// Only a regular file this client knows and nobody has open here can be removed.
+    pub(crate) fn unlink_offline(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        why: String,
+    ) -> FsResult<()> {
+        let Some(off) = self.offline.as_ref().filter(|o| o.keep_new) else {
+            return Err(FsError::Offline(why));
+        };
+        let dir = self.node(parent)?;
+        let child = dir.state.lock().child(name).and_then(|c| self.nodes.get(c));
+        let Some(node) = child else {
+            return Err(FsError::Offline(why));
+        };
+        if node.kind != hoardfs_origin::FileKind::File {
+            return Err(FsError::Offline(why));
+        }
+        // The kernel sends the RELEASE of a closed descriptor without waiting for it: a
+        // file closed just before its unlink may still count as open for a moment.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        while node.state.lock().is_open() {
+            if std::time::Instant::now() > deadline {
+                return Err(FsError::Offline(why));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let base = node.state.lock().origin_attr();
+        let Some(mut path) = self.components_of(parent) else {
+            return Err(FsError::Offline(why));
+        };
+        path.push(name.to_vec());
+        match off.log.get(base.file_id) {
+            Some(p) => {
+                let mut g = p.lock();
+                match g.record().kind {
+                    crate::cml::Kind::Create => off.log.finish(base.file_id, &mut g),
+                    crate::cml::Kind::Store => g.become_removal().map_err(kept)?,
+                    crate::cml::Kind::Remove => {}
+                }
+            }
+            None => {
+                off.log.stage_remove(path, &base).map_err(kept)?;
+            }
+        }
+        self.nodes.set_local(base.file_id, None);
+        // The origin may give the id to a new file once this one is gone.
+        self.nodes.unbind_file_id(node.ino, base.file_id);
+        dir.state.lock().remove_local_entry(name);
+        let mut st = node.state.lock();
+        st.mark_deleted();
+        if let Some(old) = st.opens.set_object(None) {
+            old.retire();
+        }
+        Ok(())
     }
 }

@@ -26,7 +26,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use hoardfs_origin::{Entry, Handle, Owner, SetAttrs, WireError};
 
-use crate::cml::{Conflict, Inner, Pending, Phase};
+use crate::cml::{Conflict, Inner, Kind, Pending, Phase};
 use std::sync::atomic::Ordering;
 
 use crate::nodes::Ino;
@@ -50,6 +50,10 @@ pub struct Reintegrated {
 enum Outcome {
     /// Written over its file, which now has these attributes (and this node, if known).
     Sent(hoardfs_origin::Attr, Option<Ino>),
+    /// Created as this origin object (and this node, if known).
+    Created(Entry, Option<Ino>),
+    /// Removed (or found gone already).
+    Removed,
     Conflict(Conflict),
 }
 
@@ -115,10 +119,11 @@ impl HoardFs {
                         let outcome = self.send_back(p);
                         let mut t = totals.lock();
                         match outcome {
-                            Ok(Some(Outcome::Sent(_, ino))) => {
+                            Ok(Some(Outcome::Sent(_, ino) | Outcome::Created(_, ino))) => {
                                 t.0.sent += 1;
                                 t.1.extend(ino);
                             }
+                            Ok(Some(Outcome::Removed)) => t.0.sent += 1,
                             Ok(Some(Outcome::Conflict(c))) => {
                                 tracing::warn!(
                                     "conflict: {} changed on the server while this client \
@@ -202,32 +207,79 @@ impl HoardFs {
         };
         // Whether the file holds what this change started from (or this change's own
         // half upload).
-        let ours = |e: &Entry| {
-            e.attr.file_id == rec.file_id
-                && match rec.phase {
-                    Phase::Staged => e.attr.version == rec.base_version,
-                    Phase::Uploading => true,
-                    Phase::Resume { expected } => e.attr.version == expected,
-                }
+        let phase_allows = |e: &Entry| match rec.phase {
+            Phase::Staged => e.attr.version == rec.base_version,
+            Phase::Uploading => true,
+            Phase::Resume { expected } => e.attr.version == expected,
         };
-        let outcome = match (&dir, found) {
-            (Some(_), Some(e)) if ours(&e) => {
-                g.start_upload().map_err(crate::offline::kept)?;
-                match self.upload(e.handle, &g, e.attr.version) {
-                    Ok(attr) => Outcome::Sent(attr, None),
-                    Err((err, last)) => {
-                        if let Err(io) = g.upload_failed(last) {
-                            tracing::warn!("cannot record a failed upload: {io}");
-                        }
-                        return Err(err);
-                    }
+        let outcome = match (rec.kind, &dir, found) {
+            (Kind::Remove, Some(d), Some(e)) if e.attr.file_id == rec.file_id => {
+                if e.attr.version == rec.base_version {
+                    self.origin.unlink(*d, name)?;
+                    Outcome::Removed
+                } else {
+                    Outcome::Conflict(Conflict {
+                        at: now_secs(),
+                        path: shown(&rec.path),
+                        copy: shown(&rec.path),
+                        reason: "removed here, but changed on the server: the server's \
+                                 version is kept"
+                            .into(),
+                    })
                 }
             }
-            (Some(d), found) => {
-                let reason = match found {
-                    None => "removed on the server",
-                    Some(e) if e.attr.file_id != rec.file_id => "replaced on the server",
-                    Some(_) => "changed on the server since the change began",
+            // Gone already, or the name is another file's now: nothing of ours to remove.
+            (Kind::Remove, _, _) => Outcome::Removed,
+            (Kind::Store, Some(_), Some(e))
+                if e.attr.file_id == rec.file_id && phase_allows(&e) =>
+            {
+                let attr = self.send_content(&mut g, e.handle, e.attr.version)?;
+                Outcome::Sent(attr, None)
+            }
+            (Kind::Create, Some(_), Some(e))
+                if rec.created == Some(e.attr.file_id) && phase_allows(&e) =>
+            {
+                let attr = self.send_content(&mut g, e.handle, e.attr.version)?;
+                Outcome::Created(
+                    Entry {
+                        handle: e.handle,
+                        attr,
+                    },
+                    None,
+                )
+            }
+            (Kind::Create, Some(d), None) => {
+                let owner = Owner {
+                    uid: rec.uid,
+                    gid: rec.gid,
+                };
+                match self
+                    .origin
+                    .create(*d, name, u32::from(rec.perm), true, owner)
+                {
+                    Ok(e) => {
+                        g.created(e.attr.file_id, e.attr.version)
+                            .map_err(crate::offline::kept)?;
+                        let attr = self.send_content(&mut g, e.handle, e.attr.version)?;
+                        Outcome::Created(
+                            Entry {
+                                handle: e.handle,
+                                attr,
+                            },
+                            None,
+                        )
+                    }
+                    // Taken meanwhile: next time round it is a conflict.
+                    Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            (_, Some(d), found) => {
+                let reason = match (rec.kind, found) {
+                    (Kind::Create, _) => "a file of that name was created on the server",
+                    (_, None) => "removed on the server",
+                    (_, Some(e)) if e.attr.file_id != rec.file_id => "replaced on the server",
+                    _ => "changed on the server since the change began",
                 };
                 let copy = self.conflict_copy(*d, name, &g, &off.host)?;
                 let mut at = rec.path[..rec.path.len() - 1].to_vec();
@@ -239,7 +291,7 @@ impl HoardFs {
                     reason: reason.into(),
                 })
             }
-            (None, _) => {
+            (_, None, _) => {
                 let flat = rec.path.join(&b'_');
                 let copy = self.conflict_copy(root, &flat, &g, &off.host)?;
                 Outcome::Conflict(Conflict {
@@ -257,13 +309,29 @@ impl HoardFs {
         self.nodes.set_local(p.file_id, None);
         let node = self.nodes.by_file_id(p.file_id);
         if let Some(node) = &node {
-            let mut st = node.state.lock();
-            match &outcome {
-                Outcome::Sent(attr, _) => st.install_attr(*attr, false),
-                Outcome::Conflict(_) => st.contents_changed(),
+            let mut created_lost = None;
+            {
+                let mut st = node.state.lock();
+                match &outcome {
+                    Outcome::Sent(attr, _) => st.install_attr(*attr, false),
+                    Outcome::Created(..) | Outcome::Removed => {}
+                    Outcome::Conflict(_) if rec.kind == Kind::Create => {
+                        // The name is the server's file: this node (ours) leaves it.
+                        st.mark_deleted();
+                        created_lost = Some(st.parent());
+                    }
+                    Outcome::Conflict(_) => st.contents_changed(),
+                }
+                if let Some(old) = st.opens.set_object(None) {
+                    old.retire();
+                }
             }
-            if let Some(old) = st.opens.set_object(None) {
-                old.retire();
+            if let Outcome::Created(entry, _) = &outcome {
+                self.nodes.rebind(node.ino, p.file_id, entry);
+            }
+            if let Some(parent) = created_lost.and_then(|pi| self.nodes.get(pi)) {
+                self.nodes.unbind_file_id(node.ino, p.file_id);
+                parent.state.lock().remove_local_entry(name);
             }
         }
         off.log.finish(p.file_id, &mut g);
@@ -273,11 +341,28 @@ impl HoardFs {
             if let Some(n) = self.notifier.get() {
                 n.inval_inode(node.ino);
             }
-            if let Outcome::Sent(_, ino) = &mut outcome {
+            if let Outcome::Sent(_, ino) | Outcome::Created(_, ino) = &mut outcome {
                 *ino = Some(node.ino);
             }
         }
         Ok(Some(outcome))
+    }
+
+    /// Sends the staged content over the object at `handle` (at version `at_start`),
+    /// recording the upload's start, and its end point if it fails.
+    fn send_content(
+        &self,
+        g: &mut Inner,
+        handle: Handle,
+        at_start: u64,
+    ) -> FsResult<hoardfs_origin::Attr> {
+        g.start_upload().map_err(crate::offline::kept)?;
+        self.upload(handle, g, at_start).map_err(|(err, last)| {
+            if let Err(io) = g.upload_failed(last) {
+                tracing::warn!("cannot record a failed upload: {io}");
+            }
+            err
+        })
     }
 
     /// Writes the staged content over the object at `handle` (at version `at_start`):
