@@ -239,14 +239,7 @@ impl HoardFs {
             (Kind::Create, Some(_), Some(e))
                 if rec.created == Some(e.attr.file_id) && phase_allows(&e) =>
             {
-                let attr = self.send_content(&mut g, e.handle, e.attr.version)?;
-                Outcome::Created(
-                    Entry {
-                        handle: e.handle,
-                        attr,
-                    },
-                    None,
-                )
+                self.send_created(&mut g, &e)?
             }
             (Kind::Create, Some(d), None) => {
                 let owner = Owner {
@@ -260,14 +253,7 @@ impl HoardFs {
                     Ok(e) => {
                         g.created(e.attr.file_id, e.attr.version)
                             .map_err(crate::offline::kept)?;
-                        let attr = self.send_content(&mut g, e.handle, e.attr.version)?;
-                        Outcome::Created(
-                            Entry {
-                                handle: e.handle,
-                                attr,
-                            },
-                            None,
-                        )
+                        self.send_created(&mut g, &e)?
                     }
                     // Taken meanwhile: next time round it is a conflict.
                     Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => return Ok(None),
@@ -346,6 +332,16 @@ impl HoardFs {
             }
         }
         Ok(Some(outcome))
+    }
+
+    /// Sends the staged content of a created file to the origin's file `e`.
+    fn send_created(&self, g: &mut Inner, e: &Entry) -> FsResult<Outcome> {
+        let attr = self.send_content(g, e.handle, e.attr.version)?;
+        let entry = Entry {
+            handle: e.handle,
+            attr,
+        };
+        Ok(Outcome::Created(entry, None))
     }
 
     /// Sends the staged content over the object at `handle` (at version `at_start`),
