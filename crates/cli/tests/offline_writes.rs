@@ -382,8 +382,9 @@ fn sessions() -> u64 {
         .unwrap_or(25)
 }
 
-/// Random sessions of writes, appends and truncations of four cached files, with the
-/// link to the server cut and restored at random points (the server keeps running), and
+/// Random sessions of writes, appends and truncations of cached files, and (while the link
+/// is cut) creations and removals of files, with the link to the server cut and restored
+/// at random points (the server keeps running), and
 /// now and then the client killed right after the link comes back (in the middle of
 /// sending its changes) and mounted again. After each session the server's files must
 /// equal a model of what the client wrote, byte for byte, and the mount must show the
@@ -406,13 +407,13 @@ fn random_sessions_with_the_link_cut_and_restored_match_a_model() {
     let t = scratch();
     let exp = t.path().join("export");
     std::fs::create_dir_all(&exp).unwrap();
-    let names = ["f0", "f1", "f2", "f3"];
-    let mut model: Vec<Vec<u8>> = Vec::new();
-    for (i, n) in names.iter().enumerate() {
+    // The model: every file of the export and its content.
+    let mut model: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
+    for i in 0..4u64 {
         let len = 1 + rng.below(3 * MIB as u64) as usize;
-        let data = bytes(100 + i as u64, len);
-        std::fs::write(exp.join(n), &data).unwrap();
-        model.push(data);
+        let data = bytes(100 + i, len);
+        std::fs::write(exp.join(format!("f{i}")), &data).unwrap();
+        model.insert(format!("f{i}"), data);
     }
     let srv = Server::start(&exp);
     let mut link = common::link::Link::start(&srv.addr);
@@ -420,6 +421,7 @@ fn random_sessions_with_the_link_cut_and_restored_match_a_model() {
     let mut log: Vec<String> = Vec::new();
     // Files found pending at the end of a session's operations, over all sessions.
     let mut staged = 0;
+    let mut created = 0;
     let fail = |log: &[String], msg: String| -> ! {
         panic!(
             "seed {seed}: {msg}\nlast operations:\n{}",
@@ -427,14 +429,26 @@ fn random_sessions_with_the_link_cut_and_restored_match_a_model() {
         )
     };
     for session in 0..sessions() {
-        for n in names {
-            read_whole(&m, n);
+        // Cached whole (as a user prepares to go offline), and the directory listed
+        // (files are created offline only there).
+        let (ok, _, err) = tool(&["prefetch", m.path.to_str().unwrap(), "-q"]);
+        if !ok {
+            fail(&log, format!("prefetch: {err}"));
         }
+        list(&m.p("")).unwrap();
         let ops = 5 + rng.below(15);
         for _ in 0..ops {
-            let i = rng.below(names.len() as u64) as usize;
-            let (name, cur) = (names[i], &mut model[i]);
-            match rng.below(10) {
+            let names: Vec<String> = model.keys().cloned().collect();
+            let name = names[rng.below(names.len() as u64) as usize].clone();
+            let mut roll = rng.below(12);
+            if link.is_up() && (roll == 2 || roll == 3) {
+                // Names are created and removed here only while the link is cut.
+                roll = 11;
+            }
+            if roll == 3 && names.len() < 2 {
+                roll = 11;
+            }
+            let touched = match roll {
                 0 | 1 => {
                     if link.is_up() {
                         link.cut();
@@ -443,30 +457,58 @@ fn random_sessions_with_the_link_cut_and_restored_match_a_model() {
                         link.restore();
                         log.push(format!("s{session} restore"));
                     }
+                    continue;
                 }
                 2 => {
+                    created += 1;
+                    let new = format!("n{created}");
+                    let data = bytes(rng.next(), rng.below(100_000) as usize);
+                    log.push(format!("s{session} create {new} {}", data.len()));
+                    if let Err(e) = std::fs::write(m.p(&new), &data) {
+                        fail(&log, format!("create {new}: {e}"));
+                    }
+                    model.insert(new.clone(), data);
+                    new
+                }
+                3 => {
+                    log.push(format!("s{session} unlink {name}"));
+                    if let Err(e) = std::fs::remove_file(m.p(&name)) {
+                        fail(&log, format!("unlink {name}: {e}"));
+                    }
+                    model.remove(&name);
+                    if std::fs::metadata(m.p(&name)).is_ok() {
+                        fail(&log, format!("{name} is still there after its unlink"));
+                    }
+                    continue;
+                }
+                4 => {
+                    let cur = model.get_mut(&name).unwrap();
                     let size = rng.below(cur.len() as u64 + 100_000) as usize;
                     log.push(format!("s{session} truncate {name} {size}"));
-                    let f = OpenOptions::new().write(true).open(m.p(name)).unwrap();
+                    let f = OpenOptions::new().write(true).open(m.p(&name)).unwrap();
                     if let Err(e) = f.set_len(size as u64) {
                         fail(&log, format!("truncate {name}: {e}"));
                     }
                     cur.resize(size, 0);
+                    name
                 }
-                3 => {
+                5 => {
+                    let cur = model.get_mut(&name).unwrap();
                     let data = bytes(rng.next(), 1 + rng.below(50_000) as usize);
                     log.push(format!("s{session} append {name} {}", data.len()));
-                    let mut f = OpenOptions::new().append(true).open(m.p(name)).unwrap();
+                    let mut f = OpenOptions::new().append(true).open(m.p(&name)).unwrap();
                     if let Err(e) = f.write_all(&data).and_then(|()| close_checked(f)) {
                         fail(&log, format!("append {name}: {e}"));
                     }
                     cur.extend_from_slice(&data);
+                    name
                 }
                 _ => {
+                    let cur = model.get_mut(&name).unwrap();
                     let off = rng.below(cur.len() as u64 + 1000) as usize;
                     let data = bytes(rng.next(), 1 + rng.below(200_000) as usize);
                     log.push(format!("s{session} pwrite {name} {off} {}", data.len()));
-                    let f = OpenOptions::new().write(true).open(m.p(name)).unwrap();
+                    let f = OpenOptions::new().write(true).open(m.p(&name)).unwrap();
                     if let Err(e) = f
                         .write_all_at(&data, off as u64)
                         .and_then(|()| close_checked(f))
@@ -477,13 +519,15 @@ fn random_sessions_with_the_link_cut_and_restored_match_a_model() {
                         cur.resize(off + data.len(), 0);
                     }
                     cur[off..off + data.len()].copy_from_slice(&data);
+                    name
                 }
-            }
-            let got = std::fs::read(m.p(name)).unwrap();
+            };
+            let got = std::fs::read(m.p(&touched)).unwrap();
+            let cur = &model[&touched];
             if first_diff(&got, cur).is_some() || got.len() != cur.len() {
                 fail(
                     &log,
-                    format!("{name} through the mount differs from the model"),
+                    format!("{touched} through the mount differs from the model"),
                 );
             }
         }
@@ -499,12 +543,24 @@ fn random_sessions_with_the_link_cut_and_restored_match_a_model() {
         if !ok {
             fail(&log, format!("sync: {err}"));
         }
-        for (i, n) in names.iter().enumerate() {
-            let on_server = std::fs::read(exp.join(n)).unwrap();
-            if let Some(d) = first_diff(&on_server, &model[i]) {
+        let mut on_server: Vec<String> = std::fs::read_dir(&exp)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        on_server.sort();
+        let want: Vec<String> = model.keys().cloned().collect();
+        if on_server != want {
+            fail(
+                &log,
+                format!("the server has {on_server:?}, the model {want:?}"),
+            );
+        }
+        for (n, data) in &model {
+            let got = std::fs::read(exp.join(n)).unwrap();
+            if let Some(d) = first_diff(&got, data) {
                 fail(&log, format!("{n} on the server differs at byte {d}"));
             }
-            if on_server.len() != model[i].len() {
+            if got.len() != data.len() {
                 fail(&log, format!("{n} on the server has the wrong size"));
             }
         }

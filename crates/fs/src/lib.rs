@@ -238,6 +238,12 @@ impl HoardFs {
         self.origin.info().map(|i| i.verifier).unwrap_or(0)
     }
 
+    /// Tries to reach the origin now if it is not connected (for commands a person
+    /// waits on: `hoardfs sync`, `prefetch`).
+    pub fn reconnect_now(&self) {
+        self.origin.reconnect_now();
+    }
+
     /// Whether the mount refuses modifications.
     pub fn is_read_only(&self) -> bool {
         self.read_only

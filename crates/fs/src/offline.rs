@@ -106,6 +106,11 @@ impl HoardFs {
         let (Some(object), Some(path)) = (complete, self.components_of(node.ino)) else {
             tracing::warn!(
                 ino = node.ino,
+                object = object.is_some(),
+                complete = object.as_ref().is_some_and(|o| o.is_complete()),
+                version = object
+                    .as_ref()
+                    .is_some_and(|o| o.shape().version == attr.version),
                 "cannot change a file offline that is not completely cached \
                  (hoardfs prefetch or pin it while connected)"
             );

@@ -162,6 +162,11 @@ pub trait Origin: Send + Sync + 'static {
         true
     }
 
+    /// Tries to reach the origin now if it is not connected (an origin with a
+    /// connection; others have nothing to do). For commands a person waits on, which
+    /// should not fail just because the background reconnect has not come round yet.
+    fn reconnect_now(&self) {}
+
     /// Starts delivering callback breaks to `sink`: afterwards, every change to an object
     /// whose attributes or names this origin has returned is reported (a lost connection
     /// is reported as [`Break::All`]). Returns false if the origin cannot promise that, in

@@ -392,6 +392,12 @@ impl Origin for RemoteOrigin {
         }
     }
 
+    fn reconnect_now(&self) {
+        if !self.is_connected() {
+            let _ = self.reconnect();
+        }
+    }
+
     fn is_connected(&self) -> bool {
         self.state
             .lock()
