@@ -29,6 +29,9 @@ const GAUGES: &[&str] = &[
     "fs_files_total",
     "fs_files_avail",
     "recovered_from_crash",
+    "pending_files",
+    "pending_bytes",
+    "oldest_pending_secs",
 ];
 
 /// Renders the stats as Prometheus text.
@@ -58,6 +61,11 @@ pub fn render(stats: &Value) -> String {
     if let Some(c) = stats["cache"].as_object() {
         for (k, v) in c {
             emit("cache_", k, v);
+        }
+    }
+    if let Some(c) = stats["offline_writes"].as_object() {
+        for (k, v) in c {
+            emit("offline_", k, v);
         }
     }
     out
@@ -217,6 +225,23 @@ mod tests {
             }
             assert!(Instant::now() < deadline, "never served again");
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn offline_changes_are_gauges_and_conflicts_a_counter() {
+        let v = serde_json::json!({"connected": false, "offline_writes": {
+            "pending_files": 3, "pending_bytes": 4096, "oldest_pending_secs": 12,
+            "conflicts": 1}});
+        let text = render(&v);
+        for line in [
+            "# TYPE hoardfs_offline_pending_files gauge\nhoardfs_offline_pending_files 3\n",
+            "hoardfs_offline_pending_bytes 4096\n",
+            "hoardfs_offline_oldest_pending_secs 12\n",
+            "# TYPE hoardfs_offline_conflicts_total counter\nhoardfs_offline_conflicts_total 1\n",
+            "hoardfs_connected 0\n",
+        ] {
+            assert!(text.contains(line), "{line:?} not in:\n{text}");
         }
     }
 
