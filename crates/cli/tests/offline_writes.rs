@@ -359,6 +359,78 @@ fn files_created_and_removed_offline_are_created_and_removed_on_the_server() {
     m.unmount();
 }
 
+#[test]
+fn an_editors_save_offline_replaces_the_file_on_the_server() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    std::fs::write(exp.join("doc"), b"the document as it was").unwrap();
+    std::fs::write(exp.join("theirs"), b"theirs as it was").unwrap();
+    let mut srv = Server::start(&exp);
+    let addr = srv.addr.clone();
+    let m = mount(&addr, t.path());
+    read_whole(&m, "doc");
+    read_whole(&m, "theirs");
+    list(&m.p("")).unwrap();
+    srv.kill();
+
+    // Save: a new file, then renamed over the document.
+    std::fs::write(m.p(".doc.tmp"), b"the document, saved offline").unwrap();
+    std::fs::rename(m.p(".doc.tmp"), m.p("doc")).unwrap();
+    assert_eq!(
+        std::fs::read(m.p("doc")).unwrap(),
+        b"the document, saved offline"
+    );
+    // Save as: a new file renamed to a new name.
+    std::fs::write(m.p("draft"), b"a new file").unwrap();
+    std::fs::rename(m.p("draft"), m.p("final")).unwrap();
+    // The same save over a file that changes on the server meanwhile.
+    std::fs::write(m.p(".theirs.tmp"), b"ours").unwrap();
+    std::fs::rename(m.p(".theirs.tmp"), m.p("theirs")).unwrap();
+    std::fs::write(exp.join("theirs"), b"changed on the server").unwrap();
+    let mut names = list(&m.p("")).unwrap();
+    names.sort();
+    let want: Vec<Vec<u8>> = ["doc", "final", "theirs"]
+        .iter()
+        .map(|n| n.as_bytes().to_vec())
+        .collect();
+    assert_eq!(names, want);
+    assert_errno(
+        "renaming a file of the server offline",
+        std::fs::rename(m.p("doc"), m.p("doc2")),
+        libc::EIO,
+    );
+
+    let _srv = Server::start_at(&exp, &addr, &[]);
+    let (ok, err) = sync(&m, "30");
+    assert!(ok, "sync: {err}");
+    let mut on_server: Vec<String> = std::fs::read_dir(&exp)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    on_server.sort();
+    assert_eq!(on_server.len(), 4, "{on_server:?}");
+    assert_eq!(
+        std::fs::read(exp.join("doc")).unwrap(),
+        b"the document, saved offline"
+    );
+    assert_eq!(std::fs::read(exp.join("final")).unwrap(), b"a new file");
+    assert_eq!(
+        std::fs::read(exp.join("theirs")).unwrap(),
+        b"changed on the server"
+    );
+    let copy = on_server
+        .iter()
+        .find(|n| n.starts_with("theirs.conflict-"))
+        .expect("a conflict copy");
+    assert_eq!(std::fs::read(exp.join(copy)).unwrap(), b"ours");
+    assert_soon("the mount shows the saved document", || {
+        has_content(&m.p("doc"), b"the document, saved offline")
+    });
+    m.unmount();
+}
+
 /// splitmix64.
 struct Rng(u64);
 

@@ -349,6 +349,58 @@ impl ChangeLog {
         self.stage_empty(path, attr, Kind::Create)
     }
 
+    /// Makes the staged content at `from` (another change's, which the caller then
+    /// finishes) the new content of origin file `base` at `path`: replaces the content of
+    /// its pending change, or starts a `Store` from `base`'s version. For a file created
+    /// offline and renamed over a file of the origin (an editor's save), durably.
+    pub fn adopt(
+        &self,
+        path: Vec<Vec<u8>>,
+        base: &hoardfs_origin::Attr,
+        from: &Path,
+    ) -> std::io::Result<Arc<Pending>> {
+        if let Some(p) = self.get(base.file_id) {
+            let mut g = p.lock();
+            if !g.gone {
+                std::fs::rename(from, &g.data_path)?;
+                File::open(&self.dir)?.sync_all()?;
+                g.size = std::fs::metadata(&g.data_path)?.len();
+                g.mtime = SystemTime::now();
+                p.note_size(&g);
+                drop(g);
+                return Ok(p);
+            }
+        }
+        let mut next = self.next_seq.lock();
+        let seq = *next;
+        *next += 1;
+        let data_path = self.dir.join(format!("{seq:016}.data"));
+        let record = Record {
+            seq,
+            path,
+            file_id: base.file_id,
+            base_version: base.version,
+            perm: base.perm,
+            uid: base.uid,
+            gid: base.gid,
+            since: now_secs(),
+            phase: Phase::Staged,
+            kind: Kind::Store,
+            created: None,
+        };
+        // The record first: a crash before the content moves leaves a record without
+        // data (set aside at the next start) and the content where it was.
+        let p = self.insert(record, 0)?;
+        drop(next);
+        std::fs::rename(from, &data_path)?;
+        File::open(&self.dir)?.sync_all()?;
+        let mut g = p.lock();
+        g.size = std::fs::metadata(&data_path)?.len();
+        p.note_size(&g);
+        drop(g);
+        Ok(p)
+    }
+
     /// Starts a pending removal of the file at `path` (attributes `base`, as the origin
     /// last reported them), durably.
     pub fn stage_remove(
@@ -605,6 +657,18 @@ impl Inner {
     /// Makes the staged content durable.
     pub fn sync(&self) -> std::io::Result<()> {
         self.staging()?.sync_data()
+    }
+
+    /// The file was renamed to `path` before any of it reached the origin (a `Create`):
+    /// it is created there.
+    pub fn moved_to(&mut self, path: Vec<Vec<u8>>) -> std::io::Result<()> {
+        self.record.path = path;
+        crate::sealed::write_atomically(&self.rec_path, &encode(&self.record))
+    }
+
+    /// Where the staged content is (to be moved into another change: [`ChangeLog::adopt`]).
+    pub fn data_path(&self) -> &Path {
+        &self.data_path
     }
 
     /// The file with a pending `Store` is removed too: the change becomes its removal

@@ -296,9 +296,15 @@ impl HoardFs {
         // Looked up before the round trip (see `remove`).
         let moved = dir.state.lock().child(name);
         let replaced = new_dir.state.lock().child(new_name);
-        self.with_handle(&dir, |h| {
+        let renamed = self.with_handle(&dir, |h| {
             self.origin.rename(h, name, target, new_name, flags)
-        })?;
+        });
+        match renamed {
+            Err(FsError::Offline(why)) => {
+                return self.rename_offline(parent, name, new_parent, new_name, flags, why);
+            }
+            r => r?,
+        }
         dir.state.lock().remove_child(name);
         new_dir.state.lock().remove_child(new_name);
         if let Some(m) = moved {

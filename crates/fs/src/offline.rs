@@ -252,6 +252,20 @@ impl HoardFs {
     }
 }
 
+/// Whether nothing has `node` open, waiting up to 0.2 s for that: the kernel sends the
+/// RELEASE of a closed descriptor without waiting for it, so a file closed just before
+/// may still count as open for a moment.
+fn closed(node: &Node) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+    while node.state.lock().is_open() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    true
+}
+
 /// The top bit marks the file ids this client makes for files created offline (origin
 /// ids of local exports are inode numbers, far below it; S3 origins are not offline).
 const LOCAL_ID: u64 = 1 << 63;
@@ -373,14 +387,8 @@ impl HoardFs {
         if node.kind != hoardfs_origin::FileKind::File {
             return Err(FsError::Offline(why));
         }
-        // The kernel sends the RELEASE of a closed descriptor without waiting for it: a
-        // file closed just before its unlink may still count as open for a moment.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
-        while node.state.lock().is_open() {
-            if std::time::Instant::now() > deadline {
-                return Err(FsError::Offline(why));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(2));
+        if !closed(&node) {
+            return Err(FsError::Offline(why));
         }
         let base = node.state.lock().origin_attr();
         let Some(mut path) = self.components_of(parent) else {
@@ -410,5 +418,113 @@ impl HoardFs {
             old.retire();
         }
         Ok(())
+    }
+}
+
+impl HoardFs {
+    /// Renames `parent/name` to `new_parent/new_name` while the origin is unreachable (it
+    /// failed with `why`), for a file created offline: to a free name (its creation moves
+    /// there), or over a file of the origin this client knows (an editor's save: that
+    /// file's content becomes the new one, from the version this client last saw). Other
+    /// renames need the origin.
+    pub(crate) fn rename_offline(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        new_parent: crate::Ino,
+        new_name: &[u8],
+        flags: u32,
+        why: String,
+    ) -> FsResult<()> {
+        let Some(off) = self.offline.as_ref().filter(|o| o.keep_new) else {
+            return Err(FsError::Offline(why));
+        };
+        if flags & hoardfs_origin::RENAME_EXCHANGE != 0 {
+            return Err(FsError::Offline(why));
+        }
+        let (dir, new_dir) = (self.node(parent)?, self.node(new_parent)?);
+        let src = dir.state.lock().child(name).and_then(|c| self.nodes.get(c));
+        let Some(src) = src else {
+            return Err(FsError::Offline(why));
+        };
+        let src_attr = src.state.lock().origin_attr();
+        let created = off
+            .log
+            .get(src_attr.file_id)
+            .filter(|p| p.lock().record().kind == crate::cml::Kind::Create);
+        let (Some(p), Some(mut path)) = (created, self.components_of(new_parent)) else {
+            return Err(FsError::Offline(why));
+        };
+        path.push(new_name.to_vec());
+        let dst = new_dir
+            .state
+            .lock()
+            .child(new_name)
+            .and_then(|c| self.nodes.get(c))
+            .filter(|d| d.ino != src.ino);
+        if dst.is_some() && flags & hoardfs_origin::RENAME_NOREPLACE != 0 {
+            return Err(hoardfs_origin::WireError::Exists.into());
+        }
+        match dst {
+            None => {
+                let mut g = p.lock();
+                if g.is_gone() {
+                    return Err(FsError::Offline(why));
+                }
+                g.moved_to(path).map_err(kept)?;
+                drop(g);
+                dir.state.lock().remove_local_entry(name);
+                src.state.lock().moved(new_parent, new_name);
+                let entry = hoardfs_origin::DirEntry {
+                    name: new_name.to_vec(),
+                    entry: hoardfs_origin::Entry {
+                        handle: src.handle(),
+                        attr: src_attr,
+                    },
+                };
+                new_dir.state.lock().add_local_entry(entry, src.ino);
+                Ok(())
+            }
+            Some(d) => {
+                let (d_attr, d_handle) = {
+                    let st = d.state.lock();
+                    (st.origin_attr(), st.handle())
+                };
+                if d.kind != hoardfs_origin::FileKind::File
+                    || d_attr.file_id & LOCAL_ID != 0
+                    || !closed(&d)
+                {
+                    return Err(FsError::Offline(why));
+                }
+                let mut g = p.lock();
+                if g.is_gone() {
+                    return Err(FsError::Offline(why));
+                }
+                let from = g.data_path().to_path_buf();
+                let target = off.log.adopt(path, &d_attr, &from).map_err(kept)?;
+                off.log.finish(src_attr.file_id, &mut g);
+                drop(g);
+                let local = target.lock().local();
+                // The renamed node is the origin's file now (as the kernel sees it: the
+                // name leads to the renamed inode); the replaced node is gone.
+                self.nodes.set_local(src_attr.file_id, None);
+                self.nodes.unbind_file_id(d.ino, d_attr.file_id);
+                d.state.lock().mark_deleted();
+                let entry = hoardfs_origin::Entry {
+                    handle: d_handle,
+                    attr: d_attr,
+                };
+                self.nodes.rebind(src.ino, src_attr.file_id, &entry);
+                self.nodes.set_local(d_attr.file_id, Some(local));
+                src.state.lock().moved(new_parent, new_name);
+                dir.state.lock().remove_local_entry(name);
+                let listed = hoardfs_origin::DirEntry {
+                    name: new_name.to_vec(),
+                    entry,
+                };
+                new_dir.state.lock().add_local_entry(listed, src.ino);
+                Ok(())
+            }
+        }
     }
 }
