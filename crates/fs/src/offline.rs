@@ -13,8 +13,10 @@
 //! Regular files can also be created (in a directory listed while connected: a node
 //! with an id of this client's own, an empty staging file, a `Create` record) and removed
 //! (a `Remove` record, replacing a pending change of the file's content; removing a file
-//! created offline cancels it). Directories, renames, links, permissions and times still
-//! need the origin (`EIO` while it is unreachable).
+//! created offline cancels it). A file created offline can be renamed to a free name, or
+//! over a file of the origin, whose content it then becomes (an editor's save).
+//! Directories, other renames, links, permissions and times still need the origin (`EIO`
+//! while it is unreachable).
 //!
 //! The [`OfflineWrites`] value owns the log; the `HoardFs` methods here route the
 //! operations of files with a pending change to it.
