@@ -113,7 +113,9 @@ pub fn start_keeper(
                     }
                 }
                 was_connected = connected;
-                if let Some(r) = remote.as_ref().filter(|r| r.is_offline())
+                // (A live connection is kept up by pings: one that is gone means the
+                // server or the link went away, not idleness.)
+                if let Some(r) = remote.as_ref().filter(|r| !r.is_connected())
                     && r.reconnect().is_ok()
                 {
                     tracing::info!(server = %r.addr(), "reconnected");
