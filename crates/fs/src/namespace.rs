@@ -230,6 +230,20 @@ impl HoardFs {
         // Looked up before the round trip: the break for this very change may be handled
         // (and drop the name) before the reply is.
         let child = dir.state.lock().child(name);
+        // A file with a change not yet sent back is the log's until then, connected or
+        // not: its removal is logged too, in order (`crate::offline`).
+        // (One really open is hidden as below, if the log can rename it.)
+        if !dir_wanted
+            && let Some(node) = child.and_then(|c| self.nodes.get(c))
+            && self.pending_of(&node).is_some()
+            && crate::offline::closed(&node)
+        {
+            return self.unlink_offline(
+                parent,
+                name,
+                "the file's change is not on the server yet".into(),
+            );
+        }
         // Its last name, and it is open here: keep it reachable under a hidden name until
         // it is closed (module `unlinked`).
         let open_last_name = child

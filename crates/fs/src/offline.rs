@@ -257,7 +257,7 @@ impl HoardFs {
 /// Whether nothing has `node` open, waiting up to 0.2 s for that: the kernel sends the
 /// RELEASE of a closed descriptor without waiting for it, so a file closed just before
 /// may still count as open for a moment.
-fn closed(node: &Node) -> bool {
+pub(crate) fn closed(node: &Node) -> bool {
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
     while node.state.lock().is_open() {
         if std::time::Instant::now() > deadline {
@@ -378,7 +378,7 @@ impl HoardFs {
         name: &[u8],
         why: String,
     ) -> FsResult<()> {
-        let Some(off) = self.offline.as_ref().filter(|o| o.keep_new) else {
+        let Some(off) = self.offline.as_ref() else {
             return Err(FsError::Offline(why));
         };
         let dir = self.node(parent)?;
@@ -406,9 +406,10 @@ impl HoardFs {
                     crate::cml::Kind::Remove => {}
                 }
             }
-            None => {
+            None if off.keep_new => {
                 off.log.stage_remove(path, &base).map_err(kept)?;
             }
+            None => return Err(FsError::Offline(why)),
         }
         self.nodes.set_local(base.file_id, None);
         // The origin may give the id to a new file once this one is gone.
