@@ -269,13 +269,13 @@ fn files_created_and_removed_offline_are_created_and_removed_on_the_server() {
     let t = scratch();
     let exp = t.path().join("export");
     std::fs::create_dir_all(exp.join("d")).unwrap();
-    for f in ["keep", "gone", "edited", "theirs", "changed"] {
+    for f in ["keep", "gone", "edited", "theirs", "changed", "replaced"] {
         std::fs::write(exp.join("d").join(f), format!("{f} before")).unwrap();
     }
     let mut srv = Server::start(&exp);
     let addr = srv.addr.clone();
     let m = mount(&addr, t.path());
-    for f in ["keep", "gone", "edited", "theirs", "changed"] {
+    for f in ["keep", "gone", "edited", "theirs", "changed", "replaced"] {
         read_whole(&m, &format!("d/{f}"));
     }
     // Names are created offline only in a directory listed while connected.
@@ -295,6 +295,9 @@ fn files_created_and_removed_offline_are_created_and_removed_on_the_server() {
     std::fs::remove_file(m.p("d/edited")).unwrap();
     std::fs::remove_file(m.p("d/changed")).unwrap();
     std::fs::write(m.p("d/clash"), b"ours").unwrap();
+    // Removed, then another file created under its name: in that order on the server.
+    std::fs::remove_file(m.p("d/replaced")).unwrap();
+    std::fs::write(m.p("d/replaced"), b"a new file, same name").unwrap();
     assert_errno(
         "mkdir offline",
         std::fs::create_dir(m.p("d/sub")),
@@ -303,7 +306,7 @@ fn files_created_and_removed_offline_are_created_and_removed_on_the_server() {
     assert_eq!(std::fs::read(m.p("d/new")).unwrap(), b"created offline");
     let mut names = list(&m.p("d")).unwrap();
     names.sort();
-    let want: Vec<Vec<u8>> = ["clash", "keep", "new", "theirs"]
+    let want: Vec<Vec<u8>> = ["clash", "keep", "new", "replaced", "theirs"]
         .iter()
         .map(|n| n.as_bytes().to_vec())
         .collect();
@@ -326,6 +329,10 @@ fn files_created_and_removed_offline_are_created_and_removed_on_the_server() {
         assert!(!d.join(gone).exists(), "{gone} is still on the server");
     }
     assert_eq!(std::fs::read(d.join("keep")).unwrap(), b"keep before");
+    assert_eq!(
+        std::fs::read(d.join("replaced")).unwrap(),
+        b"a new file, same name"
+    );
     assert_eq!(std::fs::read(d.join("clash")).unwrap(), b"theirs");
     assert_eq!(
         std::fs::read(d.join("changed")).unwrap(),

@@ -277,7 +277,9 @@ impl HoardFs {
         let Some(dir) = self.nodes.by_file_id(dir_id) else {
             return;
         };
-        let child = dir.state.lock().child(name).and_then(|c| self.nodes.get(c));
+        // (The directory's lock is released before the table's is taken.)
+        let child = dir.state.lock().child(name);
+        let child = child.and_then(|c| self.nodes.get(c));
         let known = child.as_ref().map(|c| c.state.lock().attr().file_id);
         if known == file_id {
             return;

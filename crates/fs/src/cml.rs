@@ -389,15 +389,13 @@ impl ChangeLog {
             created: None,
         };
         // The record first: a crash before the content moves leaves a record without
-        // data (set aside at the next start) and the content where it was.
-        let p = self.insert(record, 0)?;
+        // data (set aside at the next start) and the content where it was. (Until the
+        // content is in place, sending the record fails to read it: nothing is sent.)
+        let size = std::fs::metadata(from)?.len();
+        let p = self.insert(record, size)?;
         drop(next);
         std::fs::rename(from, &data_path)?;
         File::open(&self.dir)?.sync_all()?;
-        let mut g = p.lock();
-        g.size = std::fs::metadata(&data_path)?.len();
-        p.note_size(&g);
-        drop(g);
         Ok(p)
     }
 

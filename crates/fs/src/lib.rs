@@ -371,6 +371,22 @@ impl HoardFs {
         if dir.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
+        // A file with a change not yet sent back (perhaps not even created on the origin)
+        // is the log's: answered here.
+        let child = dir.state.lock().child(name);
+        if let Some(node) = child.and_then(|c| self.nodes.get(c))
+            && self.pending_of(&node).is_some()
+        {
+            let mut st = node.state.lock();
+            if !st.is_deleted() {
+                st.count_lookup();
+                return Ok(NodeEntry {
+                    ino: node.ino,
+                    attr: st.attr(),
+                    ttl: self.config.attr_ttl,
+                });
+            }
+        }
         let since = self.callbacks.seq();
         let dir_id = dir.state.lock().attr().file_id;
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {

@@ -232,12 +232,17 @@ impl HoardFs {
         let child = dir.state.lock().child(name);
         // A file with a change not yet sent back is the log's until then, connected or
         // not: its removal is logged too, in order (`crate::offline`).
-        // (One really open is hidden as below, if the log can rename it.)
         if !dir_wanted
             && let Some(node) = child.and_then(|c| self.nodes.get(c))
             && self.pending_of(&node).is_some()
-            && crate::offline::closed(&node)
         {
+            if !crate::offline::closed(&node) {
+                // Hiding it would rename it on the origin (or not at all) behind the
+                // log's back.
+                return Err(FsError::Offline(
+                    "a file open here with a change not yet on the server".into(),
+                ));
+            }
             return self.unlink_offline(
                 parent,
                 name,

@@ -293,7 +293,8 @@ impl HoardFs {
             return Err(FsError::Offline(why));
         };
         let dir = self.node(parent)?;
-        if let Some(existing) = dir.state.lock().child(name) {
+        let existing = dir.state.lock().child(name);
+        if let Some(existing) = existing {
             if exclusive {
                 return Err(hoardfs_origin::WireError::Exists.into());
             }
@@ -382,7 +383,8 @@ impl HoardFs {
             return Err(FsError::Offline(why));
         };
         let dir = self.node(parent)?;
-        let child = dir.state.lock().child(name).and_then(|c| self.nodes.get(c));
+        let child = dir.state.lock().child(name);
+        let child = child.and_then(|c| self.nodes.get(c));
         let Some(node) = child else {
             return Err(FsError::Offline(why));
         };
@@ -400,6 +402,16 @@ impl HoardFs {
         match off.log.get(base.file_id) {
             Some(p) => {
                 let mut g = p.lock();
+                if g.is_gone() {
+                    // Sent back meanwhile: an ordinary removal now.
+                    drop(g);
+                    return self.unlink_sent(&dir, name);
+                }
+                if g.record().created.is_some() {
+                    // Created on the origin already, and not all of it sent: the log
+                    // must finish sending it first.
+                    return Err(FsError::Offline(why));
+                }
                 match g.record().kind {
                     crate::cml::Kind::Create => off.log.finish(base.file_id, &mut g),
                     crate::cml::Kind::Store => g.become_removal().map_err(kept)?,
@@ -446,23 +458,22 @@ impl HoardFs {
             return Err(FsError::Offline(why));
         }
         let (dir, new_dir) = (self.node(parent)?, self.node(new_parent)?);
-        let src = dir.state.lock().child(name).and_then(|c| self.nodes.get(c));
+        let src = dir.state.lock().child(name);
+        let src = src.and_then(|c| self.nodes.get(c));
         let Some(src) = src else {
             return Err(FsError::Offline(why));
         };
         let src_attr = src.state.lock().origin_attr();
-        let created = off
-            .log
-            .get(src_attr.file_id)
-            .filter(|p| p.lock().record().kind == crate::cml::Kind::Create);
+        let created = off.log.get(src_attr.file_id).filter(|p| {
+            let g = p.lock();
+            g.record().kind == crate::cml::Kind::Create && g.record().created.is_none()
+        });
         let (Some(p), Some(mut path)) = (created, self.components_of(new_parent)) else {
             return Err(FsError::Offline(why));
         };
         path.push(new_name.to_vec());
-        let dst = new_dir
-            .state
-            .lock()
-            .child(new_name)
+        let dst = new_dir.state.lock().child(new_name);
+        let dst = dst
             .and_then(|c| self.nodes.get(c))
             .filter(|d| d.ino != src.ino);
         if dst.is_some() && flags & hoardfs_origin::RENAME_NOREPLACE != 0 {
@@ -529,5 +540,16 @@ impl HoardFs {
                 Ok(())
             }
         }
+    }
+}
+
+impl HoardFs {
+    /// Removes `dir/name` on the origin (a file whose pending change was sent back while
+    /// its removal waited for the log).
+    fn unlink_sent(&self, dir: &Node, name: &[u8]) -> FsResult<()> {
+        self.with_handle(dir, |h| self.origin.unlink(h, name))?;
+        dir.state.lock().remove_child(name);
+        dir.state.lock().contents_changed();
+        Ok(())
     }
 }

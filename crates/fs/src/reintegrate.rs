@@ -1,7 +1,9 @@
 //! Reintegration: sending the changes of `--offline-writes` back to the origin once it is
 //! reachable, oldest first.
 //!
-//! Changes of different files are independent and go [`SENDERS`] at a time. For each
+//! Changes of different paths are independent and go [`SENDERS`] at a time; of several
+//! changes to one path (a file removed, another created under its name), only the oldest
+//! goes in a pass. For each
 //! pending file the path recorded at its first change is looked up from the root. If it still names the same object at the **base version** the change started
 //! from, the staged content is written over it (whole, then truncated to its size,
 //! published and fsynced), and the change is done. If the file changed on the origin
@@ -99,7 +101,33 @@ impl HoardFs {
             return Reintegrated::default();
         };
         let _one_pass = self.reintegrating.lock();
-        let all = off.log.all();
+        // One change per path per pass, the oldest: a file removed and another created
+        // under its name must reach the origin in that order (the next pass sends the
+        // rest).
+        // Removals go first: a file created offline may have been renamed to a name
+        // whose (older) file was removed after it was created.
+        let pending: Vec<_> = off
+            .log
+            .all()
+            .into_iter()
+            .map(|p| {
+                let (path, kind) = {
+                    let g = p.lock();
+                    (g.record().path.clone(), g.record().kind)
+                };
+                (p, path, kind)
+            })
+            .collect();
+        let removing: std::collections::HashSet<_> = pending
+            .iter()
+            .filter(|(_, _, k)| *k == Kind::Remove)
+            .map(|(_, path, _)| path.clone())
+            .collect();
+        let mut paths = std::collections::HashSet::new();
+        let (all, waiting): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(_, path, kind)| {
+            (*kind == Kind::Remove || !removing.contains(path)) && paths.insert(path.clone())
+        });
+        let all: Vec<_> = all.into_iter().map(|(p, _, _)| p).collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
         let stopped = std::sync::atomic::AtomicBool::new(false);
         let totals = parking_lot::Mutex::new((Reintegrated::default(), Vec::new()));
@@ -154,7 +182,8 @@ impl HoardFs {
                 });
             }
         });
-        let (r, sent) = totals.into_inner();
+        let (mut r, sent) = totals.into_inner();
+        r.left += waiting.len() as u64;
         // Cached again (fetched at the origin's new version), so that the files can be
         // changed offline at the next disconnection; after the log is empty, not before.
         for ino in sent {
@@ -214,7 +243,8 @@ impl HoardFs {
         };
         let outcome = match (rec.kind, &dir, found) {
             (Kind::Remove, Some(d), Some(e)) if e.attr.file_id == rec.file_id => {
-                if e.attr.version == rec.base_version {
+                // (Or this client's own half upload of a change it then removed.)
+                if phase_allows(&e) {
                     self.origin.unlink(*d, name)?;
                     Outcome::Removed
                 } else {
@@ -294,6 +324,7 @@ impl HoardFs {
         // object of the base version.
         self.nodes.set_local(p.file_id, None);
         let node = self.nodes.by_file_id(p.file_id);
+        let (mut stale_entry, mut stale_dir) = (None, None);
         if let Some(node) = &node {
             let mut created_lost = None;
             {
@@ -317,11 +348,32 @@ impl HoardFs {
             }
             if let Some(parent) = created_lost.and_then(|pi| self.nodes.get(pi)) {
                 self.nodes.unbind_file_id(node.ino, p.file_id);
-                parent.state.lock().remove_local_entry(name);
+                // The name is the origin's file's: asked for again.
+                parent.state.lock().remove_child(name);
+                parent.state.lock().contents_changed();
+                stale_entry = Some(parent.ino);
             }
+        }
+        let parent_ino = node.as_ref().map(|n| n.state.lock().parent());
+        if let (Outcome::Conflict(_), Kind::Remove) = (&outcome, rec.kind)
+            && let Some(parent) = parent_ino.and_then(|i| self.nodes.get(i))
+        {
+            // The origin's file stays: the directory's names are asked for again.
+            parent.state.lock().contents_changed();
+            stale_dir = Some(parent.ino);
         }
         off.log.finish(p.file_id, &mut g);
         drop(g);
+        // The kernel is told only now: an operation it holds a directory locked for may be
+        // waiting for this change's lock.
+        if let Some(n) = self.notifier.get() {
+            if let Some(dir) = stale_entry {
+                n.inval_entry(dir, name);
+            }
+            if let Some(dir) = stale_dir {
+                n.inval_inode(dir);
+            }
+        }
         let mut outcome = outcome;
         if let Some(node) = node {
             if let Some(n) = self.notifier.get() {
