@@ -9,6 +9,7 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::time::Duration;
 
 use common::*;
 
@@ -435,6 +436,55 @@ fn an_editors_save_offline_replaces_the_file_on_the_server() {
     assert_soon("the mount shows the saved document", || {
         has_content(&m.p("doc"), b"the document, saved offline")
     });
+    m.unmount();
+}
+
+#[test]
+fn a_client_killed_while_sending_a_change_sends_it_whole_at_the_next_mount() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    let size = 96 * MIB;
+    std::fs::write(exp.join("big"), bytes(1, size)).unwrap();
+    let mut srv = Server::start(&exp);
+    let addr = srv.addr.clone();
+    let m = mount(&addr, t.path());
+    let (ok, _, err) = tool(&["prefetch", m.p("big").to_str().unwrap(), "-q"]);
+    assert!(ok, "{err}");
+    srv.kill();
+    let new = bytes(2, size);
+    let f = OpenOptions::new().write(true).open(m.p("big")).unwrap();
+    f.write_all_at(&new, 0).unwrap();
+    close_checked(f).unwrap();
+    let before = std::fs::metadata(exp.join("big"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let _srv = Server::start_at(&exp, &addr, &[]);
+    // Killed as soon as the server's copy starts changing (the upload is under way).
+    let started = wait_until(Duration::from_secs(20), || {
+        std::fs::metadata(exp.join("big"))
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t != before)
+    });
+    assert!(started, "the upload did not start");
+    m.kill9();
+    let partial = std::fs::read(exp.join("big")).unwrap() != new;
+    eprintln!("killed mid-upload: {partial}");
+    let m = mount(&addr, t.path());
+    let (ok, err) = sync(&m, "60");
+    assert!(ok, "sync: {err}");
+    assert_bytes_eq(
+        "big on the server",
+        &std::fs::read(exp.join("big")).unwrap(),
+        &new,
+    );
+    assert_eq!(
+        offline(&m)["conflicts"],
+        0,
+        "its own half upload is no conflict"
+    );
     m.unmount();
 }
 
