@@ -4,10 +4,10 @@
 
 mod common;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use common::bytes;
 use common::garage::Garage;
+use common::{bytes, wait_until};
 
 #[test]
 fn objects_replicate_and_gets_are_counted_exactly() {
@@ -105,6 +105,10 @@ fn stopping_and_restarting_every_node_keeps_objects() {
     assert_eq!(g.get_via(1, "persist.bin"), data, "read after restart");
     let before = g.s3_requests("GetObject");
     assert_eq!(g.get_via(2, "persist.bin"), data);
+    // Garage's metrics can lag behind a request just after a restart: waited for.
+    wait_until(Duration::from_secs(5), || {
+        g.s3_requests("GetObject") - before >= 1
+    });
     assert_eq!(g.s3_requests("GetObject") - before, 1);
 }
 
