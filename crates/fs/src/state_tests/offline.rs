@@ -1,0 +1,283 @@
+//! State tests over the same scripted origin: the namespace saved for a mount that starts
+//! disconnected, offline writes (staging, read-back, reintegration, conflict copies) and
+//! the bound on objects kept by closed files.
+
+use super::*;
+
+#[test]
+fn a_saved_namespace_lets_a_new_mount_start_offline_and_revalidate_once_back() {
+    let data = content(9, 3 * MIB / 2);
+    let r = Rig::new(
+        &[("f", &data), ("g", b"never read")],
+        true,
+        true,
+        config(Duration::ZERO),
+    );
+    std::fs::create_dir(r.export.join("sub")).unwrap();
+    std::fs::write(r.export.join("sub/c"), b"in sub").unwrap();
+    let reg = Registrar(AtomicUsize::new(0));
+    let (f, _) = r.lookup("f");
+    let (o, _) = open_read(&r, f, READ, &reg);
+    r.fs.release(o.fh);
+    r.fs.lookup(ROOT_INO, b"g").unwrap();
+    let (sub, _) = r.lookup("sub");
+    assert_eq!(r.fs.listing(sub).unwrap().entries.len(), 1);
+    assert_eq!(r.fs.listing(ROOT_INO).unwrap().entries.len(), 3);
+    let snap = r.fs.namespace_snapshot("the source").unwrap();
+    assert_eq!(snap.len(), 3, "f, g and sub (sub/c was only listed)");
+    let path = r._dir.path().join("namespace");
+    snap.save(&path).unwrap();
+    r.fs.shutdown();
+    let Rig {
+        _dir: dir,
+        export,
+        fs,
+        ..
+    } = r;
+    drop(fs);
+
+    // A new mount of the same cache, the origin unreachable from the start.
+    let loaded = crate::NamespaceSnapshot::load(&path).unwrap().unwrap();
+    assert_eq!(loaded.source, "the source");
+    let origin = Arc::new(Scripted::new(&export, true));
+    origin.offline.store(true, Ordering::SeqCst);
+    let cache = CacheDir::open(&dir.path().join("cache")).unwrap();
+    let no_passthrough = FsConfig {
+        passthrough: false,
+        ..config(Duration::ZERO)
+    };
+    let fs = HoardFs::new(origin.clone(), Some(cache), no_passthrough).unwrap();
+    assert_eq!(
+        fs.restore_namespace(&loaded),
+        4,
+        "and sub/c from sub's listing"
+    );
+    let names = |l: &crate::Listing| {
+        let mut v: Vec<Vec<u8>> = l.entries.iter().map(|e| e.name.clone()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        names(&fs.listing(ROOT_INO).unwrap()),
+        vec![b"f".to_vec(), b"g".to_vec(), b"sub".to_vec()]
+    );
+    let f = fs.lookup(ROOT_INO, b"f").unwrap();
+    assert_eq!(f.attr.size, data.len() as u64);
+    let sub = fs.lookup(ROOT_INO, b"sub").unwrap().ino;
+    assert_eq!(fs.lookup(sub, b"c").unwrap().attr.size, 6);
+    let o = fs.open(f.ino, READ, &|f| reg.register(f)).unwrap();
+    assert_eq!(
+        fs.read(o.fh, 0, MIB as u32).unwrap()[..],
+        data[..MIB],
+        "cached bytes"
+    );
+    fs.release(o.fh);
+    let g = fs.lookup(ROOT_INO, b"g").unwrap().ino;
+    let o = fs.open(g, READ, &|f| reg.register(f)).unwrap();
+    assert!(
+        matches!(fs.read(o.fh, 0, 10), Err(FsError::Offline(_))),
+        "never read"
+    );
+    fs.release(o.fh);
+    assert!(matches!(
+        fs.lookup(ROOT_INO, b"unknown"),
+        Err(FsError::Offline(_))
+    ));
+
+    // The server is back, and f changed meanwhile: nothing restored is trusted unasked.
+    std::fs::write(export.join("f"), b"changed").unwrap();
+    origin.offline.store(false, Ordering::SeqCst);
+    let before = origin.getattrs.load(Ordering::SeqCst);
+    assert_eq!(fs.getattr(f.ino).unwrap().attr.size, 7);
+    assert!(origin.getattrs.load(Ordering::SeqCst) > before);
+    let o = fs.open(f.ino, READ, &|f| reg.register(f)).unwrap();
+    assert_eq!(fs.read(o.fh, 0, 100).unwrap()[..], b"changed"[..]);
+    fs.release(o.fh);
+}
+
+#[test]
+fn a_damaged_namespace_file_is_refused_whole() {
+    let r = Rig::new(&[("f", b"x")], true, false, config(Duration::ZERO));
+    r.lookup("f");
+    let path = r._dir.path().join("namespace");
+    r.fs.namespace_snapshot("s").unwrap().save(&path).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let e = crate::NamespaceSnapshot::load(&path).unwrap_err();
+    assert!(e.to_string().contains("damaged"), "{e}");
+    bytes.truncate(bytes.len() - 3);
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(crate::NamespaceSnapshot::load(&path).is_err());
+    assert!(
+        crate::NamespaceSnapshot::load(&r._dir.path().join("none"))
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// A mount with offline writes on (its log in the rig's directory) of an export holding
+/// `f` (`data`), read whole so that it is cached.
+fn offline_rig(data: &[u8]) -> (Rig, Registrar, Ino) {
+    let dir = tempfile::tempdir().unwrap();
+    let export = dir.path().join("export");
+    std::fs::create_dir(&export).unwrap();
+    std::fs::write(export.join("f"), data).unwrap();
+    let origin = Arc::new(Scripted::new(&export, true));
+    let cache = CacheDir::open(&dir.path().join("cache")).unwrap();
+    let config = FsConfig {
+        offline_log: Some(dir.path().join("cml")),
+        offline_writes: true,
+        host: "testhost".into(),
+        passthrough: false,
+        ..config(Duration::ZERO)
+    };
+    let fs = HoardFs::new(origin.clone(), Some(cache), config).unwrap();
+    let notes = Arc::new(Notes::default());
+    fs.set_notifier(notes.clone());
+    let r = Rig {
+        _dir: dir,
+        export,
+        origin,
+        fs,
+        notes,
+    };
+    let reg = Registrar(AtomicUsize::new(0));
+    let (f, _) = r.lookup("f");
+    let (o, _) = open_read(&r, f, READ, &reg);
+    r.fs.release(o.fh);
+    (r, reg, f)
+}
+
+fn read_all(r: &Rig, fh: crate::FileHandle) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let got = r.fs.read(fh, out.len() as u64, MIB as u32).unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        out.extend_from_slice(&got);
+    }
+}
+
+#[test]
+fn offline_writes_are_staged_read_back_and_sent_back_once_the_origin_returns() {
+    let mut want = content(3, 2 * MIB);
+    let (r, reg, f) = offline_rig(&want);
+    r.origin.offline.store(true, Ordering::SeqCst);
+    let o = r.fs.open(f, WRITE, &|f| reg.register(f)).unwrap();
+    assert_eq!(r.fs.write(o.fh, 100, b"offline", 1).unwrap(), 7);
+    want[100..107].copy_from_slice(b"offline");
+    assert_eq!(r.fs.write(o.fh, 2 * MIB as u64, b"grown", 1).unwrap(), 5);
+    want.extend_from_slice(b"grown");
+    r.fs.flush(f, o.fh, 1).unwrap();
+    assert_eq!(read_all(&r, o.fh), want, "read back from the staging file");
+    r.fs.release(o.fh);
+    assert_eq!(r.fs.getattr(f).unwrap().attr.size, want.len() as u64);
+    assert_eq!(r.fs.pending_changes(), 1);
+    // Still away: nothing is sent, nothing is lost.
+    assert_eq!(r.fs.reintegrate().left, 1);
+    assert_eq!(
+        std::fs::read(r.export.join("f")).unwrap(),
+        content(3, 2 * MIB)
+    );
+
+    r.origin.offline.store(false, Ordering::SeqCst);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (1, 0, 0));
+    assert_eq!(std::fs::read(r.export.join("f")).unwrap(), want);
+    assert_eq!(r.fs.pending_changes(), 0);
+    // The node follows the origin again, and the file is cached again at its new
+    // version: readable with the origin away.
+    r.origin.offline.store(true, Ordering::SeqCst);
+    let o = r.fs.open(f, READ, &|f| reg.register(f)).unwrap();
+    assert_eq!(read_all(&r, o.fh), want);
+    r.fs.release(o.fh);
+}
+
+#[test]
+fn an_offline_change_meeting_a_change_on_the_origin_becomes_a_conflict_copy() {
+    let base = content(4, 50_000);
+    let (r, reg, f) = offline_rig(&base);
+    r.origin.offline.store(true, Ordering::SeqCst);
+    let o = r.fs.open(f, WRITE, &|f| reg.register(f)).unwrap();
+    r.fs.write(o.fh, 0, b"ours", 1).unwrap();
+    r.fs.release(o.fh);
+    std::fs::write(r.export.join("f"), b"theirs").unwrap();
+    r.origin.offline.store(false, Ordering::SeqCst);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (0, 1, 0));
+    assert_eq!(std::fs::read(r.export.join("f")).unwrap(), b"theirs");
+    let copy = std::fs::read_dir(&r.export)
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("f.conflict-testhost-")
+        })
+        .expect("a conflict copy");
+    let mut ours = base.clone();
+    ours[..4].copy_from_slice(b"ours");
+    assert_eq!(std::fs::read(copy.path()).unwrap(), ours);
+    let c = r.fs.conflicts();
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].path, "/f");
+    assert!(c[0].reason.contains("changed on the server"), "{:?}", c[0]);
+    // The mount shows the origin's version again.
+    let o = r.fs.open(f, READ, &|f| reg.register(f)).unwrap();
+    assert_eq!(read_all(&r, o.fh), b"theirs");
+    r.fs.release(o.fh);
+}
+
+#[test]
+fn a_file_not_completely_cached_cannot_be_changed_offline() {
+    let (r, reg, _) = offline_rig(b"cached");
+    std::fs::write(r.export.join("g"), content(5, 3 * MIB)).unwrap();
+    let (g, _) = r.lookup("g");
+    let o = r.fs.open(g, WRITE, &|f| reg.register(f)).unwrap();
+    r.origin.offline.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        r.fs.write(o.fh, 0, b"x", 1),
+        Err(FsError::Offline(_))
+    ));
+    r.fs.release(o.fh);
+    assert_eq!(r.fs.pending_changes(), 0);
+}
+
+#[test]
+fn closed_files_keep_their_objects_only_up_to_a_bound() {
+    let n = crate::objects::IDLE_OBJECTS + 50;
+    let r = Rig::new(&[], true, true, config(Duration::from_secs(60)));
+    for i in 0..n {
+        std::fs::write(r.export.join(format!("f{i}")), b"small").unwrap();
+    }
+    let reg = Registrar(AtomicUsize::new(0));
+    let mut inos = Vec::new();
+    for i in 0..n {
+        let (ino, _) = r.lookup(&format!("f{i}"));
+        let (o, _) = open_read(&r, ino, READ, &reg);
+        r.fs.release(o.fh);
+        inos.push(ino);
+    }
+    let holding = |ino: &Ino| {
+        r.fs.nodes
+            .get(*ino)
+            .is_some_and(|n| n.state.lock().opens.object().is_some())
+    };
+    let held = inos.iter().filter(|i| holding(i)).count();
+    assert_eq!(
+        held,
+        crate::objects::IDLE_OBJECTS,
+        "objects kept by closed files"
+    );
+    assert!(!holding(&inos[0]), "the first closed let go");
+    assert!(holding(&inos[n - 1]), "the last closed keeps it");
+    // Its object is found in the cache again: nothing is fetched.
+    let fetched = r.fs.stats().chunk_fetches;
+    let (o, _) = open_read(&r, inos[0], READ, &reg);
+    r.fs.release(o.fh);
+    assert!(holding(&inos[0]));
+    assert_eq!(r.fs.stats().chunk_fetches, fetched);
+}
