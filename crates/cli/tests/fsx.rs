@@ -21,6 +21,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 
+use common::rng::Rng;
 use common::*;
 
 /// Largest offset a write starts at.
@@ -34,37 +35,10 @@ const FULL_CHECK_EVERY: usize = 64;
 /// Operations kept for the failure report.
 const LOG_TAIL: usize = 40;
 
-/// splitmix64: small, fast, and the same sequence on every platform forever.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// A length in `1..=MAX_LEN`, log-uniform so that small and page-sized I/O is common.
-    fn len(&mut self) -> u64 {
-        let bits = self.below(19); // 2^0 ..= 2^18 = 256 KiB
-        1 + self.below(1 << bits)
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut v = Vec::with_capacity(n + 8);
-        while v.len() < n {
-            v.extend_from_slice(&self.next().to_le_bytes());
-        }
-        v.truncate(n);
-        v
-    }
+/// A length in `1..=MAX_LEN`, log-uniform so that small and page-sized I/O is common.
+fn io_len(rng: &mut Rng) -> u64 {
+    let bits = rng.below(19); // 2^0 ..= 2^18 = 256 KiB
+    1 + rng.below(1 << bits)
 }
 
 struct Fsx {
@@ -218,7 +192,7 @@ impl Fsx {
     }
 
     fn op_write(&mut self) {
-        let len = self.rng.len();
+        let len = io_len(&mut self.rng);
         let off = if !self.model.is_empty() && self.rng.below(2) == 0 {
             self.rng.below(self.model.len() as u64)
         } else {
@@ -244,7 +218,10 @@ impl Fsx {
             return self.op_write();
         }
         let half = size / 2;
-        let (slen, clen) = (self.rng.len().min(half), self.rng.len().min(half));
+        let (slen, clen) = (
+            io_len(&mut self.rng).min(half),
+            io_len(&mut self.rng).min(half),
+        );
         let at = |rng: &mut Rng, lo: u64, hi: u64, len: u64| lo + rng.below(hi - lo - len + 1);
         let (soff, coff) = if self.rng.below(2) == 0 {
             (
@@ -298,7 +275,7 @@ impl Fsx {
 
     fn op_read(&mut self) {
         let off = self.rng.below(self.model.len() as u64 + MAX_LEN);
-        let len = self.rng.len();
+        let len = io_len(&mut self.rng);
         self.note(format!("pread     {off:#9x} +{len:#x}"));
         self.check_range("pread", off, len);
     }
@@ -339,7 +316,7 @@ impl Fsx {
             self.fail(format!("close: {e}"));
         }
         if append {
-            let len = self.rng.len();
+            let len = io_len(&mut self.rng);
             let data = self.rng.bytes(len as usize);
             let at = self.model.len();
             self.note(format!("  append  {at:#9x} +{len:#x}"));
@@ -369,7 +346,7 @@ impl Fsx {
         }
         let size = self.model.len() as u64;
         let off = self.rng.below(size);
-        let len = self.rng.len().min(size - off);
+        let len = io_len(&mut self.rng).min(size - off);
         let write = self.rng.below(2) == 0;
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;

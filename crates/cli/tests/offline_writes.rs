@@ -11,6 +11,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
+use common::rng::Rng;
 use common::*;
 
 const MIB: usize = 1 << 20;
@@ -486,22 +487,6 @@ fn a_client_killed_while_sending_a_change_sends_it_whole_at_the_next_mount() {
         "its own half upload is no conflict"
     );
     m.unmount();
-}
-
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 fn sessions() -> u64 {

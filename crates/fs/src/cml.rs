@@ -94,6 +94,26 @@ pub struct Record {
     pub created: Option<u64>,
 }
 
+impl Record {
+    /// A fresh record (`Staged`, just now) number `seq` of `kind` for the file at `path`
+    /// whose attributes are `base` (the origin's, or for a `Create` this client's own).
+    fn new(seq: u64, path: Vec<Vec<u8>>, base: &hoardfs_origin::Attr, kind: Kind) -> Record {
+        Record {
+            seq,
+            path,
+            file_id: base.file_id,
+            base_version: base.version,
+            perm: base.perm,
+            uid: base.uid,
+            gid: base.gid,
+            since: now_secs(),
+            phase: Phase::Staged,
+            kind,
+            created: None,
+        }
+    }
+}
+
 /// Local attributes of a file with a pending change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LocalChange {
@@ -163,7 +183,8 @@ pub struct ChangeLog {
     next_seq: Mutex<u64>,
 }
 
-fn now_secs() -> u64 {
+/// Seconds since the epoch, now.
+pub(crate) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -266,13 +287,13 @@ impl ChangeLog {
         v
     }
 
-    /// Local attributes of every pending file, by file id.
+    /// Local attributes of every file whose content is pending (not removals), by file id.
     pub fn local_changes(&self) -> Vec<(u64, LocalChange)> {
         self.all()
             .iter()
-            .map(|p| {
+            .filter_map(|p| {
                 let g = p.lock();
-                (g.record.file_id, g.local())
+                (g.record.kind != Kind::Remove).then(|| (g.record.file_id, g.local()))
             })
             .collect()
     }
@@ -320,19 +341,7 @@ impl ChangeLog {
         }
         staging.sync_all()?;
         std::fs::rename(&tmp, &data_path)?;
-        let record = Record {
-            seq,
-            path,
-            file_id,
-            base_version: base.version,
-            perm: base.perm,
-            uid: base.uid,
-            gid: base.gid,
-            since: now_secs(),
-            phase: Phase::Staged,
-            kind: Kind::Store,
-            created: None,
-        };
+        let record = Record::new(seq, path, base, Kind::Store);
         drop(staging);
         let p = self.insert(record, size)?;
         drop(next);
@@ -375,19 +384,7 @@ impl ChangeLog {
         let seq = *next;
         *next += 1;
         let data_path = self.dir.join(format!("{seq:016}.data"));
-        let record = Record {
-            seq,
-            path,
-            file_id: base.file_id,
-            base_version: base.version,
-            perm: base.perm,
-            uid: base.uid,
-            gid: base.gid,
-            since: now_secs(),
-            phase: Phase::Staged,
-            kind: Kind::Store,
-            created: None,
-        };
+        let record = Record::new(seq, path, base, Kind::Store);
         // The record first: a crash before the content moves leaves a record without
         // data (set aside at the next start) and the content where it was. (Until the
         // content is in place, sending the record fails to read it: nothing is sent.)
@@ -425,19 +422,7 @@ impl ChangeLog {
         let f = File::create(&data_path)?;
         f.sync_all()?;
         drop(f);
-        let record = Record {
-            seq,
-            path,
-            file_id: attr.file_id,
-            base_version: attr.version,
-            perm: attr.perm,
-            uid: attr.uid,
-            gid: attr.gid,
-            since: now_secs(),
-            phase: Phase::Staged,
-            kind,
-            created: None,
-        };
+        let record = Record::new(seq, path, attr, kind);
         let p = self.insert(record, 0)?;
         drop(next);
         Ok(p)
@@ -482,7 +467,7 @@ impl ChangeLog {
     /// Records a conflict (appended to `conflicts`, fsynced).
     pub fn record_conflict(&self, c: &Conflict) {
         let path = self.dir.join("conflicts");
-        let line = serde_json_line(c);
+        let line = conflict_line(c);
         let r = OpenOptions::new()
             .create(true)
             .append(true)
@@ -520,63 +505,16 @@ impl ChangeLog {
     }
 }
 
-/// A conflict as one JSON line (hand-written: the fs crate has no JSON dependency; every
-/// string is escaped).
-fn serde_json_line(c: &Conflict) -> String {
-    fn esc(s: &str) -> String {
-        let mut o = String::with_capacity(s.len() + 2);
-        for ch in s.chars() {
-            match ch {
-                '"' => o.push_str("\\\""),
-                '\\' => o.push_str("\\\\"),
-                c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-                c => o.push(c),
-            }
-        }
-        o
-    }
-    format!(
-        "{{\"at\":{},\"path\":\"{}\",\"copy\":\"{}\",\"reason\":\"{}\"}}\n",
-        c.at,
-        esc(&c.path),
-        esc(&c.copy),
-        esc(&c.reason)
-    )
+/// A conflict as one JSON line.
+fn conflict_line(c: &Conflict) -> String {
+    let mut line = serde_json::to_string(c).expect("a conflict serialises");
+    line.push('\n');
+    line
 }
 
-/// Parses a line written by [`serde_json_line`].
+/// Parses a line written by [`conflict_line`].
 fn parse_conflict(line: &str) -> Option<Conflict> {
-    fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
-        let key = format!("\"{name}\":");
-        let start = line.find(&key)? + key.len();
-        Some(&line[start..])
-    }
-    fn string(rest: &str) -> Option<String> {
-        let mut chars = rest.strip_prefix('"')?.chars();
-        let mut out = String::new();
-        while let Some(c) = chars.next() {
-            match c {
-                '"' => return Some(out),
-                '\\' => match chars.next()? {
-                    'u' => {
-                        let hex: String = chars.by_ref().take(4).collect();
-                        out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
-                    }
-                    c => out.push(c),
-                },
-                c => out.push(c),
-            }
-        }
-        None
-    }
-    let at = field(line, "at")?;
-    let at = at[..at.find(',')?].parse().ok()?;
-    Some(Conflict {
-        at,
-        path: string(field(line, "path")?)?,
-        copy: string(field(line, "copy")?)?,
-        reason: string(field(line, "reason")?)?,
-    })
+    serde_json::from_str(line).ok()
 }
 
 impl Pending {
@@ -764,7 +702,7 @@ mod tests {
             copy: "/d/x.conflict-h-1".into(),
             reason: "changed on the server".into(),
         };
-        let line = serde_json_line(&c);
+        let line = conflict_line(&c);
         assert_eq!(line.matches('\n').count(), 1);
         assert_eq!(parse_conflict(line.trim_end()), Some(c));
     }

@@ -374,6 +374,18 @@ impl NodeTable {
         })
     }
 
+    /// A new node for origin object `attr.file_id` known as (`parent`, `name`), with the
+    /// object's local change if it has one, in the table (whose lock the caller holds).
+    fn add(inner: &mut Inner, handle: Handle, attr: Attr, parent: Ino, name: &[u8]) -> Arc<Node> {
+        let ino = inner.next_ino;
+        inner.next_ino += 1;
+        let n = Self::make(ino, handle, attr, parent, name.to_vec());
+        n.state.lock().local = inner.local.get(&attr.file_id).copied();
+        inner.by_file_id.insert(attr.file_id, ino);
+        inner.nodes.insert(ino, n.clone());
+        n
+    }
+
     /// The node for `ino`.
     pub fn get(&self, ino: Ino) -> Option<Arc<Node>> {
         self.inner.read().nodes.get(&ino).cloned()
@@ -415,15 +427,7 @@ impl NodeTable {
             match existing {
                 // (A deleted node's id may have gone to a new object: never reused.)
                 Some(n) if n.kind == attr.kind && !n.state.lock().is_deleted() => n,
-                _ => {
-                    let ino = inner.next_ino;
-                    inner.next_ino += 1;
-                    let n = Self::make(ino, handle, attr, parent, name.to_vec());
-                    n.state.lock().local = inner.local.get(&attr.file_id).copied();
-                    inner.by_file_id.insert(attr.file_id, ino);
-                    inner.nodes.insert(ino, n.clone());
-                    n
-                }
+                _ => Self::add(&mut inner, handle, attr, parent, name),
             }
         };
         {
@@ -456,13 +460,8 @@ impl NodeTable {
             if inner.by_file_id.contains_key(&attr.file_id) {
                 return None;
             }
-            let ino = inner.next_ino;
-            inner.next_ino += 1;
-            let n = Self::make(ino, handle, attr, parent, name.to_vec());
-            n.state.lock().local = inner.local.get(&attr.file_id).copied();
-            inner.by_file_id.insert(attr.file_id, ino);
-            inner.nodes.insert(ino, n.clone());
-            inner.idle.push_back(ino);
+            let n = Self::add(&mut inner, handle, attr, parent, name);
+            inner.idle.push_back(n.ino);
             n
         };
         node.state.lock().expire();

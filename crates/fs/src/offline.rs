@@ -87,7 +87,16 @@ impl HoardFs {
     /// The pending change of `node`'s file, if offline writes are on and it has one.
     pub(crate) fn pending_of(&self, node: &Node) -> Option<Arc<Pending>> {
         let off = self.offline.as_ref()?;
-        let file_id = node.state.lock().attr().file_id;
+        // Every file with a content change in the log carries it as its local change (a
+        // removal's node is gone from the names): the log is looked at only for those,
+        // not on every read and write.
+        let file_id = {
+            let st = node.state.lock();
+            if !st.is_local() {
+                return None;
+            }
+            st.attr().file_id
+        };
         off.log.get(file_id)
     }
 

@@ -28,7 +28,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use hoardfs_origin::{Entry, Handle, Owner, SetAttrs, WireError};
 
-use crate::cml::{Conflict, Inner, Kind, Pending, Phase};
+use crate::cml::{Conflict, Inner, Kind, Pending, Phase, now_secs};
 use std::sync::atomic::Ordering;
 
 use crate::nodes::Ino;
@@ -499,12 +499,6 @@ impl HoardFs {
         }
         Err(FsError::Origin(WireError::Exists))
     }
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod garage;
 pub mod link;
 pub mod proxy;
 pub mod rig;
+pub mod rng;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
