@@ -280,6 +280,11 @@ impl ChangeLog {
         self.pending.lock().get(&file_id).cloned()
     }
 
+    /// Number of pending changes (cheap: the keeper asks every second).
+    pub fn count(&self) -> usize {
+        self.pending.lock().len()
+    }
+
     /// Every pending change, oldest first.
     pub fn all(&self) -> Vec<Arc<Pending>> {
         let mut v: Vec<Arc<Pending>> = self.pending.lock().values().cloned().collect();

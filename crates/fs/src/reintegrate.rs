@@ -196,7 +196,7 @@ impl HoardFs {
 
     /// Number of changes waiting to be sent back.
     pub fn pending_changes(&self) -> u64 {
-        self.offline.as_ref().map_or(0, |o| o.log.stats().files)
+        self.offline.as_ref().map_or(0, |o| o.log.count() as u64)
     }
 
     /// Sends one change back (under its lock, so writes to the file wait); `None` if it
