@@ -64,21 +64,24 @@ pub fn start_offline(
     Some((origin, snap))
 }
 
-/// Saves the namespace of `fs` to `path` now; logs a failure.
-pub fn save(fs: &HoardFs, path: &Path, source: &str) -> Option<u64> {
+/// Saves the namespace of `fs` to `path` unless it is the one last saved (`saved`: its
+/// digest, updated on success); logs a failure.
+pub fn save(fs: &HoardFs, path: &Path, source: &str, saved: &mut Option<u64>) {
     let snap = match fs.namespace_snapshot(source) {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!("cannot take the namespace snapshot: {e}");
-            return None;
+            return;
         }
     };
     let digest = snap.digest();
-    if let Err(e) = snap.save(path) {
-        tracing::warn!("cannot save the namespace to {}: {e}", path.display());
-        return None;
+    if *saved == Some(digest) {
+        return;
     }
-    Some(digest)
+    match snap.save(path) {
+        Ok(()) => *saved = Some(digest),
+        Err(e) => tracing::warn!("cannot save the namespace to {}: {e}", path.display()),
+    }
 }
 
 /// Starts the thread that reconnects `remote` (if any) in the background while its
@@ -107,10 +110,7 @@ pub fn start_keeper(
                 // stays away.
                 let connected = remote.as_ref().is_none_or(|r| r.is_connected());
                 if let Some(p) = path.as_ref().filter(|_| was_connected && !connected) {
-                    let now = fs.namespace_snapshot(&source).map(|s| s.digest()).ok();
-                    if now.is_some() && now != saved {
-                        saved = save(&fs, p, &source);
-                    }
+                    save(&fs, p, &source, &mut saved);
                 }
                 was_connected = connected;
                 // (A live connection is kept up by pings: one that is gone means the
@@ -135,10 +135,7 @@ pub fn start_keeper(
                     && last_save.elapsed() >= SAVE_EVERY
                 {
                     last_save = Instant::now();
-                    let now = fs.namespace_snapshot(&source).map(|s| s.digest()).ok();
-                    if now.is_some() && now != saved {
-                        saved = save(&fs, p, &source);
-                    }
+                    save(&fs, p, &source, &mut saved);
                 }
             }
         });

@@ -5,7 +5,8 @@
 //! cache store and needs nothing from here.
 //!
 //! A snapshot is taken by [`HoardFs::namespace_snapshot`] (the mount saves one every
-//! minute while the namespace changes, and at unmount) and written atomically
+//! minute while the namespace changes, when the connection is lost, and at unmount) and
+//! written atomically
 //! ([`NamespaceSnapshot::save`]: temporary file, fsync, rename). [`HoardFs::restore_namespace`]
 //! adds its nodes to a fresh file system with expired attributes and listings and no
 //! callbacks, so the first use after the server is back revalidates each of them (a handle
