@@ -73,8 +73,9 @@ pub struct MountArgs {
     /// three per file.
     #[arg(long)]
     pub xattrs: bool,
-    /// Keep changes to fully cached files while the server is unreachable (writes,
-    /// truncations), in a log in the cache directory, and send them back when it returns;
+    /// Keep changes made while the server is unreachable (writes and truncations of fully
+    /// cached files; creating, removing and renaming files, directories and symlinks;
+    /// chmod, utimes), in a log in the cache directory, and send them back when it returns;
     /// a file changed on both sides keeps the server's version and gets this client's
     /// next to it as NAME.conflict-HOST-TIME (`hoardfs conflicts`). Off by default:
     /// other clients do not see such changes until then, and `fsync` then means "on this

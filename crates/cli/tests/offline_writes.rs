@@ -1,7 +1,8 @@
-//! `--offline-writes`: changes to cached files made while the server is unreachable are
-//! kept in the cache directory and sent back when it returns; a file changed on both sides
-//! keeps the server's version and gets this client's next to it; nothing is lost across a
-//! client crash or a remount while the server is still away.
+//! `--offline-writes`: changes made while the server is unreachable (file contents, names,
+//! directories, links, permissions) are kept in the cache directory and sent back when it
+//! returns; a file changed on both sides keeps the server's version and gets this
+//! client's next to it; nothing is lost across a client crash or a remount while the
+//! server is still away, and random sessions match a model.
 
 mod common;
 
@@ -300,15 +301,12 @@ fn files_created_and_removed_offline_are_created_and_removed_on_the_server() {
     // Removed, then another file created under its name: in that order on the server.
     std::fs::remove_file(m.p("d/replaced")).unwrap();
     std::fs::write(m.p("d/replaced"), b"a new file, same name").unwrap();
-    assert_errno(
-        "mkdir offline",
-        std::fs::create_dir(m.p("d/sub")),
-        libc::EIO,
-    );
+    std::fs::create_dir(m.p("d/sub")).unwrap();
+    std::fs::write(m.p("d/sub/inner"), b"in a directory made offline").unwrap();
     assert_eq!(std::fs::read(m.p("d/new")).unwrap(), b"created offline");
     let mut names = list(&m.p("d")).unwrap();
     names.sort();
-    let want: Vec<Vec<u8>> = ["clash", "keep", "new", "replaced", "theirs"]
+    let want: Vec<Vec<u8>> = ["clash", "keep", "new", "replaced", "sub", "theirs"]
         .iter()
         .map(|n| n.as_bytes().to_vec())
         .collect();
@@ -327,6 +325,10 @@ fn files_created_and_removed_offline_are_created_and_removed_on_the_server() {
     assert!(ok, "sync: {err}");
     let d = exp.join("d");
     assert_eq!(std::fs::read(d.join("new")).unwrap(), b"created offline");
+    assert_eq!(
+        std::fs::read(d.join("sub/inner")).unwrap(),
+        b"in a directory made offline"
+    );
     for gone in ["tmp", "gone", "edited"] {
         assert!(!d.join(gone).exists(), "{gone} is still on the server");
     }
@@ -405,11 +407,6 @@ fn an_editors_save_offline_replaces_the_file_on_the_server() {
         .map(|n| n.as_bytes().to_vec())
         .collect();
     assert_eq!(names, want);
-    assert_errno(
-        "renaming a file of the server offline",
-        std::fs::rename(m.p("doc"), m.p("doc2")),
-        libc::EIO,
-    );
 
     let _srv = Server::start_at(&exp, &addr, &[]);
     let (ok, err) = sync(&m, "30");
@@ -496,16 +493,99 @@ fn sessions() -> u64 {
         .unwrap_or(25)
 }
 
-/// Random sessions of writes, appends and truncations of cached files, and (while the link
-/// is cut) creations and removals of files, with the link to the server cut and restored
-/// at random points (the server keeps running), and
-/// now and then the client killed right after the link comes back (in the middle of
-/// sending its changes) and mounted again. After each session the server's files must
-/// equal a model of what the client wrote, byte for byte, and the mount must show the
-/// same. `HOARDFS_OFFLINE_SESSIONS` sets the number of sessions (default 25);
-/// `HOARDFS_OFFLINE_SEED` replays a seed.
+/// One object of the tree model of [`random_sessions_of_names_and_contents_match_a_model`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Obj {
+    File { data: Vec<u8>, mode: u32 },
+    Dir { mode: u32 },
+    Link(String),
+}
+
+/// Paths relative to the root ("a", "a/b") and what they are.
+type Tree = std::collections::BTreeMap<String, Obj>;
+
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+/// The tree under `root` as it is on disk (or through a mount).
+fn tree_of(root: &Path) -> std::io::Result<Tree> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut tree = Tree::new();
+    let mut dirs = vec![String::new()];
+    while let Some(dir) = dirs.pop() {
+        let listed = std::fs::read_dir(root.join(&dir))
+            .map_err(|e| std::io::Error::new(e.kind(), format!("listing {dir}: {e}")))?;
+        for e in listed {
+            let e = e.map_err(|e| std::io::Error::new(e.kind(), format!("listing {dir}: {e}")))?;
+            let rel = join(&dir, &e.file_name().into_string().unwrap());
+            let at = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{rel}: {e}"));
+            let md = std::fs::symlink_metadata(root.join(&rel)).map_err(at)?;
+            let mode = md.permissions().mode() & 0o7777;
+            let obj = if md.file_type().is_symlink() {
+                Obj::Link(
+                    std::fs::read_link(root.join(&rel))
+                        .map_err(at)?
+                        .to_string_lossy()
+                        .into_owned(),
+                )
+            } else if md.is_dir() {
+                dirs.push(rel.clone());
+                Obj::Dir { mode }
+            } else {
+                Obj::File {
+                    data: std::fs::read(root.join(&rel)).map_err(at)?,
+                    mode,
+                }
+            };
+            tree.insert(rel, obj);
+        }
+    }
+    Ok(tree)
+}
+
+/// The first difference between two trees, described.
+fn tree_diff(got: &Tree, want: &Tree) -> Option<String> {
+    for (p, w) in want {
+        match got.get(p) {
+            None => return Some(format!("{p} is missing")),
+            Some(g) if g != w => {
+                return Some(match (g, w) {
+                    (Obj::File { data: a, mode: ma }, Obj::File { data: b, mode: mb }) => {
+                        format!(
+                            "{p}: {} bytes mode {ma:o}, want {} bytes mode {mb:o} (first \
+                             difference at {:?})",
+                            a.len(),
+                            b.len(),
+                            first_diff(a, b)
+                        )
+                    }
+                    _ => format!("{p} is {g:?}, want {w:?}"),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    got.keys()
+        .find(|p| !want.contains_key(*p))
+        .map(|p| format!("{p} should not be there"))
+}
+
+/// Random sessions of every kind of change `--offline-writes` keeps — file writes,
+/// appends, truncations, creations and removals; directories made, removed and renamed;
+/// files and symbolic links renamed (also over other files); symbolic links made;
+/// permission bits changed — with the link to the server cut and restored at random
+/// points (the server keeps running), and now and then the client killed right after the
+/// link comes back (in the middle of sending its changes) and mounted again. After each
+/// session the server's tree must equal a model of what the client did, byte for byte,
+/// and so must the mount's. `HOARDFS_OFFLINE_SESSIONS` sets the number of sessions
+/// (default 25); `HOARDFS_OFFLINE_SEED` replays a seed.
 #[test]
-fn random_sessions_with_the_link_cut_and_restored_match_a_model() {
+fn random_sessions_of_names_and_contents_match_a_model() {
     require_fuse();
     let seed = std::env::var("HOARDFS_OFFLINE_SEED")
         .ok()
@@ -516,53 +596,81 @@ fn random_sessions_with_the_link_cut_and_restored_match_a_model() {
                 .unwrap()
                 .as_nanos() as u64
         });
-    eprintln!("offline sessions: seed {seed}, {} sessions", sessions());
+    eprintln!(
+        "offline name sessions: seed {seed}, {} sessions",
+        sessions()
+    );
     let mut rng = Rng(seed);
     let t = scratch();
     let exp = t.path().join("export");
-    std::fs::create_dir_all(&exp).unwrap();
-    // The model: every file of the export and its content.
-    let mut model: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
+    std::fs::create_dir_all(exp.join("d0")).unwrap();
+    // Modes as the client asks for them, less this umask.
+    let umask = 0o022;
+    unsafe { libc::umask(umask) };
+    let mut model = Tree::new();
+    model.insert("d0".into(), Obj::Dir { mode: 0o755 });
+    std::fs::set_permissions(
+        exp.join("d0"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     for i in 0..4u64 {
-        let len = 1 + rng.below(3 * MIB as u64) as usize;
+        let len = 1 + rng.below(MIB as u64) as usize;
         let data = bytes(100 + i, len);
-        std::fs::write(exp.join(format!("f{i}")), &data).unwrap();
-        model.insert(format!("f{i}"), data);
+        let rel = if i % 2 == 0 {
+            format!("f{i}")
+        } else {
+            format!("d0/f{i}")
+        };
+        std::fs::write(exp.join(&rel), &data).unwrap();
+        std::fs::set_permissions(
+            exp.join(&rel),
+            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+        )
+        .unwrap();
+        model.insert(rel, Obj::File { data, mode: 0o644 });
     }
     let srv = Server::start(&exp);
     let mut link = common::link::Link::start(&srv.addr);
     let mut m = mount(&link.addr, t.path());
     let mut log: Vec<String> = Vec::new();
-    // Files found pending at the end of a session's operations, over all sessions.
-    let mut staged = 0;
-    let mut created = 0;
+    let mut made = 0;
+    let mut names_pending = 0;
     let fail = |log: &[String], msg: String| -> ! {
         panic!(
             "seed {seed}: {msg}\nlast operations:\n{}",
-            log[log.len().saturating_sub(30)..].join("\n")
+            log[log.len().saturating_sub(40)..].join("\n")
         )
     };
     for session in 0..sessions() {
-        // Cached whole (as a user prepares to go offline), and the directory listed
-        // (files are created offline only there).
+        // Cached whole and every directory listed (as a user prepares to go offline).
         let (ok, _, err) = tool(&["prefetch", m.path.to_str().unwrap(), "-q"]);
         if !ok {
             fail(&log, format!("prefetch: {err}"));
         }
-        list(&m.p("")).unwrap();
-        let ops = 5 + rng.below(15);
+        if let Err(e) = tree_of(&m.p("")) {
+            fail(&log, format!("walking the mount: {e}"));
+        }
+        let ops = 5 + rng.below(20);
         for _ in 0..ops {
-            let names: Vec<String> = model.keys().cloned().collect();
-            let name = names[rng.below(names.len() as u64) as usize].clone();
-            let mut roll = rng.below(12);
-            if link.is_up() && (roll == 2 || roll == 3) {
-                // Names are created and removed here only while the link is cut.
-                roll = 11;
-            }
-            if roll == 3 && names.len() < 2 {
-                roll = 11;
-            }
-            let touched = match roll {
+            let pick = |rng: &mut Rng, f: &dyn Fn(&Obj) -> bool| -> Option<String> {
+                let v: Vec<&String> = model.iter().filter(|(_, o)| f(o)).map(|(p, _)| p).collect();
+                (!v.is_empty()).then(|| v[rng.below(v.len() as u64) as usize].clone())
+            };
+            let is_file = |o: &Obj| matches!(o, Obj::File { .. });
+            let is_dir = |o: &Obj| matches!(o, Obj::Dir { .. });
+            let mut dirs: Vec<String> = vec![String::new()];
+            dirs.extend(
+                model
+                    .iter()
+                    .filter(|(_, o)| is_dir(o))
+                    .map(|(p, _)| p.clone()),
+            );
+            let dir = dirs[rng.below(dirs.len() as u64) as usize].clone();
+            made += 1;
+            let roll = rng.below(16);
+            let step = format!("s{session} op{roll}");
+            let touched: Option<String> = match roll {
                 0 | 1 => {
                     if link.is_up() {
                         link.cut();
@@ -571,57 +679,192 @@ fn random_sessions_with_the_link_cut_and_restored_match_a_model() {
                         link.restore();
                         log.push(format!("s{session} restore"));
                     }
-                    continue;
+                    None
                 }
-                2 => {
-                    created += 1;
-                    let new = format!("n{created}");
+                2 | 3 => {
+                    let new = join(&dir, &format!("n{made}"));
                     let data = bytes(rng.next(), rng.below(100_000) as usize);
-                    log.push(format!("s{session} create {new} {}", data.len()));
+                    log.push(format!("{step} create {new} {}", data.len()));
                     if let Err(e) = std::fs::write(m.p(&new), &data) {
                         fail(&log, format!("create {new}: {e}"));
                     }
-                    model.insert(new.clone(), data);
-                    new
-                }
-                3 => {
-                    log.push(format!("s{session} unlink {name}"));
-                    if let Err(e) = std::fs::remove_file(m.p(&name)) {
-                        fail(&log, format!("unlink {name}: {e}"));
-                    }
-                    model.remove(&name);
-                    if std::fs::metadata(m.p(&name)).is_ok() {
-                        fail(&log, format!("{name} is still there after its unlink"));
-                    }
-                    continue;
+                    model.insert(
+                        new.clone(),
+                        Obj::File {
+                            data,
+                            mode: 0o666 & !umask,
+                        },
+                    );
+                    Some(new)
                 }
                 4 => {
-                    let cur = model.get_mut(&name).unwrap();
+                    let Some(victim) = pick(&mut rng, &|o| !is_dir(o)) else {
+                        continue;
+                    };
+                    log.push(format!("{step} unlink {victim}"));
+                    if let Err(e) = std::fs::remove_file(m.p(&victim)) {
+                        fail(&log, format!("unlink {victim}: {e}"));
+                    }
+                    model.remove(&victim);
+                    None
+                }
+                5 => {
+                    let new = join(&dir, &format!("d{made}"));
+                    let mode = [0o755, 0o700, 0o750][rng.below(3) as usize];
+                    log.push(format!("{step} mkdir {new} {mode:o}"));
+                    let r = std::os::unix::fs::DirBuilderExt::mode(
+                        &mut std::fs::DirBuilder::new(),
+                        mode,
+                    )
+                    .create(m.p(&new));
+                    if let Err(e) = r {
+                        fail(&log, format!("mkdir {new}: {e}"));
+                    }
+                    model.insert(
+                        new,
+                        Obj::Dir {
+                            mode: mode & !umask,
+                        },
+                    );
+                    None
+                }
+                6 => {
+                    let empty: Vec<String> = model
+                        .iter()
+                        .filter(|(p, o)| {
+                            is_dir(o) && !model.keys().any(|k| k.starts_with(&format!("{p}/")))
+                        })
+                        .map(|(p, _)| p.clone())
+                        .collect();
+                    if empty.is_empty() {
+                        continue;
+                    }
+                    let victim = empty[rng.below(empty.len() as u64) as usize].clone();
+                    log.push(format!("{step} rmdir {victim}"));
+                    if let Err(e) = std::fs::remove_dir(m.p(&victim)) {
+                        fail(&log, format!("rmdir {victim}: {e}"));
+                    }
+                    model.remove(&victim);
+                    None
+                }
+                7 | 8 => {
+                    let Some(src) = pick(&mut rng, &|_| true) else {
+                        continue;
+                    };
+                    let src_dir = is_dir(&model[&src]);
+                    // Over an existing file now and then (a non-directory only).
+                    let over = if !src_dir && rng.below(3) == 0 {
+                        pick(&mut rng, &|o| is_file(o)).filter(|d| *d != src)
+                    } else {
+                        None
+                    };
+                    let dst = match over {
+                        Some(d) => d,
+                        None => {
+                            let dirs: Vec<&String> = dirs
+                                .iter()
+                                .filter(|d| {
+                                    !src_dir || (**d != src && !d.starts_with(&format!("{src}/")))
+                                })
+                                .collect();
+                            join(
+                                dirs[rng.below(dirs.len() as u64) as usize],
+                                &format!("r{made}"),
+                            )
+                        }
+                    };
+                    log.push(format!("{step} rename {src} {dst}"));
+                    if let Err(e) = std::fs::rename(m.p(&src), m.p(&dst)) {
+                        fail(&log, format!("rename {src} {dst}: {e}"));
+                    }
+                    let moved: Vec<(String, Obj)> = model
+                        .iter()
+                        .filter(|(p, _)| **p == src || p.starts_with(&format!("{src}/")))
+                        .map(|(p, o)| (p.clone(), o.clone()))
+                        .collect();
+                    for (p, o) in moved {
+                        model.remove(&p);
+                        model.insert(format!("{dst}{}", &p[src.len()..]), o);
+                    }
+                    None
+                }
+                9 => {
+                    let new = join(&dir, &format!("l{made}"));
+                    let target = format!("target-{}", rng.below(1000));
+                    log.push(format!("{step} symlink {new} -> {target}"));
+                    if let Err(e) = std::os::unix::fs::symlink(&target, m.p(&new)) {
+                        fail(&log, format!("symlink {new}: {e}"));
+                    }
+                    model.insert(new, Obj::Link(target));
+                    None
+                }
+                10 => {
+                    let Some(victim) = pick(&mut rng, &|o| !matches!(o, Obj::Link(_))) else {
+                        continue;
+                    };
+                    let mode = match model.get_mut(&victim).unwrap() {
+                        Obj::File { mode, .. } => {
+                            *mode = [0o600, 0o640, 0o644, 0o755][rng.below(4) as usize];
+                            *mode
+                        }
+                        Obj::Dir { mode } => {
+                            *mode = [0o700, 0o750, 0o755][rng.below(3) as usize];
+                            *mode
+                        }
+                        Obj::Link(_) => unreachable!(),
+                    };
+                    log.push(format!("{step} chmod {victim} {mode:o}"));
+                    let r = std::fs::set_permissions(
+                        m.p(&victim),
+                        std::os::unix::fs::PermissionsExt::from_mode(mode),
+                    );
+                    if let Err(e) = r {
+                        fail(&log, format!("chmod {victim}: {e}"));
+                    }
+                    None
+                }
+                11 => {
+                    let Some(name) = pick(&mut rng, &is_file) else {
+                        continue;
+                    };
+                    let Obj::File { data: cur, .. } = model.get_mut(&name).unwrap() else {
+                        unreachable!()
+                    };
                     let size = rng.below(cur.len() as u64 + 100_000) as usize;
-                    log.push(format!("s{session} truncate {name} {size}"));
+                    log.push(format!("{step} truncate {name} {size}"));
                     let f = OpenOptions::new().write(true).open(m.p(&name)).unwrap();
                     if let Err(e) = f.set_len(size as u64) {
                         fail(&log, format!("truncate {name}: {e}"));
                     }
                     cur.resize(size, 0);
-                    name
+                    Some(name)
                 }
-                5 => {
-                    let cur = model.get_mut(&name).unwrap();
+                12 => {
+                    let Some(name) = pick(&mut rng, &is_file) else {
+                        continue;
+                    };
+                    let Obj::File { data: cur, .. } = model.get_mut(&name).unwrap() else {
+                        unreachable!()
+                    };
                     let data = bytes(rng.next(), 1 + rng.below(50_000) as usize);
-                    log.push(format!("s{session} append {name} {}", data.len()));
+                    log.push(format!("{step} append {name} {}", data.len()));
                     let mut f = OpenOptions::new().append(true).open(m.p(&name)).unwrap();
                     if let Err(e) = f.write_all(&data).and_then(|()| close_checked(f)) {
                         fail(&log, format!("append {name}: {e}"));
                     }
                     cur.extend_from_slice(&data);
-                    name
+                    Some(name)
                 }
                 _ => {
-                    let cur = model.get_mut(&name).unwrap();
+                    let Some(name) = pick(&mut rng, &is_file) else {
+                        continue;
+                    };
+                    let Obj::File { data: cur, .. } = model.get_mut(&name).unwrap() else {
+                        unreachable!()
+                    };
                     let off = rng.below(cur.len() as u64 + 1000) as usize;
                     let data = bytes(rng.next(), 1 + rng.below(200_000) as usize);
-                    log.push(format!("s{session} pwrite {name} {off} {}", data.len()));
+                    log.push(format!("{step} pwrite {name} {off} {}", data.len()));
                     let f = OpenOptions::new().write(true).open(m.p(&name)).unwrap();
                     if let Err(e) = f
                         .write_all_at(&data, off as u64)
@@ -633,19 +876,36 @@ fn random_sessions_with_the_link_cut_and_restored_match_a_model() {
                         cur.resize(off + data.len(), 0);
                     }
                     cur[off..off + data.len()].copy_from_slice(&data);
-                    name
+                    Some(name)
                 }
             };
-            let got = std::fs::read(m.p(&touched)).unwrap();
-            let cur = &model[&touched];
-            if first_diff(&got, cur).is_some() || got.len() != cur.len() {
-                fail(
-                    &log,
-                    format!("{touched} through the mount differs from the model"),
-                );
+            if let Some(touched) = touched {
+                let got = std::fs::read(m.p(&touched)).unwrap();
+                let Obj::File { data: cur, .. } = &model[&touched] else {
+                    unreachable!()
+                };
+                if first_diff(&got, cur).is_some() || got.len() != cur.len() {
+                    fail(
+                        &log,
+                        format!("{touched} through the mount differs from the model"),
+                    );
+                }
             }
         }
-        staged += offline(&m)["pending_files"].as_u64().unwrap_or(0);
+        if !link.is_up() {
+            match tree_of(&m.p("")) {
+                Ok(seen) => {
+                    if let Some(d) = tree_diff(&seen, &model) {
+                        fail(
+                            &log,
+                            format!("offline, the mount differs from the model: {d}"),
+                        );
+                    }
+                }
+                Err(e) => fail(&log, format!("walking the mount offline: {e}")),
+            }
+        }
+        names_pending += offline(&m)["pending_files"].as_u64().unwrap_or(0);
         link.restore();
         if rng.below(4) == 0 {
             // Killed while (perhaps) sending its changes back; mounted again.
@@ -657,33 +917,37 @@ fn random_sessions_with_the_link_cut_and_restored_match_a_model() {
         if !ok {
             fail(&log, format!("sync: {err}"));
         }
-        let mut on_server: Vec<String> = std::fs::read_dir(&exp)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        on_server.sort();
-        let want: Vec<String> = model.keys().cloned().collect();
-        if on_server != want {
-            fail(
-                &log,
-                format!("the server has {on_server:?}, the model {want:?}"),
-            );
-        }
-        for (n, data) in &model {
-            let got = std::fs::read(exp.join(n)).unwrap();
-            if let Some(d) = first_diff(&got, data) {
-                fail(&log, format!("{n} on the server differs at byte {d}"));
-            }
-            if got.len() != data.len() {
-                fail(&log, format!("{n} on the server has the wrong size"));
-            }
+        let on_server = tree_of(&exp).unwrap();
+        if let Some(d) = tree_diff(&on_server, &model) {
+            fail(&log, format!("the server differs from the model: {d}"));
         }
         let o = offline(&m);
         if o["pending_files"] != 0 || o["conflicts"] != 0 {
             fail(&log, format!("after sync: {o}"));
         }
+        let mut last = String::new();
+        let same =
+            hoardfs_testutil::wait_until(Duration::from_secs(10), || match tree_of(&m.p("")) {
+                Ok(seen) => {
+                    last = tree_diff(&seen, &model).unwrap_or_default();
+                    last.is_empty()
+                }
+                Err(e) => {
+                    last = e.to_string();
+                    false
+                }
+            });
+        if !same {
+            fail(
+                &log,
+                format!("after sync, the mount differs from the model: {last}"),
+            );
+        }
     }
-    assert!(staged > 0, "no session ended with changes kept offline");
-    eprintln!("offline sessions: {staged} file(s) were pending at the ends of sessions");
+    assert!(
+        names_pending > 0,
+        "no session ended with changes kept offline"
+    );
+    eprintln!("offline name sessions: {names_pending} change(s) pending at session ends");
     m.unmount();
 }

@@ -36,7 +36,10 @@ use hoardfs_cache::CachedObject;
 use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
-const MAGIC: &[u8; 8] = b"HFSCML2\n";
+const MAGIC: &[u8; 8] = b"HFSCML3\n";
+/// The format before renames, directories, symlinks and attribute changes were logged
+/// (read, converted, rewritten in the new format at the next change).
+const MAGIC_V2: &[u8; 8] = b"HFSCML2\n";
 
 /// Where a pending change is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,8 +65,36 @@ pub enum Kind {
     Store,
     /// A new file with the staged content (the log's file id is this client's own).
     Create,
-    /// The file is removed (nothing staged).
+    /// The file (or symlink) is removed (nothing staged).
     Remove,
+    /// A new directory (the log's file id is this client's own).
+    Mkdir,
+    /// The directory is removed.
+    Rmdir,
+    /// A new symbolic link to `target` (the log's file id is this client's own).
+    Symlink,
+    /// The object's content stays the origin's; only its name (`origin_path`) or its
+    /// attributes (`set`) changed.
+    Meta,
+}
+
+/// Permission and time changes made while the origin was unreachable, applied after the
+/// content.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttrChange {
+    /// New permission bits.
+    pub perm: Option<u16>,
+    /// New access time.
+    pub atime: Option<hoardfs_origin::Timestamp>,
+    /// New modification time.
+    pub mtime: Option<hoardfs_origin::Timestamp>,
+}
+
+impl AttrChange {
+    /// Whether nothing changes.
+    pub fn is_empty(&self) -> bool {
+        *self == AttrChange::default()
+    }
 }
 
 /// The durable description of one pending change.
@@ -92,6 +123,34 @@ pub struct Record {
     /// For a `Create`: the origin's id of the file once created (an upload then goes on
     /// over it after a failure).
     pub created: Option<u64>,
+    /// Where the object is on the origin, when that is not `path` (it was renamed here,
+    /// or the directory holding it was).
+    pub origin_path: Option<Vec<Vec<u8>>>,
+    /// Permission and time changes.
+    pub set: AttrChange,
+    /// A `Symlink`'s target.
+    pub target: Vec<u8>,
+}
+
+/// A record in the format before this one ([`MAGIC_V2`]).
+#[derive(Deserialize)]
+struct RecordV2 {
+    seq: u64,
+    path: Vec<Vec<u8>>,
+    file_id: u64,
+    base_version: u64,
+    perm: u16,
+    uid: u32,
+    gid: u32,
+    since: u64,
+    phase: Phase,
+    kind: Kind,
+    created: Option<u64>,
+}
+
+/// Whether `path` lies strictly inside directory `dir`.
+pub fn is_under(path: &[Vec<u8>], dir: &[Vec<u8>]) -> bool {
+    path.len() > dir.len() && path.starts_with(dir)
 }
 
 impl Record {
@@ -110,17 +169,65 @@ impl Record {
             phase: Phase::Staged,
             kind,
             created: None,
+            origin_path: None,
+            set: AttrChange::default(),
+            target: Vec::new(),
         }
+    }
+
+    /// Whether the object is still to be made on the origin (a `Create`, `Mkdir` or
+    /// `Symlink` of which nothing reached it yet).
+    pub fn creates(&self) -> bool {
+        matches!(self.kind, Kind::Create | Kind::Mkdir | Kind::Symlink) && self.created.is_none()
+    }
+
+    /// Whether the change removes the object from the origin.
+    pub fn removes(&self) -> bool {
+        matches!(self.kind, Kind::Remove | Kind::Rmdir)
+    }
+
+    /// Whether the object moves from `origin_path` to `path` on the origin.
+    pub fn renames(&self) -> bool {
+        self.origin_path.is_some() && !self.removes()
+    }
+
+    /// Whether the change puts something at `path` on the origin.
+    pub fn places(&self) -> bool {
+        self.creates() || self.renames()
+    }
+
+    /// Whether the change takes the object away from where the origin has it.
+    pub fn vacates(&self) -> bool {
+        self.removes() || self.renames()
+    }
+
+    /// Whether the change alters names on the origin (not only content or attributes).
+    pub fn changes_names(&self) -> bool {
+        self.places() || self.vacates()
+    }
+
+    /// Where the object is on the origin (or, for one still to be made, will be).
+    pub fn origin_loc(&self) -> &[Vec<u8>] {
+        self.origin_path.as_deref().unwrap_or(&self.path)
+    }
+
+    /// Whether the content is staged here (the staging file is the new content).
+    pub fn has_content(&self) -> bool {
+        matches!(self.kind, Kind::Store | Kind::Create)
     }
 }
 
-/// Local attributes of a file with a pending change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Local attributes of an object with a pending change (what overrides the origin's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LocalChange {
-    /// Size of the staged content.
-    pub size: u64,
-    /// When it was last changed here.
-    pub mtime: SystemTime,
+    /// Size of the staged content; `None`: the content is the origin's.
+    pub size: Option<u64>,
+    /// When it was last changed here (by a write, or set).
+    pub mtime: Option<SystemTime>,
+    /// Access time set here.
+    pub atime: Option<hoardfs_origin::Timestamp>,
+    /// Permission bits set here.
+    pub perm: Option<u16>,
 }
 
 /// One file with a pending change: its record and staging file.
@@ -143,9 +250,14 @@ pub struct Inner {
     rec_path: PathBuf,
     data_path: PathBuf,
     size: u64,
-    mtime: SystemTime,
+    /// When the content was last changed here (`None`: not changed here).
+    mtime: Option<SystemTime>,
     /// Sent back (or given up): writes must not land here any more.
     gone: bool,
+    /// Counted in the log's number of changes to names.
+    counted_names: bool,
+    /// The log's number of changes to names.
+    names: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The log's counters for `stats`.
@@ -177,6 +289,9 @@ pub struct Conflict {
 /// The log: pending changes by file id, persisted in a directory.
 pub struct ChangeLog {
     dir: PathBuf,
+    /// Changes that alter names on the origin (while any is pending, this client's view of
+    /// names is its own: see `HoardFs::names_pending`).
+    names: Arc<std::sync::atomic::AtomicUsize>,
     pending: Mutex<BTreeMap<u64, Arc<Pending>>>,
     /// Held across [`ChangeLog::stage`], so one file is staged once (taken before the
     /// table's lock).
@@ -195,6 +310,25 @@ fn encode(rec: &Record) -> Vec<u8> {
 }
 
 fn decode(bytes: &[u8]) -> Result<Record, String> {
+    if bytes.starts_with(MAGIC_V2) {
+        let old: RecordV2 = crate::sealed::unseal(MAGIC_V2, bytes)?;
+        return Ok(Record {
+            seq: old.seq,
+            path: old.path,
+            file_id: old.file_id,
+            base_version: old.base_version,
+            perm: old.perm,
+            uid: old.uid,
+            gid: old.gid,
+            since: old.since,
+            phase: old.phase,
+            kind: old.kind,
+            created: old.created,
+            origin_path: None,
+            set: AttrChange::default(),
+            target: Vec::new(),
+        });
+    }
     crate::sealed::unseal(MAGIC, bytes)
 }
 
@@ -202,6 +336,7 @@ impl ChangeLog {
     /// Opens (creating) the log in `dir` and loads the changes a previous mount left.
     pub fn open(dir: &Path) -> std::io::Result<ChangeLog> {
         std::fs::create_dir_all(dir)?;
+        let names = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut pending = BTreeMap::new();
         let mut next = 1;
         for entry in std::fs::read_dir(dir)? {
@@ -241,6 +376,10 @@ impl ChangeLog {
                 Ok((record, _, md)) => {
                     next = next.max(record.seq + 1);
                     let (seq, file_id, since) = (record.seq, record.file_id, record.since);
+                    let counted_names = record.changes_names();
+                    if counted_names {
+                        names.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
                     let p = Pending {
                         seq,
                         file_id,
@@ -248,11 +387,15 @@ impl ChangeLog {
                         size: md.len().into(),
                         inner: Mutex::new(Inner {
                             size: md.len(),
-                            mtime: md.modified().unwrap_or_else(|_| SystemTime::now()),
+                            mtime: record
+                                .has_content()
+                                .then(|| md.modified().unwrap_or_else(|_| SystemTime::now())),
                             rec_path: path.clone(),
                             data_path,
                             gone: false,
                             record,
+                            counted_names,
+                            names: names.clone(),
                         }),
                     };
                     pending.insert(file_id, Arc::new(p));
@@ -270,6 +413,7 @@ impl ChangeLog {
         }
         Ok(ChangeLog {
             dir: dir.to_path_buf(),
+            names,
             pending: Mutex::new(pending),
             next_seq: Mutex::new(next),
         })
@@ -292,15 +436,98 @@ impl ChangeLog {
         v
     }
 
-    /// Local attributes of every file whose content is pending (not removals), by file id.
+    /// Local attributes of every object with a pending change (not removals), by file id.
     pub fn local_changes(&self) -> Vec<(u64, LocalChange)> {
         self.all()
             .iter()
             .filter_map(|p| {
                 let g = p.lock();
-                (g.record.kind != Kind::Remove).then(|| (g.record.file_id, g.local()))
+                (!g.record.removes()).then(|| (g.record.file_id, g.local()))
             })
             .collect()
+    }
+
+    /// Whether any pending change alters names on the origin.
+    pub fn names_pending(&self) -> bool {
+        self.names.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+
+    /// Every pending change's record, oldest first (for reintegration's order).
+    pub fn records(&self) -> Vec<(Arc<Pending>, Record)> {
+        self.all()
+            .into_iter()
+            .filter_map(|p| {
+                let g = p.lock();
+                let r = (!g.gone).then(|| g.record.clone());
+                drop(g);
+                r.map(|r| (p, r))
+            })
+            .collect()
+    }
+
+    /// The object at `from` moved to `to` (here, or on the origin at reintegration): the
+    /// paths of the changes inside it follow; for `origin`, where they are on the origin
+    /// (`Record::origin_loc`), otherwise where they are here. Changes whose lock the
+    /// caller (or another sender) may hold, and which are not inside `from`, are passed
+    /// as `skip` (by sequence number): every other change's lock is taken in turn.
+    pub fn moved_under(
+        &self,
+        from: &[Vec<u8>],
+        to: &[Vec<u8>],
+        origin: bool,
+        skip: &std::collections::HashSet<u64>,
+    ) -> std::io::Result<()> {
+        for p in self.all() {
+            if skip.contains(&p.seq) {
+                continue;
+            }
+            let mut g = p.lock();
+            if g.gone {
+                continue;
+            }
+            let at = if origin {
+                g.record.origin_loc().to_vec()
+            } else {
+                g.record.path.clone()
+            };
+            if !is_under(&at, from) {
+                continue;
+            }
+            let mut moved = to.to_vec();
+            moved.extend_from_slice(&at[from.len()..]);
+            if origin {
+                g.record.origin_path = Some(moved);
+                g.normalise();
+                g.persist()?;
+            } else {
+                g.moved_to(moved)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a pending change of names or attributes only of origin object `base` at
+    /// `path` (its content stays the origin's), durably.
+    pub fn stage_meta(
+        &self,
+        path: Vec<Vec<u8>>,
+        base: &hoardfs_origin::Attr,
+    ) -> std::io::Result<Arc<Pending>> {
+        self.stage_empty(path, base, Kind::Meta, &[])
+    }
+
+    /// Starts a pending creation of a directory or (with `target`) a symbolic link at
+    /// `path` with attributes `attr` (its file id this client's own), durably.
+    pub fn stage_made(
+        &self,
+        path: Vec<Vec<u8>>,
+        attr: &hoardfs_origin::Attr,
+        target: Option<&[u8]>,
+    ) -> std::io::Result<Arc<Pending>> {
+        match target {
+            Some(t) => self.stage_empty(path, attr, Kind::Symlink, t),
+            None => self.stage_empty(path, attr, Kind::Mkdir, &[]),
+        }
     }
 
     /// Starts a pending change of file `file_id` at `path`, from `object` (which must be
@@ -314,11 +541,19 @@ impl ChangeLog {
     ) -> std::io::Result<Arc<Pending>> {
         let file_id = base.file_id;
         let mut next = self.next_seq.lock();
-        if let Some(p) = self.get(file_id) {
-            return Ok(p);
-        }
-        let seq = *next;
-        *next += 1;
+        // A file renamed or with attributes changed offline gets its content staged too.
+        let meta = match self.get(file_id) {
+            Some(p) if p.lock().record.kind == Kind::Meta => Some(p),
+            Some(p) => return Ok(p),
+            None => None,
+        };
+        let seq = match &meta {
+            Some(p) => p.seq,
+            None => {
+                *next += 1;
+                *next - 1
+            }
+        };
         let data_path = self.dir.join(format!("{seq:016}.data"));
         let tmp = data_path.with_extension("data.tmp");
         let staging = OpenOptions::new()
@@ -346,8 +581,20 @@ impl ChangeLog {
         }
         staging.sync_all()?;
         std::fs::rename(&tmp, &data_path)?;
-        let record = Record::new(seq, path, base, Kind::Store);
         drop(staging);
+        if let Some(p) = meta {
+            // (A crash before the record says `Store` leaves a `Meta` record with data
+            // nobody reads: the content is the origin's again, as before this write.)
+            let mut g = p.lock();
+            g.record.kind = Kind::Store;
+            g.size = size;
+            g.mtime = Some(SystemTime::now());
+            g.persist()?;
+            p.note_size(&g);
+            drop(g);
+            return Ok(p);
+        }
+        let record = Record::new(seq, path, base, Kind::Store);
         let p = self.insert(record, size)?;
         drop(next);
         Ok(p)
@@ -360,7 +607,7 @@ impl ChangeLog {
         path: Vec<Vec<u8>>,
         attr: &hoardfs_origin::Attr,
     ) -> std::io::Result<Arc<Pending>> {
-        self.stage_empty(path, attr, Kind::Create)
+        self.stage_empty(path, attr, Kind::Create, &[])
     }
 
     /// Makes the staged content at `from` (another change's, which the caller then
@@ -379,7 +626,11 @@ impl ChangeLog {
                 std::fs::rename(from, &g.data_path)?;
                 File::open(&self.dir)?.sync_all()?;
                 g.size = std::fs::metadata(&g.data_path)?.len();
-                g.mtime = SystemTime::now();
+                g.mtime = Some(SystemTime::now());
+                if g.record.kind == Kind::Meta {
+                    g.record.kind = Kind::Store;
+                    g.persist()?;
+                }
                 p.note_size(&g);
                 drop(g);
                 return Ok(p);
@@ -408,14 +659,22 @@ impl ChangeLog {
         path: Vec<Vec<u8>>,
         base: &hoardfs_origin::Attr,
     ) -> std::io::Result<Arc<Pending>> {
-        self.stage_empty(path, base, Kind::Remove)
+        let kind = if base.kind == hoardfs_origin::FileKind::Dir {
+            Kind::Rmdir
+        } else {
+            Kind::Remove
+        };
+        self.stage_empty(path, base, kind, &[])
     }
 
+    /// Starts a pending change without staged content (a symlink's `target` in the
+    /// record), durably; the existing one if the object has one.
     fn stage_empty(
         &self,
         path: Vec<Vec<u8>>,
         attr: &hoardfs_origin::Attr,
         kind: Kind,
+        target: &[u8],
     ) -> std::io::Result<Arc<Pending>> {
         let mut next = self.next_seq.lock();
         if let Some(p) = self.get(attr.file_id) {
@@ -427,7 +686,8 @@ impl ChangeLog {
         let f = File::create(&data_path)?;
         f.sync_all()?;
         drop(f);
-        let record = Record::new(seq, path, attr, kind);
+        let mut record = Record::new(seq, path, attr, kind);
+        record.target = target.to_vec();
         let p = self.insert(record, 0)?;
         drop(next);
         Ok(p)
@@ -439,18 +699,24 @@ impl ChangeLog {
         let rec_path = self.dir.join(format!("{seq:016}.rec"));
         let data_path = self.dir.join(format!("{seq:016}.data"));
         crate::sealed::write_atomically(&rec_path, &encode(&record))?;
+        let counted_names = record.changes_names();
+        if counted_names {
+            self.names.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         let p = Arc::new(Pending {
             seq,
             file_id,
             since: record.since,
             size: size.into(),
             inner: Mutex::new(Inner {
+                mtime: record.has_content().then(SystemTime::now),
                 record,
                 rec_path,
                 data_path,
                 size,
-                mtime: SystemTime::now(),
                 gone: false,
+                counted_names,
+                names: self.names.clone(),
             }),
         });
         self.pending.lock().insert(file_id, p.clone());
@@ -461,6 +727,9 @@ impl ChangeLog {
     /// its record, then its staging file. Called with the pending's lock held (`g`).
     pub fn finish(&self, file_id: u64, g: &mut Inner) {
         g.gone = true;
+        if std::mem::take(&mut g.counted_names) {
+            self.names.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
         if let Err(e) = std::fs::remove_file(&g.rec_path) {
             tracing::warn!("cannot remove {}: {e}", g.rec_path.display());
         }
@@ -546,12 +815,90 @@ impl Inner {
         self.gone
     }
 
-    /// The file's local attributes.
+    /// The object's local attributes.
     pub fn local(&self) -> LocalChange {
+        let set = self.record.set;
+        let stamp = |t: hoardfs_origin::Timestamp| {
+            let nanos = Duration::new(t.secs.max(0) as u64, t.nanos.min(999_999_999));
+            UNIX_EPOCH + nanos
+        };
         LocalChange {
-            size: self.size,
-            mtime: self.mtime,
+            size: self.record.has_content().then_some(self.size),
+            mtime: set.mtime.map(stamp).or(self.mtime),
+            atime: set.atime,
+            perm: set.perm,
         }
+    }
+
+    /// The staged content's size.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Writes the record durably, and keeps the log's count of changes to names.
+    fn persist(&mut self) -> std::io::Result<()> {
+        crate::sealed::write_atomically(&self.rec_path, &encode(&self.record))?;
+        let names = self.record.changes_names();
+        if names != self.counted_names {
+            self.counted_names = names;
+            if names {
+                self.names.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            } else {
+                self.names.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        Ok(())
+    }
+
+    /// An object back at its origin name is not renamed.
+    fn normalise(&mut self) {
+        if self.record.origin_path.as_ref() == Some(&self.record.path) {
+            self.record.origin_path = None;
+        }
+    }
+
+    /// Whether the change no longer does anything (renamed back, nothing else changed).
+    pub fn is_void(&self) -> bool {
+        self.record.kind == Kind::Meta
+            && self.record.origin_path.is_none()
+            && self.record.set.is_empty()
+    }
+
+    /// Sets permission bits and times (`None`: left as they are), durably.
+    pub fn set_attrs(&mut self, change: AttrChange) -> std::io::Result<()> {
+        let set = &mut self.record.set;
+        set.perm = change.perm.or(set.perm);
+        set.atime = change.atime.or(set.atime);
+        set.mtime = change.mtime.or(set.mtime);
+        self.persist()
+    }
+
+    /// The origin has the object at `path` now (its rename was sent back), durably.
+    pub fn arrived(&mut self) -> std::io::Result<()> {
+        self.record.origin_path = None;
+        self.persist()
+    }
+
+    /// The origin has the object at `at` now (moved out of the way there), durably.
+    pub fn moved_on_origin(&mut self, at: Vec<Vec<u8>>) -> std::io::Result<()> {
+        self.record.origin_path = Some(at);
+        self.normalise();
+        self.persist()
+    }
+
+    /// The origin has the object at `at`, not where this change put it (a name taken
+    /// there, or the destination gone): this change's path is `at` from now on, durably.
+    pub fn placed_at(&mut self, at: Vec<Vec<u8>>) -> std::io::Result<()> {
+        self.record.path = at;
+        self.record.origin_path = None;
+        self.persist()
+    }
+
+    /// A directory or symlink created offline reached the origin as `server_id` (its
+    /// attributes are set next).
+    pub fn made(&mut self, server_id: u64) -> std::io::Result<()> {
+        self.record.created = Some(server_id);
+        self.persist()
     }
 
     /// The staging file, opened for this operation (thousands of changes may be pending:
@@ -567,15 +914,22 @@ impl Inner {
     pub fn write(&mut self, offset: u64, data: &[u8]) -> std::io::Result<()> {
         self.staging()?.write_all_at(data, offset)?;
         self.size = self.size.max(offset + data.len() as u64);
-        self.mtime = SystemTime::now();
-        Ok(())
+        self.touched()
     }
 
     /// Sets the staged content's size.
     pub fn truncate(&mut self, size: u64) -> std::io::Result<()> {
         self.staging()?.set_len(size)?;
         self.size = size;
-        self.mtime = SystemTime::now();
+        self.touched()
+    }
+
+    /// The content changed now: a modification time set earlier no longer holds.
+    fn touched(&mut self) -> std::io::Result<()> {
+        self.mtime = Some(SystemTime::now());
+        if self.record.set.mtime.take().is_some() {
+            self.persist()?;
+        }
         Ok(())
     }
 
@@ -600,11 +954,15 @@ impl Inner {
         self.staging()?.sync_data()
     }
 
-    /// The file was renamed to `path` before any of it reached the origin (a `Create`):
-    /// it is created there.
+    /// The object was renamed here to `path`: one still to be made is made there; one the
+    /// origin has moves there from where the origin has it.
     pub fn moved_to(&mut self, path: Vec<Vec<u8>>) -> std::io::Result<()> {
+        if self.record.origin_path.is_none() && !self.record.creates() {
+            self.record.origin_path = Some(self.record.path.clone());
+        }
         self.record.path = path;
-        crate::sealed::write_atomically(&self.rec_path, &encode(&self.record))
+        self.normalise();
+        self.persist()
     }
 
     /// Where the staged content is (to be moved into another change: [`ChangeLog::adopt`]).
@@ -612,13 +970,14 @@ impl Inner {
         &self.data_path
     }
 
-    /// The file with a pending `Store` is removed too: the change becomes its removal
-    /// (from the same base version), and the staged bytes go.
-    pub fn become_removal(&mut self) -> std::io::Result<()> {
+    /// The object with a pending `Store` or `Meta` change is removed too (`dir`: it is a
+    /// directory): the change becomes its removal (from the same base version, where
+    /// the origin has it), and the staged bytes go.
+    pub fn become_removal(&mut self, dir: bool) -> std::io::Result<()> {
         self.staging()?.set_len(0)?;
         self.size = 0;
-        self.record.kind = Kind::Remove;
-        crate::sealed::write_atomically(&self.rec_path, &encode(&self.record))
+        self.record.kind = if dir { Kind::Rmdir } else { Kind::Remove };
+        self.persist()
     }
 
     /// A `Create` reached the origin as file `server_id` (at version `version`): a
@@ -626,7 +985,7 @@ impl Inner {
     pub fn created(&mut self, server_id: u64, version: u64) -> std::io::Result<()> {
         self.record.created = Some(server_id);
         self.record.phase = Phase::Resume { expected: version };
-        crate::sealed::write_atomically(&self.rec_path, &encode(&self.record))
+        self.persist()
     }
 
     /// Records that an upload starts (durably, before the origin sees any of it).
@@ -645,7 +1004,7 @@ impl Inner {
         }
         self.staging()?.sync_data()?;
         self.record.phase = phase;
-        crate::sealed::write_atomically(&self.rec_path, &encode(&self.record))
+        self.persist()
     }
 }
 
@@ -667,6 +1026,12 @@ mod tests {
             phase: Phase::Uploading,
             kind: Kind::Create,
             created: Some(3),
+            origin_path: Some(vec![b"e".to_vec()]),
+            set: AttrChange {
+                perm: Some(0o600),
+                ..Default::default()
+            },
+            target: b"t".to_vec(),
         };
         let bytes = encode(&rec);
         let back = decode(&bytes).unwrap();
@@ -680,6 +1045,41 @@ mod tests {
             assert!(decode(&bad).is_err(), "flipped byte {i}");
         }
         assert!(decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn records_of_the_previous_format_are_read() {
+        #[derive(Serialize)]
+        struct V2 {
+            seq: u64,
+            path: Vec<Vec<u8>>,
+            file_id: u64,
+            base_version: u64,
+            perm: u16,
+            uid: u32,
+            gid: u32,
+            since: u64,
+            phase: Phase,
+            kind: Kind,
+            created: Option<u64>,
+        }
+        let old = V2 {
+            seq: 3,
+            path: vec![b"f".to_vec()],
+            file_id: 9,
+            base_version: 4,
+            perm: 0o644,
+            uid: 1,
+            gid: 1,
+            since: 2,
+            phase: Phase::Staged,
+            kind: Kind::Remove,
+            created: None,
+        };
+        let rec = decode(&crate::sealed::seal(MAGIC_V2, &old)).unwrap();
+        assert_eq!((rec.seq, rec.file_id, rec.kind), (3, 9, Kind::Remove));
+        assert_eq!(rec.origin_path, None);
+        assert!(rec.set.is_empty());
     }
 
     #[test]

@@ -31,26 +31,41 @@ pub struct Listing {
 /// `state` lock.
 #[derive(Default)]
 pub(crate) struct DirState {
-    /// The last listing fetched, until dropped.
+    /// The last listing fetched (with the changes made through this client since).
     listing: Option<Arc<Listing>>,
+    /// The listing is out of date: not reused while the origin is reachable, but served
+    /// (with the changes made here) while it is not.
+    stale: bool,
     /// Names seen in this directory, for offline lookups.
     children: HashMap<Vec<u8>, Ino>,
 }
 
 impl DirState {
-    /// The listing kept, whatever its age.
+    /// The listing kept, if not out of date (whatever its age).
     pub(crate) fn listing(&self) -> Option<&Arc<Listing>> {
+        self.listing.as_ref().filter(|_| !self.stale)
+    }
+
+    /// The last listing kept, even if out of date.
+    pub(crate) fn last(&self) -> Option<&Arc<Listing>> {
         self.listing.as_ref()
     }
 
     /// Keeps a freshly fetched listing.
     pub(crate) fn keep_listing(&mut self, listing: Arc<Listing>) {
         self.listing = Some(listing);
+        self.stale = false;
     }
 
-    /// The listing is out of date.
+    /// The listing with a change made through this client (it stays as fresh, or as
+    /// out of date, as it was).
+    pub(crate) fn patch_listing(&mut self, listing: Arc<Listing>) {
+        self.listing = Some(listing);
+    }
+
+    /// The listing is out of date (kept for use while the origin is unreachable).
     pub(crate) fn drop_listing(&mut self) {
-        self.listing = None;
+        self.stale = true;
     }
 
     /// The node of `name`, as last seen.
@@ -84,6 +99,12 @@ impl HoardFs {
             return Err(WireError::NotDir.into());
         }
         if let Some(l) = node.state.lock().fresh_listing(&self.config) {
+            return Ok(l);
+        }
+        // While the log holds changes to names, this client's view of them is its own.
+        if self.names_pending()
+            && let Some(l) = node.state.lock().last_listing()
+        {
             return Ok(l);
         }
         let since = self.callbacks.seq();
@@ -149,6 +170,13 @@ impl HoardFs {
             .nodes
             .get(dir)
             .map_or(0, |d| d.state.lock().attr().file_id);
-        self.remember(dir, &e.name, &e.entry, dir_id, listing.since)
+        self.remember(
+            dir,
+            &e.name,
+            &e.entry,
+            dir_id,
+            listing.since,
+            Some(listing.fetched),
+        )
     }
 }

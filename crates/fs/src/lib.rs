@@ -373,9 +373,18 @@ impl HoardFs {
         }
         // A file with a change not yet sent back (perhaps not even created on the origin)
         // is the log's: answered here.
-        let child = dir.state.lock().child(name);
-        if let Some(node) = child.and_then(|c| self.nodes.get(c))
-            && self.pending_of(&node).is_some()
+        let (child, listed) = {
+            let st = dir.state.lock();
+            (st.child(name), st.last_listing().is_some())
+        };
+        let child = child.and_then(|c| self.nodes.get(c));
+        // So are all names while the log holds changes to names (this client's view of
+        // them is its own until they are sent back).
+        if self.names_pending() && child.is_none() && listed {
+            return Err(WireError::NotFound.into());
+        }
+        if let Some(node) = child
+            && (self.names_pending() || self.pending_of(&node).is_some())
         {
             let mut st = node.state.lock();
             if !st.is_deleted() {
@@ -391,7 +400,8 @@ impl HoardFs {
         let dir_id = dir.state.lock().attr().file_id;
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
             Ok(e) => {
-                let ListedNode { ino, ttl, attr } = self.remember(parent, name, &e, dir_id, since);
+                let ListedNode { ino, ttl, attr } =
+                    self.remember(parent, name, &e, dir_id, since, None);
                 Ok(NodeEntry { ino, attr, ttl })
             }
             Err(FsError::Offline(why)) => {
@@ -443,9 +453,12 @@ impl HoardFs {
         e: &hoardfs_origin::Entry,
         dir_id: u64,
         since: u64,
+        as_of: Option<std::time::Instant>,
     ) -> ListedNode {
         let grant = |a: &Attr| self.grant(a.file_id, since) && self.grant(dir_id, since);
-        let n = self.nodes.remember(parent, name, e.handle, e.attr, grant);
+        let n = self
+            .nodes
+            .remember(parent, name, e.handle, e.attr, as_of, grant);
         let st = n.state.lock();
         ListedNode {
             ino: n.ino,
@@ -476,6 +489,13 @@ impl HoardFs {
                 return Ok(NodeAttr {
                     attr: st.attr(),
                     ttl: st.kernel_ttl(&self.config),
+                });
+            }
+            if st.has_change() {
+                // The log's until sent back (a node made offline has no origin object).
+                return Ok(NodeAttr {
+                    attr: st.attr(),
+                    ttl: self.config.attr_ttl,
                 });
             }
         }
@@ -515,7 +535,20 @@ impl HoardFs {
     /// Target of symlink `ino`.
     pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
         let node = self.node(ino)?;
-        self.with_handle(&node, |h| self.origin.readlink(h))
+        if let Some(t) = self.local_target(&node) {
+            return Ok(t);
+        }
+        match self.with_handle(&node, |h| self.origin.readlink(h)) {
+            Ok(t) => {
+                node.state.lock().keep_target(&t);
+                Ok(t)
+            }
+            // Served from what was read while connected.
+            Err(FsError::Offline(why)) => {
+                node.state.lock().kept_target().ok_or(FsError::Offline(why))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Statistics of the exported file system.

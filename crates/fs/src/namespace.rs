@@ -49,12 +49,29 @@ impl HoardFs {
         let (dir, dir_id) = self.dir(parent)?;
         let since = self.callbacks.seq();
         let e = self.with_handle(&dir, op)?;
-        let ListedNode { ino, ttl, attr } = self.remember(parent, name, &e, dir_id, since);
+        let ListedNode { ino, ttl, attr } = self.remember(parent, name, &e, dir_id, since, None);
+        let listed = hoardfs_origin::DirEntry {
+            name: name.to_vec(),
+            entry: e,
+        };
+        dir.state.lock().add_local_entry(listed, ino);
+        if attr.kind == FileKind::Dir
+            && let Some(made) = self.nodes.get(ino)
+        {
+            // Empty when made: listed without asking (and served while the origin is
+            // unreachable).
+            made.state.lock().keep_listing(Arc::new(crate::Listing {
+                entries: Vec::new(),
+                fetched: std::time::Instant::now(),
+                since,
+            }));
+        }
         self.dir_changed(&dir);
         Ok(NodeEntry { ino, attr, ttl })
     }
 
-    /// A directory's content changed through this client.
+    /// A directory's content changed through this client (its kept listing has the
+    /// change, but is out of date: asked for again while the origin is reachable).
     fn dir_changed(&self, dir: &Node) {
         dir.state.lock().contents_changed();
     }
@@ -72,42 +89,30 @@ impl HoardFs {
         owner: Owner,
         make_backing: &crate::MakeBacking,
     ) -> FsResult<(NodeEntry, Opened)> {
-        let made = self.make(parent, name, |h| {
-            self.origin.create(h, name, mode, exclusive, owner)
-        });
+        let offline = |why: String| {
+            self.create_offline(
+                parent,
+                name,
+                mode,
+                exclusive,
+                access,
+                owner,
+                make_backing,
+                why,
+            )
+        };
+        let made = match self.logged(offline) {
+            Some(r) => return self.truncated_offline(r?, truncate),
+            None => self.make(parent, name, |h| {
+                self.origin.create(h, name, mode, exclusive, owner)
+            }),
+        };
         let NodeEntry {
             ino,
             mut attr,
             mut ttl,
         } = match made {
-            Err(FsError::Offline(why)) => {
-                let (entry, opened) = self.create_offline(
-                    parent,
-                    name,
-                    mode,
-                    exclusive,
-                    access,
-                    owner,
-                    make_backing,
-                    why,
-                )?;
-                if truncate && entry.attr.size > 0 {
-                    let set = SetAttrs {
-                        size: Some(0),
-                        ..Default::default()
-                    };
-                    let NodeAttr { attr, ttl } = self.setattr(entry.ino, &set)?;
-                    return Ok((
-                        NodeEntry {
-                            ino: entry.ino,
-                            attr,
-                            ttl,
-                        },
-                        opened,
-                    ));
-                }
-                return Ok((entry, opened));
-            }
+            Err(FsError::Offline(why)) => return self.truncated_offline(offline(why)?, truncate),
             r => r?,
         };
         if truncate && attr.size > 0 {
@@ -122,6 +127,45 @@ impl HoardFs {
         Ok((NodeEntry { ino, attr, ttl }, opened))
     }
 
+    /// A file opened by a create while offline, truncated if the create asked for that
+    /// (an existing file opened with `O_TRUNC`).
+    fn truncated_offline(
+        &self,
+        (entry, opened): (NodeEntry, Opened),
+        truncate: bool,
+    ) -> FsResult<(NodeEntry, Opened)> {
+        if !truncate || entry.attr.size == 0 {
+            return Ok((entry, opened));
+        }
+        let set = SetAttrs {
+            size: Some(0),
+            ..Default::default()
+        };
+        let NodeAttr { attr, ttl } = self.setattr(entry.ino, &set)?;
+        Ok((
+            NodeEntry {
+                ino: entry.ino,
+                attr,
+                ttl,
+            },
+            opened,
+        ))
+    }
+
+    /// Sends the log's changes to names back before an operation the log cannot take
+    /// (it must follow them); `Offline` if they cannot be sent now.
+    fn names_sent(&self) -> FsResult<()> {
+        if self.names_logged() {
+            self.reintegrate();
+            if self.names_logged() {
+                return Err(FsError::Offline(
+                    "earlier changes to names are not on the server yet".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Creates a special file (fifo, socket, device; `mode` includes the type bits).
     pub fn mknod(
         &self,
@@ -131,6 +175,7 @@ impl HoardFs {
         rdev: u64,
         owner: Owner,
     ) -> FsResult<NodeEntry> {
+        self.names_sent()?;
         self.make(parent, name, |h| {
             self.origin.mknod(h, name, mode, rdev, owner)
         })
@@ -138,7 +183,14 @@ impl HoardFs {
 
     /// Creates a directory.
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> FsResult<NodeEntry> {
-        self.make(parent, name, |h| self.origin.mkdir(h, name, mode, owner))
+        let offline = |why| self.make_offline(parent, name, mode, None, owner, why);
+        if let Some(r) = self.logged(offline) {
+            return r;
+        }
+        match self.make(parent, name, |h| self.origin.mkdir(h, name, mode, owner)) {
+            Err(FsError::Offline(why)) => offline(why),
+            r => r,
+        }
     }
 
     /// Creates a symbolic link `name` → `target`.
@@ -149,14 +201,34 @@ impl HoardFs {
         target: &[u8],
         owner: Owner,
     ) -> FsResult<NodeEntry> {
-        self.make(parent, name, |h| {
+        let offline = |why| self.make_offline(parent, name, 0, Some(target), owner, why);
+        if let Some(r) = self.logged(offline) {
+            return r;
+        }
+        match self.make(parent, name, |h| {
             self.origin.symlink(h, name, target, owner)
-        })
+        }) {
+            Err(FsError::Offline(why)) => offline(why),
+            Ok(e) => {
+                // Known without a readlink (served while the origin is unreachable).
+                if let Some(n) = self.nodes.get(e.ino) {
+                    n.state.lock().keep_target(target);
+                }
+                Ok(e)
+            }
+            r => r,
+        }
     }
 
     /// Creates hard link `parent/name` to `ino`.
     pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<NodeEntry> {
+        self.names_sent()?;
         let node = self.node(ino)?;
+        if self.pending_of(&node).is_some() {
+            return Err(FsError::Offline(
+                "the file's change is not on the server yet".into(),
+            ));
+        }
         let target = node.handle();
         self.make(parent, name, |h| self.origin.link(target, h, name))
     }
@@ -230,24 +302,19 @@ impl HoardFs {
         // Looked up before the round trip: the break for this very change may be handled
         // (and drop the name) before the reply is.
         let child = dir.state.lock().child(name);
-        // A file with a change not yet sent back is the log's until then, connected or
-        // not: its removal is logged too, in order (`crate::offline`).
-        if !dir_wanted
-            && let Some(node) = child.and_then(|c| self.nodes.get(c))
-            && self.pending_of(&node).is_some()
-        {
-            if !crate::offline::closed(&node) {
-                // Hiding it would rename it on the origin (or not at all) behind the
-                // log's back.
-                return Err(FsError::Offline(
-                    "a file open here with a change not yet on the server".into(),
-                ));
+        // An object with a change not yet sent back (perhaps not even made on the origin)
+        // is the log's until then, connected or not, and so are all names while the log
+        // holds changes to names: the removal is logged too, in order (`crate::offline`).
+        // (An open file is not hidden then: that would rename it behind the log's back.)
+        let child_pending = child
+            .and_then(|c| self.nodes.get(c))
+            .is_some_and(|n| self.pending_of(&n).is_some());
+        if child_pending || self.names_logged() {
+            let why = "the change is not on the server yet".to_string();
+            match self.remove_offline(parent, name, dir_wanted, why) {
+                Err(FsError::Offline(_)) if !child_pending => self.names_sent()?,
+                r => return r,
             }
-            return self.unlink_offline(
-                parent,
-                name,
-                "the file's change is not on the server yet".into(),
-            );
         }
         // Its last name, and it is open here: keep it reachable under a hidden name until
         // it is closed (module `unlinked`).
@@ -285,12 +352,12 @@ impl HoardFs {
             }
         });
         match removed {
-            Err(FsError::Offline(why)) if !dir_wanted => {
-                return self.unlink_offline(parent, name, why);
+            Err(FsError::Offline(why)) => {
+                return self.remove_offline(parent, name, dir_wanted, why);
             }
             r => r?,
         }
-        dir.state.lock().remove_child(name);
+        dir.state.lock().remove_local_entry(name);
         if let Some(child) = child.and_then(|c| self.nodes.get(c)) {
             // Its link count changed.
             self.expire_attr(&child);
@@ -315,6 +382,20 @@ impl HoardFs {
         // Looked up before the round trip (see `remove`).
         let moved = dir.state.lock().child(name);
         let replaced = new_dir.state.lock().child(new_name);
+        // Objects with a change not yet sent back are the log's, and so are all names
+        // while it holds changes to names (as in `remove`).
+        let pending = [moved, replaced]
+            .into_iter()
+            .flatten()
+            .filter_map(|i| self.nodes.get(i))
+            .any(|n| self.pending_of(&n).is_some());
+        if pending || self.names_logged() {
+            let why = "the change is not on the server yet".to_string();
+            match self.rename_offline(parent, name, new_parent, new_name, flags, why) {
+                Err(FsError::Offline(_)) if !pending => self.names_sent()?,
+                r => return r,
+            }
+        }
         let renamed = self.with_handle(&dir, |h| {
             self.origin.rename(h, name, target, new_name, flags)
         });
@@ -324,17 +405,36 @@ impl HoardFs {
             }
             r => r?,
         }
-        dir.state.lock().remove_child(name);
-        new_dir.state.lock().remove_child(new_name);
+        // The kept listings follow (for use while the origin is unreachable).
+        let entry_of = |ino: Ino, name: &[u8]| {
+            self.nodes.get(ino).map(|n| {
+                let st = n.state.lock();
+                hoardfs_origin::DirEntry {
+                    name: name.to_vec(),
+                    entry: Entry {
+                        handle: st.handle(),
+                        attr: st.origin_attr(),
+                    },
+                }
+            })
+        };
+        dir.state.lock().remove_local_entry(name);
+        new_dir.state.lock().remove_local_entry(new_name);
         if let Some(m) = moved {
-            new_dir.state.lock().add_child(new_name, m);
+            match entry_of(m, new_name) {
+                Some(e) => new_dir.state.lock().add_local_entry(e, m),
+                None => new_dir.state.lock().add_child(new_name, m),
+            }
             if let Some(n) = self.nodes.get(m) {
                 n.state.lock().moved(new_parent, new_name);
             }
         }
         if let Some(r) = replaced {
             if flags & RENAME_EXCHANGE != 0 {
-                dir.state.lock().add_child(name, r);
+                match entry_of(r, name) {
+                    Some(e) => dir.state.lock().add_local_entry(e, r),
+                    None => dir.state.lock().add_child(name, r),
+                }
                 if let Some(n) = self.nodes.get(r) {
                     n.state.lock().moved(parent, name);
                 }

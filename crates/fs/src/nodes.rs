@@ -52,6 +52,8 @@ pub struct NodeState {
     handle: Handle,
     /// Last attributes seen.
     attr: Attr,
+    /// When `attr` was installed (a listing fetched before that has older ones).
+    attr_at: std::time::Instant,
     /// How far `attr` (and `listing`) can be trusted; under a callback the origin also
     /// reports changes to a directory's names.
     freshness: Freshness,
@@ -69,39 +71,54 @@ pub struct NodeState {
     /// was open here): see [`NodeState::mark_deleted`].
     deleted: bool,
     /// Changed here while the origin was unreachable and not yet sent back
-    /// (`--offline-writes`): its size and mtime override the origin's.
+    /// (`--offline-writes`): its content, name or attributes (what it sets overrides the
+    /// origin's).
     local: Option<LocalChange>,
+    /// A symlink's target as last read, with the version it was read at (served while
+    /// the origin is unreachable).
+    target: Option<(u64, Vec<u8>)>,
 }
 
 impl NodeState {
     /// Last attributes seen, with the local size and mtime of a file changed offline.
     pub fn attr(&self) -> Attr {
-        match self.local {
-            None => self.attr,
-            Some(l) => {
-                let mut a = self.attr;
-                let t = l
-                    .mtime
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default();
-                a.size = l.size;
-                a.mtime = hoardfs_proto::Timestamp {
-                    secs: t.as_secs() as i64,
-                    nanos: t.subsec_nanos(),
-                };
-                a.ctime = a.mtime;
-                // Not the origin's version, and a new one with every local change.
-                a.version = xxhash_rust::xxh3::xxh3_64(
-                    &[
-                        self.attr.version.to_le_bytes(),
-                        l.size.to_le_bytes(),
-                        (t.as_nanos() as u64).to_le_bytes(),
-                    ]
-                    .concat(),
-                );
-                a
-            }
+        let Some(l) = self.local else {
+            return self.attr;
+        };
+        let mut a = self.attr;
+        if let Some(perm) = l.perm {
+            a.perm = perm;
         }
+        if let Some(t) = l.atime {
+            a.atime = t;
+        }
+        if let Some(m) = l.mtime {
+            let t = m.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            a.mtime = hoardfs_proto::Timestamp {
+                secs: t.as_secs() as i64,
+                nanos: t.subsec_nanos(),
+            };
+            a.ctime = a.mtime;
+        }
+        if let Some(size) = l.size {
+            a.size = size;
+            a.blocks = size.div_ceil(512);
+            let t = l
+                .mtime
+                .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+                .unwrap_or_default();
+            // Not the origin's version, and a new one with every local change of the
+            // content.
+            a.version = xxhash_rust::xxh3::xxh3_64(
+                &[
+                    self.attr.version.to_le_bytes(),
+                    size.to_le_bytes(),
+                    (t.as_nanos() as u64).to_le_bytes(),
+                ]
+                .concat(),
+            );
+        }
+        a
     }
 
     /// The attributes as the origin last reported them (without a local change).
@@ -109,9 +126,28 @@ impl NodeState {
         self.attr
     }
 
-    /// Whether the file has a change not yet sent back to the origin.
+    /// Whether the file's content is a change not yet sent back to the origin (staged
+    /// here).
     pub fn is_local(&self) -> bool {
+        self.local.is_some_and(|l| l.size.is_some())
+    }
+
+    /// Whether the object has any change not yet sent back (content, name or attributes).
+    pub fn has_change(&self) -> bool {
         self.local.is_some()
+    }
+
+    /// Keeps symlink target `t`, read at the current version.
+    pub(crate) fn keep_target(&mut self, t: &[u8]) {
+        self.target = Some((self.attr.version, t.to_vec()));
+    }
+
+    /// The symlink target kept, if read at the current version.
+    pub(crate) fn kept_target(&self) -> Option<Vec<u8>> {
+        self.target
+            .as_ref()
+            .filter(|(v, _)| *v == self.attr.version)
+            .map(|(_, t)| t.clone())
     }
 
     /// Whether the origin holds a callback for the attributes.
@@ -136,6 +172,7 @@ impl NodeState {
             self.dir.drop_listing();
         }
         self.attr = attr;
+        self.attr_at = std::time::Instant::now();
     }
 
     /// Attributes just fetched from the origin, under a callback if `callback`.
@@ -172,9 +209,10 @@ impl NodeState {
             .cloned()
     }
 
-    /// The cached listing whatever its age (served while the origin is unreachable).
+    /// The cached listing whatever its age, even out of date (served while the origin is
+    /// unreachable).
     pub(crate) fn last_listing(&self) -> Option<Arc<Listing>> {
-        self.dir.listing().cloned()
+        self.dir.last().cloned()
     }
 
     /// Keeps a freshly fetched listing.
@@ -182,11 +220,11 @@ impl NodeState {
         self.dir.keep_listing(listing);
     }
 
-    /// A name made here while the origin is unreachable (`--offline-writes`): listed
-    /// and looked up from now on (the kept listing, if any, gains the entry).
+    /// A name made here (through the origin, or while it is unreachable): listed and
+    /// looked up from now on (the kept listing, if any, gains the entry).
     pub(crate) fn add_local_entry(&mut self, entry: hoardfs_origin::DirEntry, ino: Ino) {
         self.dir.add_child(&entry.name, ino);
-        if let Some(l) = self.dir.listing() {
+        if let Some(l) = self.dir.last() {
             let mut entries: Vec<_> = l
                 .entries
                 .iter()
@@ -199,15 +237,15 @@ impl NodeState {
                 fetched: l.fetched,
                 since: l.since,
             };
-            self.dir.keep_listing(Arc::new(kept));
+            self.dir.patch_listing(Arc::new(kept));
         }
     }
 
-    /// A name removed here while the origin is unreachable: gone from the names seen and
-    /// from the kept listing.
+    /// A name removed here (through the origin, or while it is unreachable): gone from
+    /// the names seen and from the kept listing.
     pub(crate) fn remove_local_entry(&mut self, name: &[u8]) {
         self.dir.remove_child(name);
-        if let Some(l) = self.dir.listing() {
+        if let Some(l) = self.dir.last() {
             let kept = Listing {
                 entries: l
                     .entries
@@ -218,7 +256,7 @@ impl NodeState {
                 fetched: l.fetched,
                 since: l.since,
             };
-            self.dir.keep_listing(Arc::new(kept));
+            self.dir.patch_listing(Arc::new(kept));
         }
     }
 
@@ -361,6 +399,7 @@ impl NodeTable {
             state: Mutex::new(NodeState {
                 handle,
                 attr,
+                attr_at: std::time::Instant::now(),
                 freshness: Freshness::fetched(false),
                 parent,
                 name,
@@ -369,6 +408,7 @@ impl NodeTable {
                 opens: OpenState::default(),
                 deleted: false,
                 local: None,
+                target: None,
             }),
             passthrough_released: Condvar::new(),
         })
@@ -409,15 +449,18 @@ impl NodeTable {
     /// Records that the kernel learned of (`parent`, `name`) → object, creating the node if
     /// new, refreshing its handle and attributes, and counting one kernel lookup. `grant`
     /// decides, under the node's lock, whether the attributes come with a callback.
+    /// `as_of`: when the attributes were seen, if not just now (a listing's entry): a
+    /// known node with attributes installed since keeps those.
     pub fn remember(
         &self,
         parent: Ino,
         name: &[u8],
         handle: Handle,
         attr: Attr,
+        as_of: Option<std::time::Instant>,
         grant: impl FnOnce(&Attr) -> bool,
     ) -> Arc<Node> {
-        let node = {
+        let (node, known) = {
             let mut inner = self.inner.write();
             let existing = inner
                 .by_file_id
@@ -426,14 +469,16 @@ impl NodeTable {
                 .cloned();
             match existing {
                 // (A deleted node's id may have gone to a new object: never reused.)
-                Some(n) if n.kind == attr.kind && !n.state.lock().is_deleted() => n,
-                _ => Self::add(&mut inner, handle, attr, parent, name),
+                Some(n) if n.kind == attr.kind && !n.state.lock().is_deleted() => (n, true),
+                _ => (Self::add(&mut inner, handle, attr, parent, name), false),
             }
         };
         {
             let mut st = node.state.lock();
-            st.handle = handle;
-            st.install_attr(attr, grant(&attr));
+            if !known || as_of.is_none_or(|t| st.attr_at <= t) {
+                st.handle = handle;
+                st.install_attr(attr, grant(&attr));
+            }
             st.moved(parent, name);
             st.count_lookup();
         }

@@ -10,13 +10,21 @@
 //! bytes durable on this disk. A file not completely cached cannot be changed offline
 //! (`EIO`, with a warning naming the file): the client does not have its bytes.
 //!
-//! Regular files can also be created (in a directory listed while connected: a node
-//! with an id of this client's own, an empty staging file, a `Create` record) and removed
-//! (a `Remove` record, replacing a pending change of the file's content; removing a file
-//! created offline cancels it). A file created offline can be renamed to a free name, or
-//! over a file of the origin, whose content it then becomes (an editor's save).
-//! Directories, other renames, links, permissions and times still need the origin (`EIO`
-//! while it is unreachable).
+//! Names change offline too, in directories listed while connected (so that this client
+//! knows which names are free): regular files are created (a node with an id of this
+//! client's own, an empty staging file, a `Create` record), directories made (`Mkdir`,
+//! known to be empty) and symbolic links (`Symlink`, the target in the record); objects
+//! are removed (`Remove`, `Rmdir`: a directory this client knows to be empty), replacing
+//! a pending change of the object, or cancelling one made offline; any object is renamed
+//! (one made offline is made at its new name; one of the origin gets a move in its change,
+//! and the changes inside a moved directory follow it); a file created offline renamed
+//! over a file of the origin becomes that file's new content (an editor's save).
+//! Permission bits and times are kept in the object's change and set after its content.
+//! Owners, hard links, special files and exchanges still need the origin.
+//!
+//! While the log holds changes to names, this client's view of names is its own (lookups
+//! and listings are answered from it), and new changes to names are logged after them
+//! even if the origin is back, until reintegration sent them.
 //!
 //! The [`OfflineWrites`] value owns the log; the `HoardFs` methods here route the
 //! operations of files with a pending change to it.
@@ -84,15 +92,31 @@ pub(crate) fn kept(e: std::io::Error) -> FsError {
 }
 
 impl HoardFs {
-    /// The pending change of `node`'s file, if offline writes are on and it has one.
+    /// The pending change of `node`'s object (content, name or attributes), if offline
+    /// writes are on and it has one.
     pub(crate) fn pending_of(&self, node: &Node) -> Option<Arc<Pending>> {
+        self.change_of(node, false)
+    }
+
+    /// The pending change of `node`'s file whose content is staged here (reads, writes,
+    /// opens and syncs go to the staging file), if any.
+    pub(crate) fn staged_of(&self, node: &Node) -> Option<Arc<Pending>> {
+        self.change_of(node, true)
+    }
+
+    fn change_of(&self, node: &Node, content: bool) -> Option<Arc<Pending>> {
         let off = self.offline.as_ref()?;
-        // Every file with a content change in the log carries it as its local change (a
+        // Every object with a change in the log carries it as its local change (a
         // removal's node is gone from the names): the log is looked at only for those,
         // not on every read and write.
         let file_id = {
             let st = node.state.lock();
-            if !st.is_local() {
+            let marked = if content {
+                st.is_local()
+            } else {
+                st.has_change()
+            };
+            if !marked {
                 return None;
             }
             st.attr().file_id
@@ -156,11 +180,7 @@ impl HoardFs {
         if g.is_gone() {
             return Ok(None);
         }
-        let offset = if of.access.append {
-            g.local().size
-        } else {
-            offset
-        };
+        let offset = if of.access.append { g.size() } else { offset };
         g.write(offset, data).map_err(kept)?;
         p.note_size(&g);
         let local = g.local();
@@ -277,11 +297,155 @@ pub(crate) fn closed(node: &Node) -> bool {
     true
 }
 
-/// The top bit marks the file ids this client makes for files created offline (origin
+/// The top bit marks the file ids this client makes for objects created offline (origin
 /// ids of local exports are inode numbers, far below it; S3 origins are not offline).
-const LOCAL_ID: u64 = 1 << 63;
+pub(crate) const LOCAL_ID: u64 = 1 << 63;
+
+/// A timestamp for now.
+fn now_stamp() -> hoardfs_origin::Timestamp {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    hoardfs_origin::Timestamp {
+        secs: now.as_secs() as i64,
+        nanos: now.subsec_nanos(),
+    }
+}
+
+/// Why a change is logged although the origin may be reachable.
+const NAMES_WAIT: &str = "earlier changes to names are not on the server yet";
 
 impl HoardFs {
+    /// Whether new changes to names go to the log: offline writes are on and the log
+    /// still holds changes to names (they reach the origin first, in order).
+    pub(crate) fn names_logged(&self) -> bool {
+        self.offline
+            .as_ref()
+            .is_some_and(|o| o.keep_new && o.log.names_pending())
+    }
+
+    /// Whether the log holds changes to names (until they reach the origin, this
+    /// client's view of names is its own: lookups and listings are answered from it).
+    pub(crate) fn names_pending(&self) -> bool {
+        self.offline.as_ref().is_some_and(|o| o.log.names_pending())
+    }
+
+    /// Runs `op` (an offline variant of a namespace operation) instead of the origin's
+    /// when the log holds changes to names, so that the new change follows them. If the
+    /// log cannot take it, sends the log back first; `None`: go to the origin.
+    pub(crate) fn logged<T>(&self, op: impl Fn(String) -> FsResult<T>) -> Option<FsResult<T>> {
+        if !self.names_logged() {
+            return None;
+        }
+        match op(NAMES_WAIT.into()) {
+            Err(FsError::Offline(_)) => {
+                self.reintegrate();
+                self.names_logged()
+                    .then(|| Err(FsError::Offline(NAMES_WAIT.into())))
+            }
+            r => Some(r),
+        }
+    }
+
+    /// Attributes for an object made here (id of this client's own).
+    fn local_attr(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        kind: hoardfs_origin::FileKind,
+        perm: u16,
+        owner: hoardfs_origin::Owner,
+        size: u64,
+    ) -> hoardfs_origin::Attr {
+        let t = now_stamp();
+        let seed = [
+            &t.secs.to_le_bytes()[..],
+            &t.nanos.to_le_bytes(),
+            &parent.to_le_bytes(),
+            name,
+        ]
+        .concat();
+        hoardfs_origin::Attr {
+            file_id: LOCAL_ID | xxhash_rust::xxh3::xxh3_64(&seed),
+            version: 0,
+            kind,
+            perm,
+            nlink: if kind == hoardfs_origin::FileKind::Dir {
+                2
+            } else {
+                1
+            },
+            uid: owner.uid,
+            gid: owner.gid,
+            size,
+            blocks: 0,
+            rdev: 0,
+            blksize: 4096,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        }
+    }
+
+    /// The directory `parent` where a name is made offline, the made object's path, and
+    /// whether `name` is free there (`EEXIST` if not; `Offline(why)` if this client
+    /// cannot tell, because it never listed the directory).
+    fn free_name(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        why: &str,
+    ) -> FsResult<(Arc<Node>, Vec<Vec<u8>>)> {
+        let dir = self.node(parent)?;
+        if dir.kind != hoardfs_origin::FileKind::Dir {
+            return Err(hoardfs_origin::WireError::NotDir.into());
+        }
+        let (child, listed) = {
+            let st = dir.state.lock();
+            (st.child(name), st.last_listing().is_some())
+        };
+        if child.and_then(|c| self.nodes.get(c)).is_some() {
+            return Err(hoardfs_origin::WireError::Exists.into());
+        }
+        let path = self.components_of(parent);
+        let (true, Some(mut path)) = (listed, path) else {
+            return Err(FsError::Offline(why.into()));
+        };
+        path.push(name.to_vec());
+        Ok((dir, path))
+    }
+
+    /// Enters the object made here (`attr`, its change `p`) as `dir/name`: a node,
+    /// listed and looked up from now on.
+    fn add_made(
+        &self,
+        dir: &Node,
+        name: &[u8],
+        attr: hoardfs_origin::Attr,
+        p: &Pending,
+    ) -> Arc<Node> {
+        let local = p.lock().local();
+        self.nodes.set_local(attr.file_id, Some(local));
+        let handle = hoardfs_origin::Handle { epoch: 0, id: 0 };
+        let node = self
+            .nodes
+            .remember(dir.ino, name, handle, attr, None, |_| false);
+        if attr.kind == hoardfs_origin::FileKind::Dir {
+            // Empty, and known to be: names can be made in it.
+            node.state.lock().keep_listing(Arc::new(crate::Listing {
+                entries: Vec::new(),
+                fetched: std::time::Instant::now(),
+                since: self.callbacks.seq(),
+            }));
+        }
+        let entry = hoardfs_origin::DirEntry {
+            name: name.to_vec(),
+            entry: hoardfs_origin::Entry { handle, attr },
+        };
+        dir.state.lock().add_local_entry(entry, node.ino);
+        node
+    }
+
     /// Creates regular file `parent/name` while the origin is unreachable (it failed
     /// with `why`): a node with an id of this client's own, an empty staging file and a
     /// `Create` record; the name is listed and looked up from now on, and the file is
@@ -301,9 +465,8 @@ impl HoardFs {
         let Some(off) = self.offline.as_ref().filter(|o| o.keep_new) else {
             return Err(FsError::Offline(why));
         };
-        let dir = self.node(parent)?;
-        let existing = dir.state.lock().child(name);
-        if let Some(existing) = existing {
+        let existing = self.node(parent)?.state.lock().child(name);
+        if let Some(existing) = existing.filter(|e| self.nodes.get(*e).is_some()) {
             if exclusive {
                 return Err(hoardfs_origin::WireError::Exists.into());
             }
@@ -319,49 +482,11 @@ impl HoardFs {
                 opened,
             ));
         }
-        let Some(mut path) = self.components_of(parent) else {
-            return Err(FsError::Offline(why));
-        };
-        path.push(name.to_vec());
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        let t = hoardfs_origin::Timestamp {
-            secs: now.as_secs() as i64,
-            nanos: now.subsec_nanos(),
-        };
-        let seed = [
-            &now.as_nanos().to_le_bytes()[..],
-            &parent.to_le_bytes(),
-            name,
-        ]
-        .concat();
-        let attr = hoardfs_origin::Attr {
-            file_id: LOCAL_ID | xxhash_rust::xxh3::xxh3_64(&seed),
-            version: 0,
-            kind: hoardfs_origin::FileKind::File,
-            perm: (mode & 0o7777) as u16,
-            nlink: 1,
-            uid: owner.uid,
-            gid: owner.gid,
-            size: 0,
-            blocks: 0,
-            rdev: 0,
-            blksize: 4096,
-            atime: t,
-            mtime: t,
-            ctime: t,
-        };
+        let (dir, path) = self.free_name(parent, name, &why)?;
+        let kind = hoardfs_origin::FileKind::File;
+        let attr = self.local_attr(parent, name, kind, (mode & 0o7777) as u16, owner, 0);
         let p = off.log.stage_new(path, &attr).map_err(kept)?;
-        let local = p.lock().local();
-        self.nodes.set_local(attr.file_id, Some(local));
-        let handle = hoardfs_origin::Handle { epoch: 0, id: 0 };
-        let node = self.nodes.remember(parent, name, handle, attr, |_| false);
-        let entry = hoardfs_origin::DirEntry {
-            name: name.to_vec(),
-            entry: hoardfs_origin::Entry { handle, attr },
-        };
-        dir.state.lock().add_local_entry(entry, node.ino);
+        let node = self.add_made(&dir, name, attr, &p);
         tracing::info!(
             ino = node.ino,
             "the server is unreachable: a file created here is kept locally until it is back"
@@ -378,29 +503,101 @@ impl HoardFs {
         ))
     }
 
-    /// Removes file `parent/name` while the origin is unreachable (it failed with
-    /// `why`): a file created offline just goes (with its staged content); a file of
-    /// the origin gets a `Remove` record (replacing a pending change of its content).
-    /// Only a regular file this client knows and nobody has open here can be removed.
-    pub(crate) fn unlink_offline(
+    /// Makes directory `parent/name` (or, with `target`, a symbolic link to it) while the
+    /// origin is unreachable (it failed with `why`): a node with an id of this client's
+    /// own (an empty directory, known to be empty) and a `Mkdir` or `Symlink` record.
+    pub(crate) fn make_offline(
         &self,
         parent: crate::Ino,
         name: &[u8],
+        mode: u32,
+        target: Option<&[u8]>,
+        owner: hoardfs_origin::Owner,
+        why: String,
+    ) -> FsResult<crate::NodeEntry> {
+        let Some(off) = self.offline.as_ref().filter(|o| o.keep_new) else {
+            return Err(FsError::Offline(why));
+        };
+        let (dir, path) = self.free_name(parent, name, &why)?;
+        let attr = match target {
+            Some(t) => self.local_attr(
+                parent,
+                name,
+                hoardfs_origin::FileKind::Symlink,
+                0o777,
+                owner,
+                t.len() as u64,
+            ),
+            None => self.local_attr(
+                parent,
+                name,
+                hoardfs_origin::FileKind::Dir,
+                (mode & 0o7777) as u16,
+                owner,
+                0,
+            ),
+        };
+        let p = off.log.stage_made(path, &attr, target).map_err(kept)?;
+        let node = self.add_made(&dir, name, attr, &p);
+        let attr = node.state.lock().attr();
+        Ok(crate::NodeEntry {
+            ino: node.ino,
+            attr,
+            ttl: self.config.attr_ttl,
+        })
+    }
+
+    /// The target of symlink `node` if it was made offline and is not on the origin yet.
+    pub(crate) fn local_target(&self, node: &Node) -> Option<Vec<u8>> {
+        let p = self.pending_of(node)?;
+        let g = p.lock();
+        (g.record().kind == crate::cml::Kind::Symlink && !g.is_gone())
+            .then(|| g.record().target.clone())
+    }
+
+    /// Removes `parent/name` (a directory if `dir_wanted`) while the origin is
+    /// unreachable (it failed with `why`) or the log holds the object's change: an object
+    /// made offline just goes (with its staged content); one of the origin gets a
+    /// `Remove` or `Rmdir` record (replacing a pending change of its content, name or
+    /// attributes). Only an object this client knows can be removed, a file only if
+    /// nobody has it open here, a directory only if this client knows it is empty.
+    pub(crate) fn remove_offline(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        dir_wanted: bool,
         why: String,
     ) -> FsResult<()> {
+        use hoardfs_origin::{FileKind, WireError};
         let Some(off) = self.offline.as_ref() else {
             return Err(FsError::Offline(why));
         };
         let dir = self.node(parent)?;
-        let child = dir.state.lock().child(name);
-        let child = child.and_then(|c| self.nodes.get(c));
-        let Some(node) = child else {
-            return Err(FsError::Offline(why));
+        let (child, listed) = {
+            let st = dir.state.lock();
+            (st.child(name), st.last_listing().is_some())
         };
-        if node.kind != hoardfs_origin::FileKind::File {
-            return Err(FsError::Offline(why));
+        let Some(node) = child.and_then(|c| self.nodes.get(c)) else {
+            return Err(if listed && off.keep_new {
+                WireError::NotFound.into()
+            } else {
+                FsError::Offline(why)
+            });
+        };
+        let is_dir = node.kind == FileKind::Dir;
+        match (dir_wanted, is_dir) {
+            (true, false) => return Err(WireError::NotDir.into()),
+            (false, true) => return Err(WireError::IsDir.into()),
+            _ => {}
         }
-        if !closed(&node) {
+        if is_dir {
+            let listing = node.state.lock().last_listing();
+            match listing {
+                None => return Err(FsError::Offline(why)),
+                Some(l) if !l.entries.is_empty() => return Err(WireError::NotEmpty.into()),
+                Some(_) => {}
+            }
+        } else if !closed(&node) {
             return Err(FsError::Offline(why));
         }
         let base = node.state.lock().origin_attr();
@@ -414,17 +611,17 @@ impl HoardFs {
                 if g.is_gone() {
                     // Sent back meanwhile: an ordinary removal now.
                     drop(g);
-                    return self.unlink_sent(&dir, name);
+                    return self.remove_sent(&dir, name, dir_wanted);
                 }
-                if g.record().created.is_some() {
+                let rec = g.record();
+                if rec.creates() {
+                    off.log.finish(base.file_id, &mut g);
+                } else if rec.kind == crate::cml::Kind::Create {
                     // Created on the origin already, and not all of it sent: the log
                     // must finish sending it first.
                     return Err(FsError::Offline(why));
-                }
-                match g.record().kind {
-                    crate::cml::Kind::Create => off.log.finish(base.file_id, &mut g),
-                    crate::cml::Kind::Store => g.become_removal().map_err(kept)?,
-                    crate::cml::Kind::Remove => {}
+                } else if !rec.removes() {
+                    g.become_removal(is_dir).map_err(kept)?;
                 }
             }
             None if off.keep_new => {
@@ -433,7 +630,7 @@ impl HoardFs {
             None => return Err(FsError::Offline(why)),
         }
         self.nodes.set_local(base.file_id, None);
-        // The origin may give the id to a new file once this one is gone.
+        // The origin may give the id to a new object once this one is gone.
         self.nodes.unbind_file_id(node.ino, base.file_id);
         dir.state.lock().remove_local_entry(name);
         let mut st = node.state.lock();
@@ -443,14 +640,65 @@ impl HoardFs {
         }
         Ok(())
     }
+
+    /// Changes permission bits and times of `node` while the origin is unreachable (it
+    /// failed with `why`) or the log holds the object's change: kept in its change (a
+    /// `Meta` one if it has none) and applied after its content.
+    pub(crate) fn setattr_offline(
+        &self,
+        node: &Node,
+        set: &hoardfs_origin::SetAttrs,
+        why: String,
+    ) -> FsResult<NodeAttr> {
+        let Some(off) = self.offline.as_ref().filter(|o| o.keep_new) else {
+            return Err(FsError::Offline(why));
+        };
+        if set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
+            return Err(FsError::Offline(why));
+        }
+        let at = |t: &hoardfs_origin::TimeSet| match t {
+            hoardfs_origin::TimeSet::Now => now_stamp(),
+            hoardfs_origin::TimeSet::At(t) => *t,
+        };
+        let change = crate::cml::AttrChange {
+            perm: set.mode.map(|m| (m & 0o7777) as u16),
+            atime: set.atime.as_ref().map(at),
+            mtime: set.mtime.as_ref().map(at),
+        };
+        let p = match self.pending_of(node) {
+            Some(p) => p,
+            None => {
+                let Some(path) = self.components_of(node.ino) else {
+                    return Err(FsError::Offline(why));
+                };
+                let base = node.state.lock().origin_attr();
+                off.log.stage_meta(path, &base).map_err(kept)?
+            }
+        };
+        let mut g = p.lock();
+        if g.is_gone() {
+            return Err(FsError::Offline("sent back meanwhile: try again".into()));
+        }
+        g.set_attrs(change).map_err(kept)?;
+        let local = g.local();
+        drop(g);
+        self.nodes.set_local(p.file_id, Some(local));
+        let st = node.state.lock();
+        Ok(NodeAttr {
+            attr: st.attr(),
+            ttl: self.config.attr_ttl,
+        })
+    }
 }
 
 impl HoardFs {
     /// Renames `parent/name` to `new_parent/new_name` while the origin is unreachable (it
-    /// failed with `why`), for a file created offline: to a free name (its creation moves
-    /// there), or over a file of the origin this client knows (an editor's save: that
-    /// file's content becomes the new one, from the version this client last saw). Other
-    /// renames need the origin.
+    /// failed with `why`) or the log holds changes to names. An object made offline is
+    /// made at the new name; one of the origin gets (or its change gains) the move, and
+    /// the changes inside a moved directory follow it. A name replaced is removed first
+    /// (logged as any removal), except that a file created offline renamed over a file of
+    /// the origin (an editor's save) becomes that file's new content, from the version
+    /// this client last saw. Exchanges need the origin.
     pub(crate) fn rename_offline(
         &self,
         parent: crate::Ino,
@@ -460,6 +708,7 @@ impl HoardFs {
         flags: u32,
         why: String,
     ) -> FsResult<()> {
+        use hoardfs_origin::{FileKind, WireError};
         let Some(off) = self.offline.as_ref().filter(|o| o.keep_new) else {
             return Err(FsError::Offline(why));
         };
@@ -467,96 +716,191 @@ impl HoardFs {
             return Err(FsError::Offline(why));
         }
         let (dir, new_dir) = (self.node(parent)?, self.node(new_parent)?);
-        let src = dir.state.lock().child(name);
-        let src = src.and_then(|c| self.nodes.get(c));
-        let Some(src) = src else {
-            return Err(FsError::Offline(why));
+        if new_dir.kind != FileKind::Dir {
+            return Err(WireError::NotDir.into());
+        }
+        let (src, listed) = {
+            let st = dir.state.lock();
+            (st.child(name), st.last_listing().is_some())
         };
-        let src_attr = src.state.lock().origin_attr();
-        let created = off.log.get(src_attr.file_id).filter(|p| {
-            let g = p.lock();
-            g.record().kind == crate::cml::Kind::Create && g.record().created.is_none()
-        });
-        let (Some(p), Some(mut path)) = (created, self.components_of(new_parent)) else {
-            return Err(FsError::Offline(why));
+        let Some(src) = src.and_then(|c| self.nodes.get(c)) else {
+            return Err(if listed {
+                WireError::NotFound.into()
+            } else {
+                FsError::Offline(why)
+            });
         };
-        path.push(new_name.to_vec());
-        let dst = new_dir.state.lock().child(new_name);
-        let dst = dst
-            .and_then(|c| self.nodes.get(c))
-            .filter(|d| d.ino != src.ino);
+        let (dst, new_listed) = {
+            let st = new_dir.state.lock();
+            (st.child(new_name), st.last_listing().is_some())
+        };
+        let dst = dst.and_then(|c| self.nodes.get(c));
+        if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
+            return Ok(());
+        }
+        if dst.is_none() && !new_listed {
+            return Err(FsError::Offline(why));
+        }
         if dst.is_some() && flags & hoardfs_origin::RENAME_NOREPLACE != 0 {
-            return Err(hoardfs_origin::WireError::Exists.into());
+            return Err(WireError::Exists.into());
         }
-        match dst {
-            None => {
-                let mut g = p.lock();
-                if g.is_gone() {
-                    return Err(FsError::Offline(why));
+        if src.kind == FileKind::Dir {
+            // Not into itself.
+            let mut cur = new_parent;
+            while cur != crate::ROOT_INO {
+                if cur == src.ino {
+                    return Err(WireError::Invalid.into());
                 }
-                g.moved_to(path).map_err(kept)?;
-                drop(g);
-                dir.state.lock().remove_local_entry(name);
-                src.state.lock().moved(new_parent, new_name);
-                let entry = hoardfs_origin::DirEntry {
-                    name: new_name.to_vec(),
-                    entry: hoardfs_origin::Entry {
-                        handle: src.handle(),
-                        attr: src_attr,
-                    },
-                };
-                new_dir.state.lock().add_local_entry(entry, src.ino);
-                Ok(())
+                cur = self.node(cur)?.state.lock().parent();
             }
-            Some(d) => {
-                let (d_attr, d_handle) = {
-                    let st = d.state.lock();
-                    (st.origin_attr(), st.handle())
-                };
-                if d.kind != hoardfs_origin::FileKind::File
-                    || d_attr.file_id & LOCAL_ID != 0
-                    || !closed(&d)
-                {
-                    return Err(FsError::Offline(why));
-                }
-                let mut g = p.lock();
-                if g.is_gone() {
-                    return Err(FsError::Offline(why));
-                }
-                let from = g.data_path().to_path_buf();
-                let target = off.log.adopt(path, &d_attr, &from).map_err(kept)?;
+        }
+        let (Some(mut old_path), Some(mut new_path)) =
+            (self.components_of(parent), self.components_of(new_parent))
+        else {
+            return Err(FsError::Offline(why));
+        };
+        old_path.push(name.to_vec());
+        new_path.push(new_name.to_vec());
+        let src_attr = src.state.lock().origin_attr();
+        let change = off
+            .log
+            .get(src_attr.file_id)
+            .filter(|p| !p.lock().is_gone());
+        let (created, half_sent) = change.as_ref().map_or((false, false), |p| {
+            let g = p.lock();
+            let r = g.record();
+            (
+                r.kind == crate::cml::Kind::Create && r.creates(),
+                r.kind == crate::cml::Kind::Create && !r.creates(),
+            )
+        });
+        if half_sent {
+            // Created on the origin already, and not all of it sent.
+            return Err(FsError::Offline(why));
+        }
+        if let Some(d) = &dst {
+            match (src.kind == FileKind::Dir, d.kind == FileKind::Dir) {
+                (true, false) => return Err(WireError::NotDir.into()),
+                (false, true) => return Err(WireError::IsDir.into()),
+                _ => {}
+            }
+            let d_attr = d.state.lock().origin_attr();
+            if created && d.kind == FileKind::File && d_attr.file_id & LOCAL_ID == 0 {
+                let p = change.expect("a created file has its change");
+                return self.save_over(
+                    &p,
+                    &src,
+                    d,
+                    (&dir, name),
+                    (&new_dir, new_name),
+                    new_path,
+                    &why,
+                );
+            }
+            self.remove_offline(new_parent, new_name, d.kind == FileKind::Dir, why.clone())?;
+        }
+        let p = match change {
+            Some(p) => p,
+            None => off
+                .log
+                .stage_meta(old_path.clone(), &src_attr)
+                .map_err(kept)?,
+        };
+        {
+            let mut g = p.lock();
+            if g.is_gone() {
+                return Err(FsError::Offline("sent back meanwhile: try again".into()));
+            }
+            g.moved_to(new_path.clone()).map_err(kept)?;
+            if g.is_void() {
+                // Back at its name on the origin, nothing else changed.
                 off.log.finish(src_attr.file_id, &mut g);
-                drop(g);
-                let local = target.lock().local();
-                // The renamed node is the origin's file now (as the kernel sees it: the
-                // name leads to the renamed inode); the replaced node is gone.
                 self.nodes.set_local(src_attr.file_id, None);
-                self.nodes.unbind_file_id(d.ino, d_attr.file_id);
-                d.state.lock().mark_deleted();
-                let entry = hoardfs_origin::Entry {
-                    handle: d_handle,
-                    attr: d_attr,
-                };
-                self.nodes.rebind(src.ino, src_attr.file_id, &entry);
-                self.nodes.set_local(d_attr.file_id, Some(local));
-                src.state.lock().moved(new_parent, new_name);
-                dir.state.lock().remove_local_entry(name);
-                let listed = hoardfs_origin::DirEntry {
-                    name: new_name.to_vec(),
-                    entry,
-                };
-                new_dir.state.lock().add_local_entry(listed, src.ino);
-                Ok(())
+            } else {
+                self.nodes.set_local(src_attr.file_id, Some(g.local()));
             }
         }
+        if src.kind == FileKind::Dir {
+            off.log
+                .moved_under(&old_path, &new_path, false, &[p.seq].into())
+                .map_err(kept)?;
+        }
+        dir.state.lock().remove_local_entry(name);
+        src.state.lock().moved(new_parent, new_name);
+        let entry = hoardfs_origin::DirEntry {
+            name: new_name.to_vec(),
+            entry: hoardfs_origin::Entry {
+                handle: src.handle(),
+                attr: src_attr,
+            },
+        };
+        new_dir.state.lock().add_local_entry(entry, src.ino);
+        Ok(())
     }
-}
 
-impl HoardFs {
-    /// Removes `dir/name` on the origin (a file whose pending change was sent back while
-    /// its removal waited for the log).
-    fn unlink_sent(&self, dir: &Node, name: &[u8]) -> FsResult<()> {
-        self.with_handle(dir, |h| self.origin.unlink(h, name))?;
+    /// A file created offline (`src`, its change `p`) renamed over file `d` of the origin
+    /// (an editor's save): `d`'s content becomes the new one, from the version this client
+    /// last saw; the renamed node answers for `d` from now on.
+    #[allow(clippy::too_many_arguments)]
+    fn save_over(
+        &self,
+        p: &Pending,
+        src: &Node,
+        d: &Node,
+        (dir, name): (&Node, &[u8]),
+        (new_dir, new_name): (&Node, &[u8]),
+        path: Vec<Vec<u8>>,
+        why: &str,
+    ) -> FsResult<()> {
+        let off = self.offline.as_ref().expect("offline writes are on");
+        let src_attr = src.state.lock().origin_attr();
+        let (d_attr, d_handle) = {
+            let st = d.state.lock();
+            (st.origin_attr(), st.handle())
+        };
+        if !closed(d) {
+            return Err(FsError::Offline(why.into()));
+        }
+        let mut g = p.lock();
+        if g.is_gone() {
+            return Err(FsError::Offline(why.into()));
+        }
+        let from = g.data_path().to_path_buf();
+        let target = off.log.adopt(path, &d_attr, &from).map_err(kept)?;
+        off.log.finish(src_attr.file_id, &mut g);
+        drop(g);
+        let local = target.lock().local();
+        // The renamed node is the origin's file now (as the kernel sees it: the name leads
+        // to the renamed inode); the replaced node is gone.
+        self.nodes.set_local(src_attr.file_id, None);
+        self.nodes.unbind_file_id(d.ino, d_attr.file_id);
+        d.state.lock().mark_deleted();
+        let entry = hoardfs_origin::Entry {
+            handle: d_handle,
+            attr: d_attr,
+        };
+        self.nodes.rebind(src.ino, src_attr.file_id, &entry);
+        self.nodes.set_local(d_attr.file_id, Some(local));
+        src.state.lock().moved(new_dir.ino, new_name);
+        dir.state.lock().remove_local_entry(name);
+        let listed = hoardfs_origin::DirEntry {
+            name: new_name.to_vec(),
+            entry,
+        };
+        new_dir.state.lock().add_local_entry(listed, src.ino);
+        Ok(())
+    }
+
+    /// Removes `dir/name` on the origin (an object whose pending change was sent back
+    /// while its removal waited for the log).
+    fn remove_sent(&self, dir: &Node, name: &[u8], is_dir: bool) -> FsResult<()> {
+        self.with_handle(dir, |h| {
+            if is_dir {
+                self.origin.rmdir(h, name)
+            } else {
+                self.origin.unlink(h, name)
+            }
+        })?;
         dir.state.lock().remove_child(name);
         dir.state.lock().contents_changed();
         Ok(())

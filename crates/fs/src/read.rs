@@ -195,7 +195,7 @@ impl HoardFs {
             self.check_writable()?;
         }
         let node = self.file_node(ino)?;
-        if self.pending_of(&node).is_some() {
+        if self.staged_of(&node).is_some() {
             return Ok(self.open_pending(node, access));
         }
         let (before, attr) = self.validated_attr(&node)?;
@@ -377,7 +377,7 @@ impl HoardFs {
         size: u32,
     ) -> FsResult<ReadData> {
         Stats::add(&self.stats.reads, 1);
-        if let Some(p) = self.pending_of(&of.node)
+        if let Some(p) = self.staged_of(&of.node)
             && let Some(data) = self.read_pending(&p, offset, size)?
         {
             return Ok(data);

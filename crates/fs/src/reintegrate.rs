@@ -28,8 +28,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use hoardfs_origin::{Entry, Handle, Owner, SetAttrs, WireError};
 
-use crate::cml::{Conflict, Inner, Kind, Pending, Phase, now_secs};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
+
+use crate::cml::{Conflict, Inner, Kind, Pending, Phase, Record, now_secs};
 
 use crate::nodes::Ino;
 use crate::{FsError, FsResult, HoardFs};
@@ -50,8 +53,8 @@ pub struct Reintegrated {
 
 /// How a change went back.
 enum Outcome {
-    /// Written over its file, which now has these attributes (and this node, if known).
-    Sent(hoardfs_origin::Attr, Option<Ino>),
+    /// Written over its object, which now has this entry (and this node, if known).
+    Sent(Entry, Option<Ino>),
     /// Created as this origin object (and this node, if known).
     Created(Entry, Option<Ino>),
     /// Removed (or found gone already).
@@ -92,98 +95,110 @@ fn shown(path: &[Vec<u8>]) -> String {
     s
 }
 
+/// Which of `records` can be sent now: those that wait for no other change. A change
+/// waits while
+/// 1. it puts something at a name another change has yet to take away there (a removal,
+///    or a rename away);
+/// 2. it lies (or puts something) inside a directory not in place on the origin yet (made
+///    offline, or moved there);
+/// 3. it lies inside a directory that moves on the origin (its path there follows the
+///    move once sent);
+/// 4. it removes a directory that other changes have yet to leave.
+///
+/// Chains of renames that wait for each other (a swap) are broken by
+/// `HoardFs::break_cycle`.
+fn ready(records: &[(Arc<Pending>, Record)]) -> Vec<Arc<Pending>> {
+    let mut vacating: HashMap<&[Vec<u8>], u64> = HashMap::new();
+    let mut placing: HashSet<&[Vec<u8>]> = HashSet::new();
+    let mut moving: HashSet<&[Vec<u8>]> = HashSet::new();
+    let mut occupied: HashSet<&[Vec<u8>]> = HashSet::new();
+    for (_, r) in records {
+        if r.vacates() {
+            vacating.insert(r.origin_loc(), r.seq);
+        }
+        if r.places() {
+            placing.insert(&r.path);
+        }
+        if r.renames() {
+            moving.insert(r.origin_loc());
+        }
+        let loc = r.origin_loc();
+        for i in 1..loc.len() {
+            occupied.insert(&loc[..i]);
+        }
+    }
+    let inside = |path: &[Vec<u8>], set: &HashSet<&[Vec<u8>]>| {
+        (1..path.len()).any(|i| set.contains(&path[..i]))
+    };
+    records
+        .iter()
+        .filter(|(_, r)| {
+            let waits = (r.places()
+                && vacating.get(r.path.as_slice()).is_some_and(|s| *s != r.seq))
+                || inside(&r.path, &placing)
+                || inside(r.origin_loc(), &placing)
+                || inside(r.origin_loc(), &moving)
+                || (r.kind == Kind::Rmdir && occupied.contains(r.origin_loc()));
+            !waits
+        })
+        .map(|(p, _)| p.clone())
+        .collect()
+}
+
+/// Where a path leads on the origin: its directory (if there) and its entry (if any).
+type Found = (Option<Handle>, Option<Entry>);
+
+/// How a rename went back.
+enum Moved {
+    /// The object is where the change says (perhaps under a conflict name: noted).
+    Done(Option<Conflict>),
+    /// The object is no longer where the origin had it.
+    Lost,
+}
+
 impl HoardFs {
-    /// Sends pending offline changes back, oldest first, until one cannot be sent because
-    /// the origin is unreachable. Safe to call at any time and from any thread (one pass
+    /// Sends pending offline changes back, in an order that respects their dependencies
+    /// (see [`ready`]), until none is left or none can be sent now (the origin is
+    /// unreachable, or refuses). Safe to call at any time and from any thread (one pass
     /// at a time).
     pub fn reintegrate(&self) -> Reintegrated {
         let Some(off) = &self.offline else {
             return Reintegrated::default();
         };
         let _one_pass = self.reintegrating.lock();
-        // One change per path per pass, the oldest: a file removed and another created
-        // under its name must reach the origin in that order (the next pass sends the
-        // rest).
-        // Removals go first: a file created offline may have been renamed to a name
-        // whose (older) file was removed after it was created.
-        let pending: Vec<_> = off
-            .log
-            .all()
-            .into_iter()
-            .map(|p| {
-                let (path, kind) = {
-                    let g = p.lock();
-                    (g.record().path.clone(), g.record().kind)
-                };
-                (p, path, kind)
-            })
-            .collect();
-        let removing: std::collections::HashSet<_> = pending
-            .iter()
-            .filter(|(_, _, k)| *k == Kind::Remove)
-            .map(|(_, path, _)| path.clone())
-            .collect();
-        let mut paths = std::collections::HashSet::new();
-        let (all, waiting): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(_, path, kind)| {
-            (*kind == Kind::Remove || !removing.contains(path)) && paths.insert(path.clone())
-        });
-        let all: Vec<_> = all.into_iter().map(|(p, _, _)| p).collect();
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let stopped = std::sync::atomic::AtomicBool::new(false);
-        let totals = parking_lot::Mutex::new((Reintegrated::default(), Vec::new()));
-        // Changes of different files are independent: a few are sent at once (each
-        // costs round trips and a server fsync), oldest first.
-        let workers = SENDERS.min(all.len());
-        std::thread::scope(|scope| {
-            for _ in 0..workers {
-                scope.spawn(|| {
-                    loop {
-                        let i = next.fetch_add(1, Ordering::SeqCst);
-                        let Some(p) = all.get(i) else { return };
-                        if stopped.load(Ordering::SeqCst) {
-                            totals.lock().0.left += 1;
-                            continue;
-                        }
-                        let outcome = self.send_back(p);
-                        let mut t = totals.lock();
-                        match outcome {
-                            Ok(Some(Outcome::Sent(_, ino) | Outcome::Created(_, ino))) => {
-                                t.0.sent += 1;
-                                t.1.extend(ino);
-                            }
-                            Ok(Some(Outcome::Removed)) => t.0.sent += 1,
-                            Ok(Some(Outcome::Conflict(c))) => {
-                                tracing::warn!(
-                                    "conflict: {} changed on the server while this client \
-                                     changed it offline ({}); this client's version is at {}",
-                                    c.path,
-                                    c.reason,
-                                    c.copy
-                                );
-                                off.log.record_conflict(&c);
-                                t.0.conflicts += 1;
-                            }
-                            Ok(None) => {}
-                            Err(FsError::Offline(why)) => {
-                                tracing::debug!("reintegration paused: {why}");
-                                stopped.store(true, Ordering::SeqCst);
-                                t.0.left += 1;
-                            }
-                            Err(e) => {
-                                tracing::error!(
-                                    file_id = p.file_id,
-                                    "an offline change cannot be sent back now (kept, tried \
-                                     again later): {e}"
-                                );
-                                t.0.left += 1;
-                            }
-                        }
-                    }
-                });
+        let had_names = off.log.names_pending();
+        let mut total = Reintegrated::default();
+        let mut sent = Vec::new();
+        let mut breaks = 0;
+        loop {
+            let records = off.log.records();
+            if records.is_empty() {
+                break;
             }
-        });
-        let (mut r, sent) = totals.into_inner();
-        r.left += waiting.len() as u64;
+            let now = ready(&records);
+            if now.is_empty() {
+                breaks += 1;
+                if breaks <= records.len() && self.break_cycle(&records) {
+                    continue;
+                }
+                tracing::warn!(
+                    "{} offline change(s) wait for each other and cannot be sent",
+                    records.len()
+                );
+                break;
+            }
+            let (r, inos, stopped) = self.send_pass(&now);
+            total.sent += r.sent;
+            total.conflicts += r.conflicts;
+            sent.extend(inos);
+            if stopped || r.sent + r.conflicts == 0 {
+                break;
+            }
+        }
+        total.left = off.log.count() as u64;
+        if had_names && !off.log.names_pending() {
+            self.names_sent_back();
+        }
         // Cached again (fetched at the origin's new version), so that the files can be
         // changed offline at the next disconnection; after the log is empty, not before.
         for ino in sent {
@@ -191,7 +206,126 @@ impl HoardFs {
                 tracing::debug!(ino, "refetching a file sent back failed: {e}");
             }
         }
-        r
+        total
+    }
+
+    /// Sends the changes `now` (independent of each other), [`SENDERS`] at a time; returns
+    /// what was done, the nodes of files sent, and whether the origin went away.
+    fn send_pass(&self, now: &[Arc<Pending>]) -> (Reintegrated, Vec<Ino>, bool) {
+        let off = self.offline.as_ref().expect("offline writes are on");
+        let sending: HashSet<u64> = now.iter().map(|p| p.seq).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let stopped = std::sync::atomic::AtomicBool::new(false);
+        let totals = parking_lot::Mutex::new((Reintegrated::default(), Vec::new()));
+        let record = |c: &Conflict| {
+            tracing::warn!(
+                "conflict: {} ({}); this client's version is at {}",
+                c.path,
+                c.reason,
+                c.copy
+            );
+            off.log.record_conflict(c);
+        };
+        // Changes of different objects are independent: a few are sent at once (each
+        // costs round trips and a server fsync), oldest first.
+        std::thread::scope(|scope| {
+            for _ in 0..SENDERS.min(now.len()) {
+                scope.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        let Some(p) = now.get(i) else { return };
+                        if stopped.load(Ordering::SeqCst) {
+                            continue;
+                        }
+                        let outcome = self.send_back(p, &sending);
+                        let mut t = totals.lock();
+                        match outcome {
+                            Ok(Some((outcome, noted))) => {
+                                if let Some(c) = &noted {
+                                    record(c);
+                                    t.0.conflicts += 1;
+                                }
+                                match outcome {
+                                    Outcome::Sent(_, ino) | Outcome::Created(_, ino) => {
+                                        t.0.sent += 1;
+                                        t.1.extend(ino);
+                                    }
+                                    Outcome::Removed => t.0.sent += 1,
+                                    Outcome::Conflict(c) => {
+                                        record(&c);
+                                        t.0.conflicts += 1;
+                                    }
+                                }
+                            }
+                            Ok(None) => {}
+                            Err(FsError::Offline(why)) => {
+                                tracing::debug!("reintegration paused: {why}");
+                                stopped.store(true, Ordering::SeqCst);
+                            }
+                            Err(e) => {
+                                tracing::error!(
+                                    file_id = p.file_id,
+                                    "an offline change cannot be sent back now (kept, tried \
+                                     again later): {e}"
+                                );
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let (r, inos) = totals.into_inner();
+        (r, inos, stopped.load(Ordering::SeqCst))
+    }
+
+    /// Renames waiting for each other (a swap, `a→b` and `b→a`): the oldest one's object
+    /// moves on the origin to a temporary name next to it, so the others can go. Returns
+    /// whether one moved.
+    fn break_cycle(&self, records: &[(Arc<Pending>, Record)]) -> bool {
+        let Some((p, r)) = records.iter().find(|(_, r)| r.renames()) else {
+            return false;
+        };
+        let r = r.clone();
+        let moved = (|| -> FsResult<bool> {
+            let root = self.origin.info()?.root.handle;
+            let (Some(dir), Some(e)) = self.find(root, r.origin_loc())? else {
+                return Ok(false);
+            };
+            if e.attr.file_id != r.file_id {
+                return Ok(false);
+            }
+            let (name, parent) = r.origin_loc().split_last().expect("a path has a name");
+            let temp = format!(".hoardfs-moving-{}", r.seq).into_bytes();
+            self.origin
+                .rename(dir, name, dir, &temp, hoardfs_origin::RENAME_NOREPLACE)?;
+            let mut at = parent.to_vec();
+            at.push(temp);
+            let off = self.offline.as_ref().expect("offline writes are on");
+            let mut g = p.lock();
+            off.log
+                .moved_under(r.origin_loc(), &at, true, &[p.seq].into())
+                .map_err(crate::offline::kept)?;
+            g.moved_on_origin(at).map_err(crate::offline::kept)?;
+            Ok(true)
+        })();
+        moved.unwrap_or_else(|e| {
+            tracing::warn!("cannot move a renamed object out of the way: {e}");
+            false
+        })
+    }
+
+    /// Every name of this client's view was sent back: directories are asked again
+    /// (their names on the origin may differ where conflicts were kept).
+    fn names_sent_back(&self) {
+        for node in self.nodes.all() {
+            if node.kind != hoardfs_origin::FileKind::Dir {
+                continue;
+            }
+            node.state.lock().expire();
+            if let Some(n) = self.notifier.get() {
+                n.inval_inode(node.ino);
+            }
+        }
     }
 
     /// Number of changes waiting to be sent back.
@@ -199,41 +333,322 @@ impl HoardFs {
         self.offline.as_ref().map_or(0, |o| o.log.count() as u64)
     }
 
-    /// Sends one change back (under its lock, so writes to the file wait); `None` if it
-    /// was done already.
-    fn send_back(&self, p: &Pending) -> FsResult<Option<Outcome>> {
-        let off = self
-            .offline
-            .as_ref()
-            .expect("called with offline writes on");
-        let mut g = p.lock();
-        if g.is_gone() {
-            return Ok(None);
-        }
-        let rec = g.record().clone();
-        let Some((name, dirs)) = rec.path.split_last() else {
+    /// Walks `path` from `root` on the origin: its directory's handle (`None` if a
+    /// component is gone) and its entry (`None` if absent).
+    fn find(&self, root: Handle, path: &[Vec<u8>]) -> FsResult<Found> {
+        let Some((name, dirs)) = path.split_last() else {
             return Err(FsError::Origin(WireError::Invalid));
         };
-        let root = self.origin.info()?.root.handle;
-        let mut dir = Some(root);
+        let mut dir = root;
         for c in dirs {
-            let Some(d) = dir else { break };
-            dir = match self.origin.lookup(d, c) {
-                Ok(e) => Some(e.handle),
+            dir = match self.origin.lookup(dir, c) {
+                Ok(e) if e.attr.kind == hoardfs_origin::FileKind::Dir => e.handle,
+                Ok(_) => return Ok((None, None)),
                 Err(hoardfs_origin::OriginError::Fs(WireError::NotFound | WireError::NotDir)) => {
-                    None
+                    return Ok((None, None));
                 }
                 Err(e) => return Err(e.into()),
             };
         }
-        let found = match dir {
-            Some(d) => match self.origin.lookup(d, name) {
-                Ok(e) => Some(e),
-                Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => None,
+        match self.origin.lookup(dir, name) {
+            Ok(e) => Ok((Some(dir), Some(e))),
+            Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => Ok((Some(dir), None)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Sends one change back (under its lock, so writes to the object wait): its move,
+    /// then its creation, content or removal, then its permission bits and times. `None`
+    /// if it was done already, or cannot be done yet. `sending`: the changes of this pass.
+    fn send_back(
+        &self,
+        p: &Pending,
+        sending: &HashSet<u64>,
+    ) -> FsResult<Option<(Outcome, Option<Conflict>)>> {
+        let mut g = p.lock();
+        if g.is_gone() {
+            return Ok(None);
+        }
+        let root = self.origin.info()?.root.handle;
+        let mut noted = None;
+        let before = g.record().path.clone();
+        if g.record().renames() {
+            match self.send_rename(&mut g, root, sending)? {
+                Moved::Done(c) => noted = c,
+                Moved::Lost if g.record().has_content() => {
+                    // Its content goes to a conflict copy at the name it was given.
+                    let at = g.record().path.clone();
+                    g.placed_at(at).map_err(crate::offline::kept)?;
+                }
+                Moved::Lost => {
+                    let rec = g.record();
+                    noted = Some(Conflict {
+                        at: now_secs(),
+                        path: shown(rec.origin_loc()),
+                        copy: shown(&rec.path),
+                        reason: "renamed here, but removed or replaced on the server: not \
+                                 renamed"
+                            .into(),
+                    });
+                    let c = noted.take().expect("just set");
+                    return self.finish_change(p, g, Outcome::Conflict(c), None);
+                }
+            }
+        }
+        let rec = g.record().clone();
+        let outcome = match rec.kind {
+            Kind::Mkdir | Kind::Symlink => self.send_made(&mut g, root, sending, &mut noted)?,
+            Kind::Rmdir => self.send_rmdir(&rec, root)?,
+            Kind::Meta => match self.find(root, &rec.path)? {
+                (_, Some(e)) if e.attr.file_id == rec.file_id => Outcome::Sent(e, None),
+                _ => Outcome::Conflict(Conflict {
+                    at: now_secs(),
+                    path: shown(&rec.path),
+                    copy: shown(&rec.path),
+                    reason: "permissions or times changed here, but removed or replaced on \
+                             the server"
+                        .into(),
+                }),
+            },
+            Kind::Store | Kind::Create | Kind::Remove => match self.send_file(&mut g, root)? {
+                Some(o) => o,
+                None => return Ok(None),
+            },
+        };
+        let outcome = match outcome {
+            Outcome::Sent(e, ino) => Outcome::Sent(self.send_attrs(&rec, e)?, ino),
+            Outcome::Created(e, ino) => Outcome::Created(self.send_attrs(&rec, e)?, ino),
+            o => o,
+        };
+        let renamed_to = (g.record().path != before).then(|| g.record().path.clone());
+        self.finish_change(p, g, outcome, renamed_to)
+            .map(|o| o.map(|(o, c)| (o, c.or(noted))))
+    }
+
+    /// Sets the change's permission bits and times on the origin's object `e`; returns
+    /// its entry after.
+    fn send_attrs(&self, rec: &Record, e: Entry) -> FsResult<Entry> {
+        if rec.set.is_empty() {
+            return Ok(e);
+        }
+        let set = SetAttrs {
+            mode: rec.set.perm.map(u32::from),
+            atime: rec.set.atime.map(hoardfs_origin::TimeSet::At),
+            mtime: rec.set.mtime.map(hoardfs_origin::TimeSet::At),
+            ..Default::default()
+        };
+        let attr = self.origin.setattr(e.handle, &set)?;
+        Ok(Entry {
+            handle: e.handle,
+            attr,
+        })
+    }
+
+    /// Moves the change's object on the origin from where the origin has it to the
+    /// change's path (under a conflict name if that is taken; left where it is if the
+    /// directory it moved to is gone). The changes inside it follow first, durably, so
+    /// that a crash in between leaves them where the origin will have them.
+    fn send_rename(&self, g: &mut Inner, root: Handle, sending: &HashSet<u64>) -> FsResult<Moved> {
+        let off = self.offline.as_ref().expect("offline writes are on");
+        let rec = g.record().clone();
+        let from = rec.origin_loc().to_vec();
+        let (src_dir, found) = self.find(root, &from)?;
+        let (src_dir, e) = match (src_dir, found) {
+            (Some(d), Some(e)) if e.attr.file_id == rec.file_id => (d, e),
+            _ => {
+                // Sent already (a client killed before it noted that)?
+                if let (_, Some(e)) = self.find(root, &rec.path)?
+                    && e.attr.file_id == rec.file_id
+                {
+                    g.arrived().map_err(crate::offline::kept)?;
+                    return Ok(Moved::Done(None));
+                }
+                return Ok(Moved::Lost);
+            }
+        };
+        let _ = e;
+        let (dst_dir, taken) = self.find(root, &rec.path)?;
+        let kept = crate::offline::kept;
+        let Some(dst_dir) = dst_dir else {
+            // The directory it moved to is gone on the origin: it stays where it is.
+            g.placed_at(from.clone()).map_err(kept)?;
+            off.log
+                .moved_under(&rec.path, &from, false, sending)
+                .map_err(kept)?;
+            return Ok(Moved::Done(Some(Conflict {
+                at: now_secs(),
+                path: shown(&rec.path),
+                copy: shown(&from),
+                reason: "moved here into a directory removed on the server: left at its \
+                         old name"
+                    .into(),
+            })));
+        };
+        let (name, parent) = rec.path.split_last().expect("a path has a name");
+        let src_name = from.last().expect("a path has a name");
+        let mut to = rec.path.clone();
+        let mut noted = None;
+        // What lies inside it follows it, before it moves.
+        off.log
+            .moved_under(&from, &rec.path, true, sending)
+            .map_err(kept)?;
+        let moved = if taken.is_none() {
+            self.origin.rename(
+                src_dir,
+                src_name,
+                dst_dir,
+                name,
+                hoardfs_origin::RENAME_NOREPLACE,
+            )
+        } else {
+            Err(hoardfs_origin::OriginError::Fs(WireError::Exists))
+        };
+        match moved {
+            Ok(()) => {}
+            Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => {
+                let host = off.host.clone();
+                let (copy, ()) = self.conflict_name(name, &host, |n| {
+                    self.origin.rename(
+                        src_dir,
+                        src_name,
+                        dst_dir,
+                        n,
+                        hoardfs_origin::RENAME_NOREPLACE,
+                    )
+                })?;
+                to = parent.to_vec();
+                to.push(copy);
+                off.log
+                    .moved_under(&rec.path, &to, true, sending)
+                    .map_err(kept)?;
+                off.log
+                    .moved_under(&rec.path, &to, false, sending)
+                    .map_err(kept)?;
+                noted = Some(Conflict {
+                    at: now_secs(),
+                    path: shown(&rec.path),
+                    copy: shown(&to),
+                    reason: "renamed here to a name taken on the server".into(),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        g.placed_at(to).map_err(kept)?;
+        Ok(Moved::Done(noted))
+    }
+
+    /// Makes the directory or symbolic link of the change on the origin (a directory of
+    /// the same name there is taken as it; another name taken, or the directory gone,
+    /// gives a conflict name).
+    fn send_made(
+        &self,
+        g: &mut Inner,
+        root: Handle,
+        sending: &HashSet<u64>,
+        noted: &mut Option<Conflict>,
+    ) -> FsResult<Outcome> {
+        use hoardfs_origin::FileKind;
+        let off = self.offline.as_ref().expect("offline writes are on");
+        let kept = crate::offline::kept;
+        let rec = g.record().clone();
+        let owner = Owner {
+            uid: rec.uid,
+            gid: rec.gid,
+        };
+        let is_dir = rec.kind == Kind::Mkdir;
+        let make = |dir: Handle, name: &[u8]| {
+            if is_dir {
+                self.origin.mkdir(dir, name, u32::from(rec.perm), owner)
+            } else {
+                self.origin.symlink(dir, name, &rec.target, owner)
+            }
+        };
+        let (name, parent) = rec.path.split_last().expect("a path has a name");
+        let (dir, found) = self.find(root, &rec.path)?;
+        let same = |e: &Entry| -> FsResult<bool> {
+            Ok(match e.attr.kind {
+                FileKind::Dir => is_dir,
+                FileKind::Symlink if !is_dir => self.origin.readlink(e.handle)? == rec.target,
+                _ => false,
+            })
+        };
+        let (dir, at) = match (dir, found) {
+            (Some(d), None) => match make(d, name) {
+                Ok(e) => {
+                    g.made(e.attr.file_id).map_err(kept)?;
+                    return Ok(Outcome::Created(e, None));
+                }
+                // Taken meanwhile: looked at again next time.
+                Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => {
+                    return Err(FsError::Origin(WireError::Exists));
+                }
                 Err(e) => return Err(e.into()),
             },
-            None => None,
+            // The same made on the server too (or by this client before a crash).
+            (Some(_), Some(e)) if same(&e)? => {
+                g.made(e.attr.file_id).map_err(kept)?;
+                return Ok(Outcome::Created(e, None));
+            }
+            (Some(d), Some(_)) => (d, parent.to_vec()),
+            (None, _) => (root, Vec::new()),
         };
+        let base = if at.len() == parent.len() {
+            name.clone()
+        } else {
+            rec.path.join(&b'_')
+        };
+        let (copy, e) = self.conflict_name(&base, &off.host, |n| make(dir, n))?;
+        let mut to = at;
+        to.push(copy);
+        g.made(e.attr.file_id).map_err(kept)?;
+        off.log
+            .moved_under(&rec.path, &to, false, sending)
+            .map_err(kept)?;
+        g.placed_at(to.clone()).map_err(kept)?;
+        *noted = Some(Conflict {
+            at: now_secs(),
+            path: shown(&rec.path),
+            copy: shown(&to),
+            reason: if dir == root && !parent.is_empty() {
+                "its directory was removed on the server".into()
+            } else {
+                "the name was taken on the server".into()
+            },
+        });
+        Ok(Outcome::Created(e, None))
+    }
+
+    /// Removes the change's directory on the origin; one that gained entries there stays.
+    fn send_rmdir(&self, rec: &Record, root: Handle) -> FsResult<Outcome> {
+        let (dir, found) = self.find(root, rec.origin_loc())?;
+        let (Some(d), Some(e)) = (dir, found) else {
+            return Ok(Outcome::Removed);
+        };
+        if e.attr.file_id != rec.file_id {
+            return Ok(Outcome::Removed);
+        }
+        let name = rec.origin_loc().last().expect("a path has a name");
+        match self.origin.rmdir(d, name) {
+            Ok(()) => Ok(Outcome::Removed),
+            Err(hoardfs_origin::OriginError::Fs(WireError::NotEmpty)) => {
+                Ok(Outcome::Conflict(Conflict {
+                    at: now_secs(),
+                    path: shown(rec.origin_loc()),
+                    copy: shown(rec.origin_loc()),
+                    reason: "removed here, but it has new entries on the server: kept".into(),
+                }))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Sends a file's content, creation or removal back; `None` if it cannot be done yet.
+    fn send_file(&self, g: &mut Inner, root: Handle) -> FsResult<Option<Outcome>> {
+        let off = self.offline.as_ref().expect("offline writes are on");
+        let rec = g.record().clone();
+        let loc = rec.origin_loc().to_vec();
+        let name = loc.last().expect("a path has a name").clone();
+        let (dir, found) = self.find(root, &loc)?;
         // Whether the file holds what this change started from (or this change's own
         // half upload).
         let phase_allows = |e: &Entry| match rec.phase {
@@ -244,14 +659,14 @@ impl HoardFs {
         let outcome = match (rec.kind, &dir, found) {
             (Kind::Remove, Some(d), Some(e)) if e.attr.file_id == rec.file_id => {
                 // (Or this client's own half upload of a change it then removed.)
-                if phase_allows(&e) {
-                    self.origin.unlink(*d, name)?;
+                if phase_allows(&e) || e.attr.kind != hoardfs_origin::FileKind::File {
+                    self.origin.unlink(*d, &name)?;
                     Outcome::Removed
                 } else {
                     Outcome::Conflict(Conflict {
                         at: now_secs(),
-                        path: shown(&rec.path),
-                        copy: shown(&rec.path),
+                        path: shown(&loc),
+                        copy: shown(&loc),
                         reason: "removed here, but changed on the server: the server's \
                                  version is kept"
                             .into(),
@@ -263,13 +678,19 @@ impl HoardFs {
             (Kind::Store, Some(_), Some(e))
                 if e.attr.file_id == rec.file_id && phase_allows(&e) =>
             {
-                let attr = self.send_content(&mut g, e.handle, e.attr.version)?;
-                Outcome::Sent(attr, None)
+                let attr = self.send_content(g, e.handle, e.attr.version)?;
+                Outcome::Sent(
+                    Entry {
+                        handle: e.handle,
+                        attr,
+                    },
+                    None,
+                )
             }
             (Kind::Create, Some(_), Some(e))
                 if rec.created == Some(e.attr.file_id) && phase_allows(&e) =>
             {
-                self.send_created(&mut g, &e)?
+                self.send_created(g, &e)?
             }
             (Kind::Create, Some(d), None) => {
                 let owner = Owner {
@@ -278,12 +699,12 @@ impl HoardFs {
                 };
                 match self
                     .origin
-                    .create(*d, name, u32::from(rec.perm), true, owner)
+                    .create(*d, &name, u32::from(rec.perm), true, owner)
                 {
                     Ok(e) => {
                         g.created(e.attr.file_id, e.attr.version)
                             .map_err(crate::offline::kept)?;
-                        self.send_created(&mut g, &e)?
+                        self.send_created(g, &e)?
                     }
                     // Taken meanwhile: next time round it is a conflict.
                     Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => return Ok(None),
@@ -297,78 +718,105 @@ impl HoardFs {
                     (_, Some(e)) if e.attr.file_id != rec.file_id => "replaced on the server",
                     _ => "changed on the server since the change began",
                 };
-                let copy = self.conflict_copy(*d, name, &g, &off.host)?;
-                let mut at = rec.path[..rec.path.len() - 1].to_vec();
+                let copy = self.conflict_copy(*d, &name, g, &off.host)?;
+                let mut at = loc[..loc.len() - 1].to_vec();
                 at.push(copy);
                 Outcome::Conflict(Conflict {
                     at: now_secs(),
-                    path: shown(&rec.path),
+                    path: shown(&loc),
                     copy: shown(&at),
                     reason: reason.into(),
                 })
             }
             (_, None, _) => {
-                let flat = rec.path.join(&b'_');
-                let copy = self.conflict_copy(root, &flat, &g, &off.host)?;
+                let flat = loc.join(&b'_');
+                let copy = self.conflict_copy(root, &flat, g, &off.host)?;
                 Outcome::Conflict(Conflict {
                     at: now_secs(),
-                    path: shown(&rec.path),
+                    path: shown(&loc),
                     copy: shown(&[copy]),
                     reason: "its directory was removed on the server".into(),
                 })
             }
         };
-        // The node leaves the staged content before the change is marked done, still
-        // under its lock: a read or write waiting for it then finds the origin's file
-        // (with its new attributes, or expired ones after a conflict), never the cached
-        // object of the base version.
+        Ok(Some(outcome))
+    }
+
+    /// Marks the change done (`outcome`) and brings its node along: the node leaves the
+    /// staged content before the change is marked done, still under its lock, so that a
+    /// read or write waiting for it then finds the origin's object (with its new
+    /// attributes, or expired ones after a conflict), never the cached object of the
+    /// base version. `renamed_to`: the change's path when the origin has the object
+    /// under another name than this client's view.
+    fn finish_change(
+        &self,
+        p: &Pending,
+        mut g: parking_lot::MutexGuard<'_, Inner>,
+        outcome: Outcome,
+        renamed_to: Option<Vec<Vec<u8>>>,
+    ) -> FsResult<Option<(Outcome, Option<Conflict>)>> {
+        let off = self.offline.as_ref().expect("offline writes are on");
+        let rec = g.record().clone();
+        let name = rec.path.last().cloned().unwrap_or_default();
         self.nodes.set_local(p.file_id, None);
         let node = self.nodes.by_file_id(p.file_id);
         let (mut stale_entry, mut stale_dir) = (None, None);
         if let Some(node) = &node {
-            let mut created_lost = None;
+            let mut lost = None;
             {
                 let mut st = node.state.lock();
                 match &outcome {
-                    Outcome::Sent(attr, _) => st.install_attr(*attr, false),
+                    Outcome::Sent(e, _) => st.install_attr(e.attr, false),
                     Outcome::Created(..) | Outcome::Removed => {}
                     Outcome::Conflict(_) if rec.kind == Kind::Create => {
                         // The name is the server's file: this node (ours) leaves it.
                         st.mark_deleted();
-                        created_lost = Some(st.parent());
+                        lost = Some(st.parent());
                     }
                     Outcome::Conflict(_) => st.contents_changed(),
                 }
                 if let Some(old) = st.opens.set_object(None) {
                     old.retire();
                 }
+                if renamed_to.is_some() {
+                    // Its name on the origin is not the one the kernel knows.
+                    lost = Some(st.parent());
+                }
             }
             if let Outcome::Created(entry, _) = &outcome {
                 self.nodes.rebind(node.ino, p.file_id, entry);
+                if rec.kind == Kind::Symlink {
+                    // Known without a readlink (served while the origin is unreachable).
+                    node.state.lock().keep_target(&rec.target);
+                }
             }
-            if let Some(parent) = created_lost.and_then(|pi| self.nodes.get(pi)) {
-                self.nodes.unbind_file_id(node.ino, p.file_id);
-                // The name is the origin's file's: asked for again.
-                parent.state.lock().remove_child(name);
+            if let Some(parent) = lost.and_then(|pi| self.nodes.get(pi)) {
+                if rec.kind == Kind::Create && matches!(outcome, Outcome::Conflict(_)) {
+                    self.nodes.unbind_file_id(node.ino, p.file_id);
+                }
+                let known = node.state.lock().name().to_vec();
+                // The name is asked for again.
+                parent.state.lock().remove_child(&known);
                 parent.state.lock().contents_changed();
-                stale_entry = Some(parent.ino);
+                stale_entry = Some((parent.ino, known));
             }
         }
         let parent_ino = node.as_ref().map(|n| n.state.lock().parent());
-        if let (Outcome::Conflict(_), Kind::Remove) = (&outcome, rec.kind)
+        if let (Outcome::Conflict(_), Kind::Remove | Kind::Rmdir) = (&outcome, rec.kind)
             && let Some(parent) = parent_ino.and_then(|i| self.nodes.get(i))
         {
-            // The origin's file stays: the directory's names are asked for again.
+            // The origin's object stays: the directory's names are asked for again.
             parent.state.lock().contents_changed();
             stale_dir = Some(parent.ino);
         }
         off.log.finish(p.file_id, &mut g);
         drop(g);
+        let _ = name;
         // The kernel is told only now: an operation it holds a directory locked for may be
         // waiting for this change's lock.
         if let Some(n) = self.notifier.get() {
-            if let Some(dir) = stale_entry {
-                n.inval_entry(dir, name);
+            if let Some((dir, name)) = &stale_entry {
+                n.inval_entry(*dir, name);
             }
             if let Some(dir) = stale_dir {
                 n.inval_inode(dir);
@@ -379,11 +827,13 @@ impl HoardFs {
             if let Some(n) = self.notifier.get() {
                 n.inval_inode(node.ino);
             }
-            if let Outcome::Sent(_, ino) | Outcome::Created(_, ino) = &mut outcome {
+            if let Outcome::Sent(_, ino) | Outcome::Created(_, ino) = &mut outcome
+                && node.kind == hoardfs_origin::FileKind::File
+            {
                 *ino = Some(node.ino);
             }
         }
-        Ok(Some(outcome))
+        Ok(Some((outcome, None)))
     }
 
     /// Sends the staged content of a created file to the origin's file `e`.
@@ -424,7 +874,7 @@ impl HoardFs {
         at_start: u64,
     ) -> Result<hoardfs_origin::Attr, (FsError, u64)> {
         let mut last = at_start;
-        let size = g.local().size;
+        let size = g.size();
         let mut at = 0u64;
         while at < size {
             let piece = g
@@ -467,15 +917,15 @@ impl HoardFs {
         Ok(attr)
     }
 
-    /// Creates `NAME.conflict-HOST-TIME` (or `...-2`, `-3` if taken) in `dir` with the
-    /// change's permissions and owner, writes the staged content to it; returns its name.
-    fn conflict_copy(&self, dir: Handle, name: &[u8], g: &Inner, host: &str) -> FsResult<Vec<u8>> {
-        let rec = g.record();
+    /// Tries `attempt` with `NAME.conflict-HOST-TIME` (or `...-2`, `-3`, while taken);
+    /// returns the name it succeeded with and its result.
+    fn conflict_name<T>(
+        &self,
+        name: &[u8],
+        host: &str,
+        mut attempt: impl FnMut(&[u8]) -> Result<T, hoardfs_origin::OriginError>,
+    ) -> FsResult<(Vec<u8>, T)> {
         let base = format!(".conflict-{host}-{}", utc_stamp(SystemTime::now()));
-        let owner = Owner {
-            uid: rec.uid,
-            gid: rec.gid,
-        };
         for n in 1..100 {
             let suffix = if n > 1 {
                 format!("{base}-{n}")
@@ -485,19 +935,28 @@ impl HoardFs {
             // A long name is shortened so that the suffix fits in 255 bytes.
             let mut copy = name[..name.len().min(255 - suffix.len())].to_vec();
             copy.extend_from_slice(suffix.as_bytes());
-            match self
-                .origin
-                .create(dir, &copy, u32::from(rec.perm), true, owner)
-            {
-                Ok(Entry { handle, attr }) => {
-                    self.upload(handle, g, attr.version).map_err(|(e, _)| e)?;
-                    return Ok(copy);
-                }
+            match attempt(&copy) {
+                Ok(t) => return Ok((copy, t)),
                 Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => continue,
                 Err(e) => return Err(e.into()),
             }
         }
         Err(FsError::Origin(WireError::Exists))
+    }
+
+    /// Creates a conflict copy of `name` in `dir` (see [`HoardFs::conflict_name`]) with the
+    /// change's permissions and owner, writes the staged content to it; returns its name.
+    fn conflict_copy(&self, dir: Handle, name: &[u8], g: &Inner, host: &str) -> FsResult<Vec<u8>> {
+        let rec = g.record();
+        let owner = Owner {
+            uid: rec.uid,
+            gid: rec.gid,
+        };
+        let (copy, Entry { handle, attr }) = self.conflict_name(name, host, |n| {
+            self.origin.create(dir, n, u32::from(rec.perm), true, owner)
+        })?;
+        self.upload(handle, g, attr.version).map_err(|(e, _)| e)?;
+        Ok(copy)
     }
 }
 

@@ -30,7 +30,7 @@ impl HoardFs {
         of.wrote_from(pid);
         let node = &of.node;
         // A file changed offline stays local until reintegration sent it back.
-        if let Some(p) = self.pending_of(node)
+        if let Some(p) = self.staged_of(node)
             && let Some(n) = self.write_pending(&of, &p, offset, data)?
         {
             return Ok(n);
@@ -78,6 +78,16 @@ impl HoardFs {
             return;
         }
         let mut st = node.state.lock();
+        if st.opens.object().is_none() {
+            // Not held now (the file's object is let go of between opens): the cache's
+            // object of the version written over, if it has one, follows the write, so
+            // that a complete copy stays complete.
+            let before = st.origin_attr();
+            if before.version == w.pre_version && before.file_id == w.attr.file_id {
+                self.objects
+                    .replace_object(&mut st, before.file_id, before.version, before.size);
+            }
+        }
         let followed = match st.opens.object() {
             Some(o) => o.apply_write(w.pre_version, w.offset, data, w.attr.version, w.attr.size),
             None => Ok(false),
@@ -102,7 +112,7 @@ impl HoardFs {
 
     /// Has an origin that publishes whole files (S3) publish `node`'s writes.
     pub(crate) fn publish(&self, node: &Node) -> FsResult<()> {
-        if !self.origin.publishes_on_close() || self.read_only || self.pending_of(node).is_some() {
+        if !self.origin.publishes_on_close() || self.read_only || self.staged_of(node).is_some() {
             return Ok(());
         }
         let since = self.callbacks.seq();
@@ -140,15 +150,26 @@ impl HoardFs {
         let node = self.node(ino)?;
         // A truncation (times, which the kernel may send along, follow from it).
         let truncation = set.mode.is_none() && set.uid.is_none() && set.gid.is_none();
-        if let Some(p) = self.pending_of(&node) {
+        // An object with a change not yet sent back is the log's until then.
+        if self.pending_of(&node).is_some() {
             if let Some(size) = set.size.filter(|_| truncation)
-                && let Some(a) = self.truncate_pending(&node, &p, size)?
+                && node.kind == hoardfs_origin::FileKind::File
             {
-                return Ok(a);
+                let p = match self.staged_of(&node) {
+                    Some(p) => p,
+                    None => self.stage(&node, "its change is not on the server yet".into())?,
+                };
+                if let Some(a) = self.truncate_pending(&node, &p, size)? {
+                    return Ok(a);
+                }
             }
-            // Other changes (mode, times) need the origin, and the content first: set on
-            // the origin's file before the staged content reaches it, they would change
-            // its version and turn this client's change into a conflict.
+            // Permission bits and times are kept with the change (set on the origin's
+            // file before the staged content reaches it, they would change its version
+            // and turn this client's change into a conflict).
+            if set.size.is_none() && set.uid.is_none() && set.gid.is_none() {
+                return self.setattr_offline(&node, set, "not on the server yet".into());
+            }
+            // Owners need the origin, and the change first.
             self.reintegrate();
             if self.pending_of(&node).is_some() {
                 return Err(FsError::Offline(
@@ -169,6 +190,9 @@ impl HoardFs {
                     .truncate_pending(&node, &p, set.size.unwrap_or(0))?
                     .ok_or_else(|| FsError::Offline("sent back meanwhile: try again".into()));
             }
+            Err(FsError::Offline(why)) if set.size.is_none() => {
+                return self.setattr_offline(&node, set, why);
+            }
             r => r?,
         };
         if node.kind == hoardfs_origin::FileKind::File {
@@ -182,7 +206,7 @@ impl HoardFs {
     /// them (module `durability`).
     pub fn fsync(&self, ino: Ino, datasync: bool) -> FsResult<()> {
         let node = self.node(ino)?;
-        if let Some(p) = self.pending_of(&node) {
+        if let Some(p) = self.staged_of(&node) {
             // Durable on this client's disk; it reaches the origin at reintegration.
             return self.sync_pending(&p);
         }
@@ -210,7 +234,7 @@ impl HoardFs {
         if let Ok(of) = self.open_file(fh)
             && of.access.write
         {
-            if let Some(p) = self.pending_of(&of.node) {
+            if let Some(p) = self.staged_of(&of.node) {
                 // As a local file system would not, but as close-to-open promises:
                 // what was written is durable (here) once close returns.
                 return self.sync_pending(&p);

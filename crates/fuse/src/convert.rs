@@ -7,8 +7,17 @@ use fuser::{Errno, FileAttr, FileType, INodeNo};
 use hoardfs_fs::{FsError, Ino};
 use hoardfs_origin::{Attr, FileKind, Timestamp, WireError};
 
-/// Maps a typed error to the errno the kernel reports.
+/// Maps a typed error to the errno the kernel reports (an `EIO`, which says little, is
+/// logged with its cause at debug level).
 pub fn errno(e: &FsError) -> Errno {
+    let n = errno_of(e);
+    if n == Errno::EIO {
+        tracing::debug!("answering EIO: {e}");
+    }
+    n
+}
+
+fn errno_of(e: &FsError) -> Errno {
     match e {
         FsError::Origin(w) => match w {
             WireError::NotFound => Errno::ENOENT,

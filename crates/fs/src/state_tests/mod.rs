@@ -8,6 +8,7 @@
 //! [`offline`].
 
 mod offline;
+mod offline_names;
 
 use std::fs::File;
 use std::path::Path;
@@ -101,7 +102,47 @@ impl Origin for Scripted {
         self.inner.read(handle, offset, len)
     }
     fn readlink(&self, handle: Handle) -> Result<Vec<u8>> {
+        self.reachable()?;
         self.inner.readlink(handle)
+    }
+    fn mkdir(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        mode: u32,
+        owner: hoardfs_origin::Owner,
+    ) -> Result<Entry> {
+        self.reachable()?;
+        self.inner.mkdir(parent, name, mode, owner)
+    }
+    fn symlink(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        target: &[u8],
+        owner: hoardfs_origin::Owner,
+    ) -> Result<Entry> {
+        self.reachable()?;
+        self.inner.symlink(parent, name, target, owner)
+    }
+    fn unlink(&self, parent: Handle, name: &[u8]) -> Result<()> {
+        self.reachable()?;
+        self.inner.unlink(parent, name)
+    }
+    fn rmdir(&self, parent: Handle, name: &[u8]) -> Result<()> {
+        self.reachable()?;
+        self.inner.rmdir(parent, name)
+    }
+    fn rename(
+        &self,
+        parent: Handle,
+        name: &[u8],
+        new_parent: Handle,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        self.reachable()?;
+        self.inner.rename(parent, name, new_parent, new_name, flags)
     }
     fn statfs(&self) -> Result<StatFs> {
         self.inner.statfs()

@@ -119,7 +119,7 @@ fn a_damaged_namespace_file_is_refused_whole() {
 
 /// A mount with offline writes on (its log in the rig's directory) of an export holding
 /// `f` (`data`), read whole so that it is cached.
-fn offline_rig(data: &[u8]) -> (Rig, Registrar, Ino) {
+pub(super) fn offline_rig(data: &[u8]) -> (Rig, Registrar, Ino) {
     let dir = tempfile::tempdir().unwrap();
     let export = dir.path().join("export");
     std::fs::create_dir(&export).unwrap();
@@ -150,7 +150,7 @@ fn offline_rig(data: &[u8]) -> (Rig, Registrar, Ino) {
     (r, reg, f)
 }
 
-fn read_all(r: &Rig, fh: crate::FileHandle) -> Vec<u8> {
+pub(super) fn read_all(r: &Rig, fh: crate::FileHandle) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
         let got = r.fs.read(fh, out.len() as u64, MIB as u32).unwrap();

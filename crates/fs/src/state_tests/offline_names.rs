@@ -1,0 +1,324 @@
+//! State tests of names changed offline (`--offline-writes`): directories made and
+//! removed, symbolic links, renames (of objects made offline, of the origin's files and
+//! directories, chains and swaps), permission bits and times, sent back in an order the
+//! origin can take; and the conflicts when the origin's names changed meanwhile.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use hoardfs_origin::{Owner, SetAttrs, TimeSet, Timestamp};
+
+use super::offline::{offline_rig, read_all};
+use super::*;
+
+const ME: Owner = Owner { uid: 0, gid: 0 };
+
+fn offline(r: &Rig, away: bool) {
+    r.origin.offline.store(away, Ordering::SeqCst);
+}
+
+fn dir_of(r: &Rig, path: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(r.export.join(path))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Writes `data` into a new file `parent/name` through the fs.
+fn create(r: &Rig, reg: &Registrar, parent: Ino, name: &str, data: &[u8]) -> Ino {
+    let (e, o) =
+        r.fs.create(
+            parent,
+            name.as_bytes(),
+            0o640,
+            true,
+            false,
+            WRITE,
+            ME,
+            &|f| reg.register(f),
+        )
+        .unwrap();
+    assert_eq!(r.fs.write(o.fh, 0, data, 1).unwrap() as usize, data.len());
+    r.fs.flush(e.ino, o.fh, 1).unwrap();
+    r.fs.release(o.fh);
+    e.ino
+}
+
+#[test]
+fn directories_links_renames_and_attributes_made_offline_reach_the_origin() {
+    let (r, reg, f) = offline_rig(b"the original f");
+    std::fs::create_dir(r.export.join("old")).unwrap();
+    std::fs::write(r.export.join("gone"), b"to be removed").unwrap();
+    std::fs::write(r.export.join("keep"), b"kept").unwrap();
+    r.fs.listing(ROOT_INO).unwrap();
+    let (old, _) = r.lookup("old");
+    r.fs.listing(old).unwrap();
+    r.lookup("gone");
+    let (keep, _) = r.lookup("keep");
+
+    offline(&r, true);
+    let d = r.fs.mkdir(ROOT_INO, b"d", 0o750, ME).unwrap().ino;
+    assert!(r.fs.listing(d).unwrap().entries.is_empty());
+    create(&r, &reg, d, "new", b"made offline");
+    let sub = r.fs.mkdir(d, b"sub", 0o700, ME).unwrap().ino;
+    create(&r, &reg, sub, "deep", b"deeper");
+    let link = r.fs.symlink(d, b"link", b"new", ME).unwrap();
+    assert_eq!(r.fs.readlink(link.ino).unwrap(), b"new");
+    // An origin file moved into the new directory, its mode and times changed.
+    r.fs.rename(ROOT_INO, b"f", d, b"moved", 0).unwrap();
+    let t = Timestamp {
+        secs: 1_000_000_000,
+        nanos: 5,
+    };
+    let set = SetAttrs {
+        mode: Some(0o600),
+        mtime: Some(TimeSet::At(t)),
+        ..Default::default()
+    };
+    let a = r.fs.setattr(f, &set).unwrap().attr;
+    assert_eq!((a.perm, a.mtime), (0o600, t), "seen here at once");
+    let a = r.fs.setattr(
+        keep,
+        &SetAttrs {
+            mode: Some(0o604),
+            ..Default::default()
+        },
+    );
+    assert_eq!(a.unwrap().attr.perm, 0o604);
+    // The new directory renamed (its changes follow), an origin directory and file removed.
+    r.fs.rename(ROOT_INO, b"d", ROOT_INO, b"e", 0).unwrap();
+    r.fs.rmdir(ROOT_INO, b"old").unwrap();
+    r.fs.unlink(ROOT_INO, b"gone").unwrap();
+    let names = |ino| {
+        let mut v: Vec<String> =
+            r.fs.listing(ino)
+                .unwrap()
+                .entries
+                .iter()
+                .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+                .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(ROOT_INO), ["e", "keep"]);
+    assert_eq!(names(d), ["link", "moved", "new", "sub"]);
+    assert!(matches!(
+        r.fs.lookup(ROOT_INO, b"f"),
+        Err(FsError::Origin(hoardfs_origin::WireError::NotFound))
+    ));
+    assert_eq!(r.fs.lookup(d, b"moved").unwrap().ino, f);
+    let o = r.fs.open(f, READ, &|f| reg.register(f)).unwrap();
+    assert_eq!(read_all(&r, o.fh), b"the original f", "cached bytes");
+    r.fs.release(o.fh);
+    assert_eq!(r.fs.reintegrate().left, r.fs.pending_changes());
+
+    offline(&r, false);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.conflicts, done.left), (0, 0), "{done:?}");
+    assert_eq!(dir_of(&r, ""), ["e", "keep"]);
+    assert_eq!(dir_of(&r, "e"), ["link", "moved", "new", "sub"]);
+    assert_eq!(
+        std::fs::read(r.export.join("e/new")).unwrap(),
+        b"made offline"
+    );
+    assert_eq!(
+        std::fs::read(r.export.join("e/sub/deep")).unwrap(),
+        b"deeper"
+    );
+    assert_eq!(
+        std::fs::read_link(r.export.join("e/link")).unwrap(),
+        Path::new("new")
+    );
+    let moved = std::fs::metadata(r.export.join("e/moved")).unwrap();
+    assert_eq!(
+        std::fs::read(r.export.join("e/moved")).unwrap(),
+        b"the original f"
+    );
+    assert_eq!(moved.permissions().mode() & 0o7777, 0o600);
+    assert_eq!((moved.mtime(), moved.mtime_nsec()), (1_000_000_000, 5));
+    let mode = |p: &str| {
+        std::fs::metadata(r.export.join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(mode("keep"), 0o604);
+    assert_eq!(mode("e"), 0o750);
+    assert_eq!(mode("e/sub"), 0o700);
+    assert_eq!(r.fs.pending_changes(), 0);
+    // The names are the origin's again, and the nodes answer for the origin's objects.
+    assert_eq!(names(ROOT_INO), ["e", "keep"]);
+    let e = r.fs.lookup(ROOT_INO, b"e").unwrap();
+    assert_eq!(e.ino, d);
+    assert_eq!(
+        e.attr.file_id,
+        std::fs::metadata(r.export.join("e")).unwrap().ino()
+    );
+}
+
+#[test]
+fn an_origin_directory_renamed_offline_takes_its_changes_along() {
+    let (r, reg, _) = offline_rig(b"f");
+    std::fs::create_dir(r.export.join("a")).unwrap();
+    std::fs::write(r.export.join("a/x"), b"x before").unwrap();
+    std::fs::write(r.export.join("a/w"), b"w stays").unwrap();
+    r.fs.listing(ROOT_INO).unwrap();
+    let (a, _) = r.lookup("a");
+    r.fs.listing(a).unwrap();
+    let x = r.fs.lookup(a, b"x").unwrap().ino;
+    let (o, _) = open_read(&r, x, READ, &reg);
+    r.fs.release(o.fh);
+
+    offline(&r, true);
+    let o = r.fs.open(x, WRITE, &|f| reg.register(f)).unwrap();
+    r.fs.write(o.fh, 0, b"X", 1).unwrap();
+    r.fs.release(o.fh);
+    r.fs.rename(ROOT_INO, b"a", ROOT_INO, b"b", 0).unwrap();
+    create(&r, &reg, a, "y", b"new in b");
+    // Moved out of the renamed directory, then its old name reused.
+    r.fs.rename(a, b"x", ROOT_INO, b"z", 0).unwrap();
+    create(&r, &reg, a, "x", b"another x");
+
+    offline(&r, false);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.conflicts, done.left), (0, 0), "{done:?}");
+    assert_eq!(dir_of(&r, ""), ["b", "f", "z"]);
+    assert_eq!(dir_of(&r, "b"), ["w", "x", "y"]);
+    assert_eq!(std::fs::read(r.export.join("z")).unwrap(), b"X before");
+    assert_eq!(std::fs::read(r.export.join("b/x")).unwrap(), b"another x");
+    assert_eq!(std::fs::read(r.export.join("b/y")).unwrap(), b"new in b");
+    assert_eq!(std::fs::read(r.export.join("b/w")).unwrap(), b"w stays");
+}
+
+#[test]
+fn a_swap_of_two_names_offline_is_sent_back() {
+    let (r, _reg, _) = offline_rig(b"f");
+    std::fs::write(r.export.join("p"), b"was p").unwrap();
+    std::fs::write(r.export.join("q"), b"was q").unwrap();
+    r.fs.listing(ROOT_INO).unwrap();
+    // (The kernel looks a name up before it renames it.)
+    r.lookup("p");
+    r.lookup("q");
+    offline(&r, true);
+    r.fs.rename(ROOT_INO, b"p", ROOT_INO, b"t", 0).unwrap();
+    r.fs.rename(ROOT_INO, b"q", ROOT_INO, b"p", 0).unwrap();
+    r.fs.rename(ROOT_INO, b"t", ROOT_INO, b"q", 0).unwrap();
+    // Renamed away and back: nothing to send for it.
+    r.fs.rename(ROOT_INO, b"f", ROOT_INO, b"f2", 0).unwrap();
+    r.fs.rename(ROOT_INO, b"f2", ROOT_INO, b"f", 0).unwrap();
+    assert_eq!(r.fs.pending_changes(), 2);
+    offline(&r, false);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.conflicts, done.left), (0, 0), "{done:?}");
+    assert_eq!(dir_of(&r, ""), ["f", "p", "q"]);
+    assert_eq!(std::fs::read(r.export.join("p")).unwrap(), b"was q");
+    assert_eq!(std::fs::read(r.export.join("q")).unwrap(), b"was p");
+}
+
+#[test]
+fn names_taken_or_changed_on_the_origin_meanwhile_keep_both_sides() {
+    let (r, reg, _) = offline_rig(b"f");
+    std::fs::create_dir(r.export.join("full")).unwrap();
+    std::fs::create_dir(r.export.join("d")).unwrap();
+    std::fs::write(r.export.join("d/x"), b"x").unwrap();
+    r.fs.listing(ROOT_INO).unwrap();
+    let (full, _) = r.lookup("full");
+    r.fs.listing(full).unwrap();
+    let (d, _) = r.lookup("d");
+    r.fs.listing(d).unwrap();
+
+    offline(&r, true);
+    let n = r.fs.mkdir(ROOT_INO, b"n", 0o755, ME).unwrap().ino;
+    create(&r, &reg, n, "inside", b"in n");
+    r.fs.symlink(ROOT_INO, b"s", b"target", ME).unwrap();
+    r.fs.rename(ROOT_INO, b"f", ROOT_INO, b"taken", 0).unwrap();
+    r.fs.rmdir(ROOT_INO, b"full").unwrap();
+    create(&r, &reg, d, "new", b"in d");
+    // Meanwhile on the server.
+    std::fs::write(r.export.join("n"), b"their n").unwrap();
+    std::fs::write(r.export.join("s"), b"their s").unwrap();
+    std::fs::write(r.export.join("taken"), b"their taken").unwrap();
+    std::fs::write(r.export.join("full/theirs"), b"new there").unwrap();
+    std::fs::remove_dir_all(r.export.join("d")).unwrap();
+
+    offline(&r, false);
+    let done = r.fs.reintegrate();
+    assert_eq!(done.left, 0, "{done:?}");
+    let all = dir_of(&r, "");
+    let copy = |prefix: &str| {
+        all.iter()
+            .find(|n| n.starts_with(&format!("{prefix}.conflict-testhost-")))
+            .unwrap_or_else(|| panic!("no conflict name for {prefix} in {all:?}"))
+            .clone()
+    };
+    // The server's versions stay at the names; this client's are next to them.
+    assert_eq!(std::fs::read(r.export.join("n")).unwrap(), b"their n");
+    assert_eq!(
+        std::fs::read(r.export.join(copy("n")).join("inside")).unwrap(),
+        b"in n"
+    );
+    assert_eq!(std::fs::read(r.export.join("s")).unwrap(), b"their s");
+    assert_eq!(
+        std::fs::read_link(r.export.join(copy("s"))).unwrap(),
+        Path::new("target")
+    );
+    assert_eq!(
+        std::fs::read(r.export.join("taken")).unwrap(),
+        b"their taken"
+    );
+    assert_eq!(std::fs::read(r.export.join(copy("taken"))).unwrap(), b"f");
+    assert_eq!(
+        dir_of(&r, "full"),
+        ["theirs"],
+        "a directory with new entries stays"
+    );
+    assert_eq!(
+        std::fs::read(r.export.join(copy("d_new"))).unwrap(),
+        b"in d"
+    );
+    let conflicts = r.fs.conflicts();
+    assert_eq!(conflicts.len(), 5, "{conflicts:?}");
+    assert_eq!(done.conflicts, 5);
+}
+
+#[test]
+fn symlink_targets_read_while_connected_are_served_offline() {
+    let (r, _reg, _) = offline_rig(b"f");
+    std::os::unix::fs::symlink("f", r.export.join("l")).unwrap();
+    let (l, _) = r.lookup("l");
+    assert_eq!(r.fs.readlink(l).unwrap(), b"f");
+    offline(&r, true);
+    assert_eq!(r.fs.readlink(l).unwrap(), b"f");
+}
+
+#[test]
+fn offline_names_need_a_listed_directory_and_an_empty_one_to_remove() {
+    let (r, _reg, _) = offline_rig(b"f");
+    std::fs::create_dir(r.export.join("unlisted")).unwrap();
+    std::fs::create_dir(r.export.join("nonempty")).unwrap();
+    std::fs::write(r.export.join("nonempty/x"), b"x").unwrap();
+    r.fs.listing(ROOT_INO).unwrap();
+    let (unlisted, _) = r.lookup("unlisted");
+    let (nonempty, _) = r.lookup("nonempty");
+    r.fs.listing(nonempty).unwrap();
+    offline(&r, true);
+    assert!(matches!(
+        r.fs.mkdir(unlisted, b"x", 0o755, ME),
+        Err(FsError::Offline(_))
+    ));
+    assert!(matches!(
+        r.fs.rmdir(ROOT_INO, b"nonempty"),
+        Err(FsError::Origin(hoardfs_origin::WireError::NotEmpty))
+    ));
+    assert!(matches!(
+        r.fs.mkdir(ROOT_INO, b"f", 0o755, ME),
+        Err(FsError::Origin(hoardfs_origin::WireError::Exists))
+    ));
+    assert!(matches!(
+        r.fs.rename(ROOT_INO, b"nonempty", nonempty, b"inside", 0),
+        Err(FsError::Origin(hoardfs_origin::WireError::Invalid))
+    ));
+    assert_eq!(r.fs.pending_changes(), 0);
+}
