@@ -79,7 +79,10 @@ pub fn save(fs: &HoardFs, path: &Path, source: &str, saved: &mut Option<u64>) {
         return;
     }
     match snap.save(path) {
-        Ok(()) => *saved = Some(digest),
+        Ok(()) => {
+            tracing::debug!(names = snap.len(), "namespace saved");
+            *saved = Some(digest);
+        }
         Err(e) => tracing::warn!("cannot save the namespace to {}: {e}", path.display()),
     }
 }
@@ -119,6 +122,9 @@ pub fn start_keeper(
                     && r.reconnect().is_ok()
                 {
                     tracing::info!(server = %r.addr(), "reconnected");
+                    // A loss from here on is one to save at (changes made meanwhile went
+                    // to the server).
+                    was_connected = true;
                 }
                 if fs.pending_changes() > 0 && remote.as_ref().is_none_or(|r| !r.is_offline()) {
                     let r = fs.reintegrate();

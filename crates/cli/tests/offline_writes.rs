@@ -636,6 +636,7 @@ fn random_sessions_of_names_and_contents_match_a_model() {
     let mut log: Vec<String> = Vec::new();
     let mut made = 0;
     let mut names_pending = 0;
+    let mut cut_at = std::time::SystemTime::now();
     let fail = |log: &[String], msg: String| -> ! {
         panic!(
             "seed {seed}: {msg}\nlast operations:\n{}",
@@ -673,6 +674,7 @@ fn random_sessions_of_names_and_contents_match_a_model() {
             let touched: Option<String> = match roll {
                 0 | 1 => {
                     if link.is_up() {
+                        cut_at = std::time::SystemTime::now();
                         link.cut();
                         log.push(format!("s{session} cut"));
                     } else {
@@ -906,6 +908,40 @@ fn random_sessions_of_names_and_contents_match_a_model() {
             }
         }
         names_pending += offline(&m)["pending_files"].as_u64().unwrap_or(0);
+        if !link.is_up() && rng.below(4) == 0 {
+            // Killed while offline, mounted again with the server still unreachable: the
+            // names saved at the disconnection and the log show the same tree.
+            log.push(format!("s{session} kill -9 and remount offline"));
+            // The mount saves its names once it notices the disconnection (unless they
+            // are those it saved last).
+            if !wait_until(Duration::from_secs(10), || stats(&m)["connected"] == false) {
+                fail(&log, "the mount does not notice the cut".into());
+            }
+            let saved_since = || {
+                std::fs::read_dir(t.path().join("cache")).is_ok_and(|d| {
+                    d.flatten().any(|e| {
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        // (Not a save in progress: its temporary file.)
+                        name.starts_with("namespace-")
+                            && !name.contains('.')
+                            && e.metadata()
+                                .and_then(|m| m.modified())
+                                .is_ok_and(|t| t >= cut_at)
+                    })
+                })
+            };
+            wait_until(Duration::from_secs(3), saved_since);
+            m.kill9();
+            m = mount(&link.addr, t.path());
+            match tree_of(&m.p("")) {
+                Ok(seen) => {
+                    if let Some(d) = tree_diff(&seen, &model) {
+                        fail(&log, format!("remounted offline, the mount differs: {d}"));
+                    }
+                }
+                Err(e) => fail(&log, format!("walking the mount remounted offline: {e}")),
+            }
+        }
         link.restore();
         if rng.below(4) == 0 {
             // Killed while (perhaps) sending its changes back; mounted again.

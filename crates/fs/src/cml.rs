@@ -1,28 +1,35 @@
-//! The client modify log (Coda's CML) of `--offline-writes`: files changed, created or
+//! The client modify log (Coda's CML) of `--offline-writes`: objects changed, made or
 //! removed while the origin was unreachable, waiting to be sent back (a record's
 //! [`Kind`]).
 //!
-//! One [`Pending`] per changed file (repeated writes of a file collapse into it): a
-//! record naming the file (its path from the export root at the first change, its file
-//! id, and the **base version** the change started from) and a staging file holding the
-//! file's whole new content. The staging file starts as a copy of the complete cached
-//! object of the base version; writes and truncations apply to it; reads of the file
-//! come from it while it is pending. Reintegration (`crate::reintegrate`) sends it back
-//! and removes both.
+//! One [`Pending`] per changed object (repeated changes of an object collapse into it): a
+//! record naming the object (its path here, and where the origin has it when it moved:
+//! `origin_path`; its file id, and the **base version** the change started from;
+//! permission and time changes; a symlink's target) and a staging file. For a file whose
+//! content changed (`Store`, `Create`) the staging file holds its whole new content: it
+//! starts as a copy of the complete cached object of the base version; writes and
+//! truncations apply to it; reads of the file come from it while it is pending. Other
+//! kinds leave it empty. Reintegration (`crate::reintegrate`) sends the change back and
+//! removes both.
 //!
 //! On disk, in `CACHE_DIR/cml/`: `SEQ.data` (the staging file) and `SEQ.rec` (the
 //! record: magic, postcard body, xxh3 checksum), both made durable (fsync, rename, fsync
 //! of the directory) before the first change is acknowledged; the staging file's later
 //! changes are made durable by `fsync` and at close, as a local file system's are. The
-//! record is rewritten once more when an upload starts (`Uploading`), so that a client
-//! killed in the middle sends the whole file again rather than take its own half-sent
-//! file for somebody else's change. A record that does not check out is set aside
+//! record is rewritten (atomically) whenever the change's path, kind, attributes or phase
+//! change; before an upload starts it says `Uploading`, so that a client killed in the
+//! middle sends the whole file again rather than take its own half-sent file for
+//! somebody else's change. A record that does not check out is set aside
 //! (`SEQ.rec.damaged`, with its `SEQ.data.damaged`) and reported, never applied; numbers
-//! are never reused. Conflicts are appended to
-//! `cml/conflicts` (one JSON object per line).
+//! are never reused. Conflicts are appended to `cml/conflicts` (one JSON object per line).
+//! The log counts the records that change names (`names_pending`).
 //!
 //! Locks: the log's table is a leaf; a [`Pending`]'s lock is held across its staging
 //! file's I/O and, during reintegration, across the upload (writes to that file wait).
+//! One `Pending`'s lock may be held while taking another's: a directory's while the
+//! changes inside it follow its move ([`ChangeLog::moved_under`], which skips the changes
+//! being sent), and a created file's while the document it is saved over gets its new
+//! change ([`ChangeLog::adopt`], only for a document with no change of its own).
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -120,8 +127,8 @@ pub struct Record {
     pub phase: Phase,
     /// What it does.
     pub kind: Kind,
-    /// For a `Create`: the origin's id of the file once created (an upload then goes on
-    /// over it after a failure).
+    /// For an object made offline (`Create`, `Mkdir`, `Symlink`): the origin's id once
+    /// made there (a `Create`'s upload then goes on over it after a failure).
     pub created: Option<u64>,
     /// Where the object is on the origin, when that is not `path` (it was renamed here,
     /// or the directory holding it was).
@@ -130,6 +137,8 @@ pub struct Record {
     pub set: AttrChange,
     /// A `Symlink`'s target.
     pub target: Vec<u8>,
+    /// Whether the object is a directory (what lies inside it follows its moves).
+    pub is_dir: bool,
 }
 
 /// A record in the format before this one ([`MAGIC_V2`]).
@@ -172,6 +181,7 @@ impl Record {
             origin_path: None,
             set: AttrChange::default(),
             target: Vec::new(),
+            is_dir: base.kind == hoardfs_origin::FileKind::Dir,
         }
     }
 
@@ -179,6 +189,11 @@ impl Record {
     /// `Symlink` of which nothing reached it yet).
     pub fn creates(&self) -> bool {
         matches!(self.kind, Kind::Create | Kind::Mkdir | Kind::Symlink) && self.created.is_none()
+    }
+
+    /// The origin's id of the object (this client's own id until it was made there).
+    pub fn origin_id(&self) -> u64 {
+        self.created.unwrap_or(self.file_id)
     }
 
     /// Whether the change removes the object from the origin.
@@ -327,6 +342,7 @@ fn decode(bytes: &[u8]) -> Result<Record, String> {
             origin_path: None,
             set: AttrChange::default(),
             target: Vec::new(),
+            is_dir: false,
         });
     }
     crate::sealed::unseal(MAGIC, bytes)
@@ -485,6 +501,10 @@ impl ChangeLog {
             if g.gone {
                 continue;
             }
+            if origin && g.record.creates() {
+                // Not on the origin: nothing of it moves there.
+                continue;
+            }
             let at = if origin {
                 g.record.origin_loc().to_vec()
             } else {
@@ -511,9 +531,10 @@ impl ChangeLog {
     pub fn stage_meta(
         &self,
         path: Vec<Vec<u8>>,
+        origin: Option<Vec<Vec<u8>>>,
         base: &hoardfs_origin::Attr,
     ) -> std::io::Result<Arc<Pending>> {
-        self.stage_empty(path, base, Kind::Meta, &[])
+        self.stage_empty(path, origin, base, Kind::Meta, &[])
     }
 
     /// Starts a pending creation of a directory or (with `target`) a symbolic link at
@@ -525,17 +546,20 @@ impl ChangeLog {
         target: Option<&[u8]>,
     ) -> std::io::Result<Arc<Pending>> {
         match target {
-            Some(t) => self.stage_empty(path, attr, Kind::Symlink, t),
-            None => self.stage_empty(path, attr, Kind::Mkdir, &[]),
+            Some(t) => self.stage_empty(path, None, attr, Kind::Symlink, t),
+            None => self.stage_empty(path, None, attr, Kind::Mkdir, &[]),
         }
     }
 
-    /// Starts a pending change of file `file_id` at `path`, from `object` (which must be
-    /// complete and hold `base_version`): copies it into a staging file and records it,
-    /// durably. Returns the existing one if the file is pending already.
+    /// Starts a pending change of file `file_id` at `path` (at `origin` on the origin, if
+    /// elsewhere), from `object` (which must be complete and hold `base_version`): copies
+    /// it into a staging file and records it, durably. Returns the existing change if the
+    /// file has one with staged content; a `Meta` change (a move, attributes) gets the
+    /// content and becomes a `Store`.
     pub fn stage(
         &self,
         path: Vec<Vec<u8>>,
+        origin: Option<Vec<Vec<u8>>>,
         base: &hoardfs_origin::Attr,
         object: &CachedObject,
     ) -> std::io::Result<Arc<Pending>> {
@@ -547,6 +571,8 @@ impl ChangeLog {
             Some(p) => return Ok(p),
             None => None,
         };
+        // (A `Meta` sent back meanwhile is finished: a new change starts.)
+        let meta = meta.filter(|p| !p.lock().gone);
         let seq = match &meta {
             Some(p) => p.seq,
             None => {
@@ -586,6 +612,13 @@ impl ChangeLog {
             // (A crash before the record says `Store` leaves a `Meta` record with data
             // nobody reads: the content is the origin's again, as before this write.)
             let mut g = p.lock();
+            if g.gone {
+                drop(g);
+                let _ = std::fs::remove_file(&data_path);
+                return Err(std::io::Error::other(
+                    "its change was sent back meanwhile: try again",
+                ));
+            }
             g.record.kind = Kind::Store;
             g.size = size;
             g.mtime = Some(SystemTime::now());
@@ -594,7 +627,8 @@ impl ChangeLog {
             drop(g);
             return Ok(p);
         }
-        let record = Record::new(seq, path, base, Kind::Store);
+        let mut record = Record::new(seq, path, base, Kind::Store);
+        record.origin_path = origin.filter(|o| *o != record.path);
         let p = self.insert(record, size)?;
         drop(next);
         Ok(p)
@@ -607,35 +641,19 @@ impl ChangeLog {
         path: Vec<Vec<u8>>,
         attr: &hoardfs_origin::Attr,
     ) -> std::io::Result<Arc<Pending>> {
-        self.stage_empty(path, attr, Kind::Create, &[])
+        self.stage_empty(path, None, attr, Kind::Create, &[])
     }
 
     /// Makes the staged content at `from` (another change's, which the caller then
-    /// finishes) the new content of origin file `base` at `path`: replaces the content of
-    /// its pending change, or starts a `Store` from `base`'s version. For a file created
-    /// offline and renamed over a file of the origin (an editor's save), durably.
+    /// finishes) the new content of origin file `base` at `path` (which has no change of
+    /// its own): a `Store` from `base`'s version. For a file created offline and renamed
+    /// over a file of the origin (an editor's save), durably.
     pub fn adopt(
         &self,
         path: Vec<Vec<u8>>,
         base: &hoardfs_origin::Attr,
         from: &Path,
     ) -> std::io::Result<Arc<Pending>> {
-        if let Some(p) = self.get(base.file_id) {
-            let mut g = p.lock();
-            if !g.gone {
-                std::fs::rename(from, &g.data_path)?;
-                File::open(&self.dir)?.sync_all()?;
-                g.size = std::fs::metadata(&g.data_path)?.len();
-                g.mtime = Some(SystemTime::now());
-                if g.record.kind == Kind::Meta {
-                    g.record.kind = Kind::Store;
-                    g.persist()?;
-                }
-                p.note_size(&g);
-                drop(g);
-                return Ok(p);
-            }
-        }
         let mut next = self.next_seq.lock();
         let seq = *next;
         *next += 1;
@@ -657,6 +675,7 @@ impl ChangeLog {
     pub fn stage_remove(
         &self,
         path: Vec<Vec<u8>>,
+        origin: Option<Vec<Vec<u8>>>,
         base: &hoardfs_origin::Attr,
     ) -> std::io::Result<Arc<Pending>> {
         let kind = if base.kind == hoardfs_origin::FileKind::Dir {
@@ -664,7 +683,7 @@ impl ChangeLog {
         } else {
             Kind::Remove
         };
-        self.stage_empty(path, base, kind, &[])
+        self.stage_empty(path, origin, base, kind, &[])
     }
 
     /// Starts a pending change without staged content (a symlink's `target` in the
@@ -672,6 +691,7 @@ impl ChangeLog {
     fn stage_empty(
         &self,
         path: Vec<Vec<u8>>,
+        origin: Option<Vec<Vec<u8>>>,
         attr: &hoardfs_origin::Attr,
         kind: Kind,
         target: &[u8],
@@ -688,6 +708,7 @@ impl ChangeLog {
         drop(f);
         let mut record = Record::new(seq, path, attr, kind);
         record.target = target.to_vec();
+        record.origin_path = origin.filter(|o| *o != record.path);
         let p = self.insert(record, 0)?;
         drop(next);
         Ok(p)
@@ -886,6 +907,14 @@ impl Inner {
         self.persist()
     }
 
+    /// The change's object is to be at `path` (a conflict name chosen before it is
+    /// tried), durably.
+    pub fn set_path(&mut self, path: Vec<Vec<u8>>) -> std::io::Result<()> {
+        self.record.path = path;
+        self.normalise();
+        self.persist()
+    }
+
     /// The origin has the object at `at`, not where this change put it (a name taken
     /// there, or the destination gone): this change's path is `at` from now on, durably.
     pub fn placed_at(&mut self, at: Vec<Vec<u8>>) -> std::io::Result<()> {
@@ -993,7 +1022,8 @@ impl Inner {
         self.set_phase(Phase::Uploading)
     }
 
-    /// Records that an upload failed, leaving the origin's file at version `expected`.
+    /// Records that an upload ended (failed, or done with more to send), leaving the
+    /// origin's file at version `expected`.
     pub fn upload_failed(&mut self, expected: u64) -> std::io::Result<()> {
         self.set_phase(Phase::Resume { expected })
     }
@@ -1032,6 +1062,7 @@ mod tests {
                 ..Default::default()
             },
             target: b"t".to_vec(),
+            is_dir: false,
         };
         let bytes = encode(&rec);
         let back = decode(&bytes).unwrap();

@@ -152,16 +152,15 @@ impl HoardFs {
         ))
     }
 
-    /// Sends the log's changes to names back before an operation the log cannot take
-    /// (it must follow them); `Offline` if they cannot be sent now.
+    /// An operation the log cannot take must follow its changes to names: `Offline`
+    /// while they are not on the origin yet. (They are not sent from here: the kernel
+    /// holds directories locked for this operation, and sending them back tells it to drop
+    /// names, which takes those locks. The mount's keeper sends them within a second.)
     fn names_sent(&self) -> FsResult<()> {
         if self.names_logged() {
-            self.reintegrate();
-            if self.names_logged() {
-                return Err(FsError::Offline(
-                    "earlier changes to names are not on the server yet".into(),
-                ));
-            }
+            return Err(FsError::Offline(
+                "earlier changes to names are not on the server yet".into(),
+            ));
         }
         Ok(())
     }
@@ -388,7 +387,8 @@ impl HoardFs {
             .into_iter()
             .flatten()
             .filter_map(|i| self.nodes.get(i))
-            .any(|n| self.pending_of(&n).is_some());
+            .any(|n| self.pending_of(&n).is_some())
+            || moved.is_some_and(|m| self.changes_inside(m));
         if pending || self.names_logged() {
             let why = "the change is not on the server yet".to_string();
             match self.rename_offline(parent, name, new_parent, new_name, flags, why) {

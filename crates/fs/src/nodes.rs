@@ -74,9 +74,9 @@ pub struct NodeState {
     /// (`--offline-writes`): its content, name or attributes (what it sets overrides the
     /// origin's).
     local: Option<LocalChange>,
-    /// A symlink's target as last read, with the version it was read at (served while
-    /// the origin is unreachable).
-    target: Option<(u64, Vec<u8>)>,
+    /// A symlink's target as last read or made (served while the origin is unreachable;
+    /// a symlink's target never changes: a new one is a new object).
+    target: Option<Vec<u8>>,
 }
 
 impl NodeState {
@@ -137,17 +137,14 @@ impl NodeState {
         self.local.is_some()
     }
 
-    /// Keeps symlink target `t`, read at the current version.
+    /// Keeps symlink target `t`.
     pub(crate) fn keep_target(&mut self, t: &[u8]) {
-        self.target = Some((self.attr.version, t.to_vec()));
+        self.target = Some(t.to_vec());
     }
 
-    /// The symlink target kept, if read at the current version.
+    /// The symlink target kept, if any.
     pub(crate) fn kept_target(&self) -> Option<Vec<u8>> {
-        self.target
-            .as_ref()
-            .filter(|(v, _)| *v == self.attr.version)
-            .map(|(_, t)| t.clone())
+        self.target.clone()
     }
 
     /// Whether the origin holds a callback for the attributes.
@@ -479,7 +476,10 @@ impl NodeTable {
                 st.handle = handle;
                 st.install_attr(attr, grant(&attr));
             }
-            st.moved(parent, name);
+            // (A node moved here and not yet on the origin keeps this client's name.)
+            if !known || !st.has_change() {
+                st.moved(parent, name);
+            }
             st.count_lookup();
         }
         if let Some(p) = self.get(parent) {

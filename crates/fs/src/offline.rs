@@ -151,9 +151,15 @@ impl HoardFs {
             );
             return Err(FsError::Offline(why));
         };
-        let p = off.log.stage(path, &attr, object).map_err(kept)?;
-        let local = p.lock().local();
-        self.nodes.set_local(attr.file_id, Some(local));
+        let origin = self.origin_components_of(node.ino);
+        let p = off.log.stage(path, origin, &attr, object).map_err(kept)?;
+        {
+            // (Under the change's lock: a sender finishing it meanwhile clears it after.)
+            let g = p.lock();
+            if !g.is_gone() {
+                self.nodes.set_local(attr.file_id, Some(g.local()));
+            }
+        }
         // Pages cached from the origin's version are the staged content's too, but its
         // size and times change from here on.
         if let Some(n) = self.notifier.get() {
@@ -183,9 +189,8 @@ impl HoardFs {
         let offset = if of.access.append { g.size() } else { offset };
         g.write(offset, data).map_err(kept)?;
         p.note_size(&g);
-        let local = g.local();
+        self.nodes.set_local(p.file_id, Some(g.local()));
         drop(g);
-        self.nodes.set_local(p.file_id, Some(local));
         Stats::add(&self.stats.writes, 1);
         Stats::add(&self.stats.bytes_written, data.len() as u64);
         if of.access.append
@@ -210,9 +215,8 @@ impl HoardFs {
         }
         g.truncate(size).map_err(kept)?;
         p.note_size(&g);
-        let local = g.local();
+        self.nodes.set_local(p.file_id, Some(g.local()));
         drop(g);
-        self.nodes.set_local(p.file_id, Some(local));
         let st = node.state.lock();
         Ok(Some(NodeAttr {
             attr: st.attr(),
@@ -331,20 +335,71 @@ impl HoardFs {
     }
 
     /// Runs `op` (an offline variant of a namespace operation) instead of the origin's
-    /// when the log holds changes to names, so that the new change follows them. If the
-    /// log cannot take it, sends the log back first; `None`: go to the origin.
+    /// when the log holds changes to names, so that the new change follows them (if the
+    /// log cannot take it, it fails: see `names_sent`); `None`: go to the origin.
     pub(crate) fn logged<T>(&self, op: impl Fn(String) -> FsResult<T>) -> Option<FsResult<T>> {
-        if !self.names_logged() {
-            return None;
-        }
-        match op(NAMES_WAIT.into()) {
-            Err(FsError::Offline(_)) => {
-                self.reintegrate();
-                self.names_logged()
-                    .then(|| Err(FsError::Offline(NAMES_WAIT.into())))
+        self.names_logged().then(|| op(NAMES_WAIT.into()))
+    }
+
+    /// Where the origin has node `ino` (an object of the origin): its names from the
+    /// root, except that from the nearest node (it or a directory above it) with a move
+    /// not yet sent back, the origin's location of that node. `None` if unknown.
+    pub(crate) fn origin_components_of(&self, ino: crate::Ino) -> Option<Vec<Vec<u8>>> {
+        let off = self.offline.as_ref()?;
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        for _ in 0..4096 {
+            if cur == crate::ROOT_INO {
+                parts.reverse();
+                return Some(parts);
             }
-            r => Some(r),
+            let n = self.nodes.get(cur)?;
+            let (changed, file_id, name, parent) = {
+                let st = n.state.lock();
+                (
+                    st.has_change(),
+                    st.attr().file_id,
+                    st.name().to_vec(),
+                    st.parent(),
+                )
+            };
+            if changed && let Some(p) = off.log.get(file_id) {
+                let g = p.lock();
+                let r = g.record();
+                if !g.is_gone() && r.renames() {
+                    let mut at = r.origin_loc().to_vec();
+                    drop(g);
+                    parts.reverse();
+                    at.extend(parts);
+                    return Some(at);
+                }
+            }
+            parts.push(name);
+            cur = parent;
         }
+        None
+    }
+
+    /// Whether the log holds changes of objects inside directory node `ino` (a move of
+    /// the directory must then go through the log, for them to follow it).
+    pub(crate) fn changes_inside(&self, ino: crate::Ino) -> bool {
+        let Some(off) = &self.offline else {
+            return false;
+        };
+        if off.log.count() == 0 {
+            return false;
+        }
+        let is_dir = self
+            .nodes
+            .get(ino)
+            .is_some_and(|n| n.kind == hoardfs_origin::FileKind::Dir);
+        let Some(path) = self.components_of(ino).filter(|_| is_dir) else {
+            return false;
+        };
+        off.log
+            .records()
+            .iter()
+            .any(|(_, r)| crate::cml::is_under(&r.path, &path))
     }
 
     /// Attributes for an object made here (id of this client's own).
@@ -415,17 +470,17 @@ impl HoardFs {
         Ok((dir, path))
     }
 
-    /// Enters the object made here (`attr`, its change `p`) as `dir/name`: a node,
-    /// listed and looked up from now on.
+    /// Makes the object `attr` (made here) known as `dir/name` with its change, staged by
+    /// `stage`: the node first, listed and looked up from now on, then the change (a
+    /// sender that sends it at once finds the node and moves it to the origin's object),
+    /// then the node's local attributes, under the change's lock.
     fn add_made(
         &self,
         dir: &Node,
         name: &[u8],
         attr: hoardfs_origin::Attr,
-        p: &Pending,
-    ) -> Arc<Node> {
-        let local = p.lock().local();
-        self.nodes.set_local(attr.file_id, Some(local));
+        stage: impl FnOnce() -> std::io::Result<Arc<Pending>>,
+    ) -> FsResult<Arc<Node>> {
         let handle = hoardfs_origin::Handle { epoch: 0, id: 0 };
         let node = self
             .nodes
@@ -443,7 +498,21 @@ impl HoardFs {
             entry: hoardfs_origin::Entry { handle, attr },
         };
         dir.state.lock().add_local_entry(entry, node.ino);
-        node
+        let p = match stage() {
+            Ok(p) => p,
+            Err(e) => {
+                dir.state.lock().remove_local_entry(name);
+                self.nodes.unbind_file_id(node.ino, attr.file_id);
+                node.state.lock().mark_deleted();
+                return Err(kept(e));
+            }
+        };
+        let g = p.lock();
+        if !g.is_gone() {
+            self.nodes.set_local(attr.file_id, Some(g.local()));
+        }
+        drop(g);
+        Ok(node)
     }
 
     /// Creates regular file `parent/name` while the origin is unreachable (it failed
@@ -485,8 +554,7 @@ impl HoardFs {
         let (dir, path) = self.free_name(parent, name, &why)?;
         let kind = hoardfs_origin::FileKind::File;
         let attr = self.local_attr(parent, name, kind, (mode & 0o7777) as u16, owner, 0);
-        let p = off.log.stage_new(path, &attr).map_err(kept)?;
-        let node = self.add_made(&dir, name, attr, &p);
+        let node = self.add_made(&dir, name, attr, || off.log.stage_new(path, &attr))?;
         tracing::info!(
             ino = node.ino,
             "the server is unreachable: a file created here is kept locally until it is back"
@@ -537,8 +605,7 @@ impl HoardFs {
                 0,
             ),
         };
-        let p = off.log.stage_made(path, &attr, target).map_err(kept)?;
-        let node = self.add_made(&dir, name, attr, &p);
+        let node = self.add_made(&dir, name, attr, || off.log.stage_made(path, &attr, target))?;
         let attr = node.state.lock().attr();
         Ok(crate::NodeEntry {
             ino: node.ino,
@@ -625,7 +692,8 @@ impl HoardFs {
                 }
             }
             None if off.keep_new => {
-                off.log.stage_remove(path, &base).map_err(kept)?;
+                let origin = self.origin_components_of(node.ino);
+                off.log.stage_remove(path, origin, &base).map_err(kept)?;
             }
             None => return Err(FsError::Offline(why)),
         }
@@ -672,7 +740,8 @@ impl HoardFs {
                     return Err(FsError::Offline(why));
                 };
                 let base = node.state.lock().origin_attr();
-                off.log.stage_meta(path, &base).map_err(kept)?
+                let origin = self.origin_components_of(node.ino);
+                off.log.stage_meta(path, origin, &base).map_err(kept)?
             }
         };
         let mut g = p.lock();
@@ -680,9 +749,8 @@ impl HoardFs {
             return Err(FsError::Offline("sent back meanwhile: try again".into()));
         }
         g.set_attrs(change).map_err(kept)?;
-        let local = g.local();
+        self.nodes.set_local(p.file_id, Some(g.local()));
         drop(g);
-        self.nodes.set_local(p.file_id, Some(local));
         let st = node.state.lock();
         Ok(NodeAttr {
             attr: st.attr(),
@@ -785,7 +853,13 @@ impl HoardFs {
                 _ => {}
             }
             let d_attr = d.state.lock().origin_attr();
-            if created && d.kind == FileKind::File && d_attr.file_id & LOCAL_ID == 0 {
+            // (Over a file with a change of its own, the ordinary way below: its change
+            // becomes its removal, and the new file is made at the name.)
+            if created
+                && d.kind == FileKind::File
+                && d_attr.file_id & LOCAL_ID == 0
+                && off.log.get(d_attr.file_id).is_none()
+            {
                 let p = change.expect("a created file has its change");
                 return self.save_over(
                     &p,
@@ -803,7 +877,11 @@ impl HoardFs {
             Some(p) => p,
             None => off
                 .log
-                .stage_meta(old_path.clone(), &src_attr)
+                .stage_meta(
+                    old_path.clone(),
+                    self.origin_components_of(src.ino),
+                    &src_attr,
+                )
                 .map_err(kept)?,
         };
         {
@@ -866,10 +944,19 @@ impl HoardFs {
             return Err(FsError::Offline(why.into()));
         }
         let from = g.data_path().to_path_buf();
+        let set = g.record().set;
         let target = off.log.adopt(path, &d_attr, &from).map_err(kept)?;
+        // Permission bits and times given to the new file go with its content (an
+        // editor gives it the document's).
+        let local = {
+            let mut t = target.lock();
+            if !set.is_empty() {
+                t.set_attrs(set).map_err(kept)?;
+            }
+            t.local()
+        };
         off.log.finish(src_attr.file_id, &mut g);
         drop(g);
-        let local = target.lock().local();
         // The renamed node is the origin's file now (as the kernel sees it: the name leads
         // to the renamed inode); the replaced node is gone.
         self.nodes.set_local(src_attr.file_id, None);
@@ -904,5 +991,121 @@ impl HoardFs {
         dir.state.lock().remove_child(name);
         dir.state.lock().contents_changed();
         Ok(())
+    }
+}
+
+impl HoardFs {
+    /// Makes the names this client shows agree with the log of offline changes, after a
+    /// saved namespace was restored (it may predate the log's latest changes): objects
+    /// the log removes leave their names, moved ones go to their new ones, and objects
+    /// made offline that the saved namespace lacks are added (parents before children).
+    pub(crate) fn log_into_view(&self) {
+        use crate::cml::Kind;
+        use hoardfs_origin::FileKind;
+        let Some(off) = &self.offline else {
+            return;
+        };
+        let mut records: Vec<_> = off.log.records().into_iter().map(|(_, r)| r).collect();
+        records.sort_by_key(|r| (!r.removes(), r.path.len()));
+        for r in records {
+            let node = self.nodes.by_file_id(r.file_id);
+            let detach = |n: &Node| {
+                let (parent, name) = {
+                    let st = n.state.lock();
+                    (st.parent(), st.name().to_vec())
+                };
+                if let Some(p) = self.nodes.get(parent) {
+                    let mut st = p.state.lock();
+                    // (Only its own name: another object may have it by now.)
+                    if st.child(&name) == Some(n.ino) {
+                        st.remove_local_entry(&name);
+                    }
+                }
+            };
+            if r.removes() {
+                if let Some(n) = node {
+                    detach(&n);
+                    self.nodes.unbind_file_id(n.ino, r.file_id);
+                    n.state.lock().mark_deleted();
+                }
+                continue;
+            }
+            let Some((name, dirs)) = r.path.split_last() else {
+                continue;
+            };
+            let mut parent = self.nodes.get(crate::ROOT_INO);
+            for d in dirs {
+                let child = parent.and_then(|p| p.state.lock().child(d));
+                parent = child.and_then(|c| self.nodes.get(c));
+            }
+            let Some(parent) = parent.filter(|p| p.kind == FileKind::Dir) else {
+                tracing::warn!(
+                    "an offline change's directory is not in the saved names: {} is not                      shown until it is sent back",
+                    String::from_utf8_lossy(&r.path.join(&b'/'))
+                );
+                continue;
+            };
+            let (handle, attr, ino) = match node {
+                Some(n) => {
+                    let at = {
+                        let st = n.state.lock();
+                        (st.parent(), st.name().to_vec())
+                    };
+                    if at == (parent.ino, name.clone()) {
+                        continue;
+                    }
+                    detach(&n);
+                    n.state.lock().moved(parent.ino, name);
+                    let st = n.state.lock();
+                    (st.handle(), st.origin_attr(), n.ino)
+                }
+                None if r.creates() || r.kind == Kind::Create => {
+                    let kind = match r.kind {
+                        Kind::Mkdir => FileKind::Dir,
+                        Kind::Symlink => FileKind::Symlink,
+                        _ => FileKind::File,
+                    };
+                    let t = hoardfs_origin::Timestamp {
+                        secs: r.since as i64,
+                        nanos: 0,
+                    };
+                    let attr = hoardfs_origin::Attr {
+                        file_id: r.file_id,
+                        version: 0,
+                        kind,
+                        perm: r.perm,
+                        nlink: 1,
+                        uid: r.uid,
+                        gid: r.gid,
+                        size: r.target.len() as u64,
+                        blocks: 0,
+                        rdev: 0,
+                        blksize: 4096,
+                        atime: t,
+                        mtime: t,
+                        ctime: t,
+                    };
+                    let handle = hoardfs_origin::Handle { epoch: 0, id: 0 };
+                    let Some(n) = self.nodes.restore(parent.ino, name, handle, attr) else {
+                        continue;
+                    };
+                    if kind == FileKind::Dir {
+                        n.state.lock().keep_listing(Arc::new(crate::Listing {
+                            entries: Vec::new(),
+                            fetched: std::time::Instant::now(),
+                            since: 0,
+                        }));
+                    }
+                    (handle, attr, n.ino)
+                }
+                // An object of the origin this client never looked up: nothing to show.
+                None => continue,
+            };
+            let entry = hoardfs_origin::DirEntry {
+                name: name.clone(),
+                entry: hoardfs_origin::Entry { handle, attr },
+            };
+            parent.state.lock().add_local_entry(entry, ino);
+        }
     }
 }

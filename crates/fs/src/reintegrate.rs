@@ -1,19 +1,30 @@
 //! Reintegration: sending the changes of `--offline-writes` back to the origin once it is
-//! reachable, oldest first.
+//! reachable.
 //!
-//! Changes of different paths are independent and go [`SENDERS`] at a time; of several
-//! changes to one path (a file removed, another created under its name), only the oldest
-//! goes in a pass. For each
-//! pending file the path recorded at its first change is looked up from the root. If it still names the same object at the **base version** the change started
-//! from, the staged content is written over it (whole, then truncated to its size,
-//! published and fsynced), and the change is done. If the file changed on the origin
-//! meanwhile, or was removed or replaced by another file, or its directory is gone, the
-//! origin's version stays where it is and this client's is written next to it as
-//! `NAME.conflict-HOST-TIME` (in the root directory, with the path's components joined by
-//! `_`, when the directory is gone); the conflict is logged and listed by
-//! `hoardfs conflicts`. A file sent back is fetched again into the cache at its new
-//! version, so that it can be changed offline again. Nothing is dropped: a change that cannot be sent for any other
-//! reason (permissions, a full disk on the server) stays pending and is tried again later.
+//! Each pass sends, [`SENDERS`] at a time, the changes that wait for no other ([`ready`]:
+//! a change waits for the removals and moves that free its name, for the directory it
+//! lies in to be in place and for a directory above it to move; a directory's removal
+//! for the changes that leave it); passes repeat while they make progress, and moves that
+//! wait for each other are broken by parking one object under a temporary name in the
+//! root. A change is sent in steps: its move (from where the origin has the object to
+//! its path here), then its creation, content or removal, then its permission bits and
+//! times. Content: if the path still names the same object at the **base version** the
+//! change started from, the staged content is written over it (whole, then truncated to
+//! its size, published and fsynced). If the file changed on the origin meanwhile, or was
+//! removed or replaced by another file, or its directory is gone, the origin's version
+//! stays where it is and this client's is written next to it as `NAME.conflict-HOST-TIME`
+//! (in the root directory, with the path's components joined by `_`, when the directory
+//! is gone); a directory or link made here whose name was taken gets such a name too.
+//! Conflicts are logged and listed by `hoardfs conflicts`. A file sent back is fetched
+//! again into the cache at its new version, so that it can be changed offline again.
+//! Nothing is dropped: a change that cannot be sent for any other reason (permissions, a
+//! full disk on the server) stays pending and is tried again later.
+//!
+//! Names are recorded before the origin sees them: a conflict name is written to the
+//! record (and to those of the changes inside it) before it is tried, and the changes
+//! inside a moved directory are rewritten to its new place once it moved and before the
+//! move is recorded done (until then they wait for it); a move found done already, or an
+//! object found parked, is taken from there.
 //!
 //! Idempotent across a client killed in the middle: the record says `Uploading` (durably)
 //! before the first byte goes out, and a change found `Uploading` is sent again whole
@@ -86,6 +97,25 @@ fn utc_stamp(t: SystemTime) -> String {
     )
 }
 
+/// Where [`HoardFs::break_cycle`] puts the object of change number `seq` on the origin
+/// while the moves that wait for each other go: `/.hoardfs-moving-SEQ`.
+fn parking(seq: u64) -> Vec<Vec<u8>> {
+    vec![format!(".hoardfs-moving-{seq}").into_bytes()]
+}
+
+/// The `n`th conflict name for `name`: `NAME.conflict-HOST-STAMP`, then `...-2`, `-3`; a
+/// long name is shortened so that the suffix fits in 255 bytes.
+fn conflict_candidate(name: &[u8], host: &str, stamp: &str, n: u32) -> Vec<u8> {
+    let suffix = if n > 1 {
+        format!(".conflict-{host}-{stamp}-{n}")
+    } else {
+        format!(".conflict-{host}-{stamp}")
+    };
+    let mut copy = name[..name.len().min(255usize.saturating_sub(suffix.len()))].to_vec();
+    copy.extend_from_slice(suffix.as_bytes());
+    copy
+}
+
 fn shown(path: &[Vec<u8>]) -> String {
     let mut s = String::new();
     for c in path {
@@ -122,9 +152,12 @@ fn ready(records: &[(Arc<Pending>, Record)]) -> Vec<Arc<Pending>> {
         if r.renames() {
             moving.insert(r.origin_loc());
         }
-        let loc = r.origin_loc();
-        for i in 1..loc.len() {
-            occupied.insert(&loc[..i]);
+        // (What is still to be made is not in any directory of the origin yet.)
+        if !r.creates() {
+            let loc = r.origin_loc();
+            for i in 1..loc.len() {
+                occupied.insert(&loc[..i]);
+            }
         }
     }
     let inside = |path: &[Vec<u8>], set: &HashSet<&[Vec<u8>]>| {
@@ -134,10 +167,9 @@ fn ready(records: &[(Arc<Pending>, Record)]) -> Vec<Arc<Pending>> {
         .iter()
         .filter(|(_, r)| {
             let waits = (r.places()
-                && vacating.get(r.path.as_slice()).is_some_and(|s| *s != r.seq))
-                || inside(&r.path, &placing)
-                || inside(r.origin_loc(), &placing)
-                || inside(r.origin_loc(), &moving)
+                && (vacating.get(r.path.as_slice()).is_some_and(|s| *s != r.seq)
+                    || inside(&r.path, &placing)))
+                || (!r.creates() && inside(r.origin_loc(), &moving))
                 || (r.kind == Kind::Rmdir && occupied.contains(r.origin_loc()));
             !waits
         })
@@ -278,11 +310,15 @@ impl HoardFs {
         (r, inos, stopped.load(Ordering::SeqCst))
     }
 
-    /// Renames waiting for each other (a swap, `a→b` and `b→a`): the oldest one's object
-    /// moves on the origin to a temporary name next to it, so the others can go. Returns
-    /// whether one moved.
+    /// Renames waiting for each other (a swap, `a→b` and `b→a`; a directory moved into
+    /// the place of something moved out of it): the oldest one's object moves on the
+    /// origin to a temporary name in the root ([`parking`]), out of every directory that
+    /// moves, so the others can go; its record follows. Returns whether one moved.
     fn break_cycle(&self, records: &[(Arc<Pending>, Record)]) -> bool {
-        let Some((p, r)) = records.iter().find(|(_, r)| r.renames()) else {
+        let found = records
+            .iter()
+            .find(|(_, r)| r.renames() && r.origin_loc() != parking(r.seq).as_slice());
+        let Some((p, r)) = found else {
             return false;
         };
         let r = r.clone();
@@ -291,21 +327,23 @@ impl HoardFs {
             let (Some(dir), Some(e)) = self.find(root, r.origin_loc())? else {
                 return Ok(false);
             };
-            if e.attr.file_id != r.file_id {
+            if e.attr.file_id != r.origin_id() {
                 return Ok(false);
             }
-            let (name, parent) = r.origin_loc().split_last().expect("a path has a name");
-            let temp = format!(".hoardfs-moving-{}", r.seq).into_bytes();
+            let name = r.origin_loc().last().expect("a path has a name");
+            let temp = parking(r.seq);
             self.origin
-                .rename(dir, name, dir, &temp, hoardfs_origin::RENAME_NOREPLACE)?;
-            let mut at = parent.to_vec();
-            at.push(temp);
+                .rename(dir, name, root, &temp[0], hoardfs_origin::RENAME_NOREPLACE)?;
+            // (Killed here, the next attempt finds the object at its parking name:
+            // `send_rename`.)
             let off = self.offline.as_ref().expect("offline writes are on");
             let mut g = p.lock();
-            off.log
-                .moved_under(r.origin_loc(), &at, true, &[p.seq].into())
-                .map_err(crate::offline::kept)?;
-            g.moved_on_origin(at).map_err(crate::offline::kept)?;
+            if r.is_dir {
+                off.log
+                    .moved_under(r.origin_loc(), &temp, true, &[p.seq].into())
+                    .map_err(crate::offline::kept)?;
+            }
+            g.moved_on_origin(temp).map_err(crate::offline::kept)?;
             Ok(true)
         })();
         moved.unwrap_or_else(|e| {
@@ -400,7 +438,7 @@ impl HoardFs {
             Kind::Mkdir | Kind::Symlink => self.send_made(&mut g, root, sending, &mut noted)?,
             Kind::Rmdir => self.send_rmdir(&rec, root)?,
             Kind::Meta => match self.find(root, &rec.path)? {
-                (_, Some(e)) if e.attr.file_id == rec.file_id => Outcome::Sent(e, None),
+                (_, Some(e)) if e.attr.file_id == rec.origin_id() => Outcome::Sent(e, None),
                 _ => Outcome::Conflict(Conflict {
                     at: now_secs(),
                     path: shown(&rec.path),
@@ -445,36 +483,58 @@ impl HoardFs {
     }
 
     /// Moves the change's object on the origin from where the origin has it to the
-    /// change's path (under a conflict name if that is taken; left where it is if the
-    /// directory it moved to is gone). The changes inside it follow first, durably, so
-    /// that a crash in between leaves them where the origin will have them.
+    /// change's path (under a conflict name if that is taken, the name recorded before it
+    /// is tried; left where it is if the directory it moved to is gone). The changes
+    /// inside a moved directory follow it once it moved, before the move is recorded as
+    /// done: until then they wait for it, and a move found done already (a client killed
+    /// in between) is finished the same way.
     fn send_rename(&self, g: &mut Inner, root: Handle, sending: &HashSet<u64>) -> FsResult<Moved> {
         let off = self.offline.as_ref().expect("offline writes are on");
+        let kept = crate::offline::kept;
         let rec = g.record().clone();
         let from = rec.origin_loc().to_vec();
         let (src_dir, found) = self.find(root, &from)?;
-        let (src_dir, e) = match (src_dir, found) {
-            (Some(d), Some(e)) if e.attr.file_id == rec.file_id => (d, e),
+        let src_dir = match (src_dir, found) {
+            (Some(d), Some(e)) if e.attr.file_id == rec.origin_id() => d,
             _ => {
+                // Parked by `break_cycle`, by a client killed before it noted that?
+                let parked = parking(rec.seq);
+                if from != parked
+                    && let (_, Some(e)) = self.find(root, &parked)?
+                    && e.attr.file_id == rec.origin_id()
+                {
+                    if rec.is_dir {
+                        off.log
+                            .moved_under(&from, &parked, true, sending)
+                            .map_err(kept)?;
+                    }
+                    g.moved_on_origin(parked).map_err(kept)?;
+                    return self.send_rename(g, root, sending);
+                }
                 // Sent already (a client killed before it noted that)?
                 if let (_, Some(e)) = self.find(root, &rec.path)?
-                    && e.attr.file_id == rec.file_id
+                    && e.attr.file_id == rec.origin_id()
                 {
-                    g.arrived().map_err(crate::offline::kept)?;
+                    if rec.is_dir {
+                        off.log
+                            .moved_under(&from, &rec.path, true, sending)
+                            .map_err(kept)?;
+                    }
+                    g.arrived().map_err(kept)?;
                     return Ok(Moved::Done(None));
                 }
                 return Ok(Moved::Lost);
             }
         };
-        let _ = e;
-        let (dst_dir, taken) = self.find(root, &rec.path)?;
-        let kept = crate::offline::kept;
+        let (dst_dir, _) = self.find(root, &rec.path)?;
         let Some(dst_dir) = dst_dir else {
             // The directory it moved to is gone on the origin: it stays where it is.
             g.placed_at(from.clone()).map_err(kept)?;
-            off.log
-                .moved_under(&rec.path, &from, false, sending)
-                .map_err(kept)?;
+            if rec.is_dir {
+                off.log
+                    .moved_under(&rec.path, &from, false, sending)
+                    .map_err(kept)?;
+            }
             return Ok(Moved::Done(Some(Conflict {
                 at: now_secs(),
                 path: shown(&rec.path),
@@ -486,60 +546,53 @@ impl HoardFs {
         };
         let (name, parent) = rec.path.split_last().expect("a path has a name");
         let src_name = from.last().expect("a path has a name");
-        let mut to = rec.path.clone();
+        let stamp = utc_stamp(SystemTime::now());
         let mut noted = None;
-        // What lies inside it follows it, before it moves.
-        off.log
-            .moved_under(&from, &rec.path, true, sending)
-            .map_err(kept)?;
-        let moved = if taken.is_none() {
-            self.origin.rename(
+        for n in 1..100 {
+            let to = g.record().path.clone();
+            let at = to.last().expect("a path has a name");
+            match self.origin.rename(
                 src_dir,
                 src_name,
                 dst_dir,
-                name,
+                at,
                 hoardfs_origin::RENAME_NOREPLACE,
-            )
-        } else {
-            Err(hoardfs_origin::OriginError::Fs(WireError::Exists))
-        };
-        match moved {
-            Ok(()) => {}
-            Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => {
-                let host = off.host.clone();
-                let (copy, ()) = self.conflict_name(name, &host, |n| {
-                    self.origin.rename(
-                        src_dir,
-                        src_name,
-                        dst_dir,
-                        n,
-                        hoardfs_origin::RENAME_NOREPLACE,
-                    )
-                })?;
-                to = parent.to_vec();
-                to.push(copy);
-                off.log
-                    .moved_under(&rec.path, &to, true, sending)
-                    .map_err(kept)?;
-                off.log
-                    .moved_under(&rec.path, &to, false, sending)
-                    .map_err(kept)?;
-                noted = Some(Conflict {
-                    at: now_secs(),
-                    path: shown(&rec.path),
-                    copy: shown(&to),
-                    reason: "renamed here to a name taken on the server".into(),
-                });
+            ) {
+                Ok(()) => {
+                    if rec.is_dir {
+                        off.log
+                            .moved_under(&from, &to, true, sending)
+                            .map_err(kept)?;
+                    }
+                    g.arrived().map_err(kept)?;
+                    return Ok(Moved::Done(noted));
+                }
+                Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => {
+                    let mut next = parent.to_vec();
+                    next.push(conflict_candidate(name, &off.host, &stamp, n));
+                    if rec.is_dir {
+                        off.log
+                            .moved_under(&to, &next, false, sending)
+                            .map_err(kept)?;
+                    }
+                    g.set_path(next.clone()).map_err(kept)?;
+                    noted = Some(Conflict {
+                        at: now_secs(),
+                        path: shown(&rec.path),
+                        copy: shown(&next),
+                        reason: "renamed here to a name taken on the server".into(),
+                    });
+                }
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => return Err(e.into()),
         }
-        g.placed_at(to).map_err(kept)?;
-        Ok(Moved::Done(noted))
+        Err(FsError::Origin(WireError::Exists))
     }
 
     /// Makes the directory or symbolic link of the change on the origin (a directory of
-    /// the same name there is taken as it; another name taken, or the directory gone,
-    /// gives a conflict name).
+    /// the same name there is taken as it, and so is a link to the same target; another
+    /// name taken, or the directory gone, gives a conflict name, recorded before it is
+    /// tried).
     fn send_made(
         &self,
         g: &mut Inner,
@@ -556,15 +609,6 @@ impl HoardFs {
             gid: rec.gid,
         };
         let is_dir = rec.kind == Kind::Mkdir;
-        let make = |dir: Handle, name: &[u8]| {
-            if is_dir {
-                self.origin.mkdir(dir, name, u32::from(rec.perm), owner)
-            } else {
-                self.origin.symlink(dir, name, &rec.target, owner)
-            }
-        };
-        let (name, parent) = rec.path.split_last().expect("a path has a name");
-        let (dir, found) = self.find(root, &rec.path)?;
         let same = |e: &Entry| -> FsResult<bool> {
             Ok(match e.attr.kind {
                 FileKind::Dir => is_dir,
@@ -572,50 +616,72 @@ impl HoardFs {
                 _ => false,
             })
         };
-        let (dir, at) = match (dir, found) {
-            (Some(d), None) => match make(d, name) {
-                Ok(e) => {
+        let stamp = utc_stamp(SystemTime::now());
+        for n in 1..100 {
+            let at = g.record().path.clone();
+            let (name, parent) = at.split_last().expect("a path has a name");
+            let (dir, found) = self.find(root, &at)?;
+            let taken = match (dir, found) {
+                (Some(d), None) => {
+                    let made = if is_dir {
+                        self.origin.mkdir(d, name, u32::from(rec.perm), owner)
+                    } else {
+                        self.origin.symlink(d, name, &rec.target, owner)
+                    };
+                    match made {
+                        Ok(e) => {
+                            g.made(e.attr.file_id).map_err(kept)?;
+                            return Ok(Outcome::Created(e, None));
+                        }
+                        Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => true,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                // The same made on the server too (or by this client before a crash).
+                (Some(_), Some(e)) if same(&e)? => {
                     g.made(e.attr.file_id).map_err(kept)?;
                     return Ok(Outcome::Created(e, None));
                 }
-                // Taken meanwhile: looked at again next time.
-                Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => {
-                    return Err(FsError::Origin(WireError::Exists));
-                }
-                Err(e) => return Err(e.into()),
-            },
-            // The same made on the server too (or by this client before a crash).
-            (Some(_), Some(e)) if same(&e)? => {
-                g.made(e.attr.file_id).map_err(kept)?;
-                return Ok(Outcome::Created(e, None));
-            }
-            (Some(d), Some(_)) => (d, parent.to_vec()),
-            (None, _) => (root, Vec::new()),
-        };
-        let base = if at.len() == parent.len() {
-            name.clone()
-        } else {
-            rec.path.join(&b'_')
-        };
-        let (copy, e) = self.conflict_name(&base, &off.host, |n| make(dir, n))?;
-        let mut to = at;
-        to.push(copy);
-        g.made(e.attr.file_id).map_err(kept)?;
-        off.log
-            .moved_under(&rec.path, &to, false, sending)
-            .map_err(kept)?;
-        g.placed_at(to.clone()).map_err(kept)?;
-        *noted = Some(Conflict {
-            at: now_secs(),
-            path: shown(&rec.path),
-            copy: shown(&to),
-            reason: if dir == root && !parent.is_empty() {
-                "its directory was removed on the server".into()
+                (Some(_), Some(_)) => true,
+                (None, _) => false,
+            };
+            // Another name, recorded (with what is to be made inside it) before it is
+            // tried: next to the name taken, or in the root if the directory is gone.
+            let next = if taken {
+                let mut next = parent.to_vec();
+                next.push(conflict_candidate(
+                    rec.path.last().expect("a path has a name"),
+                    &off.host,
+                    &stamp,
+                    n,
+                ));
+                next
             } else {
-                "the name was taken on the server".into()
-            },
-        });
-        Ok(Outcome::Created(e, None))
+                vec![conflict_candidate(
+                    &rec.path.join(&b'_'),
+                    &off.host,
+                    &stamp,
+                    n,
+                )]
+            };
+            if is_dir {
+                off.log
+                    .moved_under(&at, &next, false, sending)
+                    .map_err(kept)?;
+            }
+            g.set_path(next.clone()).map_err(kept)?;
+            *noted = Some(Conflict {
+                at: now_secs(),
+                path: shown(&rec.path),
+                copy: shown(&next),
+                reason: if taken {
+                    "the name was taken on the server".into()
+                } else {
+                    "its directory was removed on the server".into()
+                },
+            });
+        }
+        Err(FsError::Origin(WireError::Exists))
     }
 
     /// Removes the change's directory on the origin; one that gained entries there stays.
@@ -624,7 +690,7 @@ impl HoardFs {
         let (Some(d), Some(e)) = (dir, found) else {
             return Ok(Outcome::Removed);
         };
-        if e.attr.file_id != rec.file_id {
+        if e.attr.file_id != rec.origin_id() {
             return Ok(Outcome::Removed);
         }
         let name = rec.origin_loc().last().expect("a path has a name");
@@ -657,7 +723,7 @@ impl HoardFs {
             Phase::Resume { expected } => e.attr.version == expected,
         };
         let outcome = match (rec.kind, &dir, found) {
-            (Kind::Remove, Some(d), Some(e)) if e.attr.file_id == rec.file_id => {
+            (Kind::Remove, Some(d), Some(e)) if e.attr.file_id == rec.origin_id() => {
                 // (Or this client's own half upload of a change it then removed.)
                 if phase_allows(&e) || e.attr.kind != hoardfs_origin::FileKind::File {
                     self.origin.unlink(*d, &name)?;
@@ -676,7 +742,7 @@ impl HoardFs {
             // Gone already, or the name is another file's now: nothing of ours to remove.
             (Kind::Remove, _, _) => Outcome::Removed,
             (Kind::Store, Some(_), Some(e))
-                if e.attr.file_id == rec.file_id && phase_allows(&e) =>
+                if e.attr.file_id == rec.origin_id() && phase_allows(&e) =>
             {
                 let attr = self.send_content(g, e.handle, e.attr.version)?;
                 Outcome::Sent(
@@ -715,7 +781,7 @@ impl HoardFs {
                 let reason = match (rec.kind, found) {
                     (Kind::Create, _) => "a file of that name was created on the server",
                     (_, None) => "removed on the server",
-                    (_, Some(e)) if e.attr.file_id != rec.file_id => "replaced on the server",
+                    (_, Some(e)) if e.attr.file_id != rec.origin_id() => "replaced on the server",
                     _ => "changed on the server since the change began",
                 };
                 let copy = self.conflict_copy(*d, &name, g, &off.host)?;
@@ -855,12 +921,17 @@ impl HoardFs {
         at_start: u64,
     ) -> FsResult<hoardfs_origin::Attr> {
         g.start_upload().map_err(crate::offline::kept)?;
-        self.upload(handle, g, at_start).map_err(|(err, last)| {
+        let attr = self.upload(handle, g, at_start).map_err(|(err, last)| {
             if let Err(io) = g.upload_failed(last) {
                 tracing::warn!("cannot record a failed upload: {io}");
             }
             err
-        })
+        })?;
+        // Sent whole: should what follows (permissions, times) fail, the next attempt
+        // goes on only over this very version, never over somebody else's change.
+        g.upload_failed(attr.version)
+            .map_err(crate::offline::kept)?;
+        Ok(attr)
     }
 
     /// Writes the staged content over the object at `handle` (at version `at_start`):
@@ -925,16 +996,9 @@ impl HoardFs {
         host: &str,
         mut attempt: impl FnMut(&[u8]) -> Result<T, hoardfs_origin::OriginError>,
     ) -> FsResult<(Vec<u8>, T)> {
-        let base = format!(".conflict-{host}-{}", utc_stamp(SystemTime::now()));
+        let stamp = utc_stamp(SystemTime::now());
         for n in 1..100 {
-            let suffix = if n > 1 {
-                format!("{base}-{n}")
-            } else {
-                base.clone()
-            };
-            // A long name is shortened so that the suffix fits in 255 bytes.
-            let mut copy = name[..name.len().min(255 - suffix.len())].to_vec();
-            copy.extend_from_slice(suffix.as_bytes());
+            let copy = conflict_candidate(name, host, &stamp, n);
             match attempt(&copy) {
                 Ok(t) => return Ok((copy, t)),
                 Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => continue,

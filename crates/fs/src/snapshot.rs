@@ -26,7 +26,7 @@ use crate::HoardFs;
 use crate::dirs::Listing;
 use crate::nodes::{Ino, ROOT_INO};
 
-const MAGIC: &[u8; 8] = b"HFSNS\x001\n";
+const MAGIC: &[u8; 8] = b"HFSNS\x002\n";
 
 /// Largest snapshot file read back (the node table holds at most 250,000 nodes).
 const MAX_FILE: u64 = 1 << 30;
@@ -54,6 +54,8 @@ struct SavedNode {
     handle: Handle,
     attr: Attr,
     listing: Option<Vec<DirEntry>>,
+    /// A symlink's target, if read (or made).
+    target: Option<Vec<u8>>,
 }
 
 /// Why a snapshot could not be read.
@@ -160,6 +162,17 @@ impl HoardFs {
             if st.is_deleted() {
                 continue;
             }
+            // Only under a name it still has (a node outlives its removed name).
+            let (parent, name) = (st.parent(), st.name().to_vec());
+            drop(st);
+            let named = self
+                .nodes
+                .get(parent)
+                .is_some_and(|p| p.state.lock().child(&name) == Some(node.ino));
+            if !named {
+                continue;
+            }
+            let st = node.state.lock();
             let saved = SavedNode {
                 parent: u32::MAX,
                 name: st.name().to_vec(),
@@ -167,6 +180,7 @@ impl HoardFs {
                 // The origin's attributes: a local change is in the log, not here.
                 attr: st.origin_attr(),
                 listing,
+                target: st.kept_target(),
             };
             children
                 .entry(st.parent())
@@ -232,6 +246,9 @@ impl HoardFs {
                 i => inos.get(i as usize).copied().flatten(),
             };
             let node = parent.and_then(|p| self.nodes.restore(p, &n.name, n.handle, n.attr));
+            if let (Some(node), Some(t)) = (&node, &n.target) {
+                node.state.lock().keep_target(t);
+            }
             if let (Some(node), Some(l)) = (&node, &n.listing) {
                 node.state.lock().keep_listing(restored_listing(l));
                 listed.push((node.ino, l));
@@ -248,6 +265,9 @@ impl HoardFs {
                 added += node.is_some() as usize;
             }
         }
+        // The snapshot may be older than the offline changes (a client killed before
+        // its next save): they are what this client's view must show.
+        self.log_into_view();
         added
     }
 }

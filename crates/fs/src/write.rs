@@ -17,6 +17,9 @@ use crate::read::FileHandle;
 use crate::stats::Stats;
 use crate::{FsError, FsResult, HoardFs, NodeAttr};
 
+/// Largest size a file held whole is fetched again at after a truncation.
+const REFETCH_AFTER_TRUNCATE: u64 = 64 << 20;
+
 impl HoardFs {
     /// Process `pid` writes `data` at `offset` through open file `fh`; returns the bytes
     /// written. (The writer's pid decides which close publishes the file: see
@@ -169,14 +172,18 @@ impl HoardFs {
             if set.size.is_none() && set.uid.is_none() && set.gid.is_none() {
                 return self.setattr_offline(&node, set, "not on the server yet".into());
             }
-            // Owners need the origin, and the change first.
-            self.reintegrate();
-            if self.pending_of(&node).is_some() {
-                return Err(FsError::Offline(
-                    "the file's offline change is not on the server yet".into(),
-                ));
-            }
+            // Owners need the origin, and the change first (sent by the mount's keeper,
+            // not from here: see `names_sent`).
+            return Err(FsError::Offline(
+                "the file's offline change is not on the server yet".into(),
+            ));
         }
+        // A file this client holds whole stays whole across a truncation (fetched again at
+        // its new version: the origin does not say whether anybody else changed it in
+        // between), so that it can still be read and changed offline; up to a bound.
+        let keep_whole = set.size.is_some_and(|s| s <= REFETCH_AFTER_TRUNCATE)
+            && node.kind == hoardfs_origin::FileKind::File
+            && self.cached_whole(&node);
         let since = self.callbacks.seq();
         let attr = match self.with_handle(&node, |h| self.origin.setattr(h, set)) {
             // A truncation while the origin is unreachable is an offline change too.
@@ -198,7 +205,26 @@ impl HoardFs {
         if node.kind == hoardfs_origin::FileKind::File {
             self.reset_object(&node, &attr);
         }
-        Ok(self.install_attr(&node, attr, since))
+        let installed = self.install_attr(&node, attr, since);
+        if keep_whole && let Err(e) = self.prefetch(node.ino) {
+            tracing::debug!(ino, "refetching a truncated file failed: {e}");
+        }
+        Ok(installed)
+    }
+
+    /// Whether the cache holds all of `node`'s file at its current version.
+    fn cached_whole(&self, node: &Node) -> bool {
+        let (attr, object) = {
+            let st = node.state.lock();
+            (st.origin_attr(), st.opens.object().cloned())
+        };
+        if let Some(o) = object {
+            return o.is_complete() && o.shape().version == attr.version;
+        }
+        self.objects
+            .dir_if_any()
+            .and_then(|c| c.peek(&self.objects.key(attr.file_id)))
+            .is_some_and(|m| m.version == attr.version && m.is_complete())
     }
 
     /// Makes `ino`'s data (and with `!datasync` its metadata) durable on the origin. Fails

@@ -322,3 +322,86 @@ fn offline_names_need_a_listed_directory_and_an_empty_one_to_remove() {
     ));
     assert_eq!(r.fs.pending_changes(), 0);
 }
+
+#[test]
+fn names_reused_after_removals_and_moves_are_sent_back_in_an_order_that_works() {
+    let (r, reg, _) = offline_rig(b"f");
+    for d in ["d", "m", "x"] {
+        std::fs::create_dir(r.export.join(d)).unwrap();
+    }
+    std::fs::write(r.export.join("d/old"), b"old").unwrap();
+    std::fs::write(r.export.join("m/in"), b"in m").unwrap();
+    std::fs::write(r.export.join("x/y"), b"y").unwrap();
+    std::fs::write(r.export.join("a"), b"a").unwrap();
+    r.fs.listing(ROOT_INO).unwrap();
+    let mut dirs = std::collections::HashMap::new();
+    for d in ["d", "m", "x"] {
+        let (ino, _) = r.lookup(d);
+        for e in r.fs.listing(ino).unwrap().entries.iter() {
+            r.fs.lookup(ino, &e.name).unwrap();
+        }
+        dirs.insert(d, ino);
+    }
+    r.lookup("a");
+
+    offline(&r, true);
+    // rm -rf d; mkdir d; touch d/f
+    r.fs.unlink(dirs["d"], b"old").unwrap();
+    r.fs.rmdir(ROOT_INO, b"d").unwrap();
+    let d2 = r.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    create(&r, &reg, d2, "f", b"new f");
+    // mv m e; mkdir m; mkdir m/sub; ln -s t m/l
+    r.fs.rename(ROOT_INO, b"m", ROOT_INO, b"e", 0).unwrap();
+    let m2 = r.fs.mkdir(ROOT_INO, b"m", 0o755, ME).unwrap().ino;
+    let sub = r.fs.mkdir(m2, b"sub", 0o755, ME).unwrap().ino;
+    create(&r, &reg, sub, "s", b"in m/sub");
+    r.fs.symlink(m2, b"l", b"t", ME).unwrap();
+    // mv x/y z; mv x z/w (each waits for the other)
+    let z = r.fs.mkdir(ROOT_INO, b"zz", 0o755, ME).unwrap().ino;
+    r.fs.rename(dirs["x"], b"y", z, b"y", 0).unwrap();
+    r.fs.rename(ROOT_INO, b"zz", ROOT_INO, b"z", 0).unwrap();
+    r.fs.rename(ROOT_INO, b"x", z, b"w", 0).unwrap();
+    // A file removed and its name taken by a moved one.
+    r.fs.unlink(ROOT_INO, b"a").unwrap();
+    r.fs.rename(ROOT_INO, b"f", ROOT_INO, b"a", 0).unwrap();
+
+    offline(&r, false);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.conflicts, done.left), (0, 0), "{done:?}");
+    assert_eq!(dir_of(&r, ""), ["a", "d", "e", "m", "z"]);
+    assert_eq!(dir_of(&r, "d"), ["f"]);
+    assert_eq!(std::fs::read(r.export.join("d/f")).unwrap(), b"new f");
+    assert_eq!(dir_of(&r, "e"), ["in"]);
+    assert_eq!(dir_of(&r, "m"), ["l", "sub"]);
+    assert_eq!(
+        std::fs::read(r.export.join("m/sub/s")).unwrap(),
+        b"in m/sub"
+    );
+    assert_eq!(dir_of(&r, "z"), ["w", "y"]);
+    assert!(dir_of(&r, "z/w").is_empty());
+    assert_eq!(std::fs::read(r.export.join("z/y")).unwrap(), b"y");
+    assert_eq!(std::fs::read(r.export.join("a")).unwrap(), b"f");
+    assert!(!r.fs.names_pending());
+}
+
+#[test]
+fn a_directory_moved_into_one_moved_out_of_it_is_sent_back() {
+    let (r, _reg, _) = offline_rig(b"f");
+    std::fs::create_dir_all(r.export.join("x/y")).unwrap();
+    std::fs::write(r.export.join("x/y/in"), b"in y").unwrap();
+    r.fs.listing(ROOT_INO).unwrap();
+    let (x, _) = r.lookup("x");
+    r.fs.listing(x).unwrap();
+    let y = r.fs.lookup(x, b"y").unwrap().ino;
+    r.fs.listing(y).unwrap();
+    offline(&r, true);
+    // mv x/y z; mv x z/w: each waits for the other on the server.
+    r.fs.rename(x, b"y", ROOT_INO, b"z", 0).unwrap();
+    r.fs.rename(ROOT_INO, b"x", y, b"w", 0).unwrap();
+    offline(&r, false);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.conflicts, done.left), (0, 0), "{done:?}");
+    assert_eq!(dir_of(&r, ""), ["f", "z"]);
+    assert_eq!(dir_of(&r, "z"), ["in", "w"]);
+    assert!(dir_of(&r, "z/w").is_empty());
+}
