@@ -6,8 +6,9 @@ shaping, 198.18.0.1); the client mounts it with --offline-writes and prefetches 
 Then the server's end of the link goes down (the client's end loses its carrier: a
 pulled cable, no resets, no answers), 10,000 write operations are made on the mount, the link comes back, and the time
 from the link coming back to the mount reconnecting, and from then to an empty log, are
-measured (`hoardfs stats` polled every 50 ms). Two logs: `many` (10,000 files of 16 KiB, one 4 KiB write each: 10,000 records)
-and `collapsed` (100 files of 1 MiB, 100 writes of 4 KiB each: 100 records). The raw link
+measured (`hoardfs stats` polled every 50 ms). Three logs: `many` (10,000 files of 16 KiB, one 4 KiB write each: 10,000 records),
+`collapsed` (100 files of 1 MiB, 100 writes of 4 KiB each: 100 records) and `names`
+(1,000 directories made, 9 new files of 4 KiB in each: 10,000 records). The raw link
 (one TCP stream, client to server, the direction of reintegration) is measured in the
 same run. Every file on the server is checked against what was written.
 
@@ -98,7 +99,25 @@ def scenario(binary, mnt, export, name, files, size, writes_per_file):
     return d, expected, rng
 
 
-def run_scenario(args, name, files, size, writes_per_file):
+def names_offline(mnt, name, rng, dirs, files_per_dir):
+    """Makes `dirs` directories with `files_per_dir` new 4 KiB files each on the mount;
+    returns the expected content by path and the number of operations."""
+    expected, ops = {}, 0
+    for i in range(dirs):
+        sub = f"d{i:04d}"
+        os.mkdir(os.path.join(mnt, name, sub))
+        ops += 1
+        for j in range(files_per_dir):
+            rel = f"{sub}/f{j}"
+            data = rng.randbytes(4 * KiB)
+            with open(os.path.join(mnt, name, rel), "wb") as f:
+                f.write(data)
+            expected[rel] = data
+            ops += 1
+    return expected, ops
+
+
+def run_scenario(args, name, files, size, writes_per_file, made_dirs=0):
     export, mnt, cache = (os.path.join(WORK, x) for x in ("export", "mnt", "cache"))
     d, expected, rng = scenario(args.binary, mnt, export, name, files, size, writes_per_file)
     log(f"{name}: prefetching {files} files of {size // KiB} KiB")
@@ -114,6 +133,9 @@ def run_scenario(args, name, files, size, writes_per_file):
     log(f"{name}: link down; {files * writes_per_file} writes")
     t0 = time.monotonic()
     ops = 0
+    if made_dirs:
+        expected, ops = names_offline(mnt, name, rng, made_dirs, writes_per_file)
+        files = 0
     for i in range(files):
         fname = f"f{i:05d}"
         with open(os.path.join(mnt, name, fname), "r+b") if i else open(first, "r+b") as f:
@@ -194,7 +216,8 @@ def main():
         procs.append(cli)
         wait_line(cli, "hoardfs: mounted", "mount")
         rows = [run_scenario(args, "many", 10_000, 16 * KiB, 1),
-                run_scenario(args, "collapsed", 100, MiB, 100)]
+                run_scenario(args, "collapsed", 100, MiB, 100),
+                run_scenario(args, "names", 1, 4 * KiB, 9, made_dirs=1_000)]
     finally:
         if os.path.exists(f"/sys/class/net/{s0.VETH_ROOT}"):
             link(True)

@@ -74,6 +74,9 @@ pub struct NodeState {
     /// (`--offline-writes`): its content, name or attributes (what it sets overrides the
     /// origin's).
     local: Option<LocalChange>,
+    /// The cached copy was whole before writes it could not follow: fetched again when
+    /// the writer closes the file.
+    refetch: bool,
     /// A symlink's target as last read or made (served while the origin is unreachable;
     /// a symlink's target never changes: a new one is a new object).
     target: Option<Vec<u8>>,
@@ -135,6 +138,16 @@ impl NodeState {
     /// Whether the object has any change not yet sent back (content, name or attributes).
     pub fn has_change(&self) -> bool {
         self.local.is_some()
+    }
+
+    /// The file is to be fetched again when its writer closes it.
+    pub(crate) fn refetch_at_close(&mut self) {
+        self.refetch = true;
+    }
+
+    /// Whether the file is to be fetched again now (and no longer).
+    pub(crate) fn take_refetch(&mut self) -> bool {
+        std::mem::take(&mut self.refetch)
     }
 
     /// Keeps symlink target `t`.
@@ -405,6 +418,7 @@ impl NodeTable {
                 opens: OpenState::default(),
                 deleted: false,
                 local: None,
+                refetch: false,
                 target: None,
             }),
             passthrough_released: Condvar::new(),

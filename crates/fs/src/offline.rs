@@ -305,6 +305,38 @@ pub(crate) fn closed(node: &Node) -> bool {
 /// ids of local exports are inode numbers, far below it; S3 origins are not offline).
 pub(crate) const LOCAL_ID: u64 = 1 << 63;
 
+/// The attributes of an object made here: id `file_id` (this client's own), no origin
+/// version, times `t`.
+fn made_attr(
+    file_id: u64,
+    kind: hoardfs_origin::FileKind,
+    perm: u16,
+    owner: hoardfs_origin::Owner,
+    size: u64,
+    t: hoardfs_origin::Timestamp,
+) -> hoardfs_origin::Attr {
+    hoardfs_origin::Attr {
+        file_id,
+        version: 0,
+        kind,
+        perm,
+        nlink: if kind == hoardfs_origin::FileKind::Dir {
+            2
+        } else {
+            1
+        },
+        uid: owner.uid,
+        gid: owner.gid,
+        size,
+        blocks: 0,
+        rdev: 0,
+        blksize: 4096,
+        atime: t,
+        mtime: t,
+        ctime: t,
+    }
+}
+
 /// A timestamp for now.
 fn now_stamp() -> hoardfs_origin::Timestamp {
     let now = std::time::SystemTime::now()
@@ -420,26 +452,14 @@ impl HoardFs {
             name,
         ]
         .concat();
-        hoardfs_origin::Attr {
-            file_id: LOCAL_ID | xxhash_rust::xxh3::xxh3_64(&seed),
-            version: 0,
+        made_attr(
+            LOCAL_ID | xxhash_rust::xxh3::xxh3_64(&seed),
             kind,
             perm,
-            nlink: if kind == hoardfs_origin::FileKind::Dir {
-                2
-            } else {
-                1
-            },
-            uid: owner.uid,
-            gid: owner.gid,
+            owner,
             size,
-            blocks: 0,
-            rdev: 0,
-            blksize: 4096,
-            atime: t,
-            mtime: t,
-            ctime: t,
-        }
+            t,
+        )
     }
 
     /// The directory `parent` where a name is made offline, the made object's path, and
@@ -1069,22 +1089,12 @@ impl HoardFs {
                         secs: r.since as i64,
                         nanos: 0,
                     };
-                    let attr = hoardfs_origin::Attr {
-                        file_id: r.file_id,
-                        version: 0,
-                        kind,
-                        perm: r.perm,
-                        nlink: 1,
+                    let owner = hoardfs_origin::Owner {
                         uid: r.uid,
                         gid: r.gid,
-                        size: r.target.len() as u64,
-                        blocks: 0,
-                        rdev: 0,
-                        blksize: 4096,
-                        atime: t,
-                        mtime: t,
-                        ctime: t,
                     };
+                    let size = r.target.len() as u64;
+                    let attr = made_attr(r.file_id, kind, r.perm, owner, size, t);
                     let handle = hoardfs_origin::Handle { epoch: 0, id: 0 };
                     let Some(n) = self.nodes.restore(parent.ino, name, handle, attr) else {
                         continue;

@@ -44,6 +44,9 @@ pub struct NamespaceSnapshot {
     root_listing: Option<Vec<DirEntry>>,
     /// Parents before children.
     nodes: Vec<SavedNode>,
+    /// Symlink targets read or made, by file id (whether the node is saved with its name
+    /// or only listed).
+    targets: Vec<(u64, Vec<u8>)>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -54,8 +57,6 @@ struct SavedNode {
     handle: Handle,
     attr: Attr,
     listing: Option<Vec<DirEntry>>,
-    /// A symlink's target, if read (or made).
-    target: Option<Vec<u8>>,
 }
 
 /// Why a snapshot could not be read.
@@ -148,8 +149,12 @@ impl HoardFs {
         let mut children: HashMap<Ino, Vec<(Ino, SavedNode)>> = HashMap::new();
         let mut root_listing = None;
         let mut root = info.root.clone();
+        let mut targets = Vec::new();
         for node in self.nodes.all() {
             let st = node.state.lock();
+            if let Some(t) = st.kept_target().filter(|_| !st.is_deleted()) {
+                targets.push((st.origin_attr().file_id, t));
+            }
             let listing = st.last_listing().map(|l| l.entries.clone());
             if node.ino == ROOT_INO {
                 root = Entry {
@@ -180,7 +185,6 @@ impl HoardFs {
                 // The origin's attributes: a local change is in the log, not here.
                 attr: st.origin_attr(),
                 listing,
-                target: st.kept_target(),
             };
             children
                 .entry(st.parent())
@@ -211,6 +215,7 @@ impl HoardFs {
             root,
             root_listing,
             nodes,
+            targets,
         })
     }
 
@@ -246,9 +251,6 @@ impl HoardFs {
                 i => inos.get(i as usize).copied().flatten(),
             };
             let node = parent.and_then(|p| self.nodes.restore(p, &n.name, n.handle, n.attr));
-            if let (Some(node), Some(t)) = (&node, &n.target) {
-                node.state.lock().keep_target(t);
-            }
             if let (Some(node), Some(l)) = (&node, &n.listing) {
                 node.state.lock().keep_listing(restored_listing(l));
                 listed.push((node.ino, l));
@@ -263,6 +265,11 @@ impl HoardFs {
                     .nodes
                     .restore(dir, &e.name, e.entry.handle, e.entry.attr);
                 added += node.is_some() as usize;
+            }
+        }
+        for (file_id, t) in &snap.targets {
+            if let Some(n) = self.nodes.by_file_id(*file_id) {
+                n.state.lock().keep_target(t);
             }
         }
         // The snapshot may be older than the offline changes (a client killed before

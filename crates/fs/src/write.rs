@@ -17,7 +17,8 @@ use crate::read::FileHandle;
 use crate::stats::Stats;
 use crate::{FsError, FsResult, HoardFs, NodeAttr};
 
-/// Largest size a file held whole is fetched again at after a truncation.
+/// Largest size a file held whole is fetched again at after a truncation, or after writes
+/// its cached copy could not follow.
 const REFETCH_AFTER_TRUNCATE: u64 = 64 << 20;
 
 impl HoardFs {
@@ -91,10 +92,17 @@ impl HoardFs {
                     .replace_object(&mut st, before.file_id, before.version, before.size);
             }
         }
+        let was_whole = st.opens.object().is_some_and(|o| o.is_complete());
         let followed = match st.opens.object() {
             Some(o) => o.apply_write(w.pre_version, w.offset, data, w.attr.version, w.attr.size),
             None => Ok(false),
         };
+        if !matches!(followed, Ok(true)) && was_whole && w.attr.size <= REFETCH_AFTER_TRUNCATE {
+            // A copy held whole could not follow (the file grew past a chunk size, or
+            // somebody else changed it too): fetched again when the writer closes it, so
+            // that it stays readable offline.
+            st.refetch_at_close();
+        }
         match followed {
             Ok(true) => return,
             Ok(false) => {}
@@ -267,6 +275,10 @@ impl HoardFs {
             }
             if of.closed_by_writer(pid) {
                 self.publish(&of.node)?;
+            }
+            let refetch = of.node.state.lock().take_refetch();
+            if refetch && let Err(e) = self.prefetch(ino) {
+                tracing::debug!(ino, "refetching a written file failed: {e}");
             }
         }
         self.durability
