@@ -493,6 +493,11 @@ impl ChangeLog {
         origin: bool,
         skip: &std::collections::HashSet<u64>,
     ) -> std::io::Result<()> {
+        let vacated = if origin {
+            Default::default()
+        } else {
+            self.vacated(skip)
+        };
         for p in self.all() {
             if skip.contains(&p.seq) {
                 continue;
@@ -520,10 +525,26 @@ impl ChangeLog {
                 g.normalise();
                 g.persist()?;
             } else {
-                g.moved_to(moved)?;
+                g.moved_to(moved, &vacated)?;
             }
         }
         Ok(())
+    }
+
+    /// Where the pending changes (but those in `skip`, whose locks may be held) take
+    /// objects away on the origin (removals, moves away).
+    pub fn vacated(
+        &self,
+        skip: &std::collections::HashSet<u64>,
+    ) -> std::collections::HashSet<Vec<Vec<u8>>> {
+        self.all()
+            .into_iter()
+            .filter(|p| !skip.contains(&p.seq))
+            .filter_map(|p| {
+                let g = p.lock();
+                (!g.gone && g.record.vacates()).then(|| g.record.origin_loc().to_vec())
+            })
+            .collect()
     }
 
     /// Starts a pending change of names or attributes only of origin object `base` at
@@ -620,6 +641,8 @@ impl ChangeLog {
                 ));
             }
             g.record.kind = Kind::Store;
+            // (The content staged is of this version, whatever the move started from.)
+            g.record.base_version = base.version;
             g.size = size;
             g.mtime = Some(SystemTime::now());
             g.persist()?;
@@ -984,13 +1007,22 @@ impl Inner {
     }
 
     /// The object was renamed here to `path`: one still to be made is made there; one the
-    /// origin has moves there from where the origin has it.
-    pub fn moved_to(&mut self, path: Vec<Vec<u8>>) -> std::io::Result<()> {
+    /// origin has moves there from where the origin has it. A path equal to where the
+    /// origin has it is no move, unless a directory on the way is another object by then
+    /// (`vacated`: where other changes take objects away on the origin).
+    pub fn moved_to(
+        &mut self,
+        path: Vec<Vec<u8>>,
+        vacated: &std::collections::HashSet<Vec<Vec<u8>>>,
+    ) -> std::io::Result<()> {
         if self.record.origin_path.is_none() && !self.record.creates() {
             self.record.origin_path = Some(self.record.path.clone());
         }
+        let replaced_on_the_way = (1..path.len()).any(|i| vacated.contains(&path[..i]));
         self.record.path = path;
-        self.normalise();
+        if !replaced_on_the_way {
+            self.normalise();
+        }
         self.persist()
     }
 

@@ -904,12 +904,14 @@ impl HoardFs {
                 )
                 .map_err(kept)?,
         };
+        // (Taken before the change's lock: it locks the other changes in turn.)
+        let vacated = off.log.vacated(&Default::default());
         {
             let mut g = p.lock();
             if g.is_gone() {
                 return Err(FsError::Offline("sent back meanwhile: try again".into()));
             }
-            g.moved_to(new_path.clone()).map_err(kept)?;
+            g.moved_to(new_path.clone(), &vacated).map_err(kept)?;
             if g.is_void() {
                 // Back at its name on the origin, nothing else changed.
                 off.log.finish(src_attr.file_id, &mut g);
@@ -1026,6 +1028,25 @@ impl HoardFs {
             return;
         };
         let mut records: Vec<_> = off.log.records().into_iter().map(|(_, r)| r).collect();
+        // Objects made offline whose change is gone (cancelled, or turned into a
+        // document's content) are not anywhere.
+        let logged: std::collections::HashSet<u64> = records.iter().map(|r| r.file_id).collect();
+        for n in self.nodes.all() {
+            let (file_id, parent, name) = {
+                let st = n.state.lock();
+                (st.origin_attr().file_id, st.parent(), st.name().to_vec())
+            };
+            if file_id & LOCAL_ID != 0 && !logged.contains(&file_id) {
+                if let Some(p) = self.nodes.get(parent) {
+                    let mut st = p.state.lock();
+                    if st.child(&name) == Some(n.ino) {
+                        st.remove_local_entry(&name);
+                    }
+                }
+                self.nodes.unbind_file_id(n.ino, file_id);
+                n.state.lock().mark_deleted();
+            }
+        }
         records.sort_by_key(|r| (!r.removes(), r.path.len()));
         for r in records {
             let node = self.nodes.by_file_id(r.file_id);

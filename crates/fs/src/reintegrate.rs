@@ -133,7 +133,8 @@ fn shown(path: &[Vec<u8>]) -> String {
 ///    offline, or moved there);
 /// 3. it lies inside a directory that moves on the origin (its path there follows the
 ///    move once sent);
-/// 4. it removes a directory that other changes have yet to leave.
+/// 4. it removes a directory that other changes have yet to leave;
+/// 5. it sets a directory's permissions or times while changes inside it wait.
 ///
 /// Chains of renames that wait for each other (a swap) are broken by
 /// `HoardFs::break_cycle`.
@@ -163,6 +164,15 @@ fn ready(records: &[(Arc<Pending>, Record)]) -> Vec<Arc<Pending>> {
     let inside = |path: &[Vec<u8>], set: &HashSet<&[Vec<u8>]>| {
         (1..path.len()).any(|i| set.contains(&path[..i]))
     };
+    // Directories with something still to go inside them (here, or on the origin).
+    let mut holding: HashSet<&[Vec<u8>]> = HashSet::new();
+    for (_, r) in records {
+        for p in [r.path.as_slice(), r.origin_loc()] {
+            for i in 1..p.len() {
+                holding.insert(&p[..i]);
+            }
+        }
+    }
     records
         .iter()
         .filter(|(_, r)| {
@@ -170,7 +180,11 @@ fn ready(records: &[(Arc<Pending>, Record)]) -> Vec<Arc<Pending>> {
                 && (vacating.get(r.path.as_slice()).is_some_and(|s| *s != r.seq)
                     || inside(&r.path, &placing)))
                 || (!r.creates() && inside(r.origin_loc(), &moving))
-                || (r.kind == Kind::Rmdir && occupied.contains(r.origin_loc()));
+                || (r.kind == Kind::Rmdir && occupied.contains(r.origin_loc()))
+                || (r.is_dir
+                    && !r.set.is_empty()
+                    && !r.changes_names()
+                    && holding.contains(r.path.as_slice()));
             !waits
         })
         .map(|(p, _)| p.clone())
@@ -315,41 +329,52 @@ impl HoardFs {
     /// origin to a temporary name in the root ([`parking`]), out of every directory that
     /// moves, so the others can go; its record follows. Returns whether one moved.
     fn break_cycle(&self, records: &[(Arc<Pending>, Record)]) -> bool {
-        let found = records
+        let candidates = records
             .iter()
-            .find(|(_, r)| r.renames() && r.origin_loc() != parking(r.seq).as_slice());
-        let Some((p, r)) = found else {
-            return false;
+            .filter(|(_, r)| r.renames() && r.origin_loc() != parking(r.seq).as_slice());
+        for (p, r) in candidates {
+            match self.park(p, r) {
+                Ok(true) => return true,
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::warn!("cannot move a renamed object out of the way: {e}");
+                    return false;
+                }
+            }
+        }
+        false
+    }
+
+    /// Moves the object of rename `r` (change `p`) to its parking name, or finds it
+    /// there (a client killed before it noted that), and records it; false if the origin
+    /// has it in neither place.
+    fn park(&self, p: &Pending, r: &Record) -> FsResult<bool> {
+        let root = self.origin.info()?.root.handle;
+        let temp = parking(r.seq);
+        let here = match self.find(root, r.origin_loc())? {
+            (Some(dir), Some(e)) if e.attr.file_id == r.origin_id() => {
+                let name = r.origin_loc().last().expect("a path has a name");
+                self.origin
+                    .rename(dir, name, root, &temp[0], hoardfs_origin::RENAME_NOREPLACE)?;
+                true
+            }
+            _ => matches!(
+                self.find(root, &temp)?,
+                (_, Some(e)) if e.attr.file_id == r.origin_id()
+            ),
         };
-        let r = r.clone();
-        let moved = (|| -> FsResult<bool> {
-            let root = self.origin.info()?.root.handle;
-            let (Some(dir), Some(e)) = self.find(root, r.origin_loc())? else {
-                return Ok(false);
-            };
-            if e.attr.file_id != r.origin_id() {
-                return Ok(false);
-            }
-            let name = r.origin_loc().last().expect("a path has a name");
-            let temp = parking(r.seq);
-            self.origin
-                .rename(dir, name, root, &temp[0], hoardfs_origin::RENAME_NOREPLACE)?;
-            // (Killed here, the next attempt finds the object at its parking name:
-            // `send_rename`.)
-            let off = self.offline.as_ref().expect("offline writes are on");
-            let mut g = p.lock();
-            if r.is_dir {
-                off.log
-                    .moved_under(r.origin_loc(), &temp, true, &[p.seq].into())
-                    .map_err(crate::offline::kept)?;
-            }
-            g.moved_on_origin(temp).map_err(crate::offline::kept)?;
-            Ok(true)
-        })();
-        moved.unwrap_or_else(|e| {
-            tracing::warn!("cannot move a renamed object out of the way: {e}");
-            false
-        })
+        if !here {
+            return Ok(false);
+        }
+        let off = self.offline.as_ref().expect("offline writes are on");
+        let mut g = p.lock();
+        if r.is_dir {
+            off.log
+                .moved_under(r.origin_loc(), &temp, true, &[p.seq].into())
+                .map_err(crate::offline::kept)?;
+        }
+        g.moved_on_origin(temp).map_err(crate::offline::kept)?;
+        Ok(true)
     }
 
     /// Every name of this client's view was sent back: directories are asked again
@@ -410,6 +435,10 @@ impl HoardFs {
         let root = self.origin.info()?.root.handle;
         let mut noted = None;
         let before = g.record().path.clone();
+        // A directory moved or made now: its permissions and times wait for what is to go
+        // inside it (`ready`), since changes inside would change its times and a
+        // read-only mode would refuse them.
+        let placed_dir = g.record().is_dir && g.record().changes_names() && !g.record().removes();
         if g.record().renames() {
             match self.send_rename(&mut g, root, sending)? {
                 Moved::Done(c) => noted = c,
@@ -453,9 +482,23 @@ impl HoardFs {
                 None => return Ok(None),
             },
         };
+        if placed_dir
+            && !rec.set.is_empty()
+            && matches!(outcome, Outcome::Sent(..) | Outcome::Created(..))
+        {
+            return Ok(None);
+        }
         let outcome = match outcome {
-            Outcome::Sent(e, ino) => Outcome::Sent(self.send_attrs(&rec, e)?, ino),
-            Outcome::Created(e, ino) => Outcome::Created(self.send_attrs(&rec, e)?, ino),
+            Outcome::Sent(e, ino) => {
+                let (e, c) = self.send_attrs(&rec, e)?;
+                noted = noted.or(c);
+                Outcome::Sent(e, ino)
+            }
+            Outcome::Created(e, ino) => {
+                let (e, c) = self.send_attrs(&rec, e)?;
+                noted = noted.or(c);
+                Outcome::Created(e, ino)
+            }
             o => o,
         };
         let renamed_to = (g.record().path != before).then(|| g.record().path.clone());
@@ -464,10 +507,11 @@ impl HoardFs {
     }
 
     /// Sets the change's permission bits and times on the origin's object `e`; returns
-    /// its entry after.
-    fn send_attrs(&self, rec: &Record, e: Entry) -> FsResult<Entry> {
+    /// its entry after, and a conflict if the origin refuses them for good (this client
+    /// may not set them there: the change is done without them, and listed).
+    fn send_attrs(&self, rec: &Record, e: Entry) -> FsResult<(Entry, Option<Conflict>)> {
         if rec.set.is_empty() {
-            return Ok(e);
+            return Ok((e, None));
         }
         let set = SetAttrs {
             mode: rec.set.perm.map(u32::from),
@@ -475,11 +519,29 @@ impl HoardFs {
             mtime: rec.set.mtime.map(hoardfs_origin::TimeSet::At),
             ..Default::default()
         };
-        let attr = self.origin.setattr(e.handle, &set)?;
-        Ok(Entry {
+        let attr = match self.origin.setattr(e.handle, &set) {
+            Ok(a) => a,
+            Err(hoardfs_origin::OriginError::Fs(
+                w @ (WireError::Access | WireError::NotPermitted),
+            )) => {
+                let c = Conflict {
+                    at: now_secs(),
+                    path: shown(&rec.path),
+                    copy: shown(&rec.path),
+                    reason: format!(
+                        "permissions or times changed here, refused by the server ({w:?}): \
+                         not applied"
+                    ),
+                };
+                return Ok((e, Some(c)));
+            }
+            Err(err) => return Err(err.into()),
+        };
+        let e = Entry {
             handle: e.handle,
             attr,
-        })
+        };
+        Ok((e, None))
     }
 
     /// Moves the change's object on the origin from where the origin has it to the

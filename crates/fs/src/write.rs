@@ -97,7 +97,11 @@ impl HoardFs {
             Some(o) => o.apply_write(w.pre_version, w.offset, data, w.attr.version, w.attr.size),
             None => Ok(false),
         };
-        if !matches!(followed, Ok(true)) && was_whole && w.attr.size <= REFETCH_AFTER_TRUNCATE {
+        if !matches!(followed, Ok(true))
+            && was_whole
+            && w.attr.size <= REFETCH_AFTER_TRUNCATE
+            && !self.origin.publishes_on_close()
+        {
             // A copy held whole could not follow (the file grew past a chunk size, or
             // somebody else changed it too): fetched again when the writer closes it, so
             // that it stays readable offline.
@@ -191,6 +195,7 @@ impl HoardFs {
         // between), so that it can still be read and changed offline; up to a bound.
         let keep_whole = set.size.is_some_and(|s| s <= REFETCH_AFTER_TRUNCATE)
             && node.kind == hoardfs_origin::FileKind::File
+            && !self.origin.publishes_on_close()
             && self.cached_whole(&node);
         let since = self.callbacks.seq();
         let attr = match self.with_handle(&node, |h| self.origin.setattr(h, set)) {
@@ -275,10 +280,10 @@ impl HoardFs {
             }
             if of.closed_by_writer(pid) {
                 self.publish(&of.node)?;
-            }
-            let refetch = of.node.state.lock().take_refetch();
-            if refetch && let Err(e) = self.prefetch(ino) {
-                tracing::debug!(ino, "refetching a written file failed: {e}");
+                let refetch = of.node.state.lock().take_refetch();
+                if refetch && let Err(e) = self.prefetch(ino) {
+                    tracing::debug!(ino, "refetching a written file failed: {e}");
+                }
             }
         }
         self.durability
