@@ -399,6 +399,8 @@ impl HoardFs {
         let since = self.callbacks.seq();
         let dir_id = dir.state.lock().attr().file_id;
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
+            // An object moved here and not yet on the origin has this client's name only.
+            Ok(e) if self.moved_elsewhere(&e, parent, name) => Err(WireError::NotFound.into()),
             Ok(e) => {
                 let ListedNode { ino, ttl, attr } =
                     self.remember(parent, name, &e, dir_id, since, None);

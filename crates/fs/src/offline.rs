@@ -412,6 +412,26 @@ impl HoardFs {
         None
     }
 
+    /// Whether the origin's entry `e`, found as `parent/name`, is an object this client
+    /// moved elsewhere (or removed) with a change not yet sent back.
+    pub(crate) fn moved_elsewhere(
+        &self,
+        e: &hoardfs_origin::Entry,
+        parent: crate::Ino,
+        name: &[u8],
+    ) -> bool {
+        if !self.names_pending() {
+            return false;
+        }
+        let Some(n) = self.nodes.by_file_id(e.attr.file_id) else {
+            return false;
+        };
+        let st = n.state.lock();
+        n.kind == e.attr.kind
+            && st.has_change()
+            && (st.is_deleted() || st.parent() != parent || st.name() != name)
+    }
+
     /// Whether the log holds changes of objects inside directory node `ino` (a move of
     /// the directory must then go through the log, for them to follow it).
     pub(crate) fn changes_inside(&self, ino: crate::Ino) -> bool {

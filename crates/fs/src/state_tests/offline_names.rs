@@ -468,3 +468,25 @@ fn a_path_reused_by_a_new_directory_is_not_taken_for_the_old_one() {
         b"made after the chmod"
     );
 }
+
+#[test]
+fn while_names_wait_an_object_moved_here_is_not_found_under_its_old_name_on_the_origin() {
+    let (r, _reg, _) = offline_rig(b"f");
+    std::fs::create_dir(r.export.join("u")).unwrap();
+    std::fs::write(r.export.join("u/x"), b"x").unwrap();
+    r.fs.listing(ROOT_INO).unwrap();
+    let (u, _) = r.lookup("u");
+    let x = r.fs.lookup(u, b"x").unwrap().ino;
+    offline(&r, true);
+    r.fs.rename(u, b"x", ROOT_INO, b"y", 0).unwrap();
+    // Back, the move not sent yet: u was never listed, so its names come from the origin,
+    // which still has x there.
+    offline(&r, false);
+    assert!(matches!(
+        r.fs.lookup(u, b"x"),
+        Err(FsError::Origin(hoardfs_origin::WireError::NotFound))
+    ));
+    assert_eq!(r.fs.lookup(ROOT_INO, b"y").unwrap().ino, x);
+    assert_eq!(r.fs.reintegrate().left, 0);
+    assert_eq!(std::fs::read(r.export.join("y")).unwrap(), b"x");
+}
