@@ -348,6 +348,21 @@ fn now_stamp() -> hoardfs_origin::Timestamp {
     }
 }
 
+/// An object's change was sent back while an operation was adding to it: the operation
+/// starts over (with a change of its own).
+const SENT_MEANWHILE: &str = "its change was sent back meanwhile";
+
+/// Runs `op` again (twice at most) while it finds the change it adds to sent back.
+fn retried<T>(mut op: impl FnMut() -> FsResult<T>) -> FsResult<T> {
+    for _ in 0..2 {
+        match op() {
+            Err(FsError::Offline(why)) if why == SENT_MEANWHILE => continue,
+            r => return r,
+        }
+    }
+    op()
+}
+
 /// Why a change is logged although the origin may be reachable.
 const NAMES_WAIT: &str = "earlier changes to names are not on the server yet";
 
@@ -758,6 +773,15 @@ impl HoardFs {
         set: &hoardfs_origin::SetAttrs,
         why: String,
     ) -> FsResult<NodeAttr> {
+        retried(|| self.setattr_offline_once(node, set, why.clone()))
+    }
+
+    fn setattr_offline_once(
+        &self,
+        node: &Node,
+        set: &hoardfs_origin::SetAttrs,
+        why: String,
+    ) -> FsResult<NodeAttr> {
         let Some(off) = self.offline.as_ref().filter(|o| o.keep_new) else {
             return Err(FsError::Offline(why));
         };
@@ -786,7 +810,7 @@ impl HoardFs {
         };
         let mut g = p.lock();
         if g.is_gone() {
-            return Err(FsError::Offline("sent back meanwhile: try again".into()));
+            return Err(FsError::Offline(SENT_MEANWHILE.into()));
         }
         g.set_attrs(change).map_err(kept)?;
         self.nodes.set_local(p.file_id, Some(g.local()));
@@ -808,6 +832,18 @@ impl HoardFs {
     /// the origin (an editor's save) becomes that file's new content, from the version
     /// this client last saw. Exchanges need the origin.
     pub(crate) fn rename_offline(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        new_parent: crate::Ino,
+        new_name: &[u8],
+        flags: u32,
+        why: String,
+    ) -> FsResult<()> {
+        retried(|| self.rename_offline_once(parent, name, new_parent, new_name, flags, why.clone()))
+    }
+
+    fn rename_offline_once(
         &self,
         parent: crate::Ino,
         name: &[u8],
@@ -929,7 +965,7 @@ impl HoardFs {
         {
             let mut g = p.lock();
             if g.is_gone() {
-                return Err(FsError::Offline("sent back meanwhile: try again".into()));
+                return Err(FsError::Offline(SENT_MEANWHILE.into()));
             }
             g.moved_to(new_path.clone(), &vacated).map_err(kept)?;
             if g.is_void() {
