@@ -311,6 +311,12 @@ pub struct ChangeLog {
     /// Held across [`ChangeLog::stage`], so one file is staged once (taken before the
     /// table's lock).
     next_seq: Mutex<u64>,
+    /// Counts the moves made on the origin (held while one is made and its changes
+    /// follow it): a change recorded with where the origin has its object is recorded
+    /// under it, and only if no move happened since that place was worked out
+    /// ([`ChangeLog::at_origin`]). Taken with no `Pending` lock held by the recorder, and
+    /// after its own by a sender: never the other way round.
+    moves: Mutex<u64>,
 }
 
 /// Seconds since the epoch, now.
@@ -429,6 +435,7 @@ impl ChangeLog {
         }
         Ok(ChangeLog {
             dir: dir.to_path_buf(),
+            moves: Mutex::new(0),
             names,
             pending: Mutex::new(pending),
             next_seq: Mutex::new(next),
@@ -529,6 +536,33 @@ impl ChangeLog {
             }
         }
         Ok(())
+    }
+
+    /// A move on the origin is made (and the changes inside it follow it) while the
+    /// returned guard is held.
+    pub fn moving(&self) -> MutexGuard<'_, u64> {
+        let mut g = self.moves.lock();
+        *g += 1;
+        g
+    }
+
+    /// Records a change with `origin`'s answer for where the origin has its object
+    /// (worked out again while a move happened meanwhile), with no move in between.
+    pub fn at_origin<T>(
+        &self,
+        origin: impl Fn() -> Option<Vec<Vec<u8>>>,
+        record: impl FnOnce(Option<Vec<Vec<u8>>>) -> T,
+    ) -> T {
+        loop {
+            let before = *self.moves.lock();
+            let at = origin();
+            let g = self.moves.lock();
+            if *g == before {
+                let r = record(at);
+                drop(g);
+                return r;
+            }
+        }
     }
 
     /// Where the pending changes (but those in `skip`, whose locks may be held) take

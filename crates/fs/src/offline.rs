@@ -151,8 +151,18 @@ impl HoardFs {
             );
             return Err(FsError::Offline(why));
         };
-        let origin = self.origin_components_of(node.ino);
-        let p = off.log.stage(path, origin, &attr, object).map_err(kept)?;
+        // (Where the origin has it matters only for a new change: one is recorded with
+        // no move in between, see `ChangeLog::at_origin`; an existing change is not
+        // locked under that.)
+        let p = if off.log.get(attr.file_id).is_some() {
+            off.log.stage(path, None, &attr, object)
+        } else {
+            off.log.at_origin(
+                || self.origin_components_of(node.ino),
+                |origin| off.log.stage(path, origin, &attr, object),
+            )
+        }
+        .map_err(kept)?;
         {
             // (Under the change's lock: a sender finishing it meanwhile clears it after.)
             let g = p.lock();
@@ -747,8 +757,12 @@ impl HoardFs {
                 }
             }
             None if off.keep_new => {
-                let origin = self.origin_components_of(node.ino);
-                off.log.stage_remove(path, origin, &base).map_err(kept)?;
+                off.log
+                    .at_origin(
+                        || self.origin_components_of(node.ino),
+                        |origin| off.log.stage_remove(path, origin, &base),
+                    )
+                    .map_err(kept)?;
             }
             None => return Err(FsError::Offline(why)),
         }
@@ -804,8 +818,12 @@ impl HoardFs {
                     return Err(FsError::Offline(why));
                 };
                 let base = node.state.lock().origin_attr();
-                let origin = self.origin_components_of(node.ino);
-                off.log.stage_meta(path, origin, &base).map_err(kept)?
+                off.log
+                    .at_origin(
+                        || self.origin_components_of(node.ino),
+                        |origin| off.log.stage_meta(path, origin, &base),
+                    )
+                    .map_err(kept)?
             }
         };
         let mut g = p.lock();
@@ -953,10 +971,9 @@ impl HoardFs {
             Some(p) => p,
             None => off
                 .log
-                .stage_meta(
-                    old_path.clone(),
-                    self.origin_components_of(src.ino),
-                    &src_attr,
+                .at_origin(
+                    || self.origin_components_of(src.ino),
+                    |origin| off.log.stage_meta(old_path.clone(), origin, &src_attr),
                 )
                 .map_err(kept)?,
         };

@@ -349,6 +349,10 @@ impl HoardFs {
     /// there (a client killed before it noted that), and records it; false if the origin
     /// has it in neither place.
     fn park(&self, p: &Pending, r: &Record) -> FsResult<bool> {
+        let off = self.offline.as_ref().expect("offline writes are on");
+        // (The change's lock, then the moves' guard, as a sender takes them.)
+        let mut g = p.lock();
+        let _moving = off.log.moving();
         let root = self.origin.info()?.root.handle;
         let temp = parking(r.seq);
         let here = match self.find(root, r.origin_loc())? {
@@ -366,8 +370,6 @@ impl HoardFs {
         if !here {
             return Ok(false);
         }
-        let off = self.offline.as_ref().expect("offline writes are on");
-        let mut g = p.lock();
         if r.is_dir {
             off.log
                 .moved_under(r.origin_loc(), &temp, true, &[p.seq].into())
@@ -552,6 +554,8 @@ impl HoardFs {
     /// in between) is finished the same way.
     fn send_rename(&self, g: &mut Inner, root: Handle, sending: &HashSet<u64>) -> FsResult<Moved> {
         let off = self.offline.as_ref().expect("offline writes are on");
+        // No change is recorded with where the origin has its object while it moves.
+        let moving = off.log.moving();
         let kept = crate::offline::kept;
         let rec = g.record().clone();
         let from = rec.origin_loc().to_vec();
@@ -571,6 +575,7 @@ impl HoardFs {
                             .map_err(kept)?;
                     }
                     g.moved_on_origin(parked).map_err(kept)?;
+                    drop(moving);
                     return self.send_rename(g, root, sending);
                 }
                 // Sent already (a client killed before it noted that)?
