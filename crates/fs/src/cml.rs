@@ -1083,6 +1083,11 @@ impl Inner {
         self.persist()
     }
 
+    /// Records that an upload (or a creation) did not start after all.
+    pub fn not_started(&mut self) -> std::io::Result<()> {
+        self.set_phase(Phase::Staged)
+    }
+
     /// Records that an upload starts (durably, before the origin sees any of it).
     pub fn start_upload(&mut self) -> std::io::Result<()> {
         self.set_phase(Phase::Uploading)

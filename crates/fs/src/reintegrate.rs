@@ -493,11 +493,13 @@ impl HoardFs {
         let outcome = match outcome {
             Outcome::Sent(e, ino) => {
                 let (e, c) = self.send_attrs(&rec, e)?;
+                self.attrs_sent(&mut g, &rec, &e)?;
                 noted = noted.or(c);
                 Outcome::Sent(e, ino)
             }
             Outcome::Created(e, ino) => {
                 let (e, c) = self.send_attrs(&rec, e)?;
+                self.attrs_sent(&mut g, &rec, &e)?;
                 noted = noted.or(c);
                 Outcome::Created(e, ino)
             }
@@ -506,6 +508,17 @@ impl HoardFs {
         let renamed_to = (g.record().path != before).then(|| g.record().path.clone());
         self.finish_change(p, g, outcome, renamed_to)
             .map(|o| o.map(|(o, c)| (o, c.or(noted))))
+    }
+
+    /// Notes the version the origin reports after a change's permissions and times were
+    /// set (they change it): a client killed before the change is marked done sends its
+    /// content again over that version, not into a conflict copy.
+    fn attrs_sent(&self, g: &mut Inner, rec: &Record, e: &Entry) -> FsResult<()> {
+        if rec.has_content() && !rec.set.is_empty() {
+            g.upload_failed(e.attr.version)
+                .map_err(crate::offline::kept)?;
+        }
+        Ok(())
     }
 
     /// Sets the change's permission bits and times on the origin's object `e`; returns
@@ -825,11 +838,23 @@ impl HoardFs {
             {
                 self.send_created(g, &e)?
             }
+            // Created by this client, which was killed before it noted that (it notes the
+            // attempt first): the file there is taken as its own, as a half upload is.
+            (Kind::Create, Some(_), Some(e))
+                if rec.created.is_none()
+                    && rec.phase == Phase::Uploading
+                    && e.attr.kind == hoardfs_origin::FileKind::File =>
+            {
+                g.created(e.attr.file_id, e.attr.version)
+                    .map_err(crate::offline::kept)?;
+                self.send_created(g, &e)?
+            }
             (Kind::Create, Some(d), None) => {
                 let owner = Owner {
                     uid: rec.uid,
                     gid: rec.gid,
                 };
+                g.start_upload().map_err(crate::offline::kept)?;
                 match self
                     .origin
                     .create(*d, &name, u32::from(rec.perm), true, owner)
@@ -839,8 +864,12 @@ impl HoardFs {
                             .map_err(crate::offline::kept)?;
                         self.send_created(g, &e)?
                     }
-                    // Taken meanwhile: next time round it is a conflict.
-                    Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => return Ok(None),
+                    // Taken meanwhile (not by this client): next time round it is a
+                    // conflict.
+                    Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => {
+                        g.not_started().map_err(crate::offline::kept)?;
+                        return Ok(None);
+                    }
                     Err(e) => return Err(e.into()),
                 }
             }
