@@ -101,6 +101,9 @@ pub struct Listings {
     disk: Option<PathBuf>,
     ttl: Duration,
     immutable: bool,
+    /// Counts the changes made through this origin ([`Listings::expire`]): a listing
+    /// begun before one may not show it, and is kept as out of date.
+    changes: std::sync::atomic::AtomicU64,
 }
 
 impl Listings {
@@ -115,6 +118,7 @@ impl Listings {
             disk,
             ttl,
             immutable,
+            changes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -158,6 +162,7 @@ impl Listings {
 
     /// Lists `prefix` from the store (every page), keeps and returns the snapshot.
     pub fn refresh(&self, client: &S3Client, prefix: &str) -> S3Result<Arc<Snapshot>> {
+        let changes = self.changes.load(std::sync::atomic::Ordering::SeqCst);
         let mut pages = Vec::new();
         let mut token: Option<String> = None;
         let mut count = 0usize;
@@ -183,13 +188,19 @@ impl Listings {
             }
         }
         let snap = Arc::new(Snapshot::from_pages(prefix, pages));
-        self.hold(prefix, snap.clone(), Some(Instant::now() + self.ttl));
+        // A change made through this origin meanwhile may be missing from it: used for
+        // this answer, but not reused as fresh.
+        let unchanged = self.changes.load(std::sync::atomic::Ordering::SeqCst) == changes;
+        let fresh = unchanged.then(|| Instant::now() + self.ttl);
+        self.hold(prefix, snap.clone(), fresh);
         self.store(prefix, &snap);
         Ok(snap)
     }
 
     /// The listing of `prefix` changed (through this origin): the next use lists again.
     pub fn expire(&self, prefix: &str) {
+        self.changes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Some(h) = self.mem.lock().0.get_mut(prefix) {
             h.fresh_until = None;
         }
