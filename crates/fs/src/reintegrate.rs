@@ -39,11 +39,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use hoardfs_origin::{Entry, Handle, Owner, SetAttrs, WireError};
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::cml::{Conflict, Inner, Kind, Pending, Phase, Record, now_secs};
+use crate::replay_order::{parking, ready};
 
 use crate::nodes::Ino;
 use crate::{FsError, FsResult, HoardFs};
@@ -97,12 +98,6 @@ fn utc_stamp(t: SystemTime) -> String {
     )
 }
 
-/// Where [`HoardFs::break_cycle`] puts the object of change number `seq` on the origin
-/// while the moves that wait for each other go: `/.hoardfs-moving-SEQ`.
-fn parking(seq: u64) -> Vec<Vec<u8>> {
-    vec![format!(".hoardfs-moving-{seq}").into_bytes()]
-}
-
 /// The `n`th conflict name for `name`: `NAME.conflict-HOST-STAMP`, then `...-2`, `-3`; a
 /// long name is shortened so that the suffix fits in 255 bytes.
 fn conflict_candidate(name: &[u8], host: &str, stamp: &str, n: u32) -> Vec<u8> {
@@ -125,74 +120,8 @@ fn shown(path: &[Vec<u8>]) -> String {
     s
 }
 
-/// Which of `records` can be sent now: those that wait for no other change. A change
-/// waits while
-/// 1. it puts something at a name another change has yet to take away there (a removal,
-///    or a rename away);
-/// 2. it lies (or puts something) inside a directory not in place on the origin yet (made
-///    offline, or moved there);
-/// 3. it lies inside a directory that moves on the origin (its path there follows the
-///    move once sent);
-/// 4. it removes a directory that other changes have yet to leave;
-/// 5. it sets a directory's permissions or times while changes inside it wait.
-///
-/// Chains of renames that wait for each other (a swap) are broken by
-/// `HoardFs::break_cycle`.
-fn ready(records: &[(Arc<Pending>, Record)]) -> Vec<Arc<Pending>> {
-    let mut vacating: HashMap<&[Vec<u8>], u64> = HashMap::new();
-    let mut placing: HashSet<&[Vec<u8>]> = HashSet::new();
-    let mut moving: HashSet<&[Vec<u8>]> = HashSet::new();
-    let mut occupied: HashSet<&[Vec<u8>]> = HashSet::new();
-    for (_, r) in records {
-        if r.vacates() {
-            vacating.insert(r.origin_loc(), r.seq);
-        }
-        if r.places() {
-            placing.insert(&r.path);
-        }
-        if r.renames() {
-            moving.insert(r.origin_loc());
-        }
-        // (What is still to be made is not in any directory of the origin yet.)
-        if !r.creates() {
-            let loc = r.origin_loc();
-            for i in 1..loc.len() {
-                occupied.insert(&loc[..i]);
-            }
-        }
-    }
-    let inside = |path: &[Vec<u8>], set: &HashSet<&[Vec<u8>]>| {
-        (1..path.len()).any(|i| set.contains(&path[..i]))
-    };
-    // Directories with something still to go inside them (here, or on the origin).
-    let mut holding: HashSet<&[Vec<u8>]> = HashSet::new();
-    for (_, r) in records {
-        for p in [r.path.as_slice(), r.origin_loc()] {
-            for i in 1..p.len() {
-                holding.insert(&p[..i]);
-            }
-        }
-    }
-    records
-        .iter()
-        .filter(|(_, r)| {
-            let waits = (r.places()
-                && (vacating.get(r.path.as_slice()).is_some_and(|s| *s != r.seq)
-                    || inside(&r.path, &placing)))
-                || (!r.creates() && inside(r.origin_loc(), &moving))
-                || (r.kind == Kind::Rmdir && occupied.contains(r.origin_loc()))
-                || (r.is_dir
-                    && !r.set.is_empty()
-                    && !r.changes_names()
-                    && holding.contains(r.path.as_slice()));
-            !waits
-        })
-        .map(|(p, _)| p.clone())
-        .collect()
-}
-
 /// Where a path leads on the origin: its directory (if there) and its entry (if any).
-type Found = (Option<Handle>, Option<Entry>);
+pub(crate) type Found = (Option<Handle>, Option<Entry>);
 
 /// How a rename went back.
 enum Moved {
@@ -324,61 +253,6 @@ impl HoardFs {
         (r, inos, stopped.load(Ordering::SeqCst))
     }
 
-    /// Renames waiting for each other (a swap, `a→b` and `b→a`; a directory moved into
-    /// the place of something moved out of it): the oldest one's object moves on the
-    /// origin to a temporary name in the root ([`parking`]), out of every directory that
-    /// moves, so the others can go; its record follows. Returns whether one moved.
-    fn break_cycle(&self, records: &[(Arc<Pending>, Record)]) -> bool {
-        let candidates = records
-            .iter()
-            .filter(|(_, r)| r.renames() && r.origin_loc() != parking(r.seq).as_slice());
-        for (p, r) in candidates {
-            match self.park(p, r) {
-                Ok(true) => return true,
-                Ok(false) => continue,
-                Err(e) => {
-                    tracing::warn!("cannot move a renamed object out of the way: {e}");
-                    return false;
-                }
-            }
-        }
-        false
-    }
-
-    /// Moves the object of rename `r` (change `p`) to its parking name, or finds it
-    /// there (a client killed before it noted that), and records it; false if the origin
-    /// has it in neither place.
-    fn park(&self, p: &Pending, r: &Record) -> FsResult<bool> {
-        let off = self.offline.as_ref().expect("offline writes are on");
-        // (The change's lock, then the moves' guard, as a sender takes them.)
-        let mut g = p.lock();
-        let _moving = off.log.moving();
-        let root = self.origin.info()?.root.handle;
-        let temp = parking(r.seq);
-        let here = match self.find(root, r.origin_loc())? {
-            (Some(dir), Some(e)) if e.attr.file_id == r.origin_id() => {
-                let name = r.origin_loc().last().expect("a path has a name");
-                self.origin
-                    .rename(dir, name, root, &temp[0], hoardfs_origin::RENAME_NOREPLACE)?;
-                true
-            }
-            _ => matches!(
-                self.find(root, &temp)?,
-                (_, Some(e)) if e.attr.file_id == r.origin_id()
-            ),
-        };
-        if !here {
-            return Ok(false);
-        }
-        if r.is_dir {
-            off.log
-                .moved_under(r.origin_loc(), &temp, true, &[p.seq].into())
-                .map_err(crate::offline::kept)?;
-        }
-        g.moved_on_origin(temp).map_err(crate::offline::kept)?;
-        Ok(true)
-    }
-
     /// Every name of this client's view was sent back: directories are asked again
     /// (their names on the origin may differ where conflicts were kept).
     fn names_sent_back(&self) {
@@ -400,7 +274,7 @@ impl HoardFs {
 
     /// Walks `path` from `root` on the origin: its directory's handle (`None` if a
     /// component is gone) and its entry (`None` if absent).
-    fn find(&self, root: Handle, path: &[Vec<u8>]) -> FsResult<Found> {
+    pub(crate) fn find(&self, root: Handle, path: &[Vec<u8>]) -> FsResult<Found> {
         let Some((name, dirs)) = path.split_last() else {
             return Err(FsError::Origin(WireError::Invalid));
         };

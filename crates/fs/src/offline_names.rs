@@ -1,0 +1,929 @@
+//! Names changed while the origin is unreachable (`--offline-writes`; the writes of file
+//! contents are `crate::offline`).
+//!
+//! Names change offline too, in directories listed while connected (so that this client
+//! knows which names are free): regular files are created (a node with an id of this
+//! client's own, an empty staging file, a `Create` record), directories made (`Mkdir`,
+//! known to be empty) and symbolic links (`Symlink`, the target in the record); objects
+//! are removed (`Remove`, `Rmdir`: a directory this client knows to be empty), replacing
+//! a pending change of the object, or cancelling one made offline; any object is renamed
+//! (one made offline is made at its new name; one of the origin gets a move in its change,
+//! and the changes inside a moved directory follow it); a file created offline renamed
+//! over a file of the origin becomes that file's new content (an editor's save).
+//! Permission bits and times are kept in the object's change and set after its content.
+//! Owners, hard links, special files and exchanges still need the origin.
+//!
+//! While the log holds changes to names, this client's view of names is its own (lookups
+//! and listings are answered from it), and new changes to names are logged after them
+//! even if the origin is back, until reintegration sent them.
+//!
+use std::sync::Arc;
+
+use crate::cml::Pending;
+use crate::nodes::Node;
+use crate::offline::{closed, kept};
+use crate::read::Opened;
+use crate::{Access, FsError, FsResult, HoardFs, NodeAttr};
+
+/// The top bit marks the file ids this client makes for objects created offline (origin
+/// ids of local exports are inode numbers, far below it; S3 origins are not offline).
+pub(crate) const LOCAL_ID: u64 = 1 << 63;
+
+/// The attributes of an object made here: id `file_id` (this client's own), no origin
+/// version, times `t`.
+fn made_attr(
+    file_id: u64,
+    kind: hoardfs_origin::FileKind,
+    perm: u16,
+    owner: hoardfs_origin::Owner,
+    size: u64,
+    t: hoardfs_origin::Timestamp,
+) -> hoardfs_origin::Attr {
+    hoardfs_origin::Attr {
+        file_id,
+        version: 0,
+        kind,
+        perm,
+        nlink: if kind == hoardfs_origin::FileKind::Dir {
+            2
+        } else {
+            1
+        },
+        uid: owner.uid,
+        gid: owner.gid,
+        size,
+        blocks: 0,
+        rdev: 0,
+        blksize: 4096,
+        atime: t,
+        mtime: t,
+        ctime: t,
+    }
+}
+
+/// A timestamp for now.
+fn now_stamp() -> hoardfs_origin::Timestamp {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    hoardfs_origin::Timestamp {
+        secs: now.as_secs() as i64,
+        nanos: now.subsec_nanos(),
+    }
+}
+
+/// An object's change was sent back while an operation was adding to it: the operation
+/// starts over (with a change of its own).
+const SENT_MEANWHILE: &str = "its change was sent back meanwhile";
+
+/// Runs `op` again (twice at most) while it finds the change it adds to sent back.
+fn retried<T>(mut op: impl FnMut() -> FsResult<T>) -> FsResult<T> {
+    for _ in 0..2 {
+        match op() {
+            Err(FsError::Offline(why)) if why == SENT_MEANWHILE => continue,
+            r => return r,
+        }
+    }
+    op()
+}
+
+/// Why a change is logged although the origin may be reachable.
+const NAMES_WAIT: &str = "earlier changes to names are not on the server yet";
+
+impl HoardFs {
+    /// Whether new changes to names go to the log: offline writes are on and the log
+    /// still holds changes to names (they reach the origin first, in order).
+    pub(crate) fn names_logged(&self) -> bool {
+        self.offline
+            .as_ref()
+            .is_some_and(|o| o.keeps_new() && o.log.names_pending())
+    }
+
+    /// Whether the log holds changes to names (until they reach the origin, this
+    /// client's view of names is its own: lookups and listings are answered from it).
+    pub(crate) fn names_pending(&self) -> bool {
+        self.offline.as_ref().is_some_and(|o| o.log.names_pending())
+    }
+
+    /// Runs `op` (an offline variant of a namespace operation) instead of the origin's
+    /// when the log holds changes to names, so that the new change follows them (if the
+    /// log cannot take it, it fails: see `names_sent`); `None`: go to the origin.
+    pub(crate) fn logged<T>(&self, op: impl Fn(String) -> FsResult<T>) -> Option<FsResult<T>> {
+        self.names_logged().then(|| op(NAMES_WAIT.into()))
+    }
+
+    /// Where the origin has node `ino` (an object of the origin): its names from the
+    /// root, except that from the nearest node (it or a directory above it) with a move
+    /// not yet sent back, the origin's location of that node. `None` if unknown.
+    pub(crate) fn origin_components_of(&self, ino: crate::Ino) -> Option<Vec<Vec<u8>>> {
+        let off = self.offline.as_ref()?;
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        for _ in 0..4096 {
+            if cur == crate::ROOT_INO {
+                parts.reverse();
+                return Some(parts);
+            }
+            let n = self.nodes.get(cur)?;
+            let (changed, file_id, name, parent) = {
+                let st = n.state.lock();
+                (
+                    st.has_change(),
+                    st.attr().file_id,
+                    st.name().to_vec(),
+                    st.parent(),
+                )
+            };
+            if changed && let Some(p) = off.log.get(file_id) {
+                let g = p.lock();
+                let r = g.record();
+                if !g.is_gone() && r.renames() {
+                    let mut at = r.origin_loc().to_vec();
+                    drop(g);
+                    parts.reverse();
+                    at.extend(parts);
+                    return Some(at);
+                }
+            }
+            parts.push(name);
+            cur = parent;
+        }
+        None
+    }
+
+    /// Whether the origin's entry `e`, found as `parent/name`, is an object this client
+    /// moved elsewhere (or removed) with a change not yet sent back.
+    pub(crate) fn moved_elsewhere(
+        &self,
+        e: &hoardfs_origin::Entry,
+        parent: crate::Ino,
+        name: &[u8],
+    ) -> bool {
+        if !self.names_pending() {
+            return false;
+        }
+        let Some(n) = self.nodes.by_file_id(e.attr.file_id) else {
+            return false;
+        };
+        let st = n.state.lock();
+        n.kind == e.attr.kind
+            && st.has_change()
+            && (st.is_deleted() || st.parent() != parent || st.name() != name)
+    }
+
+    /// Whether the log holds changes of objects inside directory node `ino` (a move of
+    /// the directory must then go through the log, for them to follow it).
+    pub(crate) fn changes_inside(&self, ino: crate::Ino) -> bool {
+        let Some(off) = &self.offline else {
+            return false;
+        };
+        if off.log.count() == 0 {
+            return false;
+        }
+        let is_dir = self
+            .nodes
+            .get(ino)
+            .is_some_and(|n| n.kind == hoardfs_origin::FileKind::Dir);
+        let Some(path) = self.components_of(ino).filter(|_| is_dir) else {
+            return false;
+        };
+        off.log
+            .records()
+            .iter()
+            .any(|(_, r)| crate::cml::is_under(&r.path, &path))
+    }
+
+    /// Attributes for an object made here (id of this client's own).
+    fn local_attr(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        kind: hoardfs_origin::FileKind,
+        perm: u16,
+        owner: hoardfs_origin::Owner,
+        size: u64,
+    ) -> hoardfs_origin::Attr {
+        let t = now_stamp();
+        let seed = [
+            &t.secs.to_le_bytes()[..],
+            &t.nanos.to_le_bytes(),
+            &parent.to_le_bytes(),
+            name,
+        ]
+        .concat();
+        made_attr(
+            LOCAL_ID | xxhash_rust::xxh3::xxh3_64(&seed),
+            kind,
+            perm,
+            owner,
+            size,
+            t,
+        )
+    }
+
+    /// The directory `parent` where a name is made offline, the made object's path, and
+    /// whether `name` is free there (`EEXIST` if not; `Offline(why)` if this client
+    /// cannot tell, because it never listed the directory).
+    fn free_name(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        why: &str,
+    ) -> FsResult<(Arc<Node>, Vec<Vec<u8>>)> {
+        let dir = self.node(parent)?;
+        if dir.kind != hoardfs_origin::FileKind::Dir {
+            return Err(hoardfs_origin::WireError::NotDir.into());
+        }
+        let (child, listed) = {
+            let st = dir.state.lock();
+            (st.child(name), st.last_listing().is_some())
+        };
+        if child.and_then(|c| self.nodes.get(c)).is_some() {
+            return Err(hoardfs_origin::WireError::Exists.into());
+        }
+        let path = self.components_of(parent);
+        let (true, Some(mut path)) = (listed, path) else {
+            return Err(FsError::Offline(why.into()));
+        };
+        path.push(name.to_vec());
+        Ok((dir, path))
+    }
+
+    /// Makes the object `attr` (made here) known as `dir/name` with its change, staged by
+    /// `stage`: the node first, listed and looked up from now on, then the change (a
+    /// sender that sends it at once finds the node and moves it to the origin's object),
+    /// then the node's local attributes, under the change's lock.
+    fn add_made(
+        &self,
+        dir: &Node,
+        name: &[u8],
+        attr: hoardfs_origin::Attr,
+        stage: impl FnOnce() -> std::io::Result<Arc<Pending>>,
+    ) -> FsResult<Arc<Node>> {
+        let handle = hoardfs_origin::Handle { epoch: 0, id: 0 };
+        let node = self
+            .nodes
+            .remember(dir.ino, name, handle, attr, None, |_| false);
+        if attr.kind == hoardfs_origin::FileKind::Dir {
+            // Empty, and known to be: names can be made in it.
+            node.state.lock().keep_listing(Arc::new(crate::Listing {
+                entries: Vec::new(),
+                fetched: std::time::Instant::now(),
+                since: self.callbacks.seq(),
+            }));
+        }
+        let entry = hoardfs_origin::DirEntry {
+            name: name.to_vec(),
+            entry: hoardfs_origin::Entry { handle, attr },
+        };
+        dir.state.lock().add_local_entry(entry, node.ino);
+        let p = match stage() {
+            Ok(p) => p,
+            Err(e) => {
+                dir.state.lock().remove_local_entry(name);
+                self.nodes.unbind_file_id(node.ino, attr.file_id);
+                node.state.lock().mark_deleted();
+                return Err(kept(e));
+            }
+        };
+        let g = p.lock();
+        if !g.is_gone() {
+            self.nodes.set_local(attr.file_id, Some(g.local()));
+        }
+        drop(g);
+        Ok(node)
+    }
+
+    /// Creates regular file `parent/name` while the origin is unreachable (it failed
+    /// with `why`): a node with an id of this client's own, an empty staging file and a
+    /// `Create` record; the name is listed and looked up from now on, and the file is
+    /// opened. An existing name opens that file instead (`EEXIST` if `exclusive`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn create_offline(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        access: Access,
+        owner: hoardfs_origin::Owner,
+        make_backing: &crate::MakeBacking,
+        why: String,
+    ) -> FsResult<(crate::NodeEntry, Opened)> {
+        let Some(off) = self.offline.as_ref().filter(|o| o.keeps_new()) else {
+            return Err(FsError::Offline(why));
+        };
+        let existing = self.node(parent)?.state.lock().child(name);
+        if let Some(existing) = existing.filter(|e| self.nodes.get(*e).is_some()) {
+            if exclusive {
+                return Err(hoardfs_origin::WireError::Exists.into());
+            }
+            let opened = self.open(existing, access, make_backing)?;
+            let st = self.node(existing)?;
+            let attr = st.state.lock().attr();
+            return Ok((
+                crate::NodeEntry {
+                    ino: existing,
+                    attr,
+                    ttl: self.config.attr_ttl,
+                },
+                opened,
+            ));
+        }
+        let (dir, path) = self.free_name(parent, name, &why)?;
+        let kind = hoardfs_origin::FileKind::File;
+        let attr = self.local_attr(parent, name, kind, (mode & 0o7777) as u16, owner, 0);
+        let node = self.add_made(&dir, name, attr, || off.log.stage_new(path, &attr))?;
+        tracing::info!(
+            ino = node.ino,
+            "the server is unreachable: a file created here is kept locally until it is back"
+        );
+        let attr = node.state.lock().attr();
+        let opened = self.open_pending(node.clone(), access);
+        Ok((
+            crate::NodeEntry {
+                ino: node.ino,
+                attr,
+                ttl: self.config.attr_ttl,
+            },
+            opened,
+        ))
+    }
+
+    /// Makes directory `parent/name` (or, with `target`, a symbolic link to it) while the
+    /// origin is unreachable (it failed with `why`): a node with an id of this client's
+    /// own (an empty directory, known to be empty) and a `Mkdir` or `Symlink` record.
+    pub(crate) fn make_offline(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        mode: u32,
+        target: Option<&[u8]>,
+        owner: hoardfs_origin::Owner,
+        why: String,
+    ) -> FsResult<crate::NodeEntry> {
+        let Some(off) = self.offline.as_ref().filter(|o| o.keeps_new()) else {
+            return Err(FsError::Offline(why));
+        };
+        let (dir, path) = self.free_name(parent, name, &why)?;
+        let attr = match target {
+            Some(t) => self.local_attr(
+                parent,
+                name,
+                hoardfs_origin::FileKind::Symlink,
+                0o777,
+                owner,
+                t.len() as u64,
+            ),
+            None => self.local_attr(
+                parent,
+                name,
+                hoardfs_origin::FileKind::Dir,
+                (mode & 0o7777) as u16,
+                owner,
+                0,
+            ),
+        };
+        let node = self.add_made(&dir, name, attr, || off.log.stage_made(path, &attr, target))?;
+        let attr = node.state.lock().attr();
+        Ok(crate::NodeEntry {
+            ino: node.ino,
+            attr,
+            ttl: self.config.attr_ttl,
+        })
+    }
+
+    /// The target of symlink `node` if it was made offline and is not on the origin yet.
+    pub(crate) fn local_target(&self, node: &Node) -> Option<Vec<u8>> {
+        let p = self.pending_of(node)?;
+        let g = p.lock();
+        (g.record().kind == crate::cml::Kind::Symlink && !g.is_gone())
+            .then(|| g.record().target.clone())
+    }
+
+    /// Removes `parent/name` (a directory if `dir_wanted`) while the origin is
+    /// unreachable (it failed with `why`) or the log holds the object's change: an object
+    /// made offline just goes (with its staged content); one of the origin gets a
+    /// `Remove` or `Rmdir` record (replacing a pending change of its content, name or
+    /// attributes). Only an object this client knows can be removed, a file only if
+    /// nobody has it open here, a directory only if this client knows it is empty.
+    pub(crate) fn remove_offline(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        dir_wanted: bool,
+        why: String,
+    ) -> FsResult<()> {
+        use hoardfs_origin::{FileKind, WireError};
+        let Some(off) = self.offline.as_ref() else {
+            return Err(FsError::Offline(why));
+        };
+        let dir = self.node(parent)?;
+        let (child, listed) = {
+            let st = dir.state.lock();
+            (st.child(name), st.last_listing().is_some())
+        };
+        let Some(node) = child.and_then(|c| self.nodes.get(c)) else {
+            return Err(if listed && off.keeps_new() {
+                WireError::NotFound.into()
+            } else {
+                FsError::Offline(why)
+            });
+        };
+        let is_dir = node.kind == FileKind::Dir;
+        match (dir_wanted, is_dir) {
+            (true, false) => return Err(WireError::NotDir.into()),
+            (false, true) => return Err(WireError::IsDir.into()),
+            _ => {}
+        }
+        if is_dir {
+            let listing = node.state.lock().last_listing();
+            match listing {
+                None => return Err(FsError::Offline(why)),
+                Some(l) if !l.entries.is_empty() => return Err(WireError::NotEmpty.into()),
+                Some(_) => {}
+            }
+        } else if !closed(&node) {
+            return Err(FsError::Offline(why));
+        }
+        let base = node.state.lock().origin_attr();
+        let Some(mut path) = self.components_of(parent) else {
+            return Err(FsError::Offline(why));
+        };
+        path.push(name.to_vec());
+        match off.log.get(base.file_id) {
+            Some(p) => {
+                let mut g = p.lock();
+                if g.is_gone() {
+                    // Sent back meanwhile: an ordinary removal now.
+                    drop(g);
+                    return self.remove_sent(&dir, name, dir_wanted);
+                }
+                let rec = g.record();
+                if rec.creates() {
+                    off.log.finish(base.file_id, &mut g);
+                } else if rec.kind == crate::cml::Kind::Create {
+                    // Created on the origin already, and not all of it sent: the log
+                    // must finish sending it first.
+                    return Err(FsError::Offline(why));
+                } else if !rec.removes() {
+                    g.become_removal(is_dir).map_err(kept)?;
+                }
+            }
+            None if off.keeps_new() => {
+                off.log
+                    .at_origin(
+                        || self.origin_components_of(node.ino),
+                        |origin| off.log.stage_remove(path, origin, &base),
+                    )
+                    .map_err(kept)?;
+            }
+            None => return Err(FsError::Offline(why)),
+        }
+        self.nodes.set_local(base.file_id, None);
+        // The origin may give the id to a new object once this one is gone.
+        self.nodes.unbind_file_id(node.ino, base.file_id);
+        dir.state.lock().remove_local_entry(name);
+        let mut st = node.state.lock();
+        st.mark_deleted();
+        if let Some(old) = st.opens.set_object(None) {
+            old.retire();
+        }
+        Ok(())
+    }
+
+    /// Changes permission bits and times of `node` while the origin is unreachable (it
+    /// failed with `why`) or the log holds the object's change: kept in its change (a
+    /// `Meta` one if it has none) and applied after its content.
+    pub(crate) fn setattr_offline(
+        &self,
+        node: &Node,
+        set: &hoardfs_origin::SetAttrs,
+        why: String,
+    ) -> FsResult<NodeAttr> {
+        retried(|| self.setattr_offline_once(node, set, why.clone()))
+    }
+
+    fn setattr_offline_once(
+        &self,
+        node: &Node,
+        set: &hoardfs_origin::SetAttrs,
+        why: String,
+    ) -> FsResult<NodeAttr> {
+        let Some(off) = self.offline.as_ref().filter(|o| o.keeps_new()) else {
+            return Err(FsError::Offline(why));
+        };
+        if set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
+            return Err(FsError::Offline(why));
+        }
+        let at = |t: &hoardfs_origin::TimeSet| match t {
+            hoardfs_origin::TimeSet::Now => now_stamp(),
+            hoardfs_origin::TimeSet::At(t) => *t,
+        };
+        let change = crate::cml::AttrChange {
+            perm: set.mode.map(|m| (m & 0o7777) as u16),
+            atime: set.atime.as_ref().map(at),
+            mtime: set.mtime.as_ref().map(at),
+        };
+        let p = match self.pending_of(node) {
+            Some(p) => p,
+            None => {
+                let Some(path) = self.components_of(node.ino) else {
+                    return Err(FsError::Offline(why));
+                };
+                let base = node.state.lock().origin_attr();
+                off.log
+                    .at_origin(
+                        || self.origin_components_of(node.ino),
+                        |origin| off.log.stage_meta(path, origin, &base),
+                    )
+                    .map_err(kept)?
+            }
+        };
+        let mut g = p.lock();
+        if g.is_gone() {
+            return Err(FsError::Offline(SENT_MEANWHILE.into()));
+        }
+        g.set_attrs(change).map_err(kept)?;
+        self.nodes.set_local(p.file_id, Some(g.local()));
+        drop(g);
+        let st = node.state.lock();
+        Ok(NodeAttr {
+            attr: st.attr(),
+            ttl: self.config.attr_ttl,
+        })
+    }
+}
+
+impl HoardFs {
+    /// Renames `parent/name` to `new_parent/new_name` while the origin is unreachable (it
+    /// failed with `why`) or the log holds changes to names. An object made offline is
+    /// made at the new name; one of the origin gets (or its change gains) the move, and
+    /// the changes inside a moved directory follow it. A name replaced is removed first
+    /// (logged as any removal), except that a file created offline renamed over a file of
+    /// the origin (an editor's save) becomes that file's new content, from the version
+    /// this client last saw. Exchanges need the origin.
+    pub(crate) fn rename_offline(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        new_parent: crate::Ino,
+        new_name: &[u8],
+        flags: u32,
+        why: String,
+    ) -> FsResult<()> {
+        retried(|| self.rename_offline_once(parent, name, new_parent, new_name, flags, why.clone()))
+    }
+
+    fn rename_offline_once(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        new_parent: crate::Ino,
+        new_name: &[u8],
+        flags: u32,
+        why: String,
+    ) -> FsResult<()> {
+        use hoardfs_origin::{FileKind, WireError};
+        let Some(off) = self.offline.as_ref().filter(|o| o.keeps_new()) else {
+            return Err(FsError::Offline(why));
+        };
+        if flags & hoardfs_origin::RENAME_EXCHANGE != 0 {
+            return Err(FsError::Offline(why));
+        }
+        let (dir, new_dir) = (self.node(parent)?, self.node(new_parent)?);
+        if new_dir.kind != FileKind::Dir {
+            return Err(WireError::NotDir.into());
+        }
+        let (src, listed) = {
+            let st = dir.state.lock();
+            (st.child(name), st.last_listing().is_some())
+        };
+        let Some(src) = src.and_then(|c| self.nodes.get(c)) else {
+            return Err(if listed {
+                WireError::NotFound.into()
+            } else {
+                FsError::Offline(why)
+            });
+        };
+        let (dst, new_listed) = {
+            let st = new_dir.state.lock();
+            (st.child(new_name), st.last_listing().is_some())
+        };
+        let dst = dst.and_then(|c| self.nodes.get(c));
+        if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
+            return Ok(());
+        }
+        if dst.is_none() && !new_listed {
+            return Err(FsError::Offline(why));
+        }
+        if dst.is_some() && flags & hoardfs_origin::RENAME_NOREPLACE != 0 {
+            return Err(WireError::Exists.into());
+        }
+        if src.kind == FileKind::Dir {
+            // Not into itself.
+            let mut cur = new_parent;
+            while cur != crate::ROOT_INO {
+                if cur == src.ino {
+                    return Err(WireError::Invalid.into());
+                }
+                cur = self.node(cur)?.state.lock().parent();
+            }
+        }
+        let (Some(mut old_path), Some(mut new_path)) =
+            (self.components_of(parent), self.components_of(new_parent))
+        else {
+            return Err(FsError::Offline(why));
+        };
+        old_path.push(name.to_vec());
+        new_path.push(new_name.to_vec());
+        let src_attr = src.state.lock().origin_attr();
+        let change = off
+            .log
+            .get(src_attr.file_id)
+            .filter(|p| !p.lock().is_gone());
+        let (created, half_sent) = change.as_ref().map_or((false, false), |p| {
+            let g = p.lock();
+            let r = g.record();
+            (
+                r.kind == crate::cml::Kind::Create && r.creates(),
+                r.kind == crate::cml::Kind::Create && !r.creates(),
+            )
+        });
+        if half_sent {
+            // Created on the origin already, and not all of it sent.
+            return Err(FsError::Offline(why));
+        }
+        if let Some(d) = &dst {
+            match (src.kind == FileKind::Dir, d.kind == FileKind::Dir) {
+                (true, false) => return Err(WireError::NotDir.into()),
+                (false, true) => return Err(WireError::IsDir.into()),
+                _ => {}
+            }
+            let d_attr = d.state.lock().origin_attr();
+            // (Over a file with a change of its own, the ordinary way below: its change
+            // becomes its removal, and the new file is made at the name.)
+            if created
+                && d.kind == FileKind::File
+                && d_attr.file_id & LOCAL_ID == 0
+                && off.log.get(d_attr.file_id).is_none()
+            {
+                let p = change.expect("a created file has its change");
+                return self.save_over(
+                    &p,
+                    &src,
+                    d,
+                    (&dir, name),
+                    (&new_dir, new_name),
+                    new_path,
+                    &why,
+                );
+            }
+            self.remove_offline(new_parent, new_name, d.kind == FileKind::Dir, why.clone())?;
+        }
+        let p = match change {
+            Some(p) => p,
+            None => off
+                .log
+                .at_origin(
+                    || self.origin_components_of(src.ino),
+                    |origin| off.log.stage_meta(old_path.clone(), origin, &src_attr),
+                )
+                .map_err(kept)?,
+        };
+        // (Taken before the change's lock: it locks the other changes in turn.)
+        let vacated = off.log.vacated(&Default::default());
+        {
+            let mut g = p.lock();
+            if g.is_gone() {
+                return Err(FsError::Offline(SENT_MEANWHILE.into()));
+            }
+            g.moved_to(new_path.clone(), &vacated).map_err(kept)?;
+            if g.is_void() {
+                // Back at its name on the origin, nothing else changed.
+                off.log.finish(src_attr.file_id, &mut g);
+                self.nodes.set_local(src_attr.file_id, None);
+            } else {
+                self.nodes.set_local(src_attr.file_id, Some(g.local()));
+            }
+        }
+        if src.kind == FileKind::Dir {
+            off.log
+                .moved_under(&old_path, &new_path, false, &[p.seq].into())
+                .map_err(kept)?;
+        }
+        dir.state.lock().remove_local_entry(name);
+        src.state.lock().moved(new_parent, new_name);
+        let entry = hoardfs_origin::DirEntry {
+            name: new_name.to_vec(),
+            entry: hoardfs_origin::Entry {
+                handle: src.handle(),
+                attr: src_attr,
+            },
+        };
+        new_dir.state.lock().add_local_entry(entry, src.ino);
+        Ok(())
+    }
+
+    /// A file created offline (`src`, its change `p`) renamed over file `d` of the origin
+    /// (an editor's save): `d`'s content becomes the new one, from the version this client
+    /// last saw; the renamed node answers for `d` from now on.
+    #[allow(clippy::too_many_arguments)]
+    fn save_over(
+        &self,
+        p: &Pending,
+        src: &Node,
+        d: &Node,
+        (dir, name): (&Node, &[u8]),
+        (new_dir, new_name): (&Node, &[u8]),
+        path: Vec<Vec<u8>>,
+        why: &str,
+    ) -> FsResult<()> {
+        let off = self.offline.as_ref().expect("offline writes are on");
+        let src_attr = src.state.lock().origin_attr();
+        let (d_attr, d_handle) = {
+            let st = d.state.lock();
+            (st.origin_attr(), st.handle())
+        };
+        if !closed(d) {
+            return Err(FsError::Offline(why.into()));
+        }
+        let mut g = p.lock();
+        if g.is_gone() {
+            return Err(FsError::Offline(why.into()));
+        }
+        let from = g.data_path().to_path_buf();
+        let set = g.record().set;
+        let target = off.log.adopt(path, &d_attr, &from).map_err(kept)?;
+        // Permission bits and times given to the new file go with its content (an
+        // editor gives it the document's).
+        let local = {
+            let mut t = target.lock();
+            if !set.is_empty() {
+                t.set_attrs(set).map_err(kept)?;
+            }
+            t.local()
+        };
+        off.log.finish(src_attr.file_id, &mut g);
+        drop(g);
+        // The renamed node is the origin's file now (as the kernel sees it: the name leads
+        // to the renamed inode); the replaced node is gone.
+        self.nodes.set_local(src_attr.file_id, None);
+        self.nodes.unbind_file_id(d.ino, d_attr.file_id);
+        d.state.lock().mark_deleted();
+        let entry = hoardfs_origin::Entry {
+            handle: d_handle,
+            attr: d_attr,
+        };
+        self.nodes.rebind(src.ino, src_attr.file_id, &entry);
+        self.nodes.set_local(d_attr.file_id, Some(local));
+        src.state.lock().moved(new_dir.ino, new_name);
+        dir.state.lock().remove_local_entry(name);
+        let listed = hoardfs_origin::DirEntry {
+            name: new_name.to_vec(),
+            entry,
+        };
+        new_dir.state.lock().add_local_entry(listed, src.ino);
+        Ok(())
+    }
+
+    /// Removes `dir/name` on the origin (an object whose pending change was sent back
+    /// while its removal waited for the log).
+    fn remove_sent(&self, dir: &Node, name: &[u8], is_dir: bool) -> FsResult<()> {
+        self.with_handle(dir, |h| {
+            if is_dir {
+                self.origin.rmdir(h, name)
+            } else {
+                self.origin.unlink(h, name)
+            }
+        })?;
+        dir.state.lock().remove_child(name);
+        dir.state.lock().contents_changed();
+        Ok(())
+    }
+}
+
+impl HoardFs {
+    /// Makes the names this client shows agree with the log of offline changes, after a
+    /// saved namespace was restored (it may predate the log's latest changes): objects
+    /// the log removes leave their names, moved ones go to their new ones, and objects
+    /// made offline that the saved namespace lacks are added (parents before children).
+    pub(crate) fn log_into_view(&self) {
+        use crate::cml::Kind;
+        use hoardfs_origin::FileKind;
+        let Some(off) = &self.offline else {
+            return;
+        };
+        let mut records: Vec<_> = off.log.records().into_iter().map(|(_, r)| r).collect();
+        // Objects made offline whose change is gone (cancelled, or turned into a
+        // document's content) are not anywhere.
+        let logged: std::collections::HashSet<u64> = records.iter().map(|r| r.file_id).collect();
+        for n in self.nodes.all() {
+            let (file_id, parent, name) = {
+                let st = n.state.lock();
+                (st.origin_attr().file_id, st.parent(), st.name().to_vec())
+            };
+            if file_id & LOCAL_ID != 0 && !logged.contains(&file_id) {
+                if let Some(p) = self.nodes.get(parent) {
+                    let mut st = p.state.lock();
+                    if st.child(&name) == Some(n.ino) {
+                        st.remove_local_entry(&name);
+                    }
+                }
+                self.nodes.unbind_file_id(n.ino, file_id);
+                n.state.lock().mark_deleted();
+            }
+        }
+        records.sort_by_key(|r| (!r.removes(), r.path.len()));
+        for r in records {
+            let node = self.nodes.by_file_id(r.file_id);
+            let detach = |n: &Node| {
+                let (parent, name) = {
+                    let st = n.state.lock();
+                    (st.parent(), st.name().to_vec())
+                };
+                if let Some(p) = self.nodes.get(parent) {
+                    let mut st = p.state.lock();
+                    // (Only its own name: another object may have it by now.)
+                    if st.child(&name) == Some(n.ino) {
+                        st.remove_local_entry(&name);
+                    }
+                }
+            };
+            if r.removes() {
+                if let Some(n) = node {
+                    detach(&n);
+                    self.nodes.unbind_file_id(n.ino, r.file_id);
+                    n.state.lock().mark_deleted();
+                }
+                continue;
+            }
+            let Some((name, dirs)) = r.path.split_last() else {
+                continue;
+            };
+            let mut parent = self.nodes.get(crate::ROOT_INO);
+            for d in dirs {
+                let child = parent.and_then(|p| p.state.lock().child(d));
+                parent = child.and_then(|c| self.nodes.get(c));
+            }
+            let Some(parent) = parent.filter(|p| p.kind == FileKind::Dir) else {
+                tracing::warn!(
+                    "an offline change's directory is not in the saved names: {} is not                      shown until it is sent back",
+                    String::from_utf8_lossy(&r.path.join(&b'/'))
+                );
+                continue;
+            };
+            let (handle, attr, ino) = match node {
+                Some(n) => {
+                    let at = {
+                        let st = n.state.lock();
+                        (st.parent(), st.name().to_vec())
+                    };
+                    if at == (parent.ino, name.clone()) {
+                        continue;
+                    }
+                    detach(&n);
+                    n.state.lock().moved(parent.ino, name);
+                    let st = n.state.lock();
+                    (st.handle(), st.origin_attr(), n.ino)
+                }
+                None if r.creates() || r.kind == Kind::Create => {
+                    let kind = match r.kind {
+                        Kind::Mkdir => FileKind::Dir,
+                        Kind::Symlink => FileKind::Symlink,
+                        _ => FileKind::File,
+                    };
+                    let t = hoardfs_origin::Timestamp {
+                        secs: r.since as i64,
+                        nanos: 0,
+                    };
+                    let owner = hoardfs_origin::Owner {
+                        uid: r.uid,
+                        gid: r.gid,
+                    };
+                    let size = r.target.len() as u64;
+                    let attr = made_attr(r.file_id, kind, r.perm, owner, size, t);
+                    let handle = hoardfs_origin::Handle { epoch: 0, id: 0 };
+                    let Some(n) = self.nodes.restore(parent.ino, name, handle, attr) else {
+                        continue;
+                    };
+                    if kind == FileKind::Dir {
+                        n.state.lock().keep_listing(Arc::new(crate::Listing {
+                            entries: Vec::new(),
+                            fetched: std::time::Instant::now(),
+                            since: 0,
+                        }));
+                    }
+                    (handle, attr, n.ino)
+                }
+                // An object of the origin this client never looked up: nothing to show.
+                None => continue,
+            };
+            let entry = hoardfs_origin::DirEntry {
+                name: name.clone(),
+                entry: hoardfs_origin::Entry { handle, attr },
+            };
+            parent.state.lock().add_local_entry(entry, ino);
+        }
+    }
+}
