@@ -494,6 +494,7 @@ impl ChangeLog {
     pub fn adopt(
         &self,
         path: Vec<Vec<u8>>,
+        origin: Option<Vec<Vec<u8>>>,
         base: &hoardfs_origin::Attr,
         from: &Path,
     ) -> std::io::Result<Arc<Pending>> {
@@ -501,7 +502,8 @@ impl ChangeLog {
         let seq = *next;
         *next += 1;
         let data_path = self.dir.join(format!("{seq:016}.data"));
-        let record = Record::new(seq, path, base, Kind::Store);
+        let mut record = Record::new(seq, path, base, Kind::Store);
+        record.origin_path = origin.filter(|o| *o != record.path);
         // The record first: a crash before the content moves leaves a record without
         // data (set aside at the next start) and the content where it was. (Until the
         // content is in place, sending the record fails to read it: nothing is sent.)

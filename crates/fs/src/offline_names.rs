@@ -748,13 +748,17 @@ impl HoardFs {
         if !closed(d) {
             return Err(FsError::Offline(why.into()));
         }
+        // Where the origin has the document (a directory above it may have moved here):
+        // worked out before the created file's change is locked, as every lock this takes
+        // must be.
+        let origin = self.origin_components_of(d.ino);
         let mut g = p.lock();
         if g.is_gone() {
             return Err(FsError::Offline(why.into()));
         }
         let from = g.data_path().to_path_buf();
         let set = g.record().set;
-        let target = off.log.adopt(path, &d_attr, &from).map_err(kept)?;
+        let target = off.log.adopt(path, origin, &d_attr, &from).map_err(kept)?;
         // Permission bits and times given to the new file go with its content (an
         // editor gives it the document's).
         let local = {
