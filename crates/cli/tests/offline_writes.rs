@@ -13,6 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::rng::Rng;
+use common::tree::{Obj, Tree, join, tree_diff, tree_of};
 use common::*;
 
 const MIB: usize = 1 << 20;
@@ -491,88 +492,6 @@ fn sessions() -> u64 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(25)
-}
-
-/// One object of the tree model of [`random_sessions_of_names_and_contents_match_a_model`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Obj {
-    File { data: Vec<u8>, mode: u32 },
-    Dir { mode: u32 },
-    Link(String),
-}
-
-/// Paths relative to the root ("a", "a/b") and what they are.
-type Tree = std::collections::BTreeMap<String, Obj>;
-
-fn join(dir: &str, name: &str) -> String {
-    if dir.is_empty() {
-        name.to_string()
-    } else {
-        format!("{dir}/{name}")
-    }
-}
-
-/// The tree under `root` as it is on disk (or through a mount).
-fn tree_of(root: &Path) -> std::io::Result<Tree> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut tree = Tree::new();
-    let mut dirs = vec![String::new()];
-    while let Some(dir) = dirs.pop() {
-        let listed = std::fs::read_dir(root.join(&dir))
-            .map_err(|e| std::io::Error::new(e.kind(), format!("listing {dir}: {e}")))?;
-        for e in listed {
-            let e = e.map_err(|e| std::io::Error::new(e.kind(), format!("listing {dir}: {e}")))?;
-            let rel = join(&dir, &e.file_name().into_string().unwrap());
-            let at = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{rel}: {e}"));
-            let md = std::fs::symlink_metadata(root.join(&rel)).map_err(at)?;
-            let mode = md.permissions().mode() & 0o7777;
-            let obj = if md.file_type().is_symlink() {
-                Obj::Link(
-                    std::fs::read_link(root.join(&rel))
-                        .map_err(at)?
-                        .to_string_lossy()
-                        .into_owned(),
-                )
-            } else if md.is_dir() {
-                dirs.push(rel.clone());
-                Obj::Dir { mode }
-            } else {
-                Obj::File {
-                    data: std::fs::read(root.join(&rel)).map_err(at)?,
-                    mode,
-                }
-            };
-            tree.insert(rel, obj);
-        }
-    }
-    Ok(tree)
-}
-
-/// The first difference between two trees, described.
-fn tree_diff(got: &Tree, want: &Tree) -> Option<String> {
-    for (p, w) in want {
-        match got.get(p) {
-            None => return Some(format!("{p} is missing")),
-            Some(g) if g != w => {
-                return Some(match (g, w) {
-                    (Obj::File { data: a, mode: ma }, Obj::File { data: b, mode: mb }) => {
-                        format!(
-                            "{p}: {} bytes mode {ma:o}, want {} bytes mode {mb:o} (first \
-                             difference at {:?})",
-                            a.len(),
-                            b.len(),
-                            first_diff(a, b)
-                        )
-                    }
-                    _ => format!("{p} is {g:?}, want {w:?}"),
-                });
-            }
-            Some(_) => {}
-        }
-    }
-    got.keys()
-        .find(|p| !want.contains_key(*p))
-        .map(|p| format!("{p} should not be there"))
 }
 
 /// Random sessions of every kind of change `--offline-writes` keeps — file writes,

@@ -303,7 +303,7 @@ impl HoardFs {
         let child = dir.state.lock().child(name);
         // An object with a change not yet sent back (perhaps not even made on the origin)
         // is the log's until then, connected or not, and so are all names while the log
-        // holds changes to names: the removal is logged too, in order (`crate::offline`).
+        // holds changes to names: the removal is logged too, in order (`crate::offline_names`).
         // (An open file is not hidden then: that would rename it behind the log's back.)
         let child_pending = child
             .and_then(|c| self.nodes.get(c))

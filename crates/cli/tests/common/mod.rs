@@ -9,6 +9,7 @@ pub mod link;
 pub mod proxy;
 pub mod rig;
 pub mod rng;
+pub mod tree;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
