@@ -638,6 +638,10 @@ def checks(res):
               "<=", 1.05)
         check("ls -lR remount round trips per dir",
               m["hoardfs remount round trips"] / m["dirs"], "<=", 1.05)
+        # Issue 21: cold ≤ 1.5×, after a remount ≤ 1.0× the local disk cold (times).
+        check("ls -lR cold vs local cold (time)", m["hoardfs cold"] / m["local cold"], "<=", 1.5)
+        check("ls -lR remount vs local cold (time)", m["hoardfs remount"] / m["local cold"],
+              "<=", 1.0)
     if s:
         check("small files warm vs local warm", s["hoardfs warm"] / s["local warm"], ">=", 0.5)
         check("small files hot vs local cold", s["hoardfs hot"] / s["local cold"], ">=", 0.5)

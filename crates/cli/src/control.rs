@@ -364,6 +364,8 @@ pub fn stats_json(fs: &HoardFs, info: &MountInfo) -> Value {
             "version_checks": s.version_checks, "cache_errors": s.cache_errors,
             "uncacheable_fetches": s.uncacheable_fetches, "writes": s.writes,
             "bytes_written": s.bytes_written,
+            "listing_fetches": s.listing_fetches, "tree_requests": s.tree_requests,
+            "listings_read_ahead": s.listings_read_ahead,
         },
         "cache": fs.cache_usage().map(|u| usage_json(&u)),
         "offline_writes": fs.offline_stats().map(|o| json!({

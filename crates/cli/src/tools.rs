@@ -235,6 +235,12 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         n("daemon_opens"),
         n("version_checks")
     );
+    println!(
+        "  listings: {} fetched, {} read ahead by {} subtree requests",
+        n("listing_fetches"),
+        n("listings_read_ahead"),
+        n("tree_requests")
+    );
     println!("  writes: {} ({})", n("writes"), human(n("bytes_written")));
     if v["cache"].is_object() {
         print_usage(&v["cache"]);

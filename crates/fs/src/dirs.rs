@@ -107,26 +107,23 @@ impl HoardFs {
         {
             return Ok(l);
         }
-        let since = self.callbacks.seq();
-        let listing = match self.fetch_listing(&node) {
-            Ok(entries) => {
-                let l = Arc::new(Listing {
-                    entries,
-                    fetched: Instant::now(),
-                    since,
-                });
-                self.objects.warm_listed(&l);
-                l
-            }
-            Err(FsError::Offline(why)) => {
-                return node
-                    .state
-                    .lock()
-                    .last_listing()
-                    .ok_or(FsError::Offline(why));
-            }
-            Err(e) => return Err(e),
+        let dir_id = node.state.lock().attr().file_id;
+        let listing = match self.listing_read_ahead(dir_id) {
+            Some(l) => l,
+            None => match self.fetch_listing_or_tree(&node, dir_id) {
+                Ok(l) => l,
+                Err(FsError::Offline(why)) => {
+                    return node
+                        .state
+                        .lock()
+                        .last_listing()
+                        .ok_or(FsError::Offline(why));
+                }
+                Err(e) => return Err(e),
+            },
         };
+        self.objects.warm_listed(&listing);
+        let since = listing.since;
         let names: std::collections::HashSet<&[u8]> =
             listing.entries.iter().map(|e| e.name.as_slice()).collect();
         let mut st = node.state.lock();
@@ -139,9 +136,79 @@ impl HoardFs {
         Ok(listing)
     }
 
+    /// The listing of directory `dir_id` read ahead by a walk, if it is still as good as
+    /// a fresh one (`crate::trees`).
+    fn listing_read_ahead(&self, dir_id: u64) -> Option<Arc<Listing>> {
+        let l = self.trees.take(dir_id)?;
+        let age = l.fetched.elapsed();
+        let good = if self.callbacks.held() {
+            self.grant(dir_id, l.since) && age < self.config.callback_ttl.max(self.config.dir_ttl)
+        } else {
+            age < self.config.dir_ttl
+        };
+        if good {
+            self.stats.count_listing_read_ahead();
+        }
+        good.then_some(l)
+    }
+
+    /// Fetches the listing of directory `node` (file id `dir_id`): on its own, or, when
+    /// directories are being walked and the origin lists subtrees in one request, with
+    /// the listings around it (`crate::trees`), which are kept for the walk.
+    fn fetch_listing_or_tree(&self, node: &Node, dir_id: u64) -> FsResult<Arc<Listing>> {
+        let since = self.callbacks.seq();
+        let fetched = |entries| {
+            Arc::new(Listing {
+                entries,
+                fetched: Instant::now(),
+                since,
+            })
+        };
+        // Without callbacks, listings read ahead are good for the directory TTL only.
+        let usable = self.callbacks.held() || !self.config.dir_ttl.is_zero();
+        let ask = match self.trees.missed(Instant::now()) {
+            Some(ask) if usable && self.origin.lists_trees() => ask,
+            _ => return Ok(fetched(self.fetch_listing(node)?)),
+        };
+        // From the parent: a walker that lists one directory goes on to its siblings. But
+        // not from a parent whose listing is unknown or would take much of the request
+        // (it would come again with every request of the walk): then from the directory.
+        let parent = self.nodes.get(node.state.lock().parent());
+        let small = |p: &Node| {
+            let entries = p.state.lock().last_listing().map(|l| l.entries.len());
+            entries.is_some_and(|n| n <= ask as usize / 4)
+        };
+        let top = match parent {
+            Some(p) if p.ino != node.ino && p.kind == FileKind::Dir && small(&p) => p,
+            _ => self.node(node.ino)?,
+        };
+        let top_id = top.state.lock().attr().file_id;
+        let epoch = self.trees.epoch();
+        let dirs = self.with_handle(&top, |h| self.origin.read_tree(h, top_id, ask))?;
+        self.stats.count_tree_request();
+        let mut own = None;
+        let mut others = Vec::with_capacity(dirs.len());
+        for d in dirs {
+            let l = fetched(d.entries);
+            if d.file_id == dir_id {
+                own = Some(l);
+            } else {
+                others.push((d.file_id, l));
+            }
+        }
+        let max_age = self.config.callback_ttl.max(self.config.dir_ttl);
+        self.trees.keep(others, max_age, epoch);
+        match own {
+            Some(l) => Ok(l),
+            // Beyond what the subtree request covered (or too large for it).
+            None => Ok(fetched(self.fetch_listing(node)?)),
+        }
+    }
+
     /// Every entry of directory `node`, page by page from the origin (at most
     /// [`MAX_LISTING`] entries and pages).
     fn fetch_listing(&self, node: &Node) -> FsResult<Vec<DirEntry>> {
+        self.stats.count_listing_fetch();
         self.with_handle(node, |h| {
             let mut entries = Vec::new();
             let mut cookie = 0;

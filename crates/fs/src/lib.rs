@@ -33,6 +33,7 @@ mod replay_order;
 mod sealed;
 mod snapshot;
 mod stats;
+mod trees;
 mod unlinked;
 mod write;
 
@@ -176,6 +177,8 @@ pub struct HoardFs {
     offline: Option<offline::OfflineWrites>,
     /// One reintegration pass at a time (taken before any change's lock).
     reintegrating: parking_lot::Mutex<()>,
+    /// Listings read ahead of a walk.
+    trees: trees::TreeAhead,
 }
 
 impl HoardFs {
@@ -208,6 +211,7 @@ impl HoardFs {
             unlinked,
             offline,
             reintegrating: parking_lot::Mutex::new(()),
+            trees: trees::TreeAhead::default(),
         });
         if let Some(off) = &fs.offline {
             for (file_id, change) in off.log.local_changes() {

@@ -72,8 +72,13 @@ impl HoardFs {
 
     /// A directory's content changed through this client (its kept listing has the
     /// change, but is out of date: asked for again while the origin is reachable).
-    fn dir_changed(&self, dir: &Node) {
-        dir.state.lock().contents_changed();
+    pub(crate) fn dir_changed(&self, dir: &Node) {
+        let dir_id = {
+            let mut st = dir.state.lock();
+            st.contents_changed();
+            st.attr().file_id
+        };
+        self.trees.forget(dir_id);
     }
 
     /// Creates (or with `!exclusive` opens an existing) regular file and opens it.

@@ -802,7 +802,7 @@ impl HoardFs {
             }
         })?;
         dir.state.lock().remove_child(name);
-        dir.state.lock().contents_changed();
+        self.dir_changed(dir);
         Ok(())
     }
 }

@@ -845,6 +845,8 @@ impl HoardFs {
             parent.state.lock().contents_changed();
             stale_dir = Some(parent.ino);
         }
+        // Names changed on the origin: listings read ahead may not have the change.
+        self.trees.forget_all();
         off.log.finish(p.file_id, &mut g);
         drop(g);
         let _ = name;

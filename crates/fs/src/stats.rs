@@ -18,6 +18,9 @@ pub struct Stats {
     pub(crate) uncacheable_fetches: AtomicU64,
     pub(crate) writes: AtomicU64,
     pub(crate) bytes_written: AtomicU64,
+    pub(crate) listing_fetches: AtomicU64,
+    pub(crate) tree_requests: AtomicU64,
+    pub(crate) listings_read_ahead: AtomicU64,
 }
 
 /// A copy of the counters at one instant.
@@ -51,6 +54,12 @@ pub struct StatsSnapshot {
     pub writes: u64,
     /// Bytes written through to the origin.
     pub bytes_written: u64,
+    /// Directory listings fetched from the origin on their own (one request per page).
+    pub listing_fetches: u64,
+    /// Subtree listing requests (`crate::trees`, one request each).
+    pub tree_requests: u64,
+    /// Directory listings served from what a subtree request read ahead.
+    pub listings_read_ahead: u64,
     /// Whether the origin is reachable.
     pub connected: bool,
 }
@@ -62,6 +71,18 @@ impl Stats {
 
     pub(crate) fn count_version_check(&self) {
         Self::add(&self.version_checks, 1);
+    }
+
+    pub(crate) fn count_listing_fetch(&self) {
+        Self::add(&self.listing_fetches, 1);
+    }
+
+    pub(crate) fn count_tree_request(&self) {
+        Self::add(&self.tree_requests, 1);
+    }
+
+    pub(crate) fn count_listing_read_ahead(&self) {
+        Self::add(&self.listings_read_ahead, 1);
     }
 
     /// Copies the counters.
@@ -78,6 +99,9 @@ impl Stats {
             version_checks: self.version_checks.load(Relaxed),
             cache_errors: self.cache_errors.load(Relaxed),
             uncacheable_fetches: self.uncacheable_fetches.load(Relaxed),
+            listing_fetches: self.listing_fetches.load(Relaxed),
+            tree_requests: self.tree_requests.load(Relaxed),
+            listings_read_ahead: self.listings_read_ahead.load(Relaxed),
             writes: self.writes.load(Relaxed),
             bytes_written: self.bytes_written.load(Relaxed),
             connected,

@@ -252,6 +252,16 @@ pub fn tame_reply(rng: &mut Rng, msg: &mut ServerMessage) {
                 tame_attr(rng, &mut entry.attr);
             }
         }
+        Reply::Tree { dirs } => {
+            dirs.truncate(1 + rng.below(4));
+            for d in dirs {
+                d.entries.truncate(rng.below(8));
+                for DirEntry { name, entry } in &mut d.entries {
+                    *name = self::name(rng);
+                    tame_attr(rng, &mut entry.attr);
+                }
+            }
+        }
         Reply::Data { len, .. } => *len %= 512,
         Reply::Xattr { len } => *len %= 512,
         Reply::Link(t) => *t = name(rng),

@@ -260,6 +260,14 @@ fn expects(reply: &Reply, id: u64) -> Vec<Expect> {
             },
         ],
         Reply::Xattr { .. } => vec![Expect::XattrValue, Expect::XattrList],
+        Reply::Tree { .. } => vec![
+            Expect::Tree {
+                max_entries: id as u32,
+            },
+            Expect::Tree {
+                max_entries: u32::MAX,
+            },
+        ],
     };
     e.push(if matches!(reply, Reply::Done) {
         Expect::Attr
@@ -309,6 +317,12 @@ fn holds(reply: &Reply) {
         }
         Reply::DirPage { entries, .. } => {
             for e in entries {
+                attr(&e.entry.attr);
+                assert_eq!(hoardfs_proto::check_name(&e.name), Ok(()));
+            }
+        }
+        Reply::Tree { dirs } => {
+            for e in dirs.iter().flat_map(|d| &d.entries) {
                 attr(&e.entry.attr);
                 assert_eq!(hoardfs_proto::check_name(&e.name), Ok(()));
             }

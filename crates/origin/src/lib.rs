@@ -12,12 +12,13 @@ use std::time::Duration;
 
 pub use hoardfs_proto::{
     Attr, Break, DirEntry, Entry, FileKind, Handle, Owner, RENAME_EXCHANGE, RENAME_NOREPLACE,
-    ServerCounters, SetAttrs, StatFs, TimeSet, Timestamp, WireError,
+    ServerCounters, SetAttrs, StatFs, TimeSet, Timestamp, TreeDir, WireError,
 };
 
 pub mod local;
 pub mod remote;
 pub mod s3;
+pub mod tree;
 
 /// Result of origin operations.
 pub type Result<T> = std::result::Result<T, OriginError>;
@@ -138,6 +139,18 @@ pub trait Origin: Send + Sync + 'static {
     fn getattr(&self, handle: Handle) -> Result<Attr>;
     /// One page of a directory, with attributes, starting at `cookie` (0 = start).
     fn readdir(&self, dir: Handle, cookie: u64, max_entries: u32) -> Result<DirPage>;
+    /// Complete listings of directory `dir` (file id `dir_id`) and of directories below
+    /// it, `dir` first, then breadth first, at most `max_entries` entries in all; see
+    /// [`tree::walk`], the default. Empty when `dir` alone exceeds the bound.
+    fn read_tree(&self, dir: Handle, dir_id: u64, max_entries: u32) -> Result<Vec<TreeDir>> {
+        tree::walk(self, dir, dir_id, max_entries)
+    }
+    /// Whether [`Origin::read_tree`] costs one request where listing the directories one
+    /// by one would cost one each (a remote server that speaks protocol 5); callers walk
+    /// trees with it only then.
+    fn lists_trees(&self) -> bool {
+        false
+    }
     /// Reads up to `len` bytes at `offset`.
     fn read(&self, handle: Handle, offset: u64, len: u32) -> Result<ReadReply>;
     /// Offers up to `len` bytes at `offset` as a range of an open file for the caller to

@@ -21,7 +21,13 @@ pub use frame::{FrameError, FrameHeader, Limits};
 pub use msg::*;
 
 /// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// Version 5 added [`msg::Op::ReadTree`].
+pub const PROTOCOL_VERSION: u32 = 5;
+
+/// Oldest protocol version a server still accepts from clients (a connection speaks the
+/// client's version; requests it does not know are never sent on it). Clients need a
+/// server at least as new as they are: upgrade servers first.
+pub const MIN_PROTOCOL_VERSION: u32 = 4;
 
 /// An idle client sends [`msg::Op::Ping`] this often, so that the server can close
 /// connections that say nothing for longer (its idle timeout) without closing idle mounts.

@@ -356,6 +356,16 @@ pub enum Op {
         /// Regular file.
         handle: Handle,
     },
+    /// The listings of directory `dir` and of directories below it, breadth first, whole
+    /// directories only, at most `max_entries` entries in all (protocol 5). Answered with
+    /// [`Reply::Tree`]; the server may stop early (it also bounds the time it spends), and
+    /// always includes `dir` itself unless `dir` alone exceeds the bound.
+    ReadTree {
+        /// Top directory.
+        dir: Handle,
+        /// Upper bound on the entries of all listings together.
+        max_entries: u32,
+    },
 }
 
 /// `renameat2` flag: fail with `Exists` instead of replacing the target.
@@ -544,6 +554,24 @@ pub enum Reply {
         /// Bytes in the data section.
         len: u32,
     },
+    /// Complete listings of directories of a subtree, the requested directory first
+    /// (reply to [`Op::ReadTree`]).
+    Tree {
+        /// One listing per directory.
+        #[serde(deserialize_with = "bounded::tree")]
+        dirs: Vec<TreeDir>,
+    },
+}
+
+/// The complete listing of one directory in a [`Reply::Tree`].
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeDir {
+    /// The directory's file id (the requested one's, or an entry's of an earlier listing).
+    pub file_id: u64,
+    /// Its entries (without `.` and `..`).
+    #[serde(deserialize_with = "bounded::dir_entries")]
+    pub entries: Vec<DirEntry>,
 }
 
 /// Typed failure reasons. Mapped to errno only at the FUSE boundary.
@@ -635,6 +663,9 @@ pub enum WireError {
 pub const MAX_BREAKS: usize = 1 << 20;
 /// Most entries one directory page may carry (a server clamps pages to 8192 entries).
 pub const MAX_DIR_PAGE_ENTRIES: usize = 1 << 16;
+/// Most directories one [`Reply::Tree`] may carry, and most entries a server puts in one
+/// (it clamps `max_entries` to this).
+pub const MAX_TREE_ENTRIES: usize = 1 << 16;
 
 /// Decoding of the long lists of a server message with an upper bound on their length, so
 /// that a frame of minimal elements (one byte each, for `Break::All`) cannot expand into
@@ -686,6 +717,10 @@ mod bounded {
         d: D,
     ) -> Result<Vec<super::DirEntry>, D::Error> {
         vec(d, super::MAX_DIR_PAGE_ENTRIES)
+    }
+
+    pub(super) fn tree<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<super::TreeDir>, D::Error> {
+        vec(d, super::MAX_TREE_ENTRIES)
     }
 }
 

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use hoardfs_origin::FileRange;
 use hoardfs_proto::buffers;
 use hoardfs_proto::frame::{self, FrameError, FrameHeader, HEADER_LEN, Limits};
-use hoardfs_proto::{Op, PROTOCOL_VERSION, Reply, Request, Response, ServerMessage, WireError};
+use hoardfs_proto::{
+    MIN_PROTOCOL_VERSION, Op, PROTOCOL_VERSION, Reply, Request, Response, ServerMessage, WireError,
+};
 use tokio::io::{
     AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, Interest,
 };
@@ -355,8 +357,10 @@ async fn handshake<R: AsyncRead + Unpin>(
             bad,
         })
     };
-    if version != PROTOCOL_VERSION {
-        let reason = format!("client speaks protocol {version}, we speak {PROTOCOL_VERSION}");
+    if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
+        let reason = format!(
+            "client speaks protocol {version}, we speak {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}"
+        );
         return refuse(WireError::Protocol, reason, true);
     }
     let name = match shared.credentials.check(&token) {
@@ -416,8 +420,10 @@ async fn handshake<R: AsyncRead + Unpin>(
         Err(e) => return refuse(WireError::Io, format!("origin panicked: {e}"), false),
     };
     let root_id = info.root.attr.file_id;
+    // The connection speaks the client's version (an older client never sends what it
+    // does not know).
     let hello = Reply::Hello {
-        version: PROTOCOL_VERSION,
+        version,
         export_id: info.export_id,
         root: info.root,
         read_only: shared.cfg.read_only || info.read_only,
@@ -517,13 +523,17 @@ async fn read_loop<R: AsyncRead + Unpin>(
             Err(e) => return End::Bad(e.to_string()),
         };
         Stats::bump(&shared.stats.requests);
-        // Memory this request may hold until its reply is written: its payload, or the
-        // bytes it asks to read.
+        // Memory this request may hold until its reply is written: its payload, the
+        // bytes it asks to read, or the listings of a subtree it asks for.
         let cost = match &decoded {
             Decoded::Run(Request {
                 op: Op::Read { len, .. },
                 ..
             }) => data.len() + *len as usize,
+            Decoded::Run(Request {
+                op: Op::ReadTree { max_entries, .. },
+                ..
+            }) => crate::handle::tree_reply_bound(*max_entries),
             _ => data.len(),
         };
         let units =

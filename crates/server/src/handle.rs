@@ -2,7 +2,9 @@
 //! reply, and register callbacks for the objects the reply tells the client about.
 
 use hoardfs_origin::{Origin, OriginError};
-use hoardfs_proto::{Break, Handle, MAX_READ_LEN, Op, Reply, SetAttrs, WireError};
+use hoardfs_proto::{
+    Break, Handle, MAX_READ_LEN, MAX_TREE_ENTRIES, Op, Reply, SetAttrs, WireError,
+};
 
 use crate::Shared;
 use crate::callbacks::ConnId;
@@ -75,7 +77,7 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
     // Context for a conservative break on a race: the directory and name a reply is about.
     let dir_ctx = match &op {
         Op::Lookup { parent, name } => Some((*parent, name.clone())),
-        Op::ReadDir { dir, .. } => Some((*dir, Vec::new())),
+        Op::ReadDir { dir, .. } | Op::ReadTree { dir, .. } => Some((*dir, Vec::new())),
         _ => None,
     };
     let (result, out_data) = run(shared, origin, op, data);
@@ -104,6 +106,11 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
             });
             let names: Vec<Vec<u8>> = match r {
                 Reply::DirPage { entries, .. } => entries.iter().map(|e| e.name.clone()).collect(),
+                // The top directory's names; the directories below are among `files`, and
+                // a break of a directory voids the client's listing of it.
+                Reply::Tree { dirs } => dirs.first().map_or_else(Vec::new, |d| {
+                    d.entries.iter().map(|e| e.name.clone()).collect()
+                }),
                 _ => vec![name],
             };
             breaks.extend(names.into_iter().map(|name| Break::Entry {
@@ -119,6 +126,21 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
     Outgoing::new(id, result, out_data)
 }
 
+/// Encoded bytes per directory entry at most in a reply: a 255-byte name, its handle and
+/// attributes (postcard varints) and the listing's own few bytes.
+const ENTRY_BOUND: usize = 384;
+
+/// Entries a `ReadTree` asking for `max_entries` gets at most.
+fn tree_entries(max_entries: u32) -> u32 {
+    max_entries.clamp(1, MAX_TREE_ENTRIES as u32)
+}
+
+/// Bytes the reply to a `ReadTree` asking for `max_entries` holds at most (its memory
+/// charge: about 6 MiB for the 16 Ki entries a client asks for at most).
+pub(crate) fn tree_reply_bound(max_entries: u32) -> usize {
+    tree_entries(max_entries) as usize * ENTRY_BOUND
+}
+
 /// File ids a reply tells the client about (each gets a callback).
 fn files_in(r: &Reply) -> Vec<u64> {
     match r {
@@ -126,6 +148,10 @@ fn files_in(r: &Reply) -> Vec<u64> {
         Reply::Attr(a) => vec![a.file_id],
         Reply::Written { attr, .. } => vec![attr.file_id],
         Reply::DirPage { entries, .. } => entries.iter().map(|e| e.entry.attr.file_id).collect(),
+        Reply::Tree { dirs } => dirs
+            .iter()
+            .flat_map(|d| d.entries.iter().map(|e| e.entry.attr.file_id))
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -273,6 +299,13 @@ fn run(
         } => done(origin.setxattr(handle, &name, &data, flags)),
         Op::RemoveXattr { handle, name } => done(origin.removexattr(handle, &name)),
         Op::Ping => (Ok(Reply::Done), none()),
+        Op::ReadTree { dir, max_entries } => {
+            let max = tree_entries(max_entries);
+            let tree = origin
+                .getattr(dir)
+                .and_then(|a| origin.read_tree(dir, a.file_id, max));
+            (tree.map(|dirs| Reply::Tree { dirs }), none())
+        }
         Op::Flush { handle } => {
             let reply = origin.flush(handle).map(|r| match r {
                 None => Reply::Done,

@@ -118,6 +118,43 @@ fn wrong_token_is_refused() {
     srv.client(b"right").unwrap();
 }
 
+/// Sends a `Hello` of protocol `version` on a new connection; the server's answer.
+fn hello(srv: &Running, version: u32) -> ServerMessage {
+    let mut s = TcpStream::connect(srv.addr).unwrap();
+    let hello = Request {
+        id: 9,
+        op: Op::Hello {
+            version,
+            token: vec![],
+        },
+    };
+    frame::write_frame(&mut s, &frame::encode_body(&hello), &[]).unwrap();
+    let mut data = Vec::new();
+    let body = frame::read_frame(&mut s, Limits::RESPONSE, &mut data).unwrap();
+    frame::decode_body(&body).unwrap()
+}
+
+#[test]
+fn older_clients_are_answered_in_their_version() {
+    let srv = Running::start(config(None), fake(), None);
+    for v in hoardfs_proto::MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION {
+        match hello(&srv, v) {
+            ServerMessage::Response(Response {
+                result: Ok(Reply::Hello { version, .. }),
+                ..
+            }) => assert_eq!(version, v),
+            other => panic!("protocol {v}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        hello(&srv, hoardfs_proto::MIN_PROTOCOL_VERSION - 1),
+        ServerMessage::Response(Response {
+            result: Err(WireError::Protocol),
+            ..
+        })
+    ));
+}
+
 #[test]
 fn wrong_version_is_refused() {
     let srv = Running::start(config(None), fake(), None);

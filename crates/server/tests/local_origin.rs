@@ -181,3 +181,44 @@ fn zero_copy_reads_match_copied_reads_byte_for_byte() {
     assert!(sent.iter().all(|r| r.version == version));
     assert_eq!(sent, copied);
 }
+
+#[test]
+fn a_subtree_comes_in_one_request_as_the_server_walks_it() {
+    let dir = tree();
+    std::fs::create_dir_all(dir.path().join("sub/deeper/deepest")).unwrap();
+    std::fs::write(dir.path().join("sub/deeper/deepest/leaf"), b"leaf").unwrap();
+    let (srv, local) = start(&dir);
+    let o = srv.client(b"t0k3n").unwrap();
+    assert!(o.lists_trees(), "a server of this build lists subtrees");
+    let root = o.info().unwrap().root;
+    let before = srv.stats.snapshot().requests;
+    let got = o.read_tree(root.handle, root.attr.file_id, 10_000).unwrap();
+    assert_eq!(srv.stats.snapshot().requests - before, 1, "one request");
+    let direct = local.info().unwrap().root;
+    let want = local
+        .read_tree(direct.handle, direct.attr.file_id, 10_000)
+        .unwrap();
+    let shape = |dirs: &[hoardfs_proto::TreeDir]| {
+        let mut v: Vec<(u64, Vec<Vec<u8>>)> = dirs
+            .iter()
+            .map(|d| {
+                let mut names: Vec<Vec<u8>> = d.entries.iter().map(|e| e.name.clone()).collect();
+                names.sort();
+                (d.file_id, names)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(got.len(), 4, "root, sub, sub/deeper, sub/deeper/deepest");
+    assert_eq!(shape(&got), shape(&want));
+    // A bound the tree exceeds: whole directories only, within it.
+    let some = o.read_tree(root.handle, root.attr.file_id, 10).unwrap();
+    assert_eq!(some.len(), 1, "the root's 2 entries, not sub's 53");
+    // A file is no tree.
+    let f = o.lookup(root.handle, b"hello.txt").unwrap();
+    assert_eq!(
+        o.read_tree(f.handle, f.attr.file_id, 100),
+        Err(OriginError::Fs(WireError::NotDir))
+    );
+}

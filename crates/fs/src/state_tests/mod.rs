@@ -9,6 +9,7 @@
 
 mod offline;
 mod offline_names;
+mod trees;
 
 use std::fs::File;
 use std::path::Path;
@@ -39,6 +40,11 @@ struct Scripted {
     offline: AtomicBool,
     getattrs: AtomicUsize,
     readdirs: AtomicUsize,
+    /// Whether it lists subtrees in one request (as a remote server does).
+    trees: AtomicBool,
+    tree_requests: AtomicUsize,
+    /// The directories subtree requests started from.
+    tree_tops: Mutex<Vec<u64>>,
     /// Run after a getattr is answered and before the reply is returned (to make a break
     /// overtake it).
     after_getattr: Mutex<Option<Box<dyn Fn() + Send>>>,
@@ -57,6 +63,9 @@ impl Scripted {
             offline: AtomicBool::new(false),
             getattrs: AtomicUsize::new(0),
             readdirs: AtomicUsize::new(0),
+            trees: AtomicBool::new(false),
+            tree_requests: AtomicUsize::new(0),
+            tree_tops: Mutex::new(Vec::new()),
             after_getattr: Mutex::new(None),
         }
     }
@@ -96,6 +105,20 @@ impl Origin for Scripted {
         self.reachable()?;
         self.readdirs.fetch_add(1, Ordering::SeqCst);
         self.inner.readdir(dir, cookie, max_entries)
+    }
+    fn read_tree(
+        &self,
+        dir: Handle,
+        dir_id: u64,
+        max_entries: u32,
+    ) -> Result<Vec<hoardfs_origin::TreeDir>> {
+        self.reachable()?;
+        self.tree_requests.fetch_add(1, Ordering::SeqCst);
+        self.tree_tops.lock().push(dir_id);
+        hoardfs_origin::tree::walk(&self.inner, dir, dir_id, max_entries)
+    }
+    fn lists_trees(&self) -> bool {
+        self.trees.load(Ordering::SeqCst)
     }
     fn read(&self, handle: Handle, offset: u64, len: u32) -> Result<ReadReply> {
         self.reachable()?;

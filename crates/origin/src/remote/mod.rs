@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hoardfs_proto::{
-    Handle, MAX_WRITE_LEN, Op, Owner, PROTOCOL_VERSION, Reply, ServerCounters, SetAttrs, WireError,
+    Handle, MAX_WRITE_LEN, MIN_PROTOCOL_VERSION, Op, Owner, PROTOCOL_VERSION, Reply,
+    ServerCounters, SetAttrs, TreeDir, WireError,
 };
 use parking_lot::Mutex;
 
@@ -88,6 +89,8 @@ struct State {
     generation: u64,
     /// Whether the server publishes written files only at `Flush` (its `Hello` says).
     publishes_on_close: bool,
+    /// The protocol version the connection speaks (0 before the first handshake).
+    version: u32,
     /// When and why the latest (re)connect attempt failed, if it did.
     last_failure: Option<(Instant, OriginError)>,
 }
@@ -122,7 +125,12 @@ impl RemoteOrigin {
     /// `OriginError::Security`.
     pub fn connect(addr: &str, security: Security, opts: RemoteOptions) -> Result<RemoteOrigin> {
         let sink = SinkSlot::default();
-        let (conn, info, publishes_on_close) = handshake(addr, &security, &opts, &sink)?;
+        let Greeting {
+            conn,
+            info,
+            publishes_on_close,
+            version,
+        } = handshake(addr, &security, &opts, &sink)?;
         Ok(RemoteOrigin {
             sink,
             addr: addr.to_owned(),
@@ -133,6 +141,7 @@ impl RemoteOrigin {
                 info,
                 generation: 1,
                 publishes_on_close,
+                version,
                 last_failure: None,
             }),
             connecting: Mutex::new(()),
@@ -163,6 +172,7 @@ impl RemoteOrigin {
                 info,
                 generation: 0,
                 publishes_on_close,
+                version: 0,
                 last_failure: Some((Instant::now(), why)),
             }),
             connecting: Mutex::new(()),
@@ -249,10 +259,16 @@ impl RemoteOrigin {
         }
         self.fail_fast(forced)?;
         match handshake(&self.addr, &self.security, &self.opts, &self.sink) {
-            Ok((conn, info, publishes_on_close)) => {
+            Ok(Greeting {
+                conn,
+                info,
+                publishes_on_close,
+                version,
+            }) => {
                 let conn = Arc::new(conn);
                 let mut st = self.state.lock();
                 st.publishes_on_close = publishes_on_close;
+                st.version = version;
                 if st.info.root.handle.epoch != info.root.handle.epoch {
                     tracing::info!(addr = %self.addr, "server restarted; old handles are stale");
                 }
@@ -542,6 +558,23 @@ impl Origin for RemoteOrigin {
         self.state.lock().publishes_on_close
     }
 
+    fn lists_trees(&self) -> bool {
+        self.state.lock().version >= 5
+    }
+
+    fn read_tree(&self, dir: Handle, dir_id: u64, max_entries: u32) -> Result<Vec<TreeDir>> {
+        if !self.lists_trees() {
+            return crate::tree::walk(self, dir, dir_id, max_entries);
+        }
+        match self.request(Op::ReadTree { dir, max_entries })? {
+            (Reply::Tree { dirs }, d) if d.is_empty() => {
+                validate::tree_shape(&dirs, dir_id)?;
+                Ok(dirs)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
     fn flush(&self, handle: Handle) -> Result<Option<(u64, Attr)>> {
         if !self.publishes_on_close() {
             return Ok(None);
@@ -587,13 +620,23 @@ impl Origin for RemoteOrigin {
     }
 }
 
+/// What a successful handshake established.
+struct Greeting {
+    conn: Conn,
+    info: OriginInfo,
+    /// The server publishes written files only at `Flush`.
+    publishes_on_close: bool,
+    /// The protocol version the connection speaks (the server's, within what we speak).
+    version: u32,
+}
+
 /// Connects to the first reachable address of `addr` and performs the `Hello` handshake.
 fn handshake(
     addr: &str,
     security: &Security,
     opts: &RemoteOptions,
     sink: &SinkSlot,
-) -> Result<(Conn, OriginInfo, bool)> {
+) -> Result<Greeting> {
     let addrs: Vec<SocketAddr> = addr
         .to_socket_addrs()
         .map_err(|e| OriginError::Unreachable(format!("cannot resolve {addr}: {e}")))?
@@ -657,21 +700,23 @@ fn handshake(
             },
             d,
         ) if d.is_empty() => {
-            if version != PROTOCOL_VERSION {
+            if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
                 return Err(OriginError::Protocol(format!(
-                    "server at {addr} speaks protocol {version}, we speak {PROTOCOL_VERSION}"
+                    "server at {addr} speaks protocol {version}, we speak \
+                     {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}"
                 )));
             }
-            Ok((
+            Ok(Greeting {
                 conn,
-                OriginInfo {
+                info: OriginInfo {
                     verifier,
                     export_id,
                     root,
                     read_only,
                 },
                 publishes_on_close,
-            ))
+                version,
+            })
         }
         other => Err(unexpected(&other)),
     }

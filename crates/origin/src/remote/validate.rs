@@ -20,12 +20,13 @@
 //! | `Link` | [`hoardfs_proto::check_target`]: not empty, no NUL, ≤ 4095 bytes |
 //! | `Written` | `len` ≤ bytes sent; at the offset asked (unless appending); `offset + len` ≤ `i64::MAX`; a regular file |
 //! | `Xattr` | `len` = the data section's length ≤ 64 KiB; a name list is NUL-terminated names of 1..=255 bytes |
+//! | `Tree` | at most `max(max_entries, 1)` entries in all; every listing passes the `DirPage` rules; the first is the directory asked for, each later one a directory listed before it, none twice |
 //! | `Break::Entry` | a name failing [`check_name`] turns the break into `Break::All` |
 
 use hoardfs_proto::check::XATTR_SIZE_MAX;
 use hoardfs_proto::{
-    Attr, Break, DirEntry, Entry, FileKind, Op, Reply, Timestamp, check_name, check_target,
-    check_xattr_list,
+    Attr, Break, DirEntry, Entry, FileKind, Op, Reply, Timestamp, TreeDir, check_name,
+    check_target, check_xattr_list,
 };
 
 use crate::{BreakSink, OriginError, Result};
@@ -74,6 +75,11 @@ pub enum Expect {
     XattrList,
     /// `Done`, or `Written` of nothing with the attributes after a file was published.
     Flushed,
+    /// The listings of a subtree, at most `max_entries` entries in all.
+    Tree {
+        /// Entry limit of the request.
+        max_entries: u32,
+    },
 }
 
 impl Expect {
@@ -112,6 +118,9 @@ impl Expect {
             },
             Op::GetXattr { .. } => Expect::XattrValue,
             Op::ListXattr { .. } => Expect::XattrList,
+            Op::ReadTree { max_entries, .. } => Expect::Tree {
+                max_entries: *max_entries,
+            },
             // Operations without a result of their own (keep-alives, ...) answer `Done`.
             #[allow(unreachable_patterns)]
             _ => Expect::Done,
@@ -137,6 +146,7 @@ pub(crate) fn kind_name(reply: &Reply) -> &'static str {
         Reply::Done => "Done",
         Reply::Written { .. } => "Written",
         Reply::Xattr { .. } => "Xattr",
+        Reply::Tree { .. } => "Tree",
     }
 }
 
@@ -226,6 +236,18 @@ pub fn answer(expect: &Expect, (mut reply, data): (Reply, Vec<u8>)) -> Result<(R
                     .map_err(|e| protocol(format!("extended attribute names: {e}")))?;
             }
         }
+        (Expect::Tree { max_entries }, Reply::Tree { dirs }) => {
+            let total: usize = dirs.iter().map(|d| d.entries.len()).sum();
+            if total > (*max_entries).max(1) as usize {
+                return Err(protocol(format!(
+                    "tree of {total} entries (asked at most {max_entries})"
+                )));
+            }
+            for d in dirs.iter_mut() {
+                dir_page(&mut d.entries, None, 0, u32::MAX)
+                    .map_err(|e| protocol(format!("tree listing of {}: {e}", d.file_id)))?;
+            }
+        }
         (_, r) => {
             return Err(protocol(format!(
                 "unexpected {} reply to a request expecting {expect:?}",
@@ -296,6 +318,34 @@ fn dir_page(
         let shown = || String::from_utf8_lossy(&e.name[..e.name.len().min(64)]).into_owned();
         check_name(&e.name).map_err(|err| format!("directory entry {:?}: {err}", shown()))?;
         entry(&mut e.entry, None).map_err(|err| format!("directory entry {:?}: {err}", shown()))?;
+    }
+    Ok(())
+}
+
+/// Checks the shape of a subtree's listings (`Tree`) asked for directory `dir_id`: the
+/// first listing is that directory's, each later one a directory of an earlier listing,
+/// and none comes twice (so that a listing is never taken for another directory's).
+pub fn tree_shape(dirs: &[TreeDir], dir_id: u64) -> Result<()> {
+    let mut listed = std::collections::HashSet::new();
+    let mut seen = std::collections::HashSet::new();
+    for (i, d) in dirs.iter().enumerate() {
+        let placed = if i == 0 {
+            d.file_id == dir_id
+        } else {
+            listed.contains(&d.file_id)
+        };
+        if !placed || !seen.insert(d.file_id) {
+            return Err(protocol(format!(
+                "tree listing {i} (directory {}) is not a directory of the tree asked for",
+                d.file_id
+            )));
+        }
+        listed.extend(
+            d.entries
+                .iter()
+                .filter(|e| e.entry.attr.kind == FileKind::Dir)
+                .map(|e| e.entry.attr.file_id),
+        );
     }
     Ok(())
 }
@@ -409,6 +459,55 @@ mod tests {
             panic!()
         };
         assert_eq!(entries[0].entry.attr.atime.nanos, 999_999_999);
+    }
+
+    /// A directory entry `name` of `kind` with file id `id`.
+    fn de(name: &[u8], kind: FileKind, id: u64) -> DirEntry {
+        let mut en = e(kind);
+        en.attr.file_id = id;
+        DirEntry {
+            name: name.to_vec(),
+            entry: en,
+        }
+    }
+
+    #[test]
+    fn subtree_listings_are_bounded_checked_and_shaped() {
+        let tree = |dirs: Vec<TreeDir>| Reply::Tree { dirs };
+        let top = TreeDir {
+            file_id: 1,
+            entries: vec![de(b"sub", FileKind::Dir, 7), de(b"f", FileKind::File, 8)],
+        };
+        let sub = TreeDir {
+            file_id: 7,
+            entries: vec![de(b"g", FileKind::File, 9)],
+        };
+        let asked = Expect::Tree { max_entries: 3 };
+        let (r, _) = ok(asked, tree(vec![top.clone(), sub.clone()]), b"");
+        let Reply::Tree { dirs } = r else { panic!() };
+        assert_eq!(tree_shape(&dirs, 1).map_err(|e| e.to_string()), Ok(()));
+        // More entries than asked for, a bad name, a data section.
+        assert!(rejected(
+            Expect::Tree { max_entries: 2 },
+            tree(vec![top.clone(), sub.clone()]),
+            b""
+        ));
+        let mut bad = sub.clone();
+        bad.entries[0].name = b"a/b".to_vec();
+        assert!(rejected(asked, tree(vec![top.clone(), bad]), b""));
+        assert!(rejected(asked, tree(vec![top.clone()]), b"x"));
+        // Not the directory asked for; a listing of a directory not listed before it (a
+        // file's id, or one from nowhere); the same directory twice.
+        assert!(tree_shape(std::slice::from_ref(&top), 2).is_err());
+        for id in [8, 99] {
+            let stray = TreeDir {
+                file_id: id,
+                entries: Vec::new(),
+            };
+            assert!(tree_shape(&[top.clone(), stray], 1).is_err());
+        }
+        assert!(tree_shape(&[top.clone(), sub.clone(), sub], 1).is_err());
+        assert_eq!(tree_shape(&[], 1).map_err(|e| e.to_string()), Ok(()));
     }
 
     #[test]
