@@ -238,7 +238,10 @@ impl HoardFs {
                     name,
                     file_id,
                 } => self.break_entry(dir_id, &name, file_id, notifier),
-                Break::All => self.break_all(notifier),
+                Break::All => {
+                    self.trees.forget_all();
+                    self.break_all(notifier)
+                }
             }
         }
     }

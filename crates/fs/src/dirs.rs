@@ -8,12 +8,14 @@
 //! page by page otherwise, the last one kept while the origin is unreachable.
 
 use std::collections::{HashMap, HashSet};
+
 use std::sync::Arc;
 use std::time::Instant;
 
 use hoardfs_origin::{DirEntry, FileKind, OriginError, WireError};
 
 use crate::nodes::{Ino, Node};
+use crate::trees::Kept;
 use crate::{FsError, FsResult, HoardFs, ListedNode, MAX_LISTING};
 
 /// A directory listing snapshot.
@@ -108,7 +110,7 @@ impl HoardFs {
             return Ok(l);
         }
         let dir_id = node.state.lock().attr().file_id;
-        let listing = match self.listing_read_ahead(dir_id) {
+        let listing = match self.listing_read_ahead(&node, dir_id) {
             Some(l) => l,
             None => match self.fetch_listing_or_tree(&node, dir_id) {
                 Ok(l) => l,
@@ -136,20 +138,26 @@ impl HoardFs {
         Ok(listing)
     }
 
-    /// The listing of directory `dir_id` read ahead by a walk, if it is still as good as
-    /// a fresh one (`crate::trees`).
-    fn listing_read_ahead(&self, dir_id: u64) -> Option<Arc<Listing>> {
-        let l = self.trees.take(dir_id)?;
-        let age = l.fetched.elapsed();
-        let good = if self.callbacks.held() {
-            self.grant(dir_id, l.since) && age < self.config.callback_ttl.max(self.config.dir_ttl)
+    /// The listing of directory `node` (file id `dir_id`) read ahead by a walk, if it is
+    /// still as good as a fresh one (`crate::trees`): no break of the directory since the
+    /// request (within the callback TTL), or without callbacks within the directory TTL;
+    /// and in both cases the directory's version and size still those of the reply.
+    fn listing_read_ahead(&self, node: &Node, dir_id: u64) -> Option<Arc<Listing>> {
+        let k = self.trees.take(dir_id)?;
+        let age = k.listing.fetched.elapsed();
+        let fresh = if self.callbacks.held() {
+            self.grant(dir_id, k.listing.since)
+                && age < self.config.callback_ttl.max(self.config.dir_ttl)
         } else {
             age < self.config.dir_ttl
         };
-        if good {
-            self.stats.count_listing_read_ahead();
+        let attr = node.state.lock().attr();
+        let same = k.seen == Some((attr.version, attr.size));
+        if !(fresh && same) {
+            return None;
         }
-        good.then_some(l)
+        self.stats.count_listing_read_ahead();
+        Some(k.listing)
     }
 
     /// Fetches the listing of directory `node` (file id `dir_id`): on its own, or, when
@@ -173,7 +181,9 @@ impl HoardFs {
         // From the parent: a walker that lists one directory goes on to its siblings. But
         // not from a parent whose listing is unknown or would take much of the request
         // (it would come again with every request of the walk): then from the directory.
-        let parent = self.nodes.get(node.state.lock().parent());
+        // (The node's lock is let go before the table's is taken.)
+        let parent_ino = node.state.lock().parent();
+        let parent = self.nodes.get(parent_ino);
         let small = |p: &Node| {
             let entries = p.state.lock().last_listing().map(|l| l.entries.len());
             entries.is_some_and(|n| n <= ask as usize / 4)
@@ -182,10 +192,31 @@ impl HoardFs {
             Some(p) if p.ino != node.ino && p.kind == FileKind::Dir && small(&p) => p,
             _ => self.node(node.ino)?,
         };
-        let top_id = top.state.lock().attr().file_id;
+        let top_attr = top.state.lock().attr();
         let epoch = self.trees.epoch();
-        let dirs = self.with_handle(&top, |h| self.origin.read_tree(h, top_id, ask))?;
+        let dirs = match self.with_handle(&top, |h| self.origin.read_tree(h, top_attr.file_id, ask))
+        {
+            Ok(dirs) => dirs,
+            // The parent cannot be listed (no permission, gone): the directory still can.
+            Err(e) if top.ino != node.ino && !matches!(e, FsError::Offline(_)) => {
+                tracing::debug!(dir = dir_id, "subtree request from the parent failed: {e}");
+                return Ok(fetched(self.fetch_listing(node)?));
+            }
+            Err(e) => return Err(e),
+        };
         self.stats.count_tree_request();
+        // Each directory's version and size as the reply shows them (the top's: as this
+        // client knew it when asking).
+        let mut seen: HashMap<u64, (u64, u64)> = HashMap::new();
+        seen.insert(top_attr.file_id, (top_attr.version, top_attr.size));
+        for e in dirs.iter().flat_map(|d| &d.entries) {
+            if e.entry.attr.kind == FileKind::Dir {
+                seen.insert(
+                    e.entry.attr.file_id,
+                    (e.entry.attr.version, e.entry.attr.size),
+                );
+            }
+        }
         let mut own = None;
         let mut others = Vec::with_capacity(dirs.len());
         for d in dirs {
@@ -193,7 +224,7 @@ impl HoardFs {
             if d.file_id == dir_id {
                 own = Some(l);
             } else {
-                others.push((d.file_id, l));
+                others.push((d.file_id, Kept::new(l, seen.get(&d.file_id).copied())));
             }
         }
         let max_age = self.config.callback_ttl.max(self.config.dir_ttl);

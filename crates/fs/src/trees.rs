@@ -32,8 +32,36 @@ pub(crate) const FIRST_TREE_REQUEST: u32 = 1024;
 /// Entries asked for by one subtree request at most.
 pub(crate) const MAX_TREE_REQUEST: u32 = 16 * 1024;
 
-/// Entries of listings kept at most (beyond, the oldest are dropped).
+/// Entries of listings kept at most, each directory counting one more (beyond, the
+/// oldest are dropped).
 pub(crate) const MAX_KEPT_ENTRIES: usize = 128 * 1024;
+
+/// A listing read ahead, with what its directory's attributes were in the reply: it is
+/// used only while the directory's node still shows them (the rule every listing keeps:
+/// `NodeState::set_attr`).
+pub(crate) struct Kept {
+    /// The listing.
+    pub(crate) listing: Arc<Listing>,
+    /// The directory's version and size as the reply saw them (`None`: not in it).
+    pub(crate) seen: Option<(u64, u64)>,
+    /// Which `keep` stored it (to tell it from a later listing of the same directory).
+    generation: u64,
+}
+
+impl Kept {
+    /// A listing read ahead whose directory had version and size `seen`.
+    pub(crate) fn new(listing: Arc<Listing>, seen: Option<(u64, u64)>) -> Kept {
+        Kept {
+            listing,
+            seen,
+            generation: 0,
+        }
+    }
+
+    fn weight(&self) -> usize {
+        self.listing.entries.len() + 1
+    }
+}
 
 /// Listings read ahead, by directory file id, and the state of the current walk.
 #[derive(Default)]
@@ -43,10 +71,15 @@ pub(crate) struct TreeAhead {
 
 #[derive(Default)]
 struct Inner {
-    kept: HashMap<u64, Arc<Listing>>,
-    /// Directory file ids in the order kept (entries may be stale: checked on removal).
-    order: VecDeque<u64>,
-    entries: usize,
+    kept: HashMap<u64, Kept>,
+    /// Directory file ids and generations in the order kept (a pair whose listing was
+    /// taken or replaced is skipped when it comes up).
+    order: VecDeque<(u64, u64)>,
+    /// Entries plus directories kept.
+    weight: usize,
+    generation: u64,
+    /// How old a kept listing may grow (the latest `keep`'s).
+    max_age: Duration,
     /// When a listing last missed.
     last_miss: Option<Instant>,
     /// Entries the next subtree request of this walk asks for.
@@ -55,13 +88,42 @@ struct Inner {
     changes: u64,
 }
 
+impl Inner {
+    fn remove(&mut self, dir_id: u64) -> Option<Kept> {
+        let k = self.kept.remove(&dir_id)?;
+        self.weight -= k.weight();
+        Some(k)
+    }
+
+    /// Drops the oldest listings while over the bound or older than `max_age`.
+    fn prune(&mut self, now: Instant) {
+        while let Some(&(dir_id, generation)) = self.order.front() {
+            let current = self
+                .kept
+                .get(&dir_id)
+                .filter(|k| k.generation == generation);
+            let drop = current.is_none_or(|k| {
+                self.weight > MAX_KEPT_ENTRIES
+                    || now.saturating_duration_since(k.listing.fetched) > self.max_age
+            });
+            if !drop {
+                break;
+            }
+            self.order.pop_front();
+            if current.is_some() {
+                self.remove(dir_id);
+            }
+        }
+    }
+}
+
 impl TreeAhead {
     /// The listing kept for directory `dir_id`, if any (taken: a listing is used once).
-    pub(crate) fn take(&self, dir_id: u64) -> Option<Arc<Listing>> {
+    pub(crate) fn take(&self, dir_id: u64) -> Option<Kept> {
         let mut g = self.inner.lock();
-        let l = g.kept.remove(&dir_id)?;
-        g.entries -= l.entries.len();
-        Some(l)
+        let k = g.remove(dir_id);
+        g.prune(Instant::now());
+        k
     }
 
     /// A listing of a directory missed now: how many entries a subtree request should
@@ -92,64 +154,41 @@ impl TreeAhead {
     pub(crate) fn forget(&self, dir_id: u64) {
         let mut g = self.inner.lock();
         g.changes += 1;
-        if let Some(l) = g.kept.remove(&dir_id) {
-            g.entries -= l.entries.len();
-        }
+        g.remove(dir_id);
     }
 
-    /// Names changed through this client in directories not told apart (reintegration).
+    /// Names changed through this client in directories not told apart (reintegration),
+    /// or every callback is gone: nothing kept is used.
     pub(crate) fn forget_all(&self) {
         let mut g = self.inner.lock();
         g.changes += 1;
         g.kept.clear();
         g.order.clear();
-        g.entries = 0;
+        g.weight = 0;
     }
 
     /// Keeps listings read ahead by a request sent at `epoch` (replacing older ones of the
     /// same directories), unless names changed through this client since; then drops the
     /// oldest beyond [`MAX_KEPT_ENTRIES`] and any older than `max_age`.
-    pub(crate) fn keep(&self, listings: Vec<(u64, Arc<Listing>)>, max_age: Duration, epoch: u64) {
+    pub(crate) fn keep(&self, listings: Vec<(u64, Kept)>, max_age: Duration, epoch: u64) {
         let mut g = self.inner.lock();
         if g.changes != epoch {
             return;
         }
-        for (dir_id, l) in listings {
-            g.entries += l.entries.len();
-            if let Some(old) = g.kept.insert(dir_id, l) {
-                g.entries -= old.entries.len();
-            }
-            g.order.push_back(dir_id);
-        }
-        let now = Instant::now();
-        while let Some(&oldest) = g.order.front() {
-            let drop = match g.kept.get(&oldest) {
-                None => true,
-                Some(l) => {
-                    g.entries > MAX_KEPT_ENTRIES
-                        || now.saturating_duration_since(l.fetched) > max_age
-                }
-            };
-            if !drop {
-                break;
-            }
-            g.order.pop_front();
-            // The queue may name a directory twice (kept again): remove it only when
-            // this is its last mention.
-            if !g.order.contains(&oldest)
-                && let Some(l) = g.kept.remove(&oldest)
-            {
-                g.entries -= l.entries.len();
+        g.max_age = max_age;
+        for (dir_id, mut k) in listings {
+            g.generation += 1;
+            k.generation = g.generation;
+            g.weight += k.weight();
+            g.order.push_back((dir_id, k.generation));
+            if let Some(old) = g.kept.insert(dir_id, k) {
+                g.weight -= old.weight();
             }
         }
-        if g.order.len() > 2 * g.kept.len() + 64 {
-            let Inner { order, kept, .. } = &mut *g;
-            let mut seen = std::collections::HashSet::new();
-            order.retain(|d| kept.contains_key(d) && seen.insert(*d));
-        }
+        g.prune(Instant::now());
     }
 
-    /// Directories with a listing kept (for tests and statistics).
+    /// Directories with a listing kept (for tests).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.inner.lock().kept.len()
@@ -160,7 +199,7 @@ impl TreeAhead {
 mod tests {
     use super::*;
 
-    fn listing(n: usize, fetched: Instant) -> Arc<Listing> {
+    fn listing(n: usize, fetched: Instant) -> Kept {
         let e = hoardfs_origin::DirEntry {
             name: b"x".to_vec(),
             entry: hoardfs_origin::Entry {
@@ -183,11 +222,12 @@ mod tests {
                 },
             },
         };
-        Arc::new(Listing {
+        let l = Arc::new(Listing {
             entries: vec![e; n],
             fetched,
             since: 0,
-        })
+        });
+        Kept::new(l, None)
     }
 
     #[test]
@@ -227,10 +267,10 @@ mod tests {
             day,
             t.epoch(),
         );
-        assert_eq!(t.take(1).unwrap().entries.len(), 3);
+        assert_eq!(t.take(1).unwrap().listing.entries.len(), 3);
         assert!(t.take(1).is_none(), "used once");
         // Past the bound, the oldest go first.
-        let big = MAX_KEPT_ENTRIES / 2 + 1;
+        let big = MAX_KEPT_ENTRIES / 2;
         t.keep(vec![(3, listing(big, now))], day, t.epoch());
         t.keep(vec![(4, listing(big, now))], day, t.epoch());
         assert!(t.take(2).is_none() && t.take(3).is_none());

@@ -663,9 +663,10 @@ pub enum WireError {
 pub const MAX_BREAKS: usize = 1 << 20;
 /// Most entries one directory page may carry (a server clamps pages to 8192 entries).
 pub const MAX_DIR_PAGE_ENTRIES: usize = 1 << 16;
-/// Most directories one [`Reply::Tree`] may carry, and most entries a server puts in one
-/// (it clamps `max_entries` to this).
-pub const MAX_TREE_ENTRIES: usize = 1 << 16;
+/// Most entries plus directories one [`Reply::Tree`] may carry (counted while it is
+/// decoded), and most a server puts in one (it clamps `max_entries` to this): at most
+/// 384 encoded bytes an entry, 12 MiB, within the 16 MiB a reply may have.
+pub const MAX_TREE_ENTRIES: usize = 1 << 15;
 
 /// Decoding of the long lists of a server message with an upper bound on their length, so
 /// that a frame of minimal elements (one byte each, for `Break::All`) cannot expand into
@@ -674,7 +675,7 @@ mod bounded {
     use std::fmt;
     use std::marker::PhantomData;
 
-    use serde::de::{Deserialize, Deserializer, Error, SeqAccess, Visitor};
+    use serde::de::{Deserialize, DeserializeSeed, Deserializer, Error, SeqAccess, Visitor};
 
     struct Bounded<T>(usize, PhantomData<T>);
 
@@ -719,8 +720,110 @@ mod bounded {
         vec(d, super::MAX_DIR_PAGE_ENTRIES)
     }
 
+    /// The listings of a [`super::Reply::Tree`], with [`super::MAX_TREE_ENTRIES`] bounding
+    /// the entries and directories of all of them together (each list bounded alone would
+    /// let a frame of minimal entries decode into many times its size).
     pub(super) fn tree<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<super::TreeDir>, D::Error> {
-        vec(d, super::MAX_TREE_ENTRIES)
+        d.deserialize_seq(Tree)
+    }
+
+    struct Tree;
+
+    impl<'de> Visitor<'de> for Tree {
+        type Value = Vec<super::TreeDir>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "at most {} listings", super::MAX_TREE_ENTRIES)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut left = super::MAX_TREE_ENTRIES;
+            let hint = seq.size_hint().unwrap_or(0);
+            if hint > left {
+                return Err(A::Error::invalid_length(hint, &self));
+            }
+            let mut v = Vec::with_capacity(hint.min(4096));
+            while let Some(d) = seq.next_element_seed(Listing(&mut left))? {
+                v.push(d);
+            }
+            Ok(v)
+        }
+    }
+
+    /// Takes one from what is left of the bound.
+    fn spend<E: Error>(left: &mut usize) -> Result<(), E> {
+        *left = left.checked_sub(1).ok_or_else(|| {
+            E::custom(format!(
+                "a tree of more than {} entries and directories",
+                super::MAX_TREE_ENTRIES
+            ))
+        })?;
+        Ok(())
+    }
+
+    /// One [`super::TreeDir`], its directory and entries spent from the bound.
+    struct Listing<'a>(&'a mut usize);
+
+    impl<'de> DeserializeSeed<'de> for Listing<'_> {
+        type Value = super::TreeDir;
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_struct("TreeDir", &["file_id", "entries"], self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Listing<'_> {
+        type Value = super::TreeDir;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a directory's listing")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let file_id: u64 = seq
+                .next_element()?
+                .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+            spend::<A::Error>(self.0)?;
+            let entries = seq
+                .next_element_seed(Entries(&mut *self.0))?
+                .ok_or_else(|| A::Error::invalid_length(1, &"a listing's entries"))?;
+            Ok(super::TreeDir { file_id, entries })
+        }
+    }
+
+    /// The entries of one listing of a tree, spent from the bound.
+    struct Entries<'a>(&'a mut usize);
+
+    impl<'de> DeserializeSeed<'de> for Entries<'_> {
+        type Value = Vec<super::DirEntry>;
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Entries<'_> {
+        type Value = Vec<super::DirEntry>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a listing's entries")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let hint = seq.size_hint().unwrap_or(0);
+            if hint > *self.0 {
+                return Err(A::Error::invalid_length(
+                    hint,
+                    &"the rest of the tree's bound",
+                ));
+            }
+            let mut v = Vec::with_capacity(hint.min(4096));
+            while let Some(e) = seq.next_element()? {
+                spend::<A::Error>(self.0)?;
+                v.push(e);
+            }
+            Ok(v)
+        }
     }
 }
 
@@ -729,23 +832,9 @@ mod tests {
     use super::*;
     use crate::frame::{decode_body, encode_body};
 
-    #[test]
-    fn long_lists_are_bounded_when_decoded() {
-        let at_most = ServerMessage::Breaks(vec![Break::All; MAX_BREAKS]);
-        let body = encode_body(&at_most);
-        assert_eq!(decode_body::<ServerMessage>(&body).unwrap(), at_most);
-        let over = encode_body(&ServerMessage::Breaks(vec![Break::All; MAX_BREAKS + 1]));
-        assert!(decode_body::<ServerMessage>(&over).is_err());
-        // A length claiming more than the bound fails before any element is read.
-        let mut claim = vec![1u8]; // ServerMessage::Breaks
-        claim.extend_from_slice(&[0xff, 0xff, 0xff, 0x0f]); // 2^32 - 1 elements
-        claim.extend_from_slice(&[2u8; 64]);
-        assert!(decode_body::<ServerMessage>(&claim).is_err());
-    }
-
-    #[test]
-    fn directory_pages_are_bounded_when_decoded() {
-        let entry = DirEntry {
+    /// A directory entry with a one-byte name and small values (few bytes encoded).
+    fn small_entry() -> DirEntry {
+        DirEntry {
             name: b"a".to_vec(),
             entry: Entry {
                 handle: Handle { epoch: 1, id: 1 },
@@ -766,7 +855,57 @@ mod tests {
                     ctime: Timestamp::default(),
                 },
             },
+        }
+    }
+
+    #[test]
+    fn a_tree_is_bounded_by_its_entries_and_directories_together() {
+        let entry = small_entry();
+        let tree = |dirs: usize, each: usize| {
+            ServerMessage::Response(Response {
+                id: 1,
+                result: Ok(Reply::Tree {
+                    dirs: (0..dirs)
+                        .map(|i| TreeDir {
+                            file_id: i as u64,
+                            entries: vec![entry.clone(); each],
+                        })
+                        .collect(),
+                }),
+            })
         };
+        // 4 directories of 8,191 entries: exactly the bound.
+        let at_most = tree(4, MAX_TREE_ENTRIES / 4 - 1);
+        assert_eq!(
+            decode_body::<ServerMessage>(&encode_body(&at_most)).unwrap(),
+            at_most
+        );
+        // One entry more, or one directory more (each list alone is far below its bound).
+        assert!(
+            decode_body::<ServerMessage>(&encode_body(&tree(4, MAX_TREE_ENTRIES / 4))).is_err()
+        );
+        assert!(
+            decode_body::<ServerMessage>(&encode_body(&tree(MAX_TREE_ENTRIES + 1, 0))).is_err()
+        );
+    }
+
+    #[test]
+    fn long_lists_are_bounded_when_decoded() {
+        let at_most = ServerMessage::Breaks(vec![Break::All; MAX_BREAKS]);
+        let body = encode_body(&at_most);
+        assert_eq!(decode_body::<ServerMessage>(&body).unwrap(), at_most);
+        let over = encode_body(&ServerMessage::Breaks(vec![Break::All; MAX_BREAKS + 1]));
+        assert!(decode_body::<ServerMessage>(&over).is_err());
+        // A length claiming more than the bound fails before any element is read.
+        let mut claim = vec![1u8]; // ServerMessage::Breaks
+        claim.extend_from_slice(&[0xff, 0xff, 0xff, 0x0f]); // 2^32 - 1 elements
+        claim.extend_from_slice(&[2u8; 64]);
+        assert!(decode_body::<ServerMessage>(&claim).is_err());
+    }
+
+    #[test]
+    fn directory_pages_are_bounded_when_decoded() {
+        let entry = small_entry();
         let page = |n| {
             ServerMessage::Response(Response {
                 id: 1,

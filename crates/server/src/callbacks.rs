@@ -13,7 +13,10 @@
 //! before the change while its registration came too late to receive the break. Each
 //! request therefore notes the change sequence number before asking the origin and, if it
 //! moved by the time the registration is in place, follows its reply with a conservative
-//! break for the objects in it (see [`Callbacks::settle`]).
+//! break for the objects in it (see `handle::handle`). A subtree listing, which takes up
+//! to 200 ms and names thousands of objects, is settled precisely instead: the changes
+//! of the last [`RECENT_CHANGES`] reports are kept, and the ones about its objects since
+//! its sequence number are sent again (see [`Callbacks::changes_since`]).
 //!
 //! Bounds: a connection holds at most [`MAX_CALLBACKS_PER_CONN`] callbacks and at most
 //! [`MAX_PENDING_BREAKS`] unsent break frames; beyond either it gets one [`Break::All`] and its
@@ -34,6 +37,10 @@ pub(crate) const MAX_CALLBACKS_PER_CONN: usize = 1 << 20;
 /// Most break frames queued for one connection before it is told to revalidate everything.
 pub(crate) const MAX_PENDING_BREAKS: usize = 4096;
 
+/// Change reports kept for settling subtree listings precisely (a listing that started
+/// before the oldest gets the conservative break).
+pub(crate) const RECENT_CHANGES: usize = 4096;
+
 /// Identifies one connection in the registry.
 pub(crate) type ConnId = u64;
 
@@ -50,6 +57,9 @@ struct ConnCallbacks {
 pub struct Callbacks {
     seq: AtomicU64,
     conns: Mutex<HashMap<ConnId, ConnCallbacks>>,
+    /// The latest change reports with the sequence number each made (a leaf lock of its
+    /// own, taken before `seq` moves).
+    recent: Mutex<std::collections::VecDeque<(u64, Arc<Vec<Break>>)>>,
     next_conn: AtomicU64,
     sent: AtomicU64,
 }
@@ -124,11 +134,38 @@ impl Callbacks {
         }
     }
 
+    /// The changes reported after sequence number `seq_before`, or `None` if some of them
+    /// are no longer kept.
+    pub(crate) fn changes_since(&self, seq_before: u64) -> Option<Vec<Arc<Vec<Break>>>> {
+        let recent = self.recent.lock();
+        let now = self.seq.load(Ordering::SeqCst);
+        let oldest = recent.front().map_or(now + 1, |(s, _)| *s);
+        if now > seq_before && oldest > seq_before + 1 {
+            return None;
+        }
+        Some(
+            recent
+                .iter()
+                .filter(|(s, _)| *s > seq_before)
+                .map(|(_, b)| Arc::clone(b))
+                .collect(),
+        )
+    }
+
     /// The origin reported `breaks`: send each to the connections holding a callback on it.
     pub(crate) fn changed(&self, breaks: Vec<Break>) {
-        // Bumped before the scan: a request that read the old number and registers after
-        // the scan sees the new number and sends its own conservative break.
-        self.seq.fetch_add(1, Ordering::SeqCst);
+        // Kept before the number moves, so that whoever sees the new number finds them.
+        {
+            let mut recent = self.recent.lock();
+            let seq = self.seq.load(Ordering::SeqCst) + 1;
+            recent.push_back((seq, Arc::new(breaks.clone())));
+            while recent.len() > RECENT_CHANGES {
+                recent.pop_front();
+            }
+            // Bumped before the scan: a request that read the old number and registers
+            // after the scan sees the new number and settles its reply.
+            self.seq.fetch_add(1, Ordering::SeqCst);
+        }
         let mut conns = self.conns.lock();
         for c in conns.values_mut() {
             let mine: Vec<Break> = breaks
@@ -156,5 +193,40 @@ impl Callbacks {
         self.sent.fetch_add(breaks.len() as u64, Ordering::Relaxed);
         let _ =
             c.tx.send(Outgoing::message(&ServerMessage::Breaks(breaks), true));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(file_id: u64) -> Break {
+        Break::Attr {
+            file_id,
+            version: 0,
+        }
+    }
+
+    #[test]
+    fn the_changes_since_a_sequence_number_are_found_until_they_are_no_longer_kept() {
+        let c = Callbacks::default();
+        let before = c.seq();
+        assert_eq!(c.changes_since(before).map(|v| v.len()), Some(0));
+        c.changed(vec![attr(1)]);
+        let middle = c.seq();
+        c.changed(vec![attr(2), attr(3)]);
+        let since = |s| -> Option<Vec<Break>> {
+            c.changes_since(s)
+                .map(|v| v.iter().flat_map(|b| b.iter().cloned()).collect())
+        };
+        assert_eq!(since(before), Some(vec![attr(1), attr(2), attr(3)]));
+        assert_eq!(since(middle), Some(vec![attr(2), attr(3)]));
+        assert_eq!(since(c.seq()), Some(vec![]));
+        // Once the oldest change after `before` is dropped, nothing precise can be said.
+        for i in 0..RECENT_CHANGES {
+            c.changed(vec![attr(10 + i as u64)]);
+        }
+        assert_eq!(since(before), None);
+        assert_eq!(since(c.seq() - 1).map(|v| v.len()), Some(1));
     }
 }

@@ -90,35 +90,11 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
     if raced && let Ok(r) = &result {
         // Something changed while this reply was computed: it may be out of date, and the
         // break for that change may have missed our registration. Break it ourselves.
-        let mut breaks: Vec<Break> = files
-            .iter()
-            .map(|&file_id| Break::Attr {
-                file_id,
-                version: 0,
-            })
-            .collect();
-        if let Some((dir, name)) = dir_ctx
-            && let Ok(dattr) = origin.getattr(dir)
-        {
-            breaks.push(Break::Attr {
-                file_id: dattr.file_id,
-                version: 0,
-            });
-            let names: Vec<Vec<u8>> = match r {
-                Reply::DirPage { entries, .. } => entries.iter().map(|e| e.name.clone()).collect(),
-                // The top directory's names; the directories below are among `files`, and
-                // a break of a directory voids the client's listing of it.
-                Reply::Tree { dirs } => dirs.first().map_or_else(Vec::new, |d| {
-                    d.entries.iter().map(|e| e.name.clone()).collect()
-                }),
-                _ => vec![name],
-            };
-            breaks.extend(names.into_iter().map(|name| Break::Entry {
-                dir_id: dattr.file_id,
-                name,
-                file_id: None,
-            }));
-        }
+        let breaks = match r {
+            Reply::Tree { .. } => settle_precisely(shared, &files, seq_before),
+            _ => None,
+        };
+        let breaks = breaks.unwrap_or_else(|| conservative_breaks(origin, r, &files, dir_ctx));
         shared.callbacks.send_to(conn, breaks);
     }
     // Built last so the reply (a directory page can hold thousands of entries) is moved,
@@ -141,6 +117,67 @@ pub(crate) fn tree_reply_bound(max_entries: u32) -> usize {
     tree_entries(max_entries) as usize * ENTRY_BOUND
 }
 
+/// The breaks a raced reply about `files` is settled with: every object in it and, for a
+/// directory context, the directory and the names the reply lists.
+fn conservative_breaks(
+    origin: &dyn Origin,
+    r: &Reply,
+    files: &[u64],
+    dir_ctx: Option<(Handle, Vec<u8>)>,
+) -> Vec<Break> {
+    let mut breaks: Vec<Break> = files
+        .iter()
+        .map(|&file_id| Break::Attr {
+            file_id,
+            version: 0,
+        })
+        .collect();
+    if let Some((dir, name)) = dir_ctx
+        && let Ok(dattr) = origin.getattr(dir)
+    {
+        breaks.push(Break::Attr {
+            file_id: dattr.file_id,
+            version: 0,
+        });
+        let names: Vec<Vec<u8>> = match r {
+            Reply::DirPage { entries, .. } => entries.iter().map(|e| e.name.clone()).collect(),
+            // The top directory's names; the directories below are among `files`, and a
+            // break of a directory voids the client's listing of it.
+            Reply::Tree { dirs } => dirs.first().map_or_else(Vec::new, |d| {
+                d.entries.iter().map(|e| e.name.clone()).collect()
+            }),
+            _ => vec![name],
+        };
+        breaks.extend(names.into_iter().map(|name| Break::Entry {
+            dir_id: dattr.file_id,
+            name,
+            file_id: None,
+        }));
+    }
+    breaks
+}
+
+/// The breaks a raced subtree listing about `files` is settled with: the changes reported
+/// since `seq_before` that concern its objects or its directories' names, sent again (a
+/// walk of 200 ms on a busy server almost always races something, usually elsewhere).
+/// `None` when those changes are no longer all kept.
+fn settle_precisely(shared: &Shared, files: &[u64], seq_before: u64) -> Option<Vec<Break>> {
+    let ids: std::collections::HashSet<u64> = files.iter().copied().collect();
+    let changes = shared.callbacks.changes_since(seq_before)?;
+    Some(
+        changes
+            .iter()
+            .flat_map(|batch| batch.iter())
+            .filter(|b| match b {
+                Break::Attr { file_id, .. } => ids.contains(file_id),
+                Break::Entry { dir_id, .. } => ids.contains(dir_id),
+                Break::All => true,
+            })
+            .cloned()
+            .collect(),
+    )
+}
+
 /// File ids a reply tells the client about (each gets a callback).
 fn files_in(r: &Reply) -> Vec<u64> {
     match r {
@@ -148,9 +185,13 @@ fn files_in(r: &Reply) -> Vec<u64> {
         Reply::Attr(a) => vec![a.file_id],
         Reply::Written { attr, .. } => vec![attr.file_id],
         Reply::DirPage { entries, .. } => entries.iter().map(|e| e.entry.attr.file_id).collect(),
+        // Every listed directory too (the top one is no entry of the reply): its names
+        // are what the client keeps.
         Reply::Tree { dirs } => dirs
             .iter()
-            .flat_map(|d| d.entries.iter().map(|e| e.entry.attr.file_id))
+            .flat_map(|d| {
+                std::iter::once(d.file_id).chain(d.entries.iter().map(|e| e.entry.attr.file_id))
+            })
             .collect(),
         _ => Vec::new(),
     }

@@ -45,6 +45,8 @@ struct Scripted {
     tree_requests: AtomicUsize,
     /// The directories subtree requests started from.
     tree_tops: Mutex<Vec<u64>>,
+    /// A directory whose subtree requests fail with `Access`.
+    tree_refused: Mutex<Option<u64>>,
     /// Run after a getattr is answered and before the reply is returned (to make a break
     /// overtake it).
     after_getattr: Mutex<Option<Box<dyn Fn() + Send>>>,
@@ -66,6 +68,7 @@ impl Scripted {
             trees: AtomicBool::new(false),
             tree_requests: AtomicUsize::new(0),
             tree_tops: Mutex::new(Vec::new()),
+            tree_refused: Mutex::new(None),
             after_getattr: Mutex::new(None),
         }
     }
@@ -115,6 +118,9 @@ impl Origin for Scripted {
         self.reachable()?;
         self.tree_requests.fetch_add(1, Ordering::SeqCst);
         self.tree_tops.lock().push(dir_id);
+        if *self.tree_refused.lock() == Some(dir_id) {
+            return Err(hoardfs_origin::WireError::Access.into());
+        }
         hoardfs_origin::tree::walk(&self.inner, dir, dir_id, max_entries)
     }
     fn lists_trees(&self) -> bool {

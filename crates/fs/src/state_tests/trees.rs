@@ -195,3 +195,66 @@ fn a_walk_starts_from_the_parent_unless_the_parent_is_large() {
         "from the directory itself"
     );
 }
+
+/// The root listed, then `d0`: a walk whose subtree request (from the root) kept the
+/// listings of the other directories. Returns the inodes and file ids of `d0`..`dN`.
+fn walk_started(r: &Rig) -> Vec<(Ino, u64)> {
+    let root = r.fs.listing(ROOT_INO).unwrap();
+    let mut dirs: Vec<(Vec<u8>, Ino, u64)> = root
+        .entries
+        .iter()
+        .filter(|e| e.entry.attr.kind == FileKind::Dir)
+        .map(|e| {
+            let n = r.fs.remember_entry(ROOT_INO, &root, e);
+            (e.name.clone(), n.ino, e.entry.attr.file_id)
+        })
+        .collect();
+    dirs.sort();
+    r.fs.listing(dirs[0].1).unwrap();
+    assert_eq!(counts(r).1, 1, "one subtree request");
+    dirs.into_iter().map(|(_, i, f)| (i, f)).collect()
+}
+
+#[test]
+fn a_lost_connection_voids_every_listing_read_ahead() {
+    let r = rig(3, true, config(Duration::ZERO));
+    let dirs = walk_started(&r);
+    std::fs::write(r.export.join("d2/new"), b"n").unwrap();
+    // What a client hears when its connection drops (its callbacks are gone with it).
+    r.break_and_wait(Break::All, dirs[2].0);
+    let l = r.fs.listing(dirs[2].0).unwrap();
+    assert!(l.entries.iter().any(|e| e.name == b"new"));
+    assert_eq!(r.fs.stats().listings_read_ahead, 0);
+}
+
+#[test]
+fn without_callbacks_a_listing_read_ahead_needs_its_directory_unchanged() {
+    let r = rig(3, false, config(Duration::from_secs(600)));
+    let dirs = walk_started(&r);
+    // d1 is listed from what was read ahead; d2 changed since, and its node says so.
+    r.fs.listing(dirs[1].0).unwrap();
+    assert_eq!(r.fs.stats().listings_read_ahead, 1);
+    std::fs::write(r.export.join("d2/new"), b"n").unwrap();
+    r.fs.expire_attr(&r.fs.node(dirs[2].0).unwrap());
+    r.fs.getattr(dirs[2].0).unwrap();
+    let l = r.fs.listing(dirs[2].0).unwrap();
+    assert!(l.entries.iter().any(|e| e.name == b"new"), "fetched again");
+    assert_eq!(r.fs.stats().listings_read_ahead, 1);
+}
+
+#[test]
+fn a_parent_that_cannot_be_walked_leaves_its_directories_listable() {
+    let r = rig(3, true, config(Duration::ZERO));
+    let root_id = r.fs.cached_attr(ROOT_INO).unwrap().file_id;
+    *r.origin.tree_refused.lock() = Some(root_id);
+    let root = r.fs.listing(ROOT_INO).unwrap();
+    let d0 = root.entries.iter().find(|e| e.name == b"d0").unwrap();
+    let d0 = r.fs.remember_entry(ROOT_INO, &root, d0).ino;
+    let l = r.fs.listing(d0).unwrap();
+    assert_eq!(l.entries.len(), 3, "e0, e1, e2");
+    assert_eq!(
+        *r.origin.tree_tops.lock(),
+        [root_id],
+        "tried from the root first"
+    );
+}
