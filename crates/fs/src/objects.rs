@@ -14,7 +14,7 @@
 //! store's locks are taken under it (see `hoardfs_cache`), never the reverse. The idle
 //! queue's lock is a leaf (nodes are locked after it is released).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use hoardfs_cache::{CacheDir, CachedObject, ObjectKey, ObjectShape};
 use hoardfs_origin::{DirEntry, FileKind};
 
-use crate::nodes::{Listing, Node, NodeState};
+use crate::nodes::{Ino, Listing, Node, NodeState};
 use crate::stats::Stats;
 use crate::{CacheFault, FsResult, WARM_PER_LISTING};
 
@@ -34,9 +34,53 @@ pub(crate) struct Objects {
     cache: Option<CacheDir>,
     export_id: u128,
     stats: Arc<Stats>,
-    /// Nodes closed with their object kept, oldest first (may repeat a node, and hold
-    /// nodes opened again since: re-checked when they leave).
-    idle: Mutex<VecDeque<Weak<Node>>>,
+    /// Nodes closed with their object kept.
+    idle: Mutex<Idle>,
+}
+
+/// The nodes closed with their object kept, in the order of their latest close. A node
+/// closed again moves to the back (its earlier place in the queue is skipped when it comes
+/// up), so a file opened and closed over and over keeps its object (and its passthrough
+/// registration) however many closes there are; one opened again since it was closed is
+/// re-checked when it leaves.
+#[derive(Default)]
+struct Idle {
+    /// Closes, oldest first: the node and the number of the close.
+    queue: VecDeque<(Ino, Weak<Node>, u64)>,
+    /// The number of each idle node's latest close (one per node: the bound counts these).
+    latest: HashMap<Ino, u64>,
+    closes: u64,
+}
+
+impl Idle {
+    /// Records that `node` was closed; returns the node that must let go of its object,
+    /// if more than [`IDLE_OBJECTS`] nodes are idle.
+    fn closed(&mut self, node: &Arc<Node>) -> Option<Arc<Node>> {
+        self.closes += 1;
+        self.latest.insert(node.ino, self.closes);
+        self.queue
+            .push_back((node.ino, Arc::downgrade(node), self.closes));
+        let mut victim = None;
+        while self.latest.len() > IDLE_OBJECTS {
+            let Some((ino, weak, close)) = self.queue.pop_front() else {
+                break;
+            };
+            if self.latest.get(&ino) != Some(&close) {
+                continue; // closed again later: its later place counts
+            }
+            self.latest.remove(&ino);
+            if let Some(n) = weak.upgrade() {
+                victim = Some(n);
+                break;
+            }
+        }
+        if self.queue.len() > 2 * self.latest.len() + 1024 {
+            let latest = &self.latest;
+            self.queue
+                .retain(|(ino, _, close)| latest.get(ino) == Some(close));
+        }
+        victim
+    }
 }
 
 impl Objects {
@@ -46,7 +90,7 @@ impl Objects {
             cache,
             export_id,
             stats,
-            idle: Mutex::new(VecDeque::new()),
+            idle: Mutex::new(Idle::default()),
         }
     }
 
@@ -54,15 +98,8 @@ impl Objects {
     /// [`IDLE_OBJECTS`] such nodes, the one closed longest ago lets go of its object,
     /// unless it was opened again.
     pub(crate) fn closed(&self, node: &Arc<Node>) {
-        let oldest = {
-            let mut q = self.idle.lock();
-            q.push_back(Arc::downgrade(node));
-            if q.len() <= IDLE_OBJECTS {
-                return;
-            }
-            q.pop_front()
-        };
-        if let Some(n) = oldest.and_then(|w| w.upgrade()) {
+        let oldest = self.idle.lock().closed(node);
+        if let Some(n) = oldest {
             let mut st = n.state.lock();
             if !st.is_open() {
                 st.opens.set_object(None);

@@ -281,3 +281,42 @@ fn closed_files_keep_their_objects_only_up_to_a_bound() {
     assert!(holding(&inos[0]));
     assert_eq!(r.fs.stats().chunk_fetches, fetched);
 }
+
+#[test]
+fn a_file_reopened_over_and_over_keeps_its_object_and_registration() {
+    // More closes than the bound counts nodes: one file opened again and again (a header
+    // a build reads thousands of times) is one idle node, not thousands.
+    let r = Rig::new(
+        &[("f", b"data"), ("g", b"other")],
+        true,
+        true,
+        config(Duration::from_secs(60)),
+    );
+    let reg = Registrar(AtomicUsize::new(0));
+    let (f, _) = r.lookup("f");
+    let (g, _) = r.lookup("g");
+    // Read whole once (daemon reads fill the cache), then g opened in passthrough.
+    for ino in [f, g, g] {
+        let (o, _) = open_read(&r, ino, READ, &reg);
+        r.fs.release(o.fh);
+    }
+    for _ in 0..crate::objects::IDLE_OBJECTS + 100 {
+        let (o, _) = open_read(&r, f, READ, &reg);
+        assert!(matches!(o.mode, OpenMode::Passthrough(_)));
+        r.fs.release(o.fh);
+    }
+    assert_eq!(
+        reg.count(),
+        2,
+        "one registration per file, reused by every open"
+    );
+    let holding = |ino: Ino| {
+        r.fs.nodes
+            .get(ino)
+            .is_some_and(|n| n.state.lock().opens.object().is_some())
+    };
+    assert!(
+        holding(f) && holding(g),
+        "two idle nodes are within the bound"
+    );
+}
