@@ -264,6 +264,12 @@ fn files_written_through_the_mount_are_the_objects_in_the_bucket_after_close() {
     // `rm -r` of a directory with a marker, and of one that exists only through its keys.
     g.put("implicit/a/x", b"x");
     g.put("implicit/y", b"y");
+    // Keys put elsewhere show within the metadata TTL.
+    assert_soon("the keys put elsewhere show", || {
+        (m.p("implicit/y").exists() && m.p("implicit/a/x").exists())
+            .then_some(())
+            .ok_or_else(|| "not yet".to_string())
+    });
     std::fs::remove_dir_all(m.p("implicit")).unwrap();
     assert!(!m.p("implicit").exists());
     assert!(!g.exists("implicit/y"), "rm -r left objects behind");
@@ -391,4 +397,74 @@ fn wrong_credentials_and_missing_buckets_are_refused_with_clear_errors() {
         e.contains("no-such-bucket") && e.contains("does not exist"),
         "{e}"
     );
+}
+
+/// Every path under `root` (relative, sorted) with a file's bytes, walked as `ls -R`
+/// walks: each directory listed, then its subdirectories.
+fn walk_tree(root: &std::path::Path) -> Vec<(String, Option<Vec<u8>>)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let mut names: Vec<_> = std::fs::read_dir(&d)
+            .unwrap_or_else(|e| panic!("{}: {e}", d.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        for p in names {
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            if p.is_dir() {
+                out.push((rel, None));
+                dirs.push(p);
+            } else {
+                out.push((rel, Some(std::fs::read(&p).unwrap())));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_walk_of_many_prefixes_costs_a_listing_per_thousand_keys_not_one_per_directory() {
+    require_fuse();
+    let Some(g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    let t = scratch();
+    let src = t.path().join("src");
+    for i in 0..5 {
+        for j in 0..6 {
+            let d = src.join(format!("d{i}/s{j}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("f"), format!("{i}.{j}")).unwrap();
+        }
+    }
+    std::fs::write(src.join("top"), b"top").unwrap();
+    let out = g
+        .rclone(0)
+        .arg("copy")
+        .arg(&src)
+        .arg(g.remote("walk"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rclone copy: {out:?}");
+    let (mnt, cache) = (t.path().join("m"), t.path().join("c"));
+    let m = g.mount(0, "", &mnt, &cache, &[]).unwrap();
+    let lists = g.s3_requests("ListObjectsV2");
+    assert_eq!(walk_tree(&m.p("walk")), walk_tree(&src));
+    // 36 directories: the lookups and the first listing one by one, then one listing of
+    // every key under the walk's top serves the rest.
+    let spent = g.s3_requests("ListObjectsV2") - lists;
+    assert!(spent <= 8, "{spent} listings for a walk of 36 directories");
+    // A key put by another client shows within the TTL (1 s), read ahead or not.
+    g.put("walk/d4/s5/new", b"new");
+    assert_soon("the new key is listed", || {
+        let names = list(&m.p("walk/d4/s5")).map_err(|e| e.to_string())?;
+        if names.iter().any(|n| n == b"new") {
+            Ok(())
+        } else {
+            Err(format!("{} names", names.len()))
+        }
+    });
+    m.unmount();
 }

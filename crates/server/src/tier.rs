@@ -21,7 +21,7 @@ use hoardfs_cache::flight::Flights;
 use hoardfs_cache::{CacheDir, CachedObject, ObjectKey};
 use hoardfs_origin::{
     Attr, BreakSink, DirPage, Entry, FileKind, FileRange, Handle, Origin, OriginError, OriginInfo,
-    Owner, ReadReply, Result, SetAttrs, StatFs, WriteReply,
+    Owner, ReadReply, Result, SetAttrs, StatFs, TreeDir, WriteReply,
 };
 use parking_lot::Mutex;
 
@@ -193,6 +193,16 @@ impl Origin for CachingOrigin {
             self.remember(e.entry.handle, &e.entry.attr);
         }
         Ok(p)
+    }
+    fn lists_trees(&self) -> bool {
+        self.inner.lists_trees()
+    }
+    fn read_tree(&self, dir: Handle, dir_id: u64, max_entries: u32) -> Result<Vec<TreeDir>> {
+        let dirs = self.inner.read_tree(dir, dir_id, max_entries)?;
+        for e in dirs.iter().flat_map(|d| &d.entries) {
+            self.remember(e.entry.handle, &e.entry.attr);
+        }
+        Ok(dirs)
     }
     fn read(&self, handle: Handle, offset: u64, len: u32) -> Result<ReadReply> {
         let k = self.known(handle)?;

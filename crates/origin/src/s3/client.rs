@@ -302,9 +302,32 @@ impl S3Client {
 
     /// One page of the keys under `prefix`, split at `/`.
     pub fn list_page(&self, prefix: &str, token: Option<&str>, max: usize) -> S3Result<ListPage> {
+        self.list(prefix, token, max, true)
+    }
+
+    /// One page of every key under `prefix`, at any depth (no delimiter: no common
+    /// prefixes), in key order.
+    pub fn list_flat_page(
+        &self,
+        prefix: &str,
+        token: Option<&str>,
+        max: usize,
+    ) -> S3Result<ListPage> {
+        self.list(prefix, token, max, false)
+    }
+
+    fn list(
+        &self,
+        prefix: &str,
+        token: Option<&str>,
+        max: usize,
+        delimited: bool,
+    ) -> S3Result<ListPage> {
         let mut action: ListObjectsV2<'_> = self.bucket.list_objects_v2(self.credentials.as_ref());
         action.with_prefix(prefix);
-        action.with_delimiter("/");
+        if delimited {
+            action.with_delimiter("/");
+        }
         action.with_max_keys(max.clamp(1, 1000));
         if let Some(t) = token {
             action.with_continuation_token(t);

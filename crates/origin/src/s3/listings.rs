@@ -26,7 +26,7 @@ const PAGE: usize = 1000;
 /// Snapshots kept in memory (others are reloaded from disk when needed).
 const MEM_SNAPSHOTS: usize = 4096;
 /// Format tag of the files on disk.
-const DISK_MAGIC: &str = "hoardfs-s3-listing-1";
+const DISK_MAGIC: &str = "hoardfs-s3-listing-2";
 /// The log of names looked up is started afresh beyond this size.
 const SEEN_LOG_MAX: u64 = 64 << 20;
 
@@ -46,6 +46,10 @@ pub struct Snapshot {
     pub entries: Vec<(String, Listed)>,
     /// When it was listed (seconds since the epoch).
     pub listed_at: i64,
+    /// When this mount first saw the directory's names as they are here (nanoseconds
+    /// since the epoch; 0 until kept): the directory's mtime, so that the kernel's copy
+    /// of a listing is dropped when a revalidation finds other names.
+    pub changed_at: i64,
 }
 
 impl Snapshot {
@@ -72,7 +76,73 @@ impl Snapshot {
         Snapshot {
             entries: m.into_iter().collect(),
             listed_at: now_unix(),
+            changed_at: 0,
         }
+    }
+
+    /// A hash of the names and kinds listed (the directory's version).
+    pub fn names_hash(&self) -> u64 {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for (name, l) in &self.entries {
+            h.update(name.as_bytes());
+            h.update(&[0, matches!(l, Listed::Dir) as u8]);
+        }
+        h.digest()
+    }
+
+    /// The listings of directory `top` (a prefix: empty or ending in `/`) and of every
+    /// directory below it, folded from the keys of one listing without delimiter, in key
+    /// order, by the rules of [`Snapshot::from_pages`]. With `complete` false the keys end
+    /// somewhere in the middle, and only the directories whose keys all came are returned
+    /// (keys under one prefix are contiguous in key order, so those are the directories
+    /// the last key is not under; never `top`). Returned as (prefix, snapshot).
+    pub fn tree_from_flat(
+        top: &str,
+        objects: &[(String, ObjectInfo)],
+        complete: bool,
+    ) -> Vec<(String, Snapshot)> {
+        let mut dirs: BTreeMap<String, BTreeMap<String, Listed>> = BTreeMap::new();
+        dirs.insert(top.to_string(), BTreeMap::new());
+        for (key, info) in objects {
+            let Some(rest) = key.strip_prefix(top) else {
+                continue;
+            };
+            let parts: Vec<&str> = rest.split('/').collect();
+            let mut dir = top.to_string();
+            for (i, part) in parts.iter().enumerate() {
+                if i + 1 == parts.len() {
+                    // A file, or (empty: the key ends in `/`) the marker of `dir`.
+                    if valid_name(part) {
+                        let m = dirs.entry(dir.clone()).or_default();
+                        if !matches!(m.get(*part), Some(Listed::Dir)) {
+                            m.insert(part.to_string(), Listed::File(info.clone()));
+                        }
+                    }
+                    break;
+                }
+                if !valid_name(part) {
+                    break; // no path leads below a name that cannot be one
+                }
+                dirs.entry(dir.clone())
+                    .or_default()
+                    .insert(part.to_string(), Listed::Dir);
+                dir = format!("{dir}{part}/");
+                dirs.entry(dir.clone()).or_default();
+            }
+        }
+        let last = objects.last().map(|(k, _)| k.as_str());
+        let listed_at = now_unix();
+        dirs.into_iter()
+            .filter(|(prefix, _)| complete || last.is_some_and(|k| !k.starts_with(prefix.as_str())))
+            .map(|(prefix, m)| {
+                let snap = Snapshot {
+                    entries: m.into_iter().collect(),
+                    listed_at,
+                    changed_at: 0,
+                };
+                (prefix, snap)
+            })
+            .collect()
     }
 
     /// The entry called `name`.
@@ -187,7 +257,7 @@ impl Listings {
                 break;
             }
         }
-        let snap = Arc::new(Snapshot::from_pages(prefix, pages));
+        let snap = Arc::new(self.stamped(prefix, Snapshot::from_pages(prefix, pages)));
         // A change made through this origin meanwhile may be missing from it: used for
         // this answer, but not reused as fresh.
         let unchanged = self.changes.load(std::sync::atomic::Ordering::SeqCst) == changes;
@@ -195,6 +265,42 @@ impl Listings {
         self.hold(prefix, snap.clone(), fresh);
         self.store(prefix, &snap);
         Ok(snap)
+    }
+
+    /// Changes made through this origin so far: taken before listing, and given to
+    /// [`Listings::install`].
+    pub fn changes(&self) -> u64 {
+        self.changes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Keeps a listing of `prefix` made by a request sent when [`Listings::changes`] was
+    /// `changes_before` (as [`Listings::refresh`] keeps its own: not fresh if a change
+    /// through this origin may be missing from it).
+    pub fn install(&self, prefix: &str, snap: Snapshot, changes_before: u64) -> Arc<Snapshot> {
+        let snap = Arc::new(self.stamped(prefix, snap));
+        let fresh = (self.changes() == changes_before).then(|| Instant::now() + self.ttl);
+        self.hold(prefix, snap.clone(), fresh);
+        self.store(prefix, &snap);
+        snap
+    }
+
+    /// `snap` with its `changed_at`: the kept listing's if that one has the same names,
+    /// else now.
+    fn stamped(&self, prefix: &str, mut snap: Snapshot) -> Snapshot {
+        snap.changed_at = match self.any(prefix) {
+            Some(old) if old.changed_at != 0 && old.names_hash() == snap.names_hash() => {
+                old.changed_at
+            }
+            _ => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos().min(i64::MAX as u128) as i64),
+        };
+        snap
+    }
+
+    /// The listing of `prefix` held in memory, whatever its age (no disk or network).
+    pub fn peek(&self, prefix: &str) -> Option<Arc<Snapshot>> {
+        self.mem.lock().0.get(prefix).map(|h| h.snap.clone())
     }
 
     /// The listing of `prefix` changed (through this origin): the next use lists again.
@@ -365,6 +471,49 @@ mod tests {
         );
         assert_eq!(s.get("b"), Some(&Listed::File(info(2))));
         assert_eq!(s.get("zzz"), None);
+    }
+
+    #[test]
+    fn one_listing_without_delimiter_folds_into_the_listings_of_a_tree() {
+        let keys = |ks: &[&str]| -> Vec<(String, ObjectInfo)> {
+            ks.iter()
+                .map(|k| (k.to_string(), info(k.len() as u64)))
+                .collect()
+        };
+        // In key order, as a store returns them.
+        let objects = keys(&[
+            "p/a/", "p/a/b/c", "p/a/f", "p/a//x", "p/b", "p/b/g", "p/c/../h", "p/e",
+        ]);
+        let delimited = |prefix: &str| {
+            // What the delimiter listing of `prefix` would hold, from the same keys.
+            let mut page = ListPage::default();
+            for (k, i) in &objects {
+                let Some(rest) = k.strip_prefix(prefix) else {
+                    continue;
+                };
+                match rest.find('/') {
+                    Some(at) => {
+                        let p = format!("{prefix}{}", &rest[..=at]);
+                        if !page.prefixes.contains(&p) {
+                            page.prefixes.push(p);
+                        }
+                    }
+                    None => page.objects.push((k.clone(), i.clone())),
+                }
+            }
+            Snapshot::from_pages(prefix, vec![page]).entries
+        };
+        let tree = Snapshot::tree_from_flat("p/", &objects, true);
+        let prefixes: Vec<&str> = tree.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(prefixes, ["p/", "p/a/", "p/a/b/", "p/b/", "p/c/"]);
+        for (prefix, snap) in &tree {
+            assert_eq!(snap.entries, delimited(prefix), "{prefix}");
+        }
+        // Cut after "p/a/f": only directories the last key is not under are whole.
+        let cut = Snapshot::tree_from_flat("p/", &objects[..3], false);
+        let prefixes: Vec<&str> = cut.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(prefixes, ["p/a/b/"]);
+        assert!(Snapshot::tree_from_flat("p/", &[], false).is_empty());
     }
 
     #[test]

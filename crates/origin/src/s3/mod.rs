@@ -241,13 +241,17 @@ impl Origin for S3Origin {
 
     fn lookup(&self, parent: Handle, name: &[u8]) -> Result<Entry> {
         let path = self.child_path(parent, name)?;
-        self.resolve(&path)
+        let mut e = self.resolve(&path)?;
+        if e.attr.kind == FileKind::Dir {
+            e.attr = self.revalidated_dir_attr(&path);
+        }
+        Ok(e)
     }
 
     fn getattr(&self, handle: Handle) -> Result<Attr> {
         let n = self.table.get(handle)?;
         if n.kind == FileKind::Dir {
-            return Ok(self.dir_attr(&n.path));
+            return Ok(self.revalidated_dir_attr(&n.path));
         }
         if let Some(a) = self.staging.attr(&n.path, self) {
             return Ok(a);
@@ -262,6 +266,41 @@ impl Origin for S3Origin {
         }
         let info = self.current(&n)?;
         Ok(self.file_attr(&n.path, &info, version(&info)))
+    }
+
+    fn lists_trees(&self) -> bool {
+        true
+    }
+
+    /// One listing without delimiter fills the listings of the directories under `dir`
+    /// (`watch::relist_tree`), then the walk reads them from memory: a request per 1,000
+    /// keys instead of one per directory.
+    fn read_tree(
+        &self,
+        dir: Handle,
+        dir_id: u64,
+        max_entries: u32,
+    ) -> Result<Vec<hoardfs_proto::TreeDir>> {
+        let d = self.dir_node(dir)?;
+        if self.opts.watch {
+            self.watched.touch(&d.path);
+        }
+        let sink = self.sink.lock().clone();
+        let filled = watch::relist_tree(
+            &self.client,
+            &self.opts.location,
+            &self.listings,
+            &self.table,
+            sink.as_ref(),
+            &d.path,
+            max_entries as usize,
+        );
+        match filled {
+            Ok(_) => self.reached(),
+            // The walk lists what it can (or serves what is kept, unreachable).
+            Err(e) => tracing::debug!("listing {:?} as a tree: {e}", d.path),
+        }
+        crate::tree::walk(self, dir, dir_id, max_entries)
     }
 
     fn readdir(&self, dir: Handle, cookie: u64, max_entries: u32) -> Result<crate::DirPage> {

@@ -25,14 +25,53 @@ const NEGATIVE_MAX: usize = 10_000;
 const RELIST_MAX: usize = 10_000;
 
 impl S3Origin {
+    /// The attributes of directory `path`, from its listing held in memory if any
+    /// (no request).
     pub(super) fn dir_attr(&self, path: &str) -> Attr {
+        let snap = self.listings.peek(&self.opts.location.dir_prefix(path));
+        self.dir_attr_of(path, snap.as_deref())
+    }
+
+    /// The attributes of directory `path` for a lookup or a getattr: if this mount has
+    /// listed it, revalidated with its listing (a LIST once per TTL), so that names
+    /// changed elsewhere change its version and mtime and the kernel drops the listing it
+    /// keeps (a listing in the parent's READDIRPLUS costs no request: [`Self::dir_attr`]).
+    pub(super) fn revalidated_dir_attr(&self, path: &str) -> Attr {
+        if self
+            .listings
+            .peek(&self.opts.location.dir_prefix(path))
+            .is_none()
+        {
+            return self.dir_attr(path);
+        }
+        match self.listing(path) {
+            Ok(s) => self.dir_attr_of(path, Some(&s)),
+            Err(_) => self.dir_attr(path),
+        }
+    }
+
+    /// The attributes of directory `path` as listing `snap` shows it: its version is a
+    /// hash of the names, its mtime when this mount first saw those names (the kernel
+    /// keeps a directory's listing until its mtime changes). Without a listing: version
+    /// 1 and the mount's start.
+    pub(super) fn dir_attr_of(&self, path: &str, snap: Option<&listings::Snapshot>) -> Attr {
+        let (version, mtime) = match snap.filter(|s| s.changed_at != 0) {
+            Some(s) => (
+                s.names_hash() | 2,
+                Timestamp {
+                    secs: s.changed_at.div_euclid(1_000_000_000),
+                    nanos: s.changed_at.rem_euclid(1_000_000_000) as u32,
+                },
+            ),
+            None => (1, self.started),
+        };
         Attr {
             file_id: if path.is_empty() {
                 1
             } else {
                 file_id(path, FileKind::Dir)
             },
-            version: 1,
+            version,
             kind: FileKind::Dir,
             perm: self.opts.dir_mode,
             nlink: 2,
@@ -42,9 +81,9 @@ impl S3Origin {
             blocks: 0,
             rdev: 0,
             blksize: 4096,
-            atime: self.started,
-            mtime: self.started,
-            ctime: self.started,
+            atime: mtime,
+            mtime,
+            ctime: mtime,
         }
     }
 

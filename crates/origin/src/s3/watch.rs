@@ -131,6 +131,63 @@ pub fn relist(
     Ok(new)
 }
 
+/// Lists every key under directory `dir` in one listing without delimiter (pages of
+/// 1,000 keys, at most `max_keys` keys and [`crate::tree::TREE_TIME_BUDGET`]) and keeps
+/// the listing of every directory it covers whole, reporting what changed in each as
+/// [`relist`] does: a walk of a tree of many small directories then costs a request per
+/// 1,000 keys instead of one per directory (goofys lists a prefix the same way). Returns
+/// the number of directories kept.
+pub fn relist_tree(
+    client: &S3Client,
+    location: &S3Location,
+    listings: &Listings,
+    table: &NodeTable,
+    sink: Option<&BreakSink>,
+    dir: &str,
+    max_keys: usize,
+) -> super::client::S3Result<usize> {
+    let started = std::time::Instant::now();
+    let top = location.dir_prefix(dir);
+    let changes = listings.changes();
+    let mut objects = Vec::new();
+    let mut token: Option<String> = None;
+    let complete = loop {
+        let page = client.list_flat_page(&top, token.as_deref(), 1000)?;
+        if page.next.is_some() && page.next == token {
+            return Err(super::client::S3Error::Protocol(format!(
+                "the listing of {top:?} does not end"
+            )));
+        }
+        objects.extend(page.objects);
+        token = page.next;
+        if token.is_none() {
+            break true;
+        }
+        if objects.len() >= max_keys || started.elapsed() >= crate::tree::TREE_TIME_BUDGET {
+            break false;
+        }
+    };
+    let dirs = Snapshot::tree_from_flat(&top, &objects, complete);
+    let kept = dirs.len();
+    for (prefix, snap) in dirs {
+        let Some(path) = prefix
+            .strip_prefix(location.dir_prefix("").as_str())
+            .map(|p| p.trim_end_matches('/').to_string())
+        else {
+            continue;
+        };
+        let old = sink.and_then(|_| listings.any(&prefix));
+        let snap = listings.install(&prefix, snap, changes);
+        if let Some(sink) = sink {
+            let breaks = diff(&path, old.as_deref(), &snap, table);
+            if !breaks.is_empty() {
+                sink(breaks);
+            }
+        }
+    }
+    Ok(kept)
+}
+
 /// The breaks that take clients from `old` (and what `table` knows of the files) to
 /// `new`; files whose object changed get their new information in `table`.
 pub fn diff(dir: &str, old: Option<&Snapshot>, new: &Snapshot, table: &NodeTable) -> Vec<Break> {
@@ -208,6 +265,7 @@ mod tests {
 
     fn snap(entries: &[(&str, Option<&str>)]) -> Snapshot {
         Snapshot {
+            changed_at: 0,
             entries: entries
                 .iter()
                 .map(|(n, e)| {
