@@ -121,14 +121,25 @@ pub fn relist(
     let prefix = location.dir_prefix(dir);
     let old = sink.and_then(|_| listings.any(&prefix));
     let new = listings.refresh(client, &prefix)?;
+    report(sink, dir, old.as_deref(), &new, table);
+    Ok(new)
+}
+
+/// Reports to `sink` (if any) what changed in directory `dir` from `old` to `new`.
+fn report(
+    sink: Option<&BreakSink>,
+    dir: &str,
+    old: Option<&Snapshot>,
+    new: &Snapshot,
+    table: &NodeTable,
+) {
     if let Some(sink) = sink {
-        let breaks = diff(dir, old.as_deref(), &new, table);
+        let breaks = diff(dir, old, new, table);
         if !breaks.is_empty() {
-            tracing::debug!("{} changes seen in {prefix:?}", breaks.len());
+            tracing::debug!("{} changes seen in {dir:?}", breaks.len());
             sink(breaks);
         }
     }
-    Ok(new)
 }
 
 /// Lists every key under directory `dir` in one listing without delimiter (pages of
@@ -178,12 +189,7 @@ pub fn relist_tree(
         };
         let old = sink.and_then(|_| listings.any(&prefix));
         let snap = listings.install(&prefix, snap, changes);
-        if let Some(sink) = sink {
-            let breaks = diff(&path, old.as_deref(), &snap, table);
-            if !breaks.is_empty() {
-                sink(breaks);
-            }
-        }
+        report(sink, &path, old.as_deref(), &snap, table);
     }
     Ok(kept)
 }
