@@ -149,13 +149,9 @@ impl Filesystem for FuseBridge {
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS;
         let _ = config.add_capabilities(want & config.capabilities());
-        if self.fs.kernel_opens() || !self.fs.has_callbacks() {
-            // The kernel refreshes expired attributes before it uses what it caches, and
-            // a changed mtime or size drops it. Under kernel opens there is no open-time
-            // check (a read first refreshes). Without callbacks nothing else would tell the
-            // kernel: it keeps a directory's listing (`FOPEN_CACHE_DIR`) until it sees a
-            // new mtime, so each listing pass first revalidates the directory once its
-            // attributes are older than the TTL.
+        if self.fs.kernel_opens() {
+            // No open-time check under kernel opens: a read first refreshes expired
+            // attributes, and a changed mtime or size drops the file's page cache.
             let _ =
                 config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA & config.capabilities());
         }

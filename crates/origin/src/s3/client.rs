@@ -302,18 +302,19 @@ impl S3Client {
 
     /// One page of the keys under `prefix`, split at `/`.
     pub fn list_page(&self, prefix: &str, token: Option<&str>, max: usize) -> S3Result<ListPage> {
-        self.list(prefix, token, max, true)
+        self.list(prefix, token, max, true, None)
     }
 
     /// One page of every key under `prefix`, at any depth (no delimiter: no common
-    /// prefixes), in key order.
+    /// prefixes), in key order, from the first key after `start_after` if given.
     pub fn list_flat_page(
         &self,
         prefix: &str,
         token: Option<&str>,
+        start_after: Option<&str>,
         max: usize,
     ) -> S3Result<ListPage> {
-        self.list(prefix, token, max, false)
+        self.list(prefix, token, max, false, start_after)
     }
 
     fn list(
@@ -322,11 +323,15 @@ impl S3Client {
         token: Option<&str>,
         max: usize,
         delimited: bool,
+        start_after: Option<&str>,
     ) -> S3Result<ListPage> {
         let mut action: ListObjectsV2<'_> = self.bucket.list_objects_v2(self.credentials.as_ref());
         action.with_prefix(prefix);
         if delimited {
             action.with_delimiter("/");
+        }
+        if let Some(s) = start_after {
+            action.with_start_after(s);
         }
         action.with_max_keys(max.clamp(1, 1000));
         if let Some(t) = token {

@@ -95,11 +95,14 @@ impl Snapshot {
     /// order, by the rules of [`Snapshot::from_pages`]. With `complete` false the keys end
     /// somewhere in the middle, and only the directories whose keys all came are returned
     /// (keys under one prefix are contiguous in key order, so those are the directories
-    /// the last key is not under; never `top`). Returned as (prefix, snapshot).
+    /// the last key is not under; never `top`). With `from_start` false the keys start
+    /// after some key under `top` (a listing with `start-after` a name in it): `top` is
+    /// not returned either. Returned as (prefix, snapshot).
     pub fn tree_from_flat(
         top: &str,
         objects: &[(String, ObjectInfo)],
         complete: bool,
+        from_start: bool,
     ) -> Vec<(String, Snapshot)> {
         let mut dirs: BTreeMap<String, BTreeMap<String, Listed>> = BTreeMap::new();
         dirs.insert(top.to_string(), BTreeMap::new());
@@ -133,6 +136,7 @@ impl Snapshot {
         let last = objects.last().map(|(k, _)| k.as_str());
         let listed_at = now_unix();
         dirs.into_iter()
+            .filter(|(prefix, _)| from_start || prefix != top)
             .filter(|(prefix, _)| complete || last.is_some_and(|k| !k.starts_with(prefix.as_str())))
             .map(|(prefix, m)| {
                 let snap = Snapshot {
@@ -172,9 +176,31 @@ pub struct Listings {
     ttl: Duration,
     immutable: bool,
     /// Counts the changes made through this origin ([`Listings::expire`]): a listing
-    /// begun before one may not show it, and is kept as out of date.
+    /// begun before one of its directory may not show it, and is kept as out of date.
     changes: std::sync::atomic::AtomicU64,
+    /// The prefixes of the latest changes, with the count each made (a listing begun
+    /// before the oldest counts as begun before a change of its directory).
+    expired: Mutex<std::collections::VecDeque<(u64, String)>>,
+    /// Each directory's names hash and `changed_at` as last listed, for its attributes
+    /// (never evicted with the snapshots, so a directory's version does not flip back).
+    versions: Mutex<HashMap<String, DirVersion>>,
 }
+
+/// What a directory's attributes are made of, as this mount last listed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirVersion {
+    /// [`Snapshot::names_hash`].
+    pub hash: u64,
+    /// [`Snapshot::changed_at`].
+    pub changed_at: i64,
+    /// Entries listed.
+    pub entries: usize,
+}
+
+/// Changes of names remembered by prefix ([`Listings::changed_since`]).
+const EXPIRED_LOG: usize = 4096;
+/// Directories whose version is remembered at most (beyond, the memory starts afresh).
+const VERSIONS_MAX: usize = 1 << 20;
 
 impl Listings {
     /// A store keeping snapshots under `disk` (if any), fresh for `ttl`.
@@ -189,6 +215,8 @@ impl Listings {
             ttl,
             immutable,
             changes: std::sync::atomic::AtomicU64::new(0),
+            expired: Mutex::new(std::collections::VecDeque::new()),
+            versions: Mutex::new(HashMap::new()),
         }
     }
 
@@ -260,8 +288,7 @@ impl Listings {
         let snap = Arc::new(self.stamped(prefix, Snapshot::from_pages(prefix, pages)));
         // A change made through this origin meanwhile may be missing from it: used for
         // this answer, but not reused as fresh.
-        let unchanged = self.changes.load(std::sync::atomic::Ordering::SeqCst) == changes;
-        let fresh = unchanged.then(|| Instant::now() + self.ttl);
+        let fresh = (!self.changed_since(changes, prefix)).then(|| Instant::now() + self.ttl);
         self.hold(prefix, snap.clone(), fresh);
         self.store(prefix, &snap);
         Ok(snap)
@@ -278,35 +305,74 @@ impl Listings {
     /// through this origin may be missing from it).
     pub fn install(&self, prefix: &str, snap: Snapshot, changes_before: u64) -> Arc<Snapshot> {
         let snap = Arc::new(self.stamped(prefix, snap));
-        let fresh = (self.changes() == changes_before).then(|| Instant::now() + self.ttl);
+        let fresh =
+            (!self.changed_since(changes_before, prefix)).then(|| Instant::now() + self.ttl);
         self.hold(prefix, snap.clone(), fresh);
         self.store(prefix, &snap);
         snap
     }
 
-    /// `snap` with its `changed_at`: the kept listing's if that one has the same names,
-    /// else now.
+    /// Whether names under `prefix` changed through this origin since the count was
+    /// `before` (or changes since then are no longer told apart).
+    pub fn changed_since(&self, before: u64, prefix: &str) -> bool {
+        let log = self.expired.lock();
+        if self.changes() == before {
+            return false;
+        }
+        let oldest = log.front().map_or(u64::MAX, |(n, _)| *n);
+        oldest > before + 1 || log.iter().any(|(n, p)| *n > before && p == prefix)
+    }
+
+    /// `snap` with its `changed_at`: the last listing's if that one had the same names,
+    /// else now. Recorded for the directory's attributes ([`Listings::version`]).
     fn stamped(&self, prefix: &str, mut snap: Snapshot) -> Snapshot {
-        snap.changed_at = match self.any(prefix) {
-            Some(old) if old.changed_at != 0 && old.names_hash() == snap.names_hash() => {
-                old.changed_at
-            }
+        let hash = snap.names_hash();
+        let known = self
+            .versions
+            .lock()
+            .get(prefix)
+            .map(|v| (v.hash, v.changed_at));
+        let previous = match known {
+            Some(v) => Some(v),
+            None => self.any(prefix).map(|o| (o.names_hash(), o.changed_at)),
+        };
+        snap.changed_at = match previous {
+            Some((h, at)) if h == hash && at != 0 => at,
             _ => SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos().min(i64::MAX as u128) as i64),
         };
+        let mut v = self.versions.lock();
+        if v.len() >= VERSIONS_MAX {
+            v.clear();
+        }
+        let version = DirVersion {
+            hash,
+            changed_at: snap.changed_at,
+            entries: snap.entries.len(),
+        };
+        v.insert(prefix.to_string(), version);
         snap
     }
 
-    /// The listing of `prefix` held in memory, whatever its age (no disk or network).
-    pub fn peek(&self, prefix: &str) -> Option<Arc<Snapshot>> {
-        self.mem.lock().0.get(prefix).map(|h| h.snap.clone())
+    /// Directory `prefix` as this mount last listed it (no disk or network).
+    pub fn version(&self, prefix: &str) -> Option<DirVersion> {
+        self.versions.lock().get(prefix).copied()
     }
 
     /// The listing of `prefix` changed (through this origin): the next use lists again.
     pub fn expire(&self, prefix: &str) {
-        self.changes
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        {
+            // Logged before the count moves, so whoever sees the new count finds it.
+            let mut log = self.expired.lock();
+            let n = self.changes() + 1;
+            log.push_back((n, prefix.to_string()));
+            while log.len() > EXPIRED_LOG {
+                log.pop_front();
+            }
+            self.changes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         if let Some(h) = self.mem.lock().0.get_mut(prefix) {
             h.fresh_until = None;
         }
@@ -503,17 +569,35 @@ mod tests {
             }
             Snapshot::from_pages(prefix, vec![page]).entries
         };
-        let tree = Snapshot::tree_from_flat("p/", &objects, true);
+        let tree = Snapshot::tree_from_flat("p/", &objects, true, true);
         let prefixes: Vec<&str> = tree.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(prefixes, ["p/", "p/a/", "p/a/b/", "p/b/", "p/c/"]);
         for (prefix, snap) in &tree {
             assert_eq!(snap.entries, delimited(prefix), "{prefix}");
         }
         // Cut after "p/a/f": only directories the last key is not under are whole.
-        let cut = Snapshot::tree_from_flat("p/", &objects[..3], false);
+        let cut = Snapshot::tree_from_flat("p/", &objects[..3], false, true);
         let prefixes: Vec<&str> = cut.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(prefixes, ["p/a/b/"]);
-        assert!(Snapshot::tree_from_flat("p/", &[], false).is_empty());
+        assert!(Snapshot::tree_from_flat("p/", &[], false, true).is_empty());
+        // Started after "p/a" (its keys onwards): every directory but the top is whole.
+        let after = Snapshot::tree_from_flat("p/", &objects, true, false);
+        let prefixes: Vec<&str> = after.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(prefixes, ["p/a/", "p/a/b/", "p/b/", "p/c/"]);
+    }
+
+    #[test]
+    fn a_change_voids_only_the_listings_of_its_directory_begun_before_it() {
+        let l = Listings::new(None, Duration::from_secs(60), false);
+        let before = l.changes();
+        l.expire("a/");
+        assert!(l.changed_since(before, "a/"));
+        assert!(!l.changed_since(before, "b/"), "a write elsewhere");
+        assert!(!l.changed_since(l.changes(), "a/"), "begun after it");
+        for i in 0..EXPIRED_LOG {
+            l.expire(&format!("x{i}/"));
+        }
+        assert!(l.changed_since(before, "b/"), "no longer told apart");
     }
 
     #[test]

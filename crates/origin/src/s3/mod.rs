@@ -274,7 +274,8 @@ impl Origin for S3Origin {
 
     /// One listing without delimiter fills the listings of the directories under `dir`
     /// (`watch::relist_tree`), then the walk reads them from memory: a request per 1,000
-    /// keys instead of one per directory.
+    /// keys instead of one per directory. Not when the listings of `dir` and of its
+    /// directories are all still fresh.
     fn read_tree(
         &self,
         dir: Handle,
@@ -285,6 +286,25 @@ impl Origin for S3Origin {
         if self.opts.watch {
             self.watched.touch(&d.path);
         }
+        // Fresh listings of the top and of its directories (kept on disk within the
+        // TTL, or under `--immutable`): the walk finds them without the store. With the
+        // top's fresh, the listing starts at its first directory that is not (a walk
+        // asks from the same parent again and again).
+        let fresh = |path: &str| self.listings.fresh(&self.opts.location.dir_prefix(path));
+        let start_after = match fresh(&d.path) {
+            Some(s) => {
+                let stale = s
+                    .entries
+                    .iter()
+                    .filter(|(_, l)| matches!(l, Listed::Dir))
+                    .find(|(name, _)| fresh(&join(&d.path, name)).is_none());
+                match stale {
+                    Some((name, _)) => Some(name.clone()),
+                    None => return crate::tree::walk(self, dir, dir_id, max_entries),
+                }
+            }
+            None => None,
+        };
         let sink = self.sink.lock().clone();
         let filled = watch::relist_tree(
             &self.client,
@@ -293,6 +313,7 @@ impl Origin for S3Origin {
             &self.table,
             sink.as_ref(),
             &d.path,
+            start_after.as_deref(),
             max_entries as usize,
         );
         match filled {

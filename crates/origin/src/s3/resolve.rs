@@ -25,42 +25,38 @@ const NEGATIVE_MAX: usize = 10_000;
 const RELIST_MAX: usize = 10_000;
 
 impl S3Origin {
-    /// The attributes of directory `path`, from its listing held in memory if any
-    /// (no request).
+    /// The attributes of directory `path` as this mount last listed it (no request).
     pub(super) fn dir_attr(&self, path: &str) -> Attr {
-        let snap = self.listings.peek(&self.opts.location.dir_prefix(path));
-        self.dir_attr_of(path, snap.as_deref())
+        let v = self.listings.version(&self.opts.location.dir_prefix(path));
+        self.dir_attr_of(path, v)
     }
 
     /// The attributes of directory `path` for a lookup or a getattr: if this mount has
-    /// listed it, revalidated with its listing (a LIST once per TTL), so that names
-    /// changed elsewhere change its version and mtime and the kernel drops the listing it
-    /// keeps (a listing in the parent's READDIRPLUS costs no request: [`Self::dir_attr`]).
+    /// listed it (and it has at most [`RELIST_MAX`] entries), revalidated with its
+    /// listing (a LIST once per TTL), so that names changed elsewhere change its version
+    /// and mtime and the kernel drops the listing it keeps. In a parent's READDIRPLUS a
+    /// directory costs no request ([`Self::dir_attr`]).
     pub(super) fn revalidated_dir_attr(&self, path: &str) -> Attr {
-        if self
-            .listings
-            .peek(&self.opts.location.dir_prefix(path))
-            .is_none()
-        {
+        let listed = self.listings.version(&self.opts.location.dir_prefix(path));
+        if listed.is_none_or(|v| v.entries > RELIST_MAX) {
             return self.dir_attr(path);
         }
-        match self.listing(path) {
-            Ok(s) => self.dir_attr_of(path, Some(&s)),
-            Err(_) => self.dir_attr(path),
-        }
+        // (A failed listing leaves what was listed last.)
+        let _ = self.listing(path);
+        self.dir_attr(path)
     }
 
-    /// The attributes of directory `path` as listing `snap` shows it: its version is a
-    /// hash of the names, its mtime when this mount first saw those names (the kernel
-    /// keeps a directory's listing until its mtime changes). Without a listing: version
-    /// 1 and the mount's start.
-    pub(super) fn dir_attr_of(&self, path: &str, snap: Option<&listings::Snapshot>) -> Attr {
-        let (version, mtime) = match snap.filter(|s| s.changed_at != 0) {
-            Some(s) => (
-                s.names_hash() | 2,
+    /// The attributes of directory `path` listed as `v`: its version is a hash of the
+    /// names, its mtime when this mount first saw those names (the kernel keeps a
+    /// directory's listing until its mtime changes). Not listed yet: version 1 and the
+    /// mount's start.
+    pub(super) fn dir_attr_of(&self, path: &str, v: Option<listings::DirVersion>) -> Attr {
+        let (version, mtime) = match v.filter(|v| v.changed_at != 0) {
+            Some(v) => (
+                v.hash | 2,
                 Timestamp {
-                    secs: s.changed_at.div_euclid(1_000_000_000),
-                    nanos: s.changed_at.rem_euclid(1_000_000_000) as u32,
+                    secs: v.changed_at.div_euclid(1_000_000_000),
+                    nanos: v.changed_at.rem_euclid(1_000_000_000) as u32,
                 },
             ),
             None => (1, self.started),

@@ -142,12 +142,14 @@ fn report(
     }
 }
 
-/// Lists every key under directory `dir` in one listing without delimiter (pages of
-/// 1,000 keys, at most `max_keys` keys and [`crate::tree::TREE_TIME_BUDGET`]) and keeps
+/// Lists the keys under directory `dir` (after its entry `start_after`, if given) in one
+/// listing without delimiter (pages of 1,000 keys, at most `max_keys` keys and
+/// [`crate::tree::TREE_TIME_BUDGET`]) and keeps
 /// the listing of every directory it covers whole, reporting what changed in each as
 /// [`relist`] does: a walk of a tree of many small directories then costs a request per
 /// 1,000 keys instead of one per directory (goofys lists a prefix the same way). Returns
 /// the number of directories kept.
+#[allow(clippy::too_many_arguments)] // `relist`'s context, and what to list
 pub fn relist_tree(
     client: &S3Client,
     location: &S3Location,
@@ -155,15 +157,17 @@ pub fn relist_tree(
     table: &NodeTable,
     sink: Option<&BreakSink>,
     dir: &str,
+    start_after: Option<&str>,
     max_keys: usize,
 ) -> super::client::S3Result<usize> {
     let started = std::time::Instant::now();
     let top = location.dir_prefix(dir);
     let changes = listings.changes();
-    let mut objects = Vec::new();
+    let mut objects: Vec<(String, super::client::ObjectInfo)> = Vec::new();
     let mut token: Option<String> = None;
+    let after = start_after.map(|name| format!("{top}{name}"));
     let complete = loop {
-        let page = client.list_flat_page(&top, token.as_deref(), 1000)?;
+        let page = client.list_flat_page(&top, token.as_deref(), after.as_deref(), 1000)?;
         if page.next.is_some() && page.next == token {
             return Err(super::client::S3Error::Protocol(format!(
                 "the listing of {top:?} does not end"
@@ -178,7 +182,15 @@ pub fn relist_tree(
             break false;
         }
     };
-    let dirs = Snapshot::tree_from_flat(&top, &objects, complete);
+    // What is whole is told by the key order: a store that lists in another order (S3
+    // Express directory buckets do) gives nothing to keep unless the listing is complete
+    // and from the start.
+    let ordered = objects.windows(2).all(|w| w[0].0 < w[1].0);
+    let usable = ordered || (complete && after.is_none());
+    if !usable {
+        return Ok(0);
+    }
+    let dirs = Snapshot::tree_from_flat(&top, &objects, complete, after.is_none());
     let kept = dirs.len();
     for (prefix, snap) in dirs {
         let Some(path) = prefix
