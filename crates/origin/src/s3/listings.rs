@@ -178,9 +178,9 @@ pub struct Listings {
     /// Counts the changes made through this origin ([`Listings::expire`]): a listing
     /// begun before one of its directory may not show it, and is kept as out of date.
     changes: std::sync::atomic::AtomicU64,
-    /// The prefixes of the latest changes, with the count each made (a listing begun
-    /// before the oldest counts as begun before a change of its directory).
-    expired: Mutex<std::collections::VecDeque<(u64, String)>>,
+    /// The latest changes by prefix: runs of consecutive counts of one prefix (a write
+    /// stream to one directory is one entry).
+    expired: Mutex<ExpiredLog>,
     /// Each directory's names hash and `changed_at` as last listed, for its attributes
     /// (never evicted with the snapshots, so a directory's version does not flip back).
     versions: Mutex<HashMap<String, DirVersion>>,
@@ -197,7 +197,16 @@ pub struct DirVersion {
     pub entries: usize,
 }
 
-/// Changes of names remembered by prefix ([`Listings::changed_since`]).
+/// Changes through this origin by prefix, for [`Listings::changed_since`].
+#[derive(Default)]
+struct ExpiredLog {
+    /// (first count, last count, prefix): every count in between was a change of it.
+    runs: std::collections::VecDeque<(u64, u64, String)>,
+    /// Counts up to this one are no longer told apart.
+    dropped_upto: u64,
+}
+
+/// Runs of changes of names remembered by prefix ([`Listings::changed_since`]).
 const EXPIRED_LOG: usize = 4096;
 /// Directories whose version is remembered at most (beyond, the memory starts afresh).
 const VERSIONS_MAX: usize = 1 << 20;
@@ -215,7 +224,7 @@ impl Listings {
             ttl,
             immutable,
             changes: std::sync::atomic::AtomicU64::new(0),
-            expired: Mutex::new(std::collections::VecDeque::new()),
+            expired: Mutex::new(ExpiredLog::default()),
             versions: Mutex::new(HashMap::new()),
         }
     }
@@ -240,6 +249,7 @@ impl Listings {
         let age = now_unix().saturating_sub(snap.listed_at);
         let left = self.ttl.as_secs() as i64 - age;
         if self.immutable || left > 0 {
+            self.known_version(prefix, &snap);
             let snap = Arc::new(snap);
             let until = now + Duration::from_secs(left.max(0) as u64);
             self.hold(prefix, snap.clone(), Some(until));
@@ -248,12 +258,30 @@ impl Listings {
         None
     }
 
+    /// Records the version of a listing loaded from disk (kept by an earlier mount), if
+    /// none is known yet.
+    fn known_version(&self, prefix: &str, snap: &Snapshot) {
+        if snap.changed_at == 0 {
+            return;
+        }
+        let mut v = self.versions.lock();
+        if v.len() < VERSIONS_MAX {
+            v.entry(prefix.to_string()).or_insert(DirVersion {
+                hash: snap.names_hash(),
+                changed_at: snap.changed_at,
+                entries: snap.entries.len(),
+            });
+        }
+    }
+
     /// The last listing of `prefix`, whatever its age (for when the store is unreachable).
     pub fn any(&self, prefix: &str) -> Option<Arc<Snapshot>> {
         if let Some(h) = self.mem.lock().0.get(prefix) {
             return Some(h.snap.clone());
         }
-        let snap = Arc::new(self.load(prefix)?);
+        let snap = self.load(prefix)?;
+        self.known_version(prefix, &snap);
+        let snap = Arc::new(snap);
         self.hold(prefix, snap.clone(), None);
         Some(snap)
     }
@@ -285,13 +313,7 @@ impl Listings {
                 break;
             }
         }
-        let snap = Arc::new(self.stamped(prefix, Snapshot::from_pages(prefix, pages)));
-        // A change made through this origin meanwhile may be missing from it: used for
-        // this answer, but not reused as fresh.
-        let fresh = (!self.changed_since(changes, prefix)).then(|| Instant::now() + self.ttl);
-        self.hold(prefix, snap.clone(), fresh);
-        self.store(prefix, &snap);
-        Ok(snap)
+        Ok(self.install(prefix, Snapshot::from_pages(prefix, pages), changes))
     }
 
     /// Changes made through this origin so far: taken before listing, and given to
@@ -305,10 +327,19 @@ impl Listings {
     /// through this origin may be missing from it).
     pub fn install(&self, prefix: &str, snap: Snapshot, changes_before: u64) -> Arc<Snapshot> {
         let snap = Arc::new(self.stamped(prefix, snap));
-        let fresh =
-            (!self.changed_since(changes_before, prefix)).then(|| Instant::now() + self.ttl);
-        self.hold(prefix, snap.clone(), fresh);
+        // A change made through this origin meanwhile may be missing from it: used for
+        // this answer, but not reused as fresh.
+        if self.changed_since(changes_before, prefix) {
+            self.hold(prefix, snap.clone(), None);
+            return snap;
+        }
+        self.hold(prefix, snap.clone(), Some(Instant::now() + self.ttl));
         self.store(prefix, &snap);
+        // A change that came between the check and now expired what was there before:
+        // this one may miss it too.
+        if self.changed_since(changes_before, prefix) {
+            self.expire_kept(prefix);
+        }
         snap
     }
 
@@ -319,8 +350,11 @@ impl Listings {
         if self.changes() == before {
             return false;
         }
-        let oldest = log.front().map_or(u64::MAX, |(n, _)| *n);
-        oldest > before + 1 || log.iter().any(|(n, p)| *n > before && p == prefix)
+        log.dropped_upto > before
+            || log
+                .runs
+                .iter()
+                .any(|(_, last, p)| *last > before && p == prefix)
     }
 
     /// `snap` with its `changed_at`: the last listing's if that one had the same names,
@@ -360,19 +394,8 @@ impl Listings {
         self.versions.lock().get(prefix).copied()
     }
 
-    /// The listing of `prefix` changed (through this origin): the next use lists again.
-    pub fn expire(&self, prefix: &str) {
-        {
-            // Logged before the count moves, so whoever sees the new count finds it.
-            let mut log = self.expired.lock();
-            let n = self.changes() + 1;
-            log.push_back((n, prefix.to_string()));
-            while log.len() > EXPIRED_LOG {
-                log.pop_front();
-            }
-            self.changes
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
+    /// Makes the kept listing of `prefix` out of date, in memory and on disk.
+    fn expire_kept(&self, prefix: &str) {
         if let Some(h) = self.mem.lock().0.get_mut(prefix) {
             h.fresh_until = None;
         }
@@ -380,6 +403,27 @@ impl Listings {
             // A snapshot on disk must not look fresh to a remount either.
             let _ = std::fs::remove_file(p);
         }
+    }
+
+    /// The listing of `prefix` changed (through this origin): the next use lists again.
+    pub fn expire(&self, prefix: &str) {
+        {
+            // Logged before the count moves, so whoever sees the new count finds it.
+            let mut log = self.expired.lock();
+            let n = self.changes() + 1;
+            match log.runs.back_mut() {
+                Some((_, last, p)) if p == prefix => *last = n,
+                _ => log.runs.push_back((n, n, prefix.to_string())),
+            }
+            while log.runs.len() > EXPIRED_LOG {
+                if let Some((_, last, _)) = log.runs.pop_front() {
+                    log.dropped_upto = last;
+                }
+            }
+            self.changes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.expire_kept(prefix);
     }
 
     /// Records that `path` (a full key path) was found to be `l` by a lookup.
@@ -594,6 +638,13 @@ mod tests {
         assert!(l.changed_since(before, "a/"));
         assert!(!l.changed_since(before, "b/"), "a write elsewhere");
         assert!(!l.changed_since(l.changes(), "a/"), "begun after it");
+        // A write stream to one directory is one entry, however long.
+        let mid = l.changes();
+        for _ in 0..10 * EXPIRED_LOG {
+            l.expire("w/");
+        }
+        assert!(!l.changed_since(mid, "b/"));
+        assert!(l.changed_since(mid, "w/"));
         for i in 0..EXPIRED_LOG {
             l.expire(&format!("x{i}/"));
         }
