@@ -456,6 +456,16 @@ fn a_walk_of_many_prefixes_costs_a_listing_per_thousand_keys_not_one_per_directo
     // every key under the walk's top serves the rest.
     let spent = g.s3_requests("ListObjectsV2") - lists;
     assert!(spent <= 8, "{spent} listings for a walk of 36 directories");
+    // Repeated once the listings have expired (the metadata TTL is 1 s: only time passing
+    // expires them), the walk revalidates the names a subtree at a time.
+    std::thread::sleep(Duration::from_millis(1500));
+    let lists = g.s3_requests("ListObjectsV2");
+    assert_eq!(walk_tree(&m.p("walk")), walk_tree(&src));
+    let again = g.s3_requests("ListObjectsV2") - lists;
+    assert!(
+        again <= 8,
+        "{again} listings for the walk repeated after the TTL"
+    );
     // A key put by another client shows within the TTL (1 s), read ahead or not.
     g.put("walk/d4/s5/new", b"new");
     assert_soon("the new key is listed", || {

@@ -283,9 +283,6 @@ impl Origin for S3Origin {
         max_entries: u32,
     ) -> Result<Vec<hoardfs_proto::TreeDir>> {
         let d = self.dir_node(dir)?;
-        if self.opts.watch {
-            self.watched.touch(&d.path);
-        }
         // Fresh listings of the top and of its directories (kept on disk within the
         // TTL, or under `--immutable`): the walk finds them without the store. With the
         // top's fresh, the listing starts at its first directory that is not (a walk
@@ -305,22 +302,8 @@ impl Origin for S3Origin {
             }
             None => None,
         };
-        let sink = self.sink.lock().clone();
-        let filled = watch::relist_tree(
-            &self.client,
-            &self.opts.location,
-            &self.listings,
-            &self.table,
-            sink.as_ref(),
-            &d.path,
-            start_after.as_deref(),
-            max_entries as usize,
-        );
-        match filled {
-            Ok(_) => self.reached(),
-            // The walk lists what it can (or serves what is kept, unreachable).
-            Err(e) => tracing::debug!("listing {:?} as a tree: {e}", d.path),
-        }
+        // (On failure the walk lists what it can, or serves what is kept, unreachable.)
+        self.relist_subtree(&d.path, start_after.as_deref(), max_entries as usize);
         crate::tree::walk(self, dir, dir_id, max_entries)
     }
 

@@ -37,13 +37,58 @@ impl S3Origin {
     /// and mtime and the kernel drops the listing it keeps. In a parent's READDIRPLUS a
     /// directory costs no request ([`Self::dir_attr`]).
     pub(super) fn revalidated_dir_attr(&self, path: &str) -> Attr {
-        let listed = self.listings.version(&self.opts.location.dir_prefix(path));
+        let prefix = self.opts.location.dir_prefix(path);
+        let listed = self.listings.version(&prefix);
         if listed.is_none_or(|v| v.entries > RELIST_MAX) {
             return self.dir_attr(path);
         }
-        // (A failed listing leaves what was listed last.)
-        let _ = self.listing(path);
+        if self.listings.fresh(&prefix).is_none() {
+            // One page of the subtree revalidates this directory and, when it holds them
+            // whole, the directories below: a walk repeated after the TTL then costs a
+            // request per small subtree, not one per directory. (A failed listing leaves
+            // what was listed last.)
+            self.relist_subtree(path, None, 1000);
+            if self.listings.fresh(&prefix).is_none() {
+                let _ = self.listing(path);
+            }
+        }
         self.dir_attr(path)
+    }
+
+    /// Lists the keys under directory `path` (after its entry `start_after`) without
+    /// delimiter, at most `max_keys` of them, and keeps the listing of every directory
+    /// the listing covers whole (`watch::relist_tree`). Returns whether the store
+    /// answered.
+    pub(super) fn relist_subtree(
+        &self,
+        path: &str,
+        start_after: Option<&str>,
+        max_keys: usize,
+    ) -> bool {
+        if self.opts.watch {
+            self.watched.touch(path);
+        }
+        let sink = self.sink.lock().clone();
+        let filled = watch::relist_tree(
+            &self.client,
+            &self.opts.location,
+            &self.listings,
+            &self.table,
+            sink.as_ref(),
+            path,
+            start_after,
+            max_keys,
+        );
+        match filled {
+            Ok(_) => {
+                self.reached();
+                true
+            }
+            Err(e) => {
+                tracing::debug!("listing {path:?} as a tree: {e}");
+                false
+            }
+        }
     }
 
     /// The attributes of directory `path` listed as `v`: its version is a hash of the
