@@ -55,6 +55,17 @@ impl S3Origin {
         self.dir_attr(path)
     }
 
+    /// This origin's relisting context, reporting to `sink`.
+    fn relister<'a>(&'a self, sink: Option<&'a crate::BreakSink>) -> watch::Relister<'a> {
+        watch::Relister {
+            client: &self.client,
+            location: &self.opts.location,
+            listings: &self.listings,
+            table: &self.table,
+            sink,
+        }
+    }
+
     /// Lists the keys under directory `path` (after its entry `start_after`) without
     /// delimiter, at most `max_keys` of them, and keeps the listing of every directory
     /// the listing covers whole (`watch::relist_tree`). Returns whether the store
@@ -69,16 +80,9 @@ impl S3Origin {
             self.watched.touch(path);
         }
         let sink = self.sink.lock().clone();
-        let filled = watch::relist_tree(
-            &self.client,
-            &self.opts.location,
-            &self.listings,
-            &self.table,
-            sink.as_ref(),
-            path,
-            start_after,
-            max_keys,
-        );
+        let filled = self
+            .relister(sink.as_ref())
+            .relist_tree(path, start_after, max_keys);
         match filled {
             Ok(_) => {
                 self.reached();
@@ -211,14 +215,7 @@ impl S3Origin {
             return Ok(s);
         }
         let sink = self.sink.lock().clone();
-        let r = watch::relist(
-            &self.client,
-            &self.opts.location,
-            &self.listings,
-            &self.table,
-            sink.as_ref(),
-            path,
-        );
+        let r = self.relister(sink.as_ref()).relist(path);
         match r {
             Ok(s) => {
                 self.reached();

@@ -93,117 +93,117 @@ impl Poller {
     }
 
     fn poll(&self, dir: &str) {
-        let sink = Some(&self.sink);
-        if let Err(e) = relist(
-            &self.client,
-            &self.location,
-            &self.listings,
-            &self.table,
-            sink,
-            dir,
-        ) {
+        let relister = Relister {
+            client: &self.client,
+            location: &self.location,
+            listings: &self.listings,
+            table: &self.table,
+            sink: Some(&self.sink),
+        };
+        if let Err(e) = relister.relist(dir) {
             tracing::debug!("watching {dir:?}: {e}");
         }
     }
 }
 
-/// Lists directory `dir` again and, with a `sink`, reports what changed since the last
-/// listing (or since what clients were told of its files): every listing goes through
-/// here, whoever asked for it, so no change is absorbed unreported.
-pub fn relist(
-    client: &S3Client,
-    location: &S3Location,
-    listings: &Listings,
-    table: &NodeTable,
-    sink: Option<&BreakSink>,
-    dir: &str,
-) -> super::client::S3Result<Arc<Snapshot>> {
-    let prefix = location.dir_prefix(dir);
-    let old = sink.and_then(|_| listings.any(&prefix));
-    let new = listings.refresh(client, &prefix)?;
-    report(sink, dir, old.as_deref(), &new, table);
-    Ok(new)
+/// What relisting needs: the store, the listings it keeps, the handle table, and where
+/// changes are reported (a tier's subscribers; `None` for a mount).
+pub struct Relister<'a> {
+    /// The store.
+    pub client: &'a S3Client,
+    /// Paths ↔ keys.
+    pub location: &'a S3Location,
+    /// The listings kept.
+    pub listings: &'a Listings,
+    /// What clients were told of files.
+    pub table: &'a NodeTable,
+    /// Where changes go.
+    pub sink: Option<&'a BreakSink>,
 }
 
-/// Reports to `sink` (if any) what changed in directory `dir` from `old` to `new`.
-fn report(
-    sink: Option<&BreakSink>,
-    dir: &str,
-    old: Option<&Snapshot>,
-    new: &Snapshot,
-    table: &NodeTable,
-) {
-    if let Some(sink) = sink {
-        let breaks = diff(dir, old, new, table);
-        if !breaks.is_empty() {
-            tracing::debug!("{} changes seen in {dir:?}", breaks.len());
-            sink(breaks);
-        }
+impl Relister<'_> {
+    /// Lists directory `dir` again and, with a `sink`, reports what changed since the last
+    /// listing (or since what clients were told of its files): every listing goes through
+    /// here, whoever asked for it, so no change is absorbed unreported.
+    pub fn relist(&self, dir: &str) -> super::client::S3Result<Arc<Snapshot>> {
+        let prefix = self.location.dir_prefix(dir);
+        let old = self.sink.and_then(|_| self.listings.any(&prefix));
+        let new = self.listings.refresh(self.client, &prefix)?;
+        self.report(dir, old.as_deref(), &new);
+        Ok(new)
     }
-}
 
-/// Lists the keys under directory `dir` (after its entry `start_after`, if given) in one
-/// listing without delimiter (pages of 1,000 keys, at most `max_keys` keys and
-/// [`crate::tree::TREE_TIME_BUDGET`]) and keeps
-/// the listing of every directory it covers whole, reporting what changed in each as
-/// [`relist`] does: a walk of a tree of many small directories then costs a request per
-/// 1,000 keys instead of one per directory (goofys lists a prefix the same way). Returns
-/// the number of directories kept.
-#[allow(clippy::too_many_arguments)] // `relist`'s context, and what to list
-pub fn relist_tree(
-    client: &S3Client,
-    location: &S3Location,
-    listings: &Listings,
-    table: &NodeTable,
-    sink: Option<&BreakSink>,
-    dir: &str,
-    start_after: Option<&str>,
-    max_keys: usize,
-) -> super::client::S3Result<usize> {
-    let started = std::time::Instant::now();
-    let top = location.dir_prefix(dir);
-    let changes = listings.changes();
-    let mut objects: Vec<(String, super::client::ObjectInfo)> = Vec::new();
-    let mut token: Option<String> = None;
-    let after = start_after.map(|name| format!("{top}{name}"));
-    let complete = loop {
-        let page = client.list_flat_page(&top, token.as_deref(), after.as_deref(), 1000)?;
-        if page.next.is_some() && page.next == token {
-            return Err(super::client::S3Error::Protocol(format!(
-                "the listing of {top:?} does not end"
-            )));
+    /// Reports to the sink (if any) what changed in directory `dir` from `old` to `new`.
+    fn report(&self, dir: &str, old: Option<&Snapshot>, new: &Snapshot) {
+        if let Some(sink) = self.sink {
+            let breaks = diff(dir, old, new, self.table);
+            if !breaks.is_empty() {
+                tracing::debug!("{} changes seen in {dir:?}", breaks.len());
+                sink(breaks);
+            }
         }
-        objects.extend(page.objects);
-        token = page.next;
-        if token.is_none() {
-            break true;
-        }
-        if objects.len() >= max_keys || started.elapsed() >= crate::tree::TREE_TIME_BUDGET {
-            break false;
-        }
-    };
-    // What is whole is told by the key order: a store that lists in another order (S3
-    // Express directory buckets do) gives nothing to keep unless the listing is complete
-    // and from the start.
-    let ordered = objects.windows(2).all(|w| w[0].0 < w[1].0);
-    let usable = ordered || (complete && after.is_none());
-    if !usable {
-        return Ok(0);
     }
-    let dirs = Snapshot::tree_from_flat(&top, &objects, complete, after.is_none());
-    let kept = dirs.len();
-    for (prefix, snap) in dirs {
-        let Some(path) = prefix
-            .strip_prefix(location.dir_prefix("").as_str())
-            .map(|p| p.trim_end_matches('/').to_string())
-        else {
-            continue;
+
+    /// Lists the keys under directory `dir` (after its entry `start_after`, if given) in one
+    /// listing without delimiter (pages of 1,000 keys, at most `max_keys` keys and
+    /// [`crate::tree::TREE_TIME_BUDGET`]) and keeps
+    /// the listing of every directory it covers whole, reporting what changed in each as
+    /// [`Relister::relist`] does: a walk of a tree of many small directories then costs a request per
+    /// 1,000 keys instead of one per directory (goofys lists a prefix the same way). Returns
+    /// the number of directories kept.
+    pub fn relist_tree(
+        &self,
+        dir: &str,
+        start_after: Option<&str>,
+        max_keys: usize,
+    ) -> super::client::S3Result<usize> {
+        let started = std::time::Instant::now();
+        let top = self.location.dir_prefix(dir);
+        let changes = self.listings.changes();
+        let mut objects: Vec<(String, super::client::ObjectInfo)> = Vec::new();
+        let mut token: Option<String> = None;
+        let after = start_after.map(|name| format!("{top}{name}"));
+        let complete = loop {
+            let page =
+                self.client
+                    .list_flat_page(&top, token.as_deref(), after.as_deref(), 1000)?;
+            if page.next.is_some() && page.next == token {
+                return Err(super::client::S3Error::Protocol(format!(
+                    "the listing of {top:?} does not end"
+                )));
+            }
+            objects.extend(page.objects);
+            token = page.next;
+            if token.is_none() {
+                break true;
+            }
+            if objects.len() >= max_keys || started.elapsed() >= crate::tree::TREE_TIME_BUDGET {
+                break false;
+            }
         };
-        let old = sink.and_then(|_| listings.any(&prefix));
-        let snap = listings.install(&prefix, snap, changes);
-        report(sink, &path, old.as_deref(), &snap, table);
+        // What is whole is told by the key order: a store that lists in another order (S3
+        // Express directory buckets do) gives nothing to keep unless the listing is complete
+        // and from the start.
+        let ordered = objects.windows(2).all(|w| w[0].0 < w[1].0);
+        let usable = ordered || (complete && after.is_none());
+        if !usable {
+            return Ok(0);
+        }
+        let dirs = Snapshot::tree_from_flat(&top, &objects, complete, after.is_none());
+        let kept = dirs.len();
+        for (prefix, snap) in dirs {
+            let Some(path) = prefix
+                .strip_prefix(self.location.dir_prefix("").as_str())
+                .map(|p| p.trim_end_matches('/').to_string())
+            else {
+                continue;
+            };
+            let old = self.sink.and_then(|_| self.listings.any(&prefix));
+            let snap = self.listings.install(&prefix, snap, changes);
+            self.report(&path, old.as_deref(), &snap);
+        }
+        Ok(kept)
     }
-    Ok(kept)
 }
 
 /// The breaks that take clients from `old` (and what `table` knows of the files) to
