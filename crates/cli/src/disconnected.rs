@@ -65,8 +65,8 @@ pub fn start_offline(
 }
 
 /// Saves the namespace of `fs` to `path` unless it is the one last saved (`saved`: its
-/// digest, updated on success); logs a failure.
-pub fn save(fs: &HoardFs, path: &Path, source: &str, saved: &mut Option<u64>) {
+/// digest, updated on success) and not `always`; logs a failure.
+pub fn save(fs: &HoardFs, path: &Path, source: &str, saved: &mut Option<u64>, always: bool) {
     let snap = match fs.namespace_snapshot(source) {
         Ok(s) => s,
         Err(e) => {
@@ -75,7 +75,7 @@ pub fn save(fs: &HoardFs, path: &Path, source: &str, saved: &mut Option<u64>) {
         }
     };
     let digest = snap.digest();
-    if *saved == Some(digest) {
+    if *saved == Some(digest) && !always {
         return;
     }
     match snap.save(path) {
@@ -105,26 +105,33 @@ pub fn start_keeper(
         .spawn(move || {
             let mut saved: Option<u64> = None;
             let mut last_save = Instant::now();
-            let mut was_connected = true;
+            // The connection (by handshake number) whose loss was saved at. Compared
+            // with the current one rather than sampling "connected" each tick: a
+            // connection made by a request and lost again between two ticks must not
+            // go unsaved (its changes would be missing from a restart offline).
+            let mut loss_saved = 0;
             loop {
                 std::thread::sleep(TICK);
                 let Some(fs) = weak.upgrade() else { return };
-                // Just lost the server: save what we know now, for a restart while it
-                // stays away.
-                let connected = remote.as_ref().is_none_or(|r| r.is_connected());
-                if let Some(p) = path.as_ref().filter(|_| was_connected && !connected) {
-                    save(&fs, p, &source, &mut saved);
+                // Lost the server since the last save at a loss: save what we know now,
+                // for a restart while it stays away.
+                if let Some(r) = remote.as_ref().filter(|r| !r.is_connected()) {
+                    let lost = r.generation();
+                    if lost != loss_saved {
+                        if let Some(p) = &path {
+                            // (Written even if unchanged: the file's time then tells
+                            // that it holds everything up to this loss.)
+                            save(&fs, p, &source, &mut saved, true);
+                        }
+                        loss_saved = lost;
+                    }
                 }
-                was_connected = connected;
                 // (A live connection is kept up by pings: one that is gone means the
                 // server or the link went away, not idleness.)
                 if let Some(r) = remote.as_ref().filter(|r| !r.is_connected())
                     && r.reconnect().is_ok()
                 {
                     tracing::info!(server = %r.addr(), "reconnected");
-                    // A loss from here on is one to save at (changes made meanwhile went
-                    // to the server).
-                    was_connected = true;
                 }
                 if fs.pending_changes() > 0 && remote.as_ref().is_none_or(|r| !r.is_offline()) {
                     let r = fs.reintegrate();
@@ -141,7 +148,7 @@ pub fn start_keeper(
                     && last_save.elapsed() >= SAVE_EVERY
                 {
                     last_save = Instant::now();
-                    save(&fs, p, &source, &mut saved);
+                    save(&fs, p, &source, &mut saved, false);
                 }
             }
         });

@@ -480,7 +480,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         );
     }
     if let Some(p) = &namespace_file {
-        crate::disconnected::save(&fs, p, &a.source, &mut None);
+        crate::disconnected::save(&fs, p, &a.source, &mut None, true);
     }
     if let Some(s) = fs.offline_stats().filter(|s| s.files > 0) {
         eprintln!(

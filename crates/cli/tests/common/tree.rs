@@ -39,13 +39,17 @@ pub fn tree_of(root: &Path) -> std::io::Result<Tree> {
         for e in listed {
             let e = e.map_err(|e| std::io::Error::new(e.kind(), format!("listing {dir}: {e}")))?;
             let rel = join(&dir, &e.file_name().into_string().unwrap());
-            let at = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{rel}: {e}"));
-            let md = std::fs::symlink_metadata(root.join(&rel)).map_err(at)?;
+            let at = |op: &str| {
+                let rel = rel.clone();
+                let op = op.to_owned();
+                move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{op} {rel}: {e}"))
+            };
+            let md = std::fs::symlink_metadata(root.join(&rel)).map_err(at("lstat"))?;
             let mode = md.permissions().mode() & 0o7777;
             let obj = if md.file_type().is_symlink() {
                 Obj::Link(
                     std::fs::read_link(root.join(&rel))
-                        .map_err(at)?
+                        .map_err(at("readlink"))?
                         .to_string_lossy()
                         .into_owned(),
                 )
@@ -54,7 +58,7 @@ pub fn tree_of(root: &Path) -> std::io::Result<Tree> {
                 Obj::Dir { mode }
             } else {
                 Obj::File {
-                    data: std::fs::read(root.join(&rel)).map_err(at)?,
+                    data: std::fs::read(root.join(&rel)).map_err(at("read"))?,
                     mode,
                 }
             };
