@@ -8,7 +8,7 @@ mod common;
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 
@@ -378,6 +378,7 @@ fn an_editors_save_offline_replaces_the_file_on_the_server() {
     let exp = t.path().join("export");
     std::fs::create_dir_all(&exp).unwrap();
     std::fs::write(exp.join("doc"), b"the document as it was").unwrap();
+    std::fs::set_permissions(exp.join("doc"), PermissionsExt::from_mode(0o600)).unwrap();
     std::fs::write(exp.join("theirs"), b"theirs as it was").unwrap();
     let mut srv = Server::start(&exp);
     let addr = srv.addr.clone();
@@ -388,13 +389,19 @@ fn an_editors_save_offline_replaces_the_file_on_the_server() {
     srv.kill();
 
     // Save: a new file, then renamed over the document.
-    std::fs::write(m.p(".doc.tmp"), b"the document, saved offline").unwrap();
+    // (Made with its mode, not given it by a chmod.)
+    std::os::unix::fs::OpenOptionsExt::mode(OpenOptions::new().write(true).create_new(true), 0o640)
+        .open(m.p(".doc.tmp"))
+        .and_then(|mut f| f.write_all(b"the document, saved offline"))
+        .unwrap();
     std::fs::rename(m.p(".doc.tmp"), m.p("doc")).unwrap();
     assert_eq!(
         std::fs::read(m.p("doc")).unwrap(),
         b"the document, saved offline"
     );
     // Save as: a new file renamed to a new name.
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&m.p("doc")), 0o640, "the saved file's mode");
     std::fs::write(m.p("draft"), b"a new file").unwrap();
     std::fs::rename(m.p("draft"), m.p("final")).unwrap();
     // The same save over a file that changes on the server meanwhile.
@@ -422,6 +429,8 @@ fn an_editors_save_offline_replaces_the_file_on_the_server() {
         std::fs::read(exp.join("doc")).unwrap(),
         b"the document, saved offline"
     );
+    // With the new file's permission bits, as the rename gave them (not the old 0o600).
+    assert_eq!(mode(&exp.join("doc")), 0o640);
     assert_eq!(std::fs::read(exp.join("final")).unwrap(), b"a new file");
     assert_eq!(
         std::fs::read(exp.join("theirs")).unwrap(),

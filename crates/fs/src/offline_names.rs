@@ -757,10 +757,15 @@ impl HoardFs {
             return Err(FsError::Offline(why.into()));
         }
         let from = g.data_path().to_path_buf();
-        let set = g.record().set;
-        let target = off.log.adopt(path, origin, &d_attr, &from).map_err(kept)?;
-        // Permission bits and times given to the new file go with its content (an
+        let mut set = g.record().set;
+        // The name now leads to the new file, with its permission bits (as a rename
+        // gives them): those it was made with unless it was given others since (an
         // editor gives it the document's).
+        if set.perm.is_none() && src_attr.perm != d_attr.perm {
+            set.perm = Some(src_attr.perm);
+        }
+        let target = off.log.adopt(path, origin, &d_attr, &from).map_err(kept)?;
+        // Permission bits and times given to the new file go with its content.
         let local = {
             let mut t = target.lock();
             if !set.is_empty() {
