@@ -152,9 +152,22 @@ impl HoardFs {
         let mut targets = Vec::new();
         for node in self.nodes.all() {
             let st = node.state.lock();
-            if let Some(t) = st.kept_target().filter(|_| !st.is_deleted()) {
-                targets.push((st.origin_attr().file_id, t));
+            let file_id = st.origin_attr().file_id;
+            let target = st.kept_target().filter(|_| !st.is_deleted());
+            drop(st);
+            // Only the node that has the id now: an object removed while its node
+            // lived on may have left its id to a new one (inode numbers are reused), and
+            // its target must not become the new object's. (The table's lock is taken
+            // without the node's.)
+            if let Some(t) = target
+                && self
+                    .nodes
+                    .by_file_id(file_id)
+                    .is_some_and(|o| o.ino == node.ino)
+            {
+                targets.push((file_id, t));
             }
+            let st = node.state.lock();
             let listing = st.last_listing().map(|l| l.entries.clone());
             if node.ino == ROOT_INO {
                 root = Entry {
