@@ -93,6 +93,26 @@ fn an_unlinked_open_file_keeps_working_until_closed() {
     );
 }
 
+/// `rm` right after a writer and a reader closed: the kernel sends releases after `close`
+/// returned, so the removal may arrive first; it must not hide the file as an open one
+/// (a hidden name on the server, and in listings while the server is unreachable).
+#[test]
+fn a_file_removed_right_after_its_close_is_not_hidden() {
+    let r = rig_with(|_| {}, &[], &[]);
+    for i in 0..200 {
+        let name = format!("f{i}");
+        std::fs::write(r.m.p(&name), b"written, closed, read, removed").unwrap();
+        // (A read-only open: its close sends no FLUSH.)
+        assert_eq!(
+            std::fs::read(r.m.p(&name)).unwrap(),
+            b"written, closed, read, removed"
+        );
+        std::fs::remove_file(r.m.p(&name)).unwrap();
+        let left = list(&r.exp).unwrap();
+        assert!(left.is_empty(), "after {} removals: {left:?}", i + 1);
+    }
+}
+
 /// Client A has a file open (and has read it); client B removes its last name. The server
 /// released the file, so A's descriptor shows a link count of zero, and still reads the
 /// bytes A had and takes writes into A's cache. What A sees is what SEMANTICS.md describes.

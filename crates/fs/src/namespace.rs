@@ -27,6 +27,12 @@ pub struct NodeEntry {
     pub ttl: Duration,
 }
 
+/// How long a removal waits for the releases of a file whose descriptors were all closed
+/// before it hides the file as an open one (`crate::unlinked`). Releases come within
+/// microseconds normally; this bounds the wait when a descriptor is still open elsewhere
+/// (a duplicate closed first).
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl HoardFs {
     /// The directory node `parent` and its origin file id.
     fn dir(&self, parent: Ino) -> FsResult<(Arc<Node>, u64)> {
@@ -322,12 +328,19 @@ impl HoardFs {
         }
         // Its last name, and it is open here: keep it reachable under a hidden name until
         // it is closed (module `unlinked`).
+        // A file whose descriptors were all closed is not hidden: the kernel sends the
+        // releases after `close` returned, so a removal right after a close may come
+        // first (`rm` after a write); it waits a little for them.
         let open_last_name = child
             .filter(|_| !dir_wanted)
             .and_then(|c| self.nodes.get(c))
             .filter(|n| n.kind == FileKind::File)
             .and_then(|n| {
-                let st = n.state.lock();
+                let mut st = n.state.lock();
+                let deadline = std::time::Instant::now() + RELEASE_WAIT;
+                while st.opens.only_closing()
+                    && !n.released.wait_until(&mut st, deadline).timed_out()
+                {}
                 (st.is_open() && st.attr().nlink <= 1).then(|| (n.ino, st.attr().file_id))
             });
         if let Some((ino, file_id)) = open_last_name {

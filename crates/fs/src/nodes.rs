@@ -353,8 +353,8 @@ pub struct Node {
     pub kind: FileKind,
     /// Mutable state.
     pub state: Mutex<NodeState>,
-    /// Signalled (with `state`) when the node's last passthrough open is released.
-    pub(crate) passthrough_released: Condvar,
+    /// Signalled (with `state`) when an open of the node is released.
+    pub(crate) released: Condvar,
 }
 
 impl Node {
@@ -421,7 +421,7 @@ impl NodeTable {
                 refetch: false,
                 target: None,
             }),
-            passthrough_released: Condvar::new(),
+            released: Condvar::new(),
         })
     }
 

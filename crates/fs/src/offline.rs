@@ -239,6 +239,9 @@ impl HoardFs {
             let mut st = node.state.lock();
             self.drain_passthrough(&node, &mut st, None);
             st.opens.admit_direct();
+            if !access.write {
+                st.opens.closing();
+            }
         }
         let fh = self
             .files

@@ -35,6 +35,9 @@ pub(crate) struct OpenFile {
     read_to: AtomicU64,
     /// Process id of the latest write through this open (0: none yet).
     writer: AtomicU32,
+    /// A descriptor of it may have been closed: the kernel flushed it, or it is
+    /// read-only (no flush tells of its closes).
+    flushed: AtomicBool,
 }
 
 impl OpenFile {
@@ -54,6 +57,8 @@ impl OpenFile {
             closed: AtomicBool::new(false),
             read_to: AtomicU64::new(0),
             writer: AtomicU32::new(0),
+            // (A read-only open gets no FLUSH: its close is never seen.)
+            flushed: AtomicBool::new(!access.write),
         }
     }
 
@@ -68,6 +73,16 @@ impl OpenFile {
     pub(crate) fn closed_by_writer(&self, pid: u32) -> bool {
         let w = self.writer.load(Ordering::Relaxed);
         w == 0 || w == pid
+    }
+
+    /// A descriptor of it was closed; true the first time.
+    pub(crate) fn flushed_first(&self) -> bool {
+        !self.flushed.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether a descriptor of it was closed.
+    pub(crate) fn was_flushed(&self) -> bool {
+        self.flushed.load(Ordering::Relaxed)
     }
 
     /// Whether the open was released.

@@ -63,6 +63,10 @@ pub(crate) struct OpenState {
     passthrough: Passthrough,
     /// Version of the last page-cached open, to decide whether kernel pages can be kept.
     last_cached_version: Option<u64>,
+    /// Opens whose descriptors may all be closed already, the release on its way (the
+    /// kernel sends it after `close` returned): those flushed, and the read-only ones
+    /// (which get no FLUSH, so that their closes are not seen).
+    closing: u32,
 }
 
 impl Default for OpenState {
@@ -73,6 +77,7 @@ impl Default for OpenState {
             direct: 0,
             passthrough: Passthrough::Unregistered,
             last_cached_version: None,
+            closing: 0,
         }
     }
 }
@@ -109,7 +114,23 @@ impl OpenState {
 
     /// Whether any open file refers to this node.
     pub(crate) fn is_open(&self) -> bool {
-        self.cached + self.direct + self.passthrough_opens() > 0
+        self.opens() > 0
+    }
+
+    fn opens(&self) -> u32 {
+        self.cached + self.direct + self.passthrough_opens()
+    }
+
+    /// An open's descriptor was closed (its first flush), or it is read-only: see
+    /// `closing`.
+    pub(crate) fn closing(&mut self) {
+        self.closing += 1;
+    }
+
+    /// Whether the node is open only by opens whose descriptors may all be closed
+    /// (their releases on their way).
+    pub(crate) fn only_closing(&self) -> bool {
+        self.is_open() && self.closing >= self.opens()
     }
 
     /// Passthrough opens of the node.
@@ -187,10 +208,14 @@ impl OpenState {
         keep_cache
     }
 
-    /// An open served as `mode` is closed. Returns true if it was the node's last
+    /// An open served as `mode` is released (`was_closing`: its descriptor was closed
+    /// before, [`OpenState::closing`]). Returns true if it was the node's last
     /// passthrough open (waiting opens are then told). The registration is kept for the
     /// next open while it is the current object's.
-    pub(crate) fn release(&mut self, mode: ModeKind) -> bool {
+    pub(crate) fn release(&mut self, mode: ModeKind, was_closing: bool) -> bool {
+        if was_closing {
+            self.closing = self.closing.saturating_sub(1);
+        }
         match mode {
             ModeKind::Cached => self.cached -= 1,
             ModeKind::Direct => self.direct -= 1,

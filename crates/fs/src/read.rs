@@ -172,11 +172,7 @@ impl PassthroughGate {
         if self.draining.fetch_add(1, Ordering::SeqCst) < MAX_DRAINING {
             let deadline = Instant::now() + PASSTHROUGH_DRAIN;
             while must_wait(st) {
-                if node
-                    .passthrough_released
-                    .wait_until(st, deadline)
-                    .timed_out()
-                {
+                if node.released.wait_until(st, deadline).timed_out() {
                     break;
                 }
             }
@@ -244,6 +240,9 @@ impl HoardFs {
         let mode = passthrough_object
             .and_then(|o| self.admit_passthrough(&mut st, o, make_backing))
             .unwrap_or_else(|| self.admit_daemon(&mut st, &attr, access));
+        if !access.write {
+            st.opens.closing();
+        }
         drop(st);
         let fh = self
             .files
@@ -479,9 +478,9 @@ impl HoardFs {
             );
         }
         let mut st = of.node.state.lock();
-        if st.opens.release(of.mode) {
-            of.node.passthrough_released.notify_all();
-        }
+        st.opens.release(of.mode, of.was_flushed());
+        // (Waiting opens and removals check what they wait for.)
+        of.node.released.notify_all();
         let idle = st.is_idle();
         let still_open = st.is_open();
         let deleted = st.is_deleted().then(|| st.attr().file_id);
@@ -559,7 +558,7 @@ mod tests {
             std::thread::spawn(move || {
                 let _st = node.state.lock();
                 open.store(false, Ordering::SeqCst);
-                node.passthrough_released.notify_all();
+                node.released.notify_all();
             })
         };
         gate.drain(&node, &mut st, |_| open.load(Ordering::SeqCst));

@@ -270,6 +270,13 @@ impl HoardFs {
     /// that wrote through `fh` (not a child that inherited the descriptor), and a failed
     /// upload fails the `close()`.
     pub fn flush(&self, ino: Ino, fh: FileHandle, pid: u32) -> FsResult<()> {
+        if let Ok(of) = self.open_file(fh) {
+            // (Marked under the node's lock, as the release reads it.)
+            let mut st = of.node.state.lock();
+            if of.flushed_first() {
+                st.opens.closing();
+            }
+        }
         if let Ok(of) = self.open_file(fh)
             && of.access.write
         {
