@@ -115,9 +115,11 @@ pub fn start_keeper(
                 let Some(fs) = weak.upgrade() else { return };
                 // Lost the server since the last save at a loss: save what we know now,
                 // for a restart while it stays away.
-                if let Some(r) = remote.as_ref().filter(|r| !r.is_connected()) {
+                if let Some(r) = remote.as_ref() {
+                    // (Read before the connection is looked at: a reconnect in between
+                    // then makes the connection live, not the save skip its loss.)
                     let lost = r.generation();
-                    if lost != loss_saved {
+                    if lost != loss_saved && !r.is_connected() {
                         if let Some(p) = &path {
                             // (Written even if unchanged: the file's time then tells
                             // that it holds everything up to this loss.)

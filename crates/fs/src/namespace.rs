@@ -27,12 +27,6 @@ pub struct NodeEntry {
     pub ttl: Duration,
 }
 
-/// How long a removal waits for the releases of a file whose descriptors were all closed
-/// before it hides the file as an open one (`crate::unlinked`). Releases come within
-/// microseconds normally; this bounds the wait when a descriptor is still open elsewhere
-/// (a duplicate closed first).
-const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
-
 impl HoardFs {
     /// The directory node `parent` and its origin file id.
     fn dir(&self, parent: Ino) -> FsResult<(Arc<Node>, u64)> {
@@ -328,20 +322,19 @@ impl HoardFs {
         }
         // Its last name, and it is open here: keep it reachable under a hidden name until
         // it is closed (module `unlinked`).
-        // A file whose descriptors were all closed is not hidden: the kernel sends the
-        // releases after `close` returned, so a removal right after a close may come
-        // first (`rm` after a write); it waits a little for them.
+        // A file whose descriptors may all be closed waits a little for their releases
+        // first (`Unlinked::wait_for_releases`).
         let open_last_name = child
             .filter(|_| !dir_wanted)
             .and_then(|c| self.nodes.get(c))
             .filter(|n| n.kind == FileKind::File)
             .and_then(|n| {
                 let mut st = n.state.lock();
-                let deadline = std::time::Instant::now() + RELEASE_WAIT;
-                while st.opens.only_closing()
-                    && !n.released.wait_until(&mut st, deadline).timed_out()
-                {}
-                (st.is_open() && st.attr().nlink <= 1).then(|| (n.ino, st.attr().file_id))
+                if st.attr().nlink > 1 {
+                    return None;
+                }
+                self.unlinked.wait_for_releases(&n, &mut st);
+                st.is_open().then(|| (n.ino, st.attr().file_id))
             });
         if let Some((ino, file_id)) = open_last_name {
             let hidden = self.unlinked.name_for(file_id);
@@ -378,6 +371,13 @@ impl HoardFs {
         if let Some(child) = child.and_then(|c| self.nodes.get(c)) {
             // Its link count changed.
             self.expire_attr(&child);
+            // A symbolic link's last name is gone, and with it the object: its id (an
+            // inode number, reused) must not lead a new object to this node and its
+            // kept target.
+            let (kind, attr) = (child.kind, child.state.lock().attr());
+            if kind == FileKind::Symlink && attr.nlink <= 1 {
+                self.nodes.unbind_file_id(child.ino, attr.file_id);
+            }
         }
         self.dir_changed(&dir);
         Ok(())

@@ -214,6 +214,7 @@ impl OpenState {
     /// next open while it is the current object's.
     pub(crate) fn release(&mut self, mode: ModeKind, was_closing: bool) -> bool {
         if was_closing {
+            debug_assert!(self.closing > 0, "a closing open is counted");
             self.closing = self.closing.saturating_sub(1);
         }
         match mode {

@@ -25,11 +25,20 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
-use crate::nodes::Ino;
+use crate::nodes::{Ino, Node, NodeState};
+
+/// How long a removal waits for the releases of a file whose descriptors may all be
+/// closed before it hides the file as an open one. Releases come within microseconds
+/// normally; this bounds the wait when a descriptor is still open (read-only elsewhere,
+/// or a duplicate of one closed first).
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Removals that wait for releases at once, at most.
+const MAX_RELEASE_WAITERS: usize = 2;
 
 /// Prefix of the hidden names.
 pub const HIDDEN_PREFIX: &str = ".hoardfs-unlinked-";
@@ -42,6 +51,9 @@ pub type HiddenPath = Vec<Vec<u8>>;
 pub struct Unlinked {
     inner: Mutex<Inner>,
     next: AtomicU64,
+    /// Removals waiting for the releases of a file about to be closed
+    /// ([`Unlinked::wait_for_releases`]).
+    waiting: AtomicUsize,
     client: String,
     journal: Option<PathBuf>,
 }
@@ -63,6 +75,19 @@ impl Unlinked {
             journal,
             ..Unlinked::default()
         }
+    }
+
+    /// Before a removal hides `node` as an open file (`st`: its state, locked): if every
+    /// open of it may be closed already (`OpenState::only_closing`), waits up to
+    /// [`RELEASE_WAIT`] for their releases, which the kernel sends after `close`
+    /// returned (`rm` right after `cat`). At most [`MAX_RELEASE_WAITERS`] removals wait
+    /// at once: each holds a FUSE thread, and the releases need one.
+    pub(crate) fn wait_for_releases(&self, node: &Node, st: &mut MutexGuard<'_, NodeState>) {
+        if self.waiting.fetch_add(1, Ordering::SeqCst) < MAX_RELEASE_WAITERS {
+            let deadline = std::time::Instant::now() + RELEASE_WAIT;
+            while st.opens.only_closing() && !node.released.wait_until(st, deadline).timed_out() {}
+        }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// A fresh hidden name for the file `file_id`.
