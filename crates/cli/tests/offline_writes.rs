@@ -767,7 +767,10 @@ fn random_sessions_of_names_and_contents_match_a_model() {
                     };
                     let size = rng.below(cur.len() as u64 + 100_000) as usize;
                     log.push(format!("{step} truncate {name} {size}"));
-                    let f = OpenOptions::new().write(true).open(m.p(&name)).unwrap();
+                    let f = OpenOptions::new()
+                        .write(true)
+                        .open(m.p(&name))
+                        .unwrap_or_else(|e| fail(&log, format!("open {name}: {e}")));
                     if let Err(e) = f.set_len(size as u64) {
                         fail(&log, format!("truncate {name}: {e}"));
                     }
@@ -783,7 +786,10 @@ fn random_sessions_of_names_and_contents_match_a_model() {
                     };
                     let data = bytes(rng.next(), 1 + rng.below(50_000) as usize);
                     log.push(format!("{step} append {name} {}", data.len()));
-                    let mut f = OpenOptions::new().append(true).open(m.p(&name)).unwrap();
+                    let mut f = OpenOptions::new()
+                        .append(true)
+                        .open(m.p(&name))
+                        .unwrap_or_else(|e| fail(&log, format!("open {name}: {e}")));
                     if let Err(e) = f.write_all(&data).and_then(|()| close_checked(f)) {
                         fail(&log, format!("append {name}: {e}"));
                     }
@@ -800,7 +806,10 @@ fn random_sessions_of_names_and_contents_match_a_model() {
                     let off = rng.below(cur.len() as u64 + 1000) as usize;
                     let data = bytes(rng.next(), 1 + rng.below(200_000) as usize);
                     log.push(format!("{step} pwrite {name} {off} {}", data.len()));
-                    let f = OpenOptions::new().write(true).open(m.p(&name)).unwrap();
+                    let f = OpenOptions::new()
+                        .write(true)
+                        .open(m.p(&name))
+                        .unwrap_or_else(|e| fail(&log, format!("open {name}: {e}")));
                     if let Err(e) = f
                         .write_all_at(&data, off as u64)
                         .and_then(|()| close_checked(f))
@@ -815,7 +824,8 @@ fn random_sessions_of_names_and_contents_match_a_model() {
                 }
             };
             if let Some(touched) = touched {
-                let got = std::fs::read(m.p(&touched)).unwrap();
+                let got = std::fs::read(m.p(&touched))
+                    .unwrap_or_else(|e| fail(&log, format!("reading {touched} back: {e}")));
                 let Obj::File { data: cur, .. } = &model[&touched] else {
                     unreachable!()
                 };
