@@ -269,7 +269,8 @@ impl HoardFs {
     /// Name `name` of directory `dir_id` now refers to `file_id` (`None`: nothing). If the
     /// client knew otherwise, the object that lost the name expires (its link count and
     /// ctime changed), the directory forgets the name, drops its listing and expires, and
-    /// the kernel drops the dentry and its cached listing.
+    /// the kernel drops the dentry and its cached listing; while names wait to be sent
+    /// back, only the directory expires.
     fn break_entry(
         &self,
         dir_id: u64,
@@ -285,6 +286,15 @@ impl HoardFs {
         let child = child.and_then(|c| self.nodes.get(c));
         let known = child.as_ref().map(|c| c.state.lock().attr().file_id);
         if known == file_id {
+            return;
+        }
+        // While the log holds changes to names, this client's view of names is its own
+        // (`crate::offline_names`), and the break may be the server's report of a name
+        // being sent back right now (its node has this client's id until the reply is
+        // in): the name stays. The directory expires (its listing kept); once the names
+        // are sent back, every directory is asked again.
+        if self.names_pending() {
+            dir.state.lock().expire();
             return;
         }
         if let Some(c) = &child {

@@ -129,6 +129,12 @@ impl HoardFs {
         let names: std::collections::HashSet<&[u8]> =
             listing.entries.iter().map(|e| e.name.as_slice()).collect();
         let mut st = node.state.lock();
+        // Names made here since the check above (the log took them) are not in it.
+        if self.names_pending()
+            && let Some(l) = st.last_listing()
+        {
+            return Ok(l);
+        }
         st.retain_children(&names);
         // Kept only if no break for the directory overtook it (checked under the lock the
         // break handler takes to drop listings).

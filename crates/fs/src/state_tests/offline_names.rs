@@ -490,3 +490,35 @@ fn while_names_wait_an_object_moved_here_is_not_found_under_its_old_name_on_the_
     assert_eq!(r.fs.reintegrate().left, 0);
     assert_eq!(std::fs::read(r.export.join("y")).unwrap(), b"x");
 }
+
+/// The server reports a name this client is sending back (its create) before the reply
+/// is in, when the node still has this client's own id: while names wait, the client's
+/// view of names is its own, and the break must not take the name from it.
+#[test]
+fn while_names_wait_a_break_of_a_name_made_here_does_not_remove_it() {
+    let (r, reg, _) = offline_rig(b"f");
+    r.fs.listing(ROOT_INO).unwrap();
+    let root_id = r.fs.getattr(ROOT_INO).unwrap().attr.file_id;
+    offline(&r, true);
+    let made = create(&r, &reg, ROOT_INO, "new", b"made offline");
+    offline(&r, false);
+    r.fs.apply_breaks(vec![hoardfs_origin::Break::Entry {
+        dir_id: root_id,
+        name: b"new".to_vec(),
+        file_id: Some(0x1234),
+    }]);
+    assert_eq!(r.fs.lookup(ROOT_INO, b"new").unwrap().ino, made);
+    let names: Vec<Vec<u8>> =
+        r.fs.listing(ROOT_INO)
+            .unwrap()
+            .entries
+            .iter()
+            .map(|e| e.name.clone())
+            .collect();
+    assert!(names.contains(&b"new".to_vec()), "{names:?}");
+    assert_eq!(r.fs.reintegrate().left, 0);
+    assert_eq!(
+        std::fs::read(r.export.join("new")).unwrap(),
+        b"made offline"
+    );
+}
