@@ -47,6 +47,7 @@ use crate::cml::{Conflict, Inner, Kind, Pending, Phase, Record, now_secs};
 use crate::replay_order::{parking, ready};
 
 use crate::nodes::Ino;
+use crate::offline::OfflineWrites;
 use crate::{FsError, FsResult, HoardFs};
 
 /// Bytes per write when sending a staged file back.
@@ -141,6 +142,50 @@ impl HoardFs {
             return Reintegrated::default();
         };
         let _one_pass = self.reintegrating.lock();
+        Reintegration { fs: self, off }.run()
+    }
+
+    /// Number of changes waiting to be sent back.
+    pub fn pending_changes(&self) -> u64 {
+        self.offline.as_ref().map_or(0, |o| o.log.count() as u64)
+    }
+
+    /// Walks `path` from `root` on the origin: its directory's handle (`None` if a
+    /// component is gone) and its entry (`None` if absent).
+    pub(crate) fn find(&self, root: Handle, path: &[Vec<u8>]) -> FsResult<Found> {
+        let Some((name, dirs)) = path.split_last() else {
+            return Err(FsError::Origin(WireError::Invalid));
+        };
+        let mut dir = root;
+        for c in dirs {
+            dir = match self.origin.lookup(dir, c) {
+                Ok(e) if e.attr.kind == hoardfs_origin::FileKind::Dir => e.handle,
+                Ok(_) => return Ok((None, None)),
+                Err(hoardfs_origin::OriginError::Fs(WireError::NotFound | WireError::NotDir)) => {
+                    return Ok((None, None));
+                }
+                Err(e) => return Err(e.into()),
+            };
+        }
+        match self.origin.lookup(dir, name) {
+            Ok(e) => Ok((Some(dir), Some(e))),
+            Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => Ok((Some(dir), None)),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// One reintegration: the file system and its change log, for the passes that send the
+/// changes back and for each change's steps.
+struct Reintegration<'a> {
+    fs: &'a HoardFs,
+    off: &'a OfflineWrites,
+}
+
+impl Reintegration<'_> {
+    /// Passes until no change is left or none can be sent now.
+    fn run(&self) -> Reintegrated {
+        let off = self.off;
         let had_names = off.log.names_pending();
         let mut total = Reintegrated::default();
         let mut sent = Vec::new();
@@ -153,7 +198,7 @@ impl HoardFs {
             let now = ready(&records);
             if now.is_empty() {
                 breaks += 1;
-                if breaks <= records.len() && self.break_cycle(&records) {
+                if breaks <= records.len() && self.fs.break_cycle(&records) {
                     continue;
                 }
                 tracing::warn!(
@@ -177,7 +222,7 @@ impl HoardFs {
         // Cached again (fetched at the origin's new version), so that the files can be
         // changed offline at the next disconnection; after the log is empty, not before.
         for ino in sent {
-            if let Err(e) = self.prefetch(ino) {
+            if let Err(e) = self.fs.prefetch(ino) {
                 tracing::debug!(ino, "refetching a file sent back failed: {e}");
             }
         }
@@ -187,7 +232,7 @@ impl HoardFs {
     /// Sends the changes `now` (independent of each other), [`SENDERS`] at a time; returns
     /// what was done, the nodes of files sent, and whether the origin went away.
     fn send_pass(&self, now: &[Arc<Pending>]) -> (Reintegrated, Vec<Ino>, bool) {
-        let off = self.offline.as_ref().expect("offline writes are on");
+        let off = self.off;
         let sending: HashSet<u64> = now.iter().map(|p| p.seq).collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
         let stopped = std::sync::atomic::AtomicBool::new(false);
@@ -256,43 +301,14 @@ impl HoardFs {
     /// Every name of this client's view was sent back: directories are asked again
     /// (their names on the origin may differ where conflicts were kept).
     fn names_sent_back(&self) {
-        for node in self.nodes.all() {
+        for node in self.fs.nodes.all() {
             if node.kind != hoardfs_origin::FileKind::Dir {
                 continue;
             }
             node.state.lock().expire();
-            if let Some(n) = self.notifier.get() {
+            if let Some(n) = self.fs.notifier.get() {
                 n.inval_inode(node.ino);
             }
-        }
-    }
-
-    /// Number of changes waiting to be sent back.
-    pub fn pending_changes(&self) -> u64 {
-        self.offline.as_ref().map_or(0, |o| o.log.count() as u64)
-    }
-
-    /// Walks `path` from `root` on the origin: its directory's handle (`None` if a
-    /// component is gone) and its entry (`None` if absent).
-    pub(crate) fn find(&self, root: Handle, path: &[Vec<u8>]) -> FsResult<Found> {
-        let Some((name, dirs)) = path.split_last() else {
-            return Err(FsError::Origin(WireError::Invalid));
-        };
-        let mut dir = root;
-        for c in dirs {
-            dir = match self.origin.lookup(dir, c) {
-                Ok(e) if e.attr.kind == hoardfs_origin::FileKind::Dir => e.handle,
-                Ok(_) => return Ok((None, None)),
-                Err(hoardfs_origin::OriginError::Fs(WireError::NotFound | WireError::NotDir)) => {
-                    return Ok((None, None));
-                }
-                Err(e) => return Err(e.into()),
-            };
-        }
-        match self.origin.lookup(dir, name) {
-            Ok(e) => Ok((Some(dir), Some(e))),
-            Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => Ok((Some(dir), None)),
-            Err(e) => Err(e.into()),
         }
     }
 
@@ -308,7 +324,7 @@ impl HoardFs {
         if g.is_gone() {
             return Ok(None);
         }
-        let root = self.origin.info()?.root.handle;
+        let root = self.fs.origin.info()?.root.handle;
         let mut noted = None;
         let before = g.record().path.clone();
         // A directory moved or made now: its permissions and times wait for what is to go
@@ -342,7 +358,7 @@ impl HoardFs {
         let outcome = match rec.kind {
             Kind::Mkdir | Kind::Symlink => self.send_made(&mut g, root, sending, &mut noted)?,
             Kind::Rmdir => self.send_rmdir(&rec, root)?,
-            Kind::Meta => match self.find(root, &rec.path)? {
+            Kind::Meta => match self.fs.find(root, &rec.path)? {
                 (_, Some(e)) if e.attr.file_id == rec.origin_id() => Outcome::Sent(e, None),
                 _ => Outcome::Conflict(Conflict {
                     at: now_secs(),
@@ -408,7 +424,7 @@ impl HoardFs {
             mtime: rec.set.mtime.map(hoardfs_origin::TimeSet::At),
             ..Default::default()
         };
-        let attr = match self.origin.setattr(e.handle, &set) {
+        let attr = match self.fs.origin.setattr(e.handle, &set) {
             Ok(a) => a,
             Err(hoardfs_origin::OriginError::Fs(
                 w @ (WireError::Access | WireError::NotPermitted),
@@ -440,20 +456,20 @@ impl HoardFs {
     /// done: until then they wait for it, and a move found done already (a client killed
     /// in between) is finished the same way.
     fn send_rename(&self, g: &mut Inner, root: Handle, sending: &HashSet<u64>) -> FsResult<Moved> {
-        let off = self.offline.as_ref().expect("offline writes are on");
+        let off = self.off;
         // No change is recorded with where the origin has its object while it moves.
         let moving = off.log.moving();
         let kept = crate::offline::kept;
         let rec = g.record().clone();
         let from = rec.origin_loc().to_vec();
-        let (src_dir, found) = self.find(root, &from)?;
+        let (src_dir, found) = self.fs.find(root, &from)?;
         let src_dir = match (src_dir, found) {
             (Some(d), Some(e)) if e.attr.file_id == rec.origin_id() => d,
             _ => {
                 // Parked by `break_cycle`, by a client killed before it noted that?
                 let parked = parking(rec.seq);
                 if from != parked
-                    && let (_, Some(e)) = self.find(root, &parked)?
+                    && let (_, Some(e)) = self.fs.find(root, &parked)?
                     && e.attr.file_id == rec.origin_id()
                 {
                     if rec.is_dir {
@@ -466,7 +482,7 @@ impl HoardFs {
                     return self.send_rename(g, root, sending);
                 }
                 // Sent already (a client killed before it noted that)?
-                if let (_, Some(e)) = self.find(root, &rec.path)?
+                if let (_, Some(e)) = self.fs.find(root, &rec.path)?
                     && e.attr.file_id == rec.origin_id()
                 {
                     if rec.is_dir {
@@ -480,7 +496,7 @@ impl HoardFs {
                 return Ok(Moved::Lost);
             }
         };
-        let (dst_dir, _) = self.find(root, &rec.path)?;
+        let (dst_dir, _) = self.fs.find(root, &rec.path)?;
         let Some(dst_dir) = dst_dir else {
             // The directory it moved to is gone on the origin: it stays where it is.
             g.placed_at(from.clone()).map_err(kept)?;
@@ -505,7 +521,7 @@ impl HoardFs {
         for n in 1..100 {
             let to = g.record().path.clone();
             let at = to.last().expect("a path has a name");
-            match self.origin.rename(
+            match self.fs.origin.rename(
                 src_dir,
                 src_name,
                 dst_dir,
@@ -555,7 +571,7 @@ impl HoardFs {
         noted: &mut Option<Conflict>,
     ) -> FsResult<Outcome> {
         use hoardfs_origin::FileKind;
-        let off = self.offline.as_ref().expect("offline writes are on");
+        let off = self.off;
         let kept = crate::offline::kept;
         let rec = g.record().clone();
         let owner = Owner {
@@ -566,7 +582,7 @@ impl HoardFs {
         let same = |e: &Entry| -> FsResult<bool> {
             Ok(match e.attr.kind {
                 FileKind::Dir => is_dir,
-                FileKind::Symlink if !is_dir => self.origin.readlink(e.handle)? == rec.target,
+                FileKind::Symlink if !is_dir => self.fs.origin.readlink(e.handle)? == rec.target,
                 _ => false,
             })
         };
@@ -574,13 +590,13 @@ impl HoardFs {
         for n in 1..100 {
             let at = g.record().path.clone();
             let (name, parent) = at.split_last().expect("a path has a name");
-            let (dir, found) = self.find(root, &at)?;
+            let (dir, found) = self.fs.find(root, &at)?;
             let taken = match (dir, found) {
                 (Some(d), None) => {
                     let made = if is_dir {
-                        self.origin.mkdir(d, name, u32::from(rec.perm), owner)
+                        self.fs.origin.mkdir(d, name, u32::from(rec.perm), owner)
                     } else {
-                        self.origin.symlink(d, name, &rec.target, owner)
+                        self.fs.origin.symlink(d, name, &rec.target, owner)
                     };
                     match made {
                         Ok(e) => {
@@ -640,7 +656,7 @@ impl HoardFs {
 
     /// Removes the change's directory on the origin; one that gained entries there stays.
     fn send_rmdir(&self, rec: &Record, root: Handle) -> FsResult<Outcome> {
-        let (dir, found) = self.find(root, rec.origin_loc())?;
+        let (dir, found) = self.fs.find(root, rec.origin_loc())?;
         let (Some(d), Some(e)) = (dir, found) else {
             return Ok(Outcome::Removed);
         };
@@ -648,7 +664,7 @@ impl HoardFs {
             return Ok(Outcome::Removed);
         }
         let name = rec.origin_loc().last().expect("a path has a name");
-        match self.origin.rmdir(d, name) {
+        match self.fs.origin.rmdir(d, name) {
             Ok(()) => Ok(Outcome::Removed),
             Err(hoardfs_origin::OriginError::Fs(WireError::NotEmpty)) => {
                 Ok(Outcome::Conflict(Conflict {
@@ -664,11 +680,11 @@ impl HoardFs {
 
     /// Sends a file's content, creation or removal back; `None` if it cannot be done yet.
     fn send_file(&self, g: &mut Inner, root: Handle) -> FsResult<Option<Outcome>> {
-        let off = self.offline.as_ref().expect("offline writes are on");
+        let off = self.off;
         let rec = g.record().clone();
         let loc = rec.origin_loc().to_vec();
         let name = loc.last().expect("a path has a name").clone();
-        let (dir, found) = self.find(root, &loc)?;
+        let (dir, found) = self.fs.find(root, &loc)?;
         // Whether the file holds what this change started from (or this change's own
         // half upload).
         let phase_allows = |e: &Entry| match rec.phase {
@@ -680,7 +696,7 @@ impl HoardFs {
             (Kind::Remove, Some(d), Some(e)) if e.attr.file_id == rec.origin_id() => {
                 // (Or this client's own half upload of a change it then removed.)
                 if phase_allows(&e) || e.attr.kind != hoardfs_origin::FileKind::File {
-                    self.origin.unlink(*d, &name)?;
+                    self.fs.origin.unlink(*d, &name)?;
                     Outcome::Removed
                 } else {
                     Outcome::Conflict(Conflict {
@@ -730,6 +746,7 @@ impl HoardFs {
                 };
                 g.start_upload().map_err(crate::offline::kept)?;
                 match self
+                    .fs
                     .origin
                     .create(*d, &name, u32::from(rec.perm), true, owner)
                 {
@@ -791,11 +808,11 @@ impl HoardFs {
         outcome: Outcome,
         renamed_to: Option<Vec<Vec<u8>>>,
     ) -> FsResult<Option<(Outcome, Option<Conflict>)>> {
-        let off = self.offline.as_ref().expect("offline writes are on");
+        let off = self.off;
         let rec = g.record().clone();
         let name = rec.path.last().cloned().unwrap_or_default();
-        self.nodes.set_local(p.file_id, None);
-        let node = self.nodes.by_file_id(p.file_id);
+        self.fs.nodes.set_local(p.file_id, None);
+        let node = self.fs.nodes.by_file_id(p.file_id);
         let (mut stale_entry, mut stale_dir) = (None, None);
         if let Some(node) = &node {
             let mut lost = None;
@@ -820,15 +837,15 @@ impl HoardFs {
                 }
             }
             if let Outcome::Created(entry, _) = &outcome {
-                self.nodes.rebind(node.ino, p.file_id, entry);
+                self.fs.nodes.rebind(node.ino, p.file_id, entry);
                 if rec.kind == Kind::Symlink {
                     // Known without a readlink (served while the origin is unreachable).
                     node.state.lock().keep_target(&rec.target);
                 }
             }
-            if let Some(parent) = lost.and_then(|pi| self.nodes.get(pi)) {
+            if let Some(parent) = lost.and_then(|pi| self.fs.nodes.get(pi)) {
                 if rec.kind == Kind::Create && matches!(outcome, Outcome::Conflict(_)) {
-                    self.nodes.unbind_file_id(node.ino, p.file_id);
+                    self.fs.nodes.unbind_file_id(node.ino, p.file_id);
                 }
                 let known = node.state.lock().name().to_vec();
                 // The name is asked for again.
@@ -839,20 +856,20 @@ impl HoardFs {
         }
         let parent_ino = node.as_ref().map(|n| n.state.lock().parent());
         if let (Outcome::Conflict(_), Kind::Remove | Kind::Rmdir) = (&outcome, rec.kind)
-            && let Some(parent) = parent_ino.and_then(|i| self.nodes.get(i))
+            && let Some(parent) = parent_ino.and_then(|i| self.fs.nodes.get(i))
         {
             // The origin's object stays: the directory's names are asked for again.
             parent.state.lock().contents_changed();
             stale_dir = Some(parent.ino);
         }
         // Names changed on the origin: listings read ahead may not have the change.
-        self.trees.forget_all();
+        self.fs.trees.forget_all();
         off.log.finish(p.file_id, &mut g);
         drop(g);
         let _ = name;
         // The kernel is told only now: an operation it holds a directory locked for may be
         // waiting for this change's lock.
-        if let Some(n) = self.notifier.get() {
+        if let Some(n) = self.fs.notifier.get() {
             if let Some((dir, name)) = &stale_entry {
                 n.inval_entry(*dir, name);
             }
@@ -862,7 +879,7 @@ impl HoardFs {
         }
         let mut outcome = outcome;
         if let Some(node) = node {
-            if let Some(n) = self.notifier.get() {
+            if let Some(n) = self.fs.notifier.get() {
                 n.inval_inode(node.ino);
             }
             if let Outcome::Sent(_, ino) | Outcome::Created(_, ino) = &mut outcome
@@ -929,6 +946,7 @@ impl HoardFs {
             let mut done = 0;
             while done < piece.len() {
                 let w = self
+                    .fs
                     .origin
                     .write(handle, at + done as u64, &piece[done..], false)
                     .map_err(|e| (e.into(), last))?;
@@ -945,16 +963,18 @@ impl HoardFs {
             ..Default::default()
         };
         let mut attr = self
+            .fs
             .origin
             .setattr(handle, &set)
             .map_err(|e| (e.into(), last))?;
         last = attr.version;
-        if self.origin.publishes_on_close()
-            && let Some((_, a)) = self.origin.flush(handle).map_err(|e| (e.into(), last))?
+        if self.fs.origin.publishes_on_close()
+            && let Some((_, a)) = self.fs.origin.flush(handle).map_err(|e| (e.into(), last))?
         {
             attr = a;
         }
-        self.origin
+        self.fs
+            .origin
             .fsync(handle, false)
             .map_err(|e| (e.into(), attr.version))?;
         Ok(attr)
@@ -989,7 +1009,9 @@ impl HoardFs {
             gid: rec.gid,
         };
         let (copy, Entry { handle, attr }) = self.conflict_name(name, host, |n| {
-            self.origin.create(dir, n, u32::from(rec.perm), true, owner)
+            self.fs
+                .origin
+                .create(dir, n, u32::from(rec.perm), true, owner)
         })?;
         self.upload(handle, g, attr.version).map_err(|(e, _)| e)?;
         Ok(copy)
