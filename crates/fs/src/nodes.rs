@@ -181,6 +181,12 @@ impl NodeState {
         if self.attr.version != attr.version || self.attr.size != attr.size {
             self.dir.drop_listing();
         }
+        // A link's content never changes, and its mtime only when it is made (or set by
+        // hand): another mtime may be another link given the same id (inode numbers are
+        // reused), whose target this is not.
+        if attr.kind == FileKind::Symlink && attr.mtime != self.attr.mtime {
+            self.target = None;
+        }
         self.attr = attr;
         self.attr_at = std::time::Instant::now();
     }
@@ -625,5 +631,44 @@ impl NodeTable {
     /// True when only the root is known.
     pub fn is_empty(&self) -> bool {
         self.len() <= 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link_attr(mtime: i64, ctime: i64) -> Attr {
+        let t = |secs| hoardfs_origin::Timestamp { secs, nanos: 0 };
+        Attr {
+            file_id: 7,
+            version: (mtime * 1000 + ctime) as u64,
+            kind: FileKind::Symlink,
+            perm: 0o777,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size: 2,
+            blocks: 0,
+            rdev: 0,
+            blksize: 4096,
+            atime: t(mtime),
+            mtime: t(mtime),
+            ctime: t(ctime),
+        }
+    }
+
+    #[test]
+    fn a_links_kept_target_goes_when_its_id_comes_back_as_another_link() {
+        let handle = Handle { epoch: 1, id: 7 };
+        let node = NodeTable::make(2, handle, link_attr(10, 10), ROOT_INO, b"a".to_vec());
+        let mut st = node.state.lock();
+        st.keep_target(b"t1");
+        // Renamed (its ctime moves): the same link.
+        st.install_attr(link_attr(10, 20), false);
+        assert_eq!(st.kept_target(), Some(b"t1".to_vec()));
+        // Another link made with the same inode number.
+        st.install_attr(link_attr(30, 30), false);
+        assert_eq!(st.kept_target(), None);
     }
 }
