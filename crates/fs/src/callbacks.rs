@@ -294,6 +294,19 @@ impl HoardFs {
         // in): the name stays. The directory expires (its listing kept); once the names
         // are sent back, every directory is asked again.
         if self.names_pending() {
+            // (The object that lost the name still expires, unless it is one of the
+            // log's: its attributes are the server's to tell.)
+            if let Some(c) = &child {
+                let mut st = c.state.lock();
+                let ours = st.attr().file_id & crate::offline_names::LOCAL_ID != 0;
+                if !st.has_change() && !ours {
+                    st.expire();
+                    drop(st);
+                    if let Some(n) = notifier {
+                        n.inval_attr(c.ino);
+                    }
+                }
+            }
             dir.state.lock().expire();
             return;
         }

@@ -181,12 +181,6 @@ impl NodeState {
         if self.attr.version != attr.version || self.attr.size != attr.size {
             self.dir.drop_listing();
         }
-        // A link's content never changes, and its mtime only when it is made (or set by
-        // hand): another mtime may be another link given the same id (inode numbers are
-        // reused), whose target this is not.
-        if attr.kind == FileKind::Symlink && attr.mtime != self.attr.mtime {
-            self.target = None;
-        }
         self.attr = attr;
         self.attr_at = std::time::Instant::now();
     }
@@ -492,6 +486,13 @@ impl NodeTable {
         };
         {
             let mut st = node.state.lock();
+            // A link's content never changes, and its mtime only when it is made or set
+            // (a set through this client is in the node already): a name found leading to
+            // this id with another mtime may be another link given the same inode number,
+            // whose target the kept one is not.
+            if known && attr.kind == FileKind::Symlink && attr.mtime != st.attr.mtime {
+                st.target = None;
+            }
             if !known || as_of.is_none_or(|t| st.attr_at <= t) {
                 st.handle = handle;
                 st.install_attr(attr, grant(&attr));
@@ -660,15 +661,27 @@ mod tests {
 
     #[test]
     fn a_links_kept_target_goes_when_its_id_comes_back_as_another_link() {
+        let dir = Attr {
+            kind: FileKind::Dir,
+            file_id: 1,
+            ..link_attr(1, 1)
+        };
         let handle = Handle { epoch: 1, id: 7 };
-        let node = NodeTable::make(2, handle, link_attr(10, 10), ROOT_INO, b"a".to_vec());
-        let mut st = node.state.lock();
-        st.keep_target(b"t1");
+        let t = NodeTable::new(Handle { epoch: 1, id: 1 }, dir);
+        let ino = t
+            .remember(ROOT_INO, b"a", handle, link_attr(10, 10), None, |_| false)
+            .ino;
+        let node = t.get(ino).unwrap();
+        node.state.lock().keep_target(b"t1");
+        let target = || node.state.lock().kept_target();
+        // Its mtime set through this client (`touch -h`, `cp -a`): the same link.
+        node.state.lock().install_attr(link_attr(20, 20), false);
+        assert_eq!(target(), Some(b"t1".to_vec()));
         // Renamed (its ctime moves): the same link.
-        st.install_attr(link_attr(10, 20), false);
-        assert_eq!(st.kept_target(), Some(b"t1".to_vec()));
+        t.remember(ROOT_INO, b"b", handle, link_attr(20, 30), None, |_| false);
+        assert_eq!(target(), Some(b"t1".to_vec()));
         // Another link made with the same inode number.
-        st.install_attr(link_attr(30, 30), false);
-        assert_eq!(st.kept_target(), None);
+        t.remember(ROOT_INO, b"c", handle, link_attr(40, 40), None, |_| false);
+        assert_eq!(target(), None);
     }
 }
