@@ -135,6 +135,9 @@ pub fn start_keeper(
                 {
                     tracing::info!(server = %r.addr(), "reconnected");
                 }
+                // Name breaks put off while names waited, once they no longer wait (also
+                // when their changes were cancelled rather than sent).
+                fs.settle_names();
                 if fs.pending_changes() > 0 && remote.as_ref().is_none_or(|r| !r.is_offline()) {
                     let r = fs.reintegrate();
                     if r.sent + r.conflicts > 0 {

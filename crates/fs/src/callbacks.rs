@@ -291,8 +291,8 @@ impl HoardFs {
         // While the log holds changes to names, this client's view of names is its own
         // (`crate::offline_names`), and the break may be the server's report of a name
         // being sent back right now (its node has this client's id until the reply is
-        // in): the name stays. The directory expires (its listing kept); once the names
-        // are sent back, every directory is asked again.
+        // in): the name stays. The directory expires (its listing kept), and the break
+        // is applied once names no longer wait (`HoardFs::settle_names`).
         if self.names_pending() {
             // (The object that lost the name still expires, unless it is one of the
             // log's: its attributes are the server's to tell.)
@@ -308,6 +308,13 @@ impl HoardFs {
                 }
             }
             dir.state.lock().expire();
+            if let Some(off) = &self.offline {
+                off.skip(Break::Entry {
+                    dir_id,
+                    name: name.to_vec(),
+                    file_id,
+                });
+            }
             return;
         }
         if let Some(c) = &child {

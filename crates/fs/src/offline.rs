@@ -34,9 +34,45 @@ pub(crate) struct OfflineWrites {
     /// Whether new changes are kept (`--offline-writes`), or only an earlier mount's are
     /// sent back.
     keep_new: bool,
+    /// Name breaks that came while names waited to be sent back (this client's view of
+    /// names was its own), applied once they stop waiting ([`HoardFs::settle_names`]).
+    skipped: parking_lot::Mutex<SkippedBreaks>,
 }
 
+/// Name breaks put off while names wait, at most [`MAX_SKIPPED`] (beyond: everything is
+/// revalidated instead).
+#[derive(Default)]
+struct SkippedBreaks {
+    breaks: Vec<hoardfs_origin::Break>,
+    overflowed: bool,
+}
+
+/// Name breaks kept while names wait, at most.
+const MAX_SKIPPED: usize = 4096;
+
 impl OfflineWrites {
+    /// A name break put off while names wait to be sent back.
+    pub(crate) fn skip(&self, b: hoardfs_origin::Break) {
+        let mut s = self.skipped.lock();
+        if s.breaks.len() < MAX_SKIPPED {
+            s.breaks.push(b);
+        } else {
+            s.overflowed = true;
+        }
+    }
+
+    /// The breaks put off (`Break::All` if more came than were kept); none left.
+    fn take_skipped(&self) -> Vec<hoardfs_origin::Break> {
+        let mut s = self.skipped.lock();
+        let overflowed = std::mem::take(&mut s.overflowed);
+        let breaks = std::mem::take(&mut s.breaks);
+        if overflowed {
+            vec![hoardfs_origin::Break::All]
+        } else {
+            breaks
+        }
+    }
+
     /// Whether new changes are kept (`--offline-writes`).
     pub(crate) fn keeps_new(&self) -> bool {
         self.keep_new
@@ -68,6 +104,7 @@ impl OfflineWrites {
             log,
             host: config.host.clone(),
             keep_new: config.offline_writes,
+            skipped: Default::default(),
         }))
     }
 }
@@ -75,6 +112,23 @@ impl OfflineWrites {
 /// A local I/O error of the offline change log as the fs reports it.
 pub(crate) fn kept(e: std::io::Error) -> FsError {
     FsError::OfflineChange(Shared::new(e))
+}
+
+impl HoardFs {
+    /// Once names no longer wait to be sent back (sent, or their changes cancelled), the
+    /// name breaks put off meanwhile are applied (they only take away: applied late, a
+    /// break of a name since sent back finds this client agreeing, and changes nothing).
+    /// Called after reintegration and by the mount's keeper every second.
+    pub fn settle_names(&self) {
+        let Some(off) = &self.offline else { return };
+        if off.log.names_pending() {
+            return;
+        }
+        let breaks = off.take_skipped();
+        if !breaks.is_empty() {
+            self.apply_breaks(breaks);
+        }
+    }
 }
 
 impl HoardFs {

@@ -142,7 +142,9 @@ impl HoardFs {
             return Reintegrated::default();
         };
         let _one_pass = self.reintegrating.lock();
-        Reintegration { fs: self, off }.run()
+        let r = Reintegration { fs: self, off }.run();
+        self.settle_names();
+        r
     }
 
     /// Number of changes waiting to be sent back.

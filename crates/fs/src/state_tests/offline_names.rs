@@ -508,6 +508,14 @@ fn while_names_wait_a_break_of_a_name_made_here_does_not_remove_it() {
         file_id: Some(0x1234),
     }]);
     assert_eq!(r.fs.lookup(ROOT_INO, b"new").unwrap().ino, made);
+    // Another client's change meanwhile (here: `f` gone) is put off too...
+    r.fs.apply_breaks(vec![hoardfs_origin::Break::Entry {
+        dir_id: root_id,
+        name: b"f".to_vec(),
+        file_id: None,
+    }]);
+    let told_f = || r.notes.entries.lock().contains(&(ROOT_INO, b"f".to_vec()));
+    assert!(!told_f());
     let names: Vec<Vec<u8>> =
         r.fs.listing(ROOT_INO)
             .unwrap()
@@ -521,4 +529,6 @@ fn while_names_wait_a_break_of_a_name_made_here_does_not_remove_it() {
         std::fs::read(r.export.join("new")).unwrap(),
         b"made offline"
     );
+    // ... and applied once the names are sent back: the kernel drops the name.
+    assert!(told_f());
 }
