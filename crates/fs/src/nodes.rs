@@ -10,10 +10,11 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hoardfs_origin::{Attr, FileKind, Handle};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 use crate::FsConfig;
 use crate::cml::LocalChange;
@@ -377,6 +378,58 @@ struct Inner {
     /// Forgotten nodes, oldest first (entries may be stale: re-checked before removal).
     idle: std::collections::VecDeque<Ino>,
     next_ino: Ino,
+}
+
+/// Threads waiting on nodes' `released` condition for something their releases end: at
+/// most `max` at once (each holds a FUSE thread, and the releases need one; beyond, a
+/// caller does not wait at all), each for at most `limit`.
+#[derive(Debug)]
+pub(crate) struct ReleaseWaits {
+    waiting: AtomicUsize,
+    max: usize,
+    limit: Duration,
+}
+
+impl ReleaseWaits {
+    /// At most `max` waiters, each for at most `limit`.
+    pub(crate) const fn new(max: usize, limit: Duration) -> ReleaseWaits {
+        ReleaseWaits {
+            waiting: AtomicUsize::new(0),
+            max,
+            limit,
+        }
+    }
+
+    /// Waits on `node`'s releases while `must_wait` holds (`st`: its state, locked; let
+    /// go while waiting).
+    pub(crate) fn wait(
+        &self,
+        node: &Node,
+        st: &mut MutexGuard<'_, NodeState>,
+        must_wait: impl Fn(&NodeState) -> bool,
+    ) {
+        if self.waiting.fetch_add(1, Ordering::SeqCst) < self.max {
+            let deadline = std::time::Instant::now() + self.limit;
+            while must_wait(st) {
+                if node.released.wait_until(st, deadline).timed_out() {
+                    break;
+                }
+            }
+        }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Threads waiting now (for tests).
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Counts `n` more waiters (for tests).
+    #[cfg(test)]
+    pub(crate) fn occupy(&self, n: usize) {
+        self.waiting.fetch_add(n, Ordering::SeqCst);
+    }
 }
 
 /// All nodes the kernel knows.

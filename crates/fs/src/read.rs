@@ -23,14 +23,14 @@
 //! whose release is an ioctl on `/dev/fuse`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use hoardfs_cache::{CachedObject, ObjectShape, meta::chunk_shift_for};
 use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::MutexGuard;
 
-use crate::nodes::{Backing, BackingError, Ino, MakeBacking, Node, NodeState};
+use crate::nodes::{Backing, BackingError, Ino, MakeBacking, Node, NodeState, ReleaseWaits};
 pub(crate) use crate::open_files::OpenFile;
 pub(crate) use crate::opens::ModeKind;
 use crate::stats::Stats;
@@ -141,13 +141,21 @@ impl View {
 }
 
 /// Mount-wide passthrough admission: whether the kernel refused a backing registration
-/// (daemon reads for the rest of the mount), and how many opens are waiting for
-/// passthrough opens to be released.
-#[derive(Default)]
+/// (daemon reads for the rest of the mount), and the opens waiting for passthrough opens
+/// to be released.
 pub(crate) struct PassthroughGate {
     refused: AtomicBool,
     /// Opens waiting for passthrough opens to be released (see `drain`).
-    draining: AtomicUsize,
+    draining: ReleaseWaits,
+}
+
+impl Default for PassthroughGate {
+    fn default() -> Self {
+        PassthroughGate {
+            refused: AtomicBool::new(false),
+            draining: ReleaseWaits::new(MAX_DRAINING, PASSTHROUGH_DRAIN),
+        }
+    }
 }
 
 impl PassthroughGate {
@@ -169,15 +177,7 @@ impl PassthroughGate {
         st: &mut MutexGuard<'_, NodeState>,
         must_wait: impl Fn(&NodeState) -> bool,
     ) {
-        if self.draining.fetch_add(1, Ordering::SeqCst) < MAX_DRAINING {
-            let deadline = Instant::now() + PASSTHROUGH_DRAIN;
-            while must_wait(st) {
-                if node.released.wait_until(st, deadline).timed_out() {
-                    break;
-                }
-            }
-        }
-        self.draining.fetch_sub(1, Ordering::SeqCst);
+        self.draining.wait(node, st, must_wait);
     }
 }
 
@@ -566,7 +566,7 @@ mod tests {
         release.join().unwrap();
         assert!(!open.load(Ordering::SeqCst));
         assert!(started.elapsed() < PASSTHROUGH_DRAIN);
-        assert_eq!(gate.draining.load(Ordering::SeqCst), 0);
+        assert_eq!(gate.draining.waiting(), 0);
     }
 
     #[test]
@@ -577,11 +577,11 @@ mod tests {
         // Letting the wait expire is the point.
         assert!(started.elapsed() >= PASSTHROUGH_DRAIN);
         // With as many opens waiting as allowed, another does not wait at all.
-        gate.draining.store(MAX_DRAINING, Ordering::SeqCst);
+        gate.draining.occupy(MAX_DRAINING);
         let started = Instant::now();
         gate.drain(&node, &mut node.state.lock(), |_| true);
         assert!(started.elapsed() < PASSTHROUGH_DRAIN);
-        assert_eq!(gate.draining.load(Ordering::SeqCst), MAX_DRAINING);
+        assert_eq!(gate.draining.waiting(), MAX_DRAINING);
         assert!(!gate.refused());
         gate.refuse();
         assert!(gate.refused());

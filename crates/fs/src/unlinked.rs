@@ -25,11 +25,11 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::nodes::{Ino, Node, NodeState};
+use crate::nodes::{Ino, Node, NodeState, ReleaseWaits};
 
 /// How long a removal waits for the releases of a file whose descriptors may all be
 /// closed before it hides the file as an open one. Releases come within microseconds
@@ -47,13 +47,13 @@ pub const HIDDEN_PREFIX: &str = ".hoardfs-unlinked-";
 pub type HiddenPath = Vec<Vec<u8>>;
 
 /// Open files whose name was replaced by a hidden one, and the journal of hidden names.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Unlinked {
     inner: Mutex<Inner>,
     next: AtomicU64,
     /// Removals waiting for the releases of a file about to be closed
     /// ([`Unlinked::wait_for_releases`]).
-    waiting: AtomicUsize,
+    waiting: ReleaseWaits,
     client: String,
     journal: Option<PathBuf>,
 }
@@ -71,9 +71,11 @@ impl Unlinked {
     /// Hidden names carry `client` (empty: none); `journal` (if any) records them.
     pub fn new(client: Option<String>, journal: Option<PathBuf>) -> Unlinked {
         Unlinked {
+            inner: Mutex::default(),
+            next: AtomicU64::new(0),
+            waiting: ReleaseWaits::new(MAX_RELEASE_WAITERS, RELEASE_WAIT),
             client: client.unwrap_or_default(),
             journal,
-            ..Unlinked::default()
         }
     }
 
@@ -83,11 +85,8 @@ impl Unlinked {
     /// returned (`rm` right after `cat`). At most [`MAX_RELEASE_WAITERS`] removals wait
     /// at once: each holds a FUSE thread, and the releases need one.
     pub(crate) fn wait_for_releases(&self, node: &Node, st: &mut MutexGuard<'_, NodeState>) {
-        if self.waiting.fetch_add(1, Ordering::SeqCst) < MAX_RELEASE_WAITERS {
-            let deadline = std::time::Instant::now() + RELEASE_WAIT;
-            while st.opens.only_closing() && !node.released.wait_until(st, deadline).timed_out() {}
-        }
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.waiting
+            .wait(node, st, |st: &NodeState| st.opens.only_closing());
     }
 
     /// A fresh hidden name for the file `file_id`.

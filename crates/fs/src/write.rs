@@ -270,16 +270,15 @@ impl HoardFs {
     /// that wrote through `fh` (not a child that inherited the descriptor), and a failed
     /// upload fails the `close()`.
     pub fn flush(&self, ino: Ino, fh: FileHandle, pid: u32) -> FsResult<()> {
-        if let Ok(of) = self.open_file(fh) {
+        let of = self.open_file(fh).ok();
+        if let Some(of) = &of {
             // (Marked under the node's lock, as the release reads it.)
             let mut st = of.node.state.lock();
             if of.flushed_first() {
                 st.opens.closing();
             }
         }
-        if let Ok(of) = self.open_file(fh)
-            && of.access.write
-        {
+        if let Some(of) = of.filter(|of| of.access.write) {
             if let Some(p) = self.staged_of(&of.node) {
                 // As a local file system would not, but as close-to-open promises:
                 // what was written is durable (here) once close returns.
