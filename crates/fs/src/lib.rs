@@ -256,11 +256,6 @@ impl HoardFs {
         self.read_only
     }
 
-    /// Whether the origin holds callbacks (changes are pushed, TTLs can be long).
-    pub fn has_callbacks(&self) -> bool {
-        self.callbacks.held()
-    }
-
     /// Whether attributes fetched after break number `since` come with a callback.
     fn grant(&self, file_id: u64, since: u64) -> bool {
         self.callbacks.grants(file_id, since)

@@ -149,14 +149,13 @@ impl Relister<'_> {
     /// [`crate::tree::TREE_TIME_BUDGET`]) and keeps
     /// the listing of every directory it covers whole, reporting what changed in each as
     /// [`Relister::relist`] does: a walk of a tree of many small directories then costs a request per
-    /// 1,000 keys instead of one per directory (goofys lists a prefix the same way). Returns
-    /// the number of directories kept.
+    /// 1,000 keys instead of one per directory (goofys lists a prefix the same way).
     pub fn relist_tree(
         &self,
         dir: &str,
         start_after: Option<&str>,
         max_keys: usize,
-    ) -> super::client::S3Result<usize> {
+    ) -> super::client::S3Result<()> {
         let started = std::time::Instant::now();
         let top = self.location.dir_prefix(dir);
         let changes = self.listings.changes();
@@ -187,10 +186,9 @@ impl Relister<'_> {
         let ordered = objects.windows(2).all(|w| w[0].0 < w[1].0);
         let usable = ordered || (complete && after.is_none());
         if !usable {
-            return Ok(0);
+            return Ok(());
         }
         let dirs = Snapshot::tree_from_flat(&top, &objects, complete, after.is_none());
-        let kept = dirs.len();
         for (prefix, snap) in dirs {
             let Some(path) = prefix
                 .strip_prefix(self.location.dir_prefix("").as_str())
@@ -202,7 +200,7 @@ impl Relister<'_> {
             let snap = self.listings.install(&prefix, snap, changes);
             self.report(&path, old.as_deref(), &snap);
         }
-        Ok(kept)
+        Ok(())
     }
 }
 
