@@ -33,6 +33,7 @@ use crate::Request;
 use crate::channel::Channel;
 use crate::channel::ChannelSender;
 use crate::dev_fuse::DevFuse;
+use crate::uring::Prepared;
 use crate::ll;
 use crate::ll::Operation;
 use crate::ll::ResponseErrno;
@@ -139,6 +140,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// Set by INIT when the kernel accepted `FUSE_OVER_IO_URING`: the ring entries of
+    /// every CPU queue, made before INIT's reply and registered by `run`.
+    pub(crate) ring: Option<Prepared>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +190,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            ring: None,
         };
 
         session.handshake()?;
@@ -214,11 +219,18 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            ring: None,
         };
 
         session.handshake()?;
 
         Ok(session)
+    }
+
+    /// Whether INIT enabled FUSE over io_uring (`Config::io_uring`, and the kernel offered
+    /// it): `run` then serves requests over the rings.
+    pub fn io_uring(&self) -> bool {
+        self.ring.is_some()
     }
 
     /// Run the session loop in a background thread. If the returned handle is dropped,
@@ -252,6 +264,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            ring,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -286,9 +299,29 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        let ring_ch = ring.as_ref().map(|_| ch.clone());
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
+
+        // FUSE over io_uring: once INIT has enabled it, the kernel holds every request
+        // (FORGET, INTERRUPT and notifications aside, which stay on /dev/fuse) until each
+        // CPU queue has an entry, then queues it on its caller's CPU. A failure to register
+        // ends the session rather than leave the mount waiting.
+        if let (Some(prepared), Some(ring_ch)) = (ring, ring_ch) {
+            let make_loop = |thread_name: String, ch: Channel| SessionEventLoop {
+                thread_name,
+                filesystem: filesystem.clone(),
+                ch,
+                allowed,
+                session_owner,
+            };
+            let rings = crate::uring::start(prepared, make_loop, &ring_ch).map_err(|e| {
+                io::Error::new(e.kind(), format!("FUSE over io_uring: {e}"))
+            })?;
+            info!("FUSE over io_uring: {} ring threads", rings.len());
+            threads.extend(rings);
+        }
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
@@ -422,6 +455,35 @@ impl<FS: Filesystem> Session<FS> {
                 ));
             };
             let res = filesystem.init(Request::ref_cast(request.header()), &mut config);
+            // FUSE over io_uring, when configured and offered (the kernel offers it only
+            // while the fuse module's enable_uring parameter is set). The entries are made
+            // now, before the reply enables it: if that fails the session stays on /dev/fuse.
+            let ring = match self.config.io_uring {
+                Some(ring_config)
+                    if res.is_ok()
+                        && config
+                            .capabilities()
+                            .contains(InitFlags::FUSE_OVER_IO_URING) =>
+                {
+                    let pages = usize::from(config.max_pages()) * page_size::get();
+                    let max_payload = pages.max(config.max_write as usize).max(8192);
+                    match crate::uring::prepare(ring_config, max_payload) {
+                        Ok(prepared) => {
+                            config.requested |= InitFlags::FUSE_OVER_IO_URING;
+                            Some(prepared)
+                        }
+                        Err(e) => {
+                            warn!("FUSE over io_uring not used, serving /dev/fuse: {e}");
+                            None
+                        }
+                    }
+                }
+                Some(_) if res.is_ok() => {
+                    info!("FUSE over io_uring not offered by the kernel (fuse.enable_uring)");
+                    None
+                }
+                _ => None,
+            };
             if let Err(error) = res {
                 let errno = Errno::from_i32(error.raw_os_error().unwrap_or(0));
                 <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
@@ -431,6 +493,7 @@ impl<FS: Filesystem> Session<FS> {
 
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
+            self.ring = ring;
 
             // Log capability status for debugging
             for bit in 0..64 {
@@ -530,7 +593,10 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+                Ok(size) => match RequestWithSender::new(
+                    ReplySender::Channel(self.ch.sender()),
+                    &buf[..size],
+                ) {
                     // Dispatch request
                     Some(req) => {
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {

@@ -18,6 +18,9 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Serve requests over FUSE over io_uring when the kernel offers it (hoardfs addition,
+    /// see `uring.rs`); `None`: `/dev/fuse` only.
+    pub io_uring: Option<crate::uring::RingConfig>,
 }
 
 /// Mount options accepted by the FUSE filesystem type

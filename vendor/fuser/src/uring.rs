@@ -1,0 +1,661 @@
+//! FUSE over io_uring (Linux 6.14+, FUSE ABI 7.42): the kernel's per-CPU request queues.
+//!
+//! Once INIT has negotiated `FUSE_OVER_IO_URING` (the kernel offers it only while the `fuse`
+//! module's `enable_uring` parameter is set), the daemon registers ring entries on every
+//! queue, one queue per possible CPU. When every queue has one, the kernel sends each request
+//! (all but FORGET, INTERRUPT and notifications, which stay on `/dev/fuse`) to the queue of
+//! the CPU its caller runs on, as the completion of the entry's last command: the request's
+//! header, its opcode's fixed arguments and its payload land in the entry's buffers. The
+//! daemon answers by writing the reply into the same buffers and submitting
+//! `COMMIT_AND_FETCH`, which hands the entry back for the next request in the same system
+//! call. Compared with `read`/`writev` on `/dev/fuse` this saves a system call per request
+//! and, because a queue's threads are pinned to its CPU, the cross-CPU wake-up of the daemon.
+//!
+//! Each [`RingThread`] owns one io_uring instance with one entry, so it blocks in exactly one
+//! request at a time like a `/dev/fuse` thread does: a slow request (a network fetch) holds
+//! one entry and the queue's other threads take the next requests. The request is copied
+//! into the contiguous layout this crate parses (`fuse_in_header`, arguments, payload) and
+//! dispatched as usual; its reply goes through [`RingReply`] into the entry, and the thread
+//! commits once the reply is there (it may come from another thread).
+//!
+//! The thread ends when the kernel completes its command with an error, which it does for
+//! every registered entry when the connection ends (unmount or abort).
+
+use std::io;
+use std::io::IoSlice;
+use std::os::fd::AsFd;
+use std::os::fd::AsRawFd;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+use std::sync::Condvar;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
+
+use io_uring::IoUring;
+use io_uring::cqueue;
+use io_uring::opcode;
+use io_uring::squeue;
+use io_uring::types;
+use log::debug;
+use log::error;
+use log::warn;
+
+use crate::Filesystem;
+use crate::channel::Channel;
+use crate::channel::ChannelSender;
+use crate::ll::Operation;
+use crate::ll::fuse_abi::fuse_in_header;
+use crate::passthrough::BackingId;
+use crate::reply::ReplyEmpty;
+use crate::reply::ReplySender;
+use crate::request::RequestWithSender;
+use crate::session::SessionEventLoop;
+
+/// `enum fuse_uring_cmd` (include/uapi/linux/fuse.h, 7.42).
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+/// `FUSE_URING_IN_OUT_HEADER_SZ`, `FUSE_URING_OP_IN_OUT_SZ`.
+const IN_OUT_HEADER_SZ: usize = 128;
+const OP_IN_OUT_SZ: usize = 128;
+const IN_HEADER_SZ: usize = size_of::<fuse_in_header>();
+/// `sizeof(struct fuse_out_header)`.
+const OUT_HEADER_SZ: usize = 16;
+
+/// Ring threads started in this process, and requests they answered (for a daemon's
+/// statistics: whether its mount is served over io_uring, and how much).
+static RING_THREADS: AtomicUsize = AtomicUsize::new(0);
+static RING_REQUESTS: AtomicU64 = AtomicU64::new(0);
+
+/// Ring threads started in this process (0: every request went through `/dev/fuse`).
+pub fn ring_threads() -> usize {
+    RING_THREADS.load(Relaxed)
+}
+
+/// Requests answered over io_uring in this process.
+pub fn ring_requests() -> u64 {
+    RING_REQUESTS.load(Relaxed)
+}
+
+/// How the transport is configured, in [`crate::Config::io_uring`].
+#[derive(Debug, Clone, Copy, Eq, PartialEq)]
+pub struct RingConfig {
+    /// Threads (each with one ring entry) per CPU queue: how many requests from callers on
+    /// one CPU can be in the daemon at once.
+    pub threads_per_queue: usize,
+}
+
+impl Default for RingConfig {
+    fn default() -> Self {
+        RingConfig {
+            threads_per_queue: 4,
+        }
+    }
+}
+
+/// `struct fuse_uring_ent_in_out`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct EntInOut {
+    flags: u64,
+    commit_id: u64,
+    payload_sz: u32,
+    padding: u32,
+    reserved: u64,
+}
+
+/// `struct fuse_uring_req_header`: the entry's first buffer.
+#[repr(C)]
+#[derive(Debug)]
+struct ReqHeader {
+    in_out: [u8; IN_OUT_HEADER_SZ],
+    op_in: [u8; OP_IN_OUT_SZ],
+    ent: EntInOut,
+}
+
+/// One ring entry's buffers. The kernel writes a request into them (through the addresses
+/// registered with `CMD_REGISTER`, which never move: both are boxed) while the entry is
+/// with it, that is from a commit until the next completion; the daemon reads the request
+/// and writes the reply between a completion and the next commit.
+#[derive(Debug)]
+struct EntryBufs {
+    header: Box<ReqHeader>,
+    payload: Box<[u8]>,
+    /// Set once the reply for the request now in the buffers is written.
+    replied: bool,
+}
+
+/// The reply slot of one ring entry, shared between its ring thread and whatever thread
+/// sends the reply.
+#[derive(Debug)]
+pub(crate) struct RingSlot {
+    bufs: Mutex<EntryBufs>,
+    replied: Condvar,
+}
+
+impl RingSlot {
+    fn wait_for_reply(&self) {
+        let mut bufs = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        while !bufs.replied {
+            bufs = self.replied.wait(bufs).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Sends one request's reply into its ring entry (a [`ReplySender`] variant). Passthrough
+/// backing files are opened on `/dev/fuse`, as those ioctls do not go through the ring.
+#[derive(Debug, Clone)]
+pub(crate) struct RingReply {
+    slot: Arc<RingSlot>,
+    ch: ChannelSender,
+}
+
+impl RingReply {
+    pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
+        let mut guard = self.slot.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        let bufs = &mut *guard;
+        if bufs.replied {
+            return Err(io::Error::other("second reply to one ring request"));
+        }
+        // The reply is a `fuse_out_header` followed by its arguments; the header goes to the
+        // entry's header area, the arguments to its payload.
+        let mut header = [0u8; OUT_HEADER_SZ];
+        let mut at = 0usize;
+        let mut payload_sz = 0usize;
+        let mut too_long = false;
+        for slice in data {
+            let mut s: &[u8] = slice;
+            if at < OUT_HEADER_SZ {
+                let n = s.len().min(OUT_HEADER_SZ - at);
+                header[at..at + n].copy_from_slice(&s[..n]);
+                at += n;
+                s = &s[n..];
+            }
+            if s.is_empty() {
+                continue;
+            }
+            match bufs.payload.get_mut(payload_sz..payload_sz + s.len()) {
+                Some(dst) => dst.copy_from_slice(s),
+                None => too_long = true,
+            }
+            payload_sz += s.len();
+        }
+        if at < OUT_HEADER_SZ {
+            return Err(io::Error::other("reply shorter than its header"));
+        }
+        if too_long {
+            // Cannot happen for replies the kernel sized (a READ's reply is at most its
+            // size, which is at most max_pages); answer EIO rather than truncate.
+            error!("ring reply of {payload_sz} bytes exceeds the entry's payload buffer");
+            header[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+            payload_sz = 0;
+        }
+        let len = (OUT_HEADER_SZ + payload_sz) as u32;
+        header[0..4].copy_from_slice(&len.to_ne_bytes());
+        bufs.header.in_out = [0; IN_OUT_HEADER_SZ];
+        bufs.header.in_out[..OUT_HEADER_SZ].copy_from_slice(&header);
+        bufs.header.ent.payload_sz = payload_sz as u32;
+        bufs.replied = true;
+        drop(guard);
+        self.slot.replied.notify_all();
+        Ok(())
+    }
+
+    pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> io::Result<BackingId> {
+        self.ch.open_backing(fd)
+    }
+
+    pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
+        unsafe { self.ch.wrap_backing(id) }
+    }
+}
+
+/// The CPU queues the kernel has for a connection: one per possible CPU
+/// (`/sys/devices/system/cpu/possible`, e.g. `0-1` or `0,2-3`).
+pub(crate) fn possible_cpus() -> io::Result<Vec<u16>> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    parse_cpu_list(text.trim())
+        .ok_or_else(|| io::Error::other(format!("cannot parse the possible CPUs {text:?}")))
+}
+
+fn parse_cpu_list(text: &str) -> Option<Vec<u16>> {
+    let mut cpus = Vec::new();
+    for part in text.split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<u16>().ok()?, b.parse::<u16>().ok()?),
+            None => {
+                let a = part.parse::<u16>().ok()?;
+                (a, a)
+            }
+        };
+        if b < a || b - a > 4096 {
+            return None;
+        }
+        cpus.extend(a..=b);
+    }
+    Some(cpus)
+}
+
+/// One ring entry: its own io_uring instance and its buffers, not yet or no longer known to
+/// the kernel until `register`.
+struct Entry {
+    ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    slot: Arc<RingSlot>,
+    /// The two iovecs of `CMD_REGISTER` (`struct iovec` is a pointer and a length), boxed so
+    /// that they stay put until the kernel has read them, whenever it issues the command.
+    iov: Box<[u64; 4]>,
+}
+
+/// Why an entry stopped serving.
+enum Ended {
+    /// The kernel completed it because the connection ended: it is done with the buffers.
+    Connection,
+    /// Anything else: the kernel may still own the entry.
+    Error(io::Error),
+}
+
+impl Entry {
+    /// The ring and the buffers, before INIT: a failure here (io_uring disabled by
+    /// `kernel.io_uring_disabled` or a seccomp profile, no memory) keeps the session on
+    /// `/dev/fuse` rather than leaving the kernel waiting for queues that never come.
+    fn new(max_payload: usize) -> io::Result<Entry> {
+        let ring: IoUring<squeue::Entry128, cqueue::Entry> =
+            IoUring::builder().setup_cqsize(4).build(2)?;
+        let slot = Arc::new(RingSlot {
+            bufs: Mutex::new(EntryBufs {
+                header: Box::new(ReqHeader {
+                    in_out: [0; IN_OUT_HEADER_SZ],
+                    op_in: [0; OP_IN_OUT_SZ],
+                    ent: EntInOut::default(),
+                }),
+                payload: vec![0u8; max_payload].into_boxed_slice(),
+                replied: false,
+            }),
+            replied: Condvar::new(),
+        });
+        let iov = {
+            let mut bufs = slot.bufs.lock().unwrap_or_else(|e| e.into_inner());
+            Box::new([
+                (&mut *bufs.header as *mut ReqHeader) as u64,
+                size_of::<ReqHeader>() as u64,
+                bufs.payload.as_mut_ptr() as u64,
+                bufs.payload.len() as u64,
+            ])
+        };
+        Ok(Entry { ring, slot, iov })
+    }
+
+    /// Registers the entry on queue `qid`. The command stays pending until a request comes;
+    /// errors the kernel finds at once (a queue id it does not have, a buffer too small,
+    /// io_uring not enabled on the connection) complete it during the submission. So can a
+    /// request that was waiting for the queues (the last registration releases them):
+    /// `Ok(Some(result))` hands that completion on, to be served first.
+    fn register(&mut self, fd: i32, qid: u16) -> io::Result<Option<i32>> {
+        let sqe = command(fd, CMD_REGISTER, qid, 0, Some(self.iov.as_ptr() as u64));
+        // SAFETY: the iovecs and the buffers they point to live in `self` (`iov`, `slot`),
+        // which is dropped only once the kernel is done with the entry (`Ended::Connection`)
+        // and otherwise leaks its buffers (`abandon`).
+        unsafe { self.ring.submission_shared().push(&sqe) }
+            .map_err(|_| io::Error::other("ring submission queue full"))?;
+        self.ring.submit()?;
+        match self.ring.completion().next().map(|cqe| cqe.result()) {
+            Some(res) if res < 0 => Err(io::Error::from_raw_os_error(-res)),
+            first => Ok(first),
+        }
+    }
+
+    /// Gives up an entry the kernel may still own: its buffers are leaked, as the kernel
+    /// could write a request into them until it has cancelled the command (which it does
+    /// once the ring's descriptor, closed here, is gone).
+    fn abandon(self) {
+        std::mem::forget(self.slot);
+        std::mem::forget(self.iov);
+        drop(self.ring);
+    }
+}
+
+/// The entries of every CPU queue, made before INIT (see [`Entry::new`]).
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    entries: Vec<(u16, Entry)>,
+    max_payload: usize,
+}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ring entry")
+    }
+}
+
+/// Makes the entries of every CPU queue: `threads_per_queue` for each online CPU, one for
+/// each possible CPU that is not online (the kernel needs every queue to have one before
+/// it uses any; requests come from online CPUs only).
+pub(crate) fn prepare(config: RingConfig, max_payload: usize) -> io::Result<Prepared> {
+    let possible = possible_cpus()?;
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|t| parse_cpu_list(t.trim()))
+        .unwrap_or_else(|| possible.clone());
+    let mut entries = Vec::new();
+    for &qid in &possible {
+        let n = if online.contains(&qid) {
+            config.threads_per_queue.max(1)
+        } else {
+            1
+        };
+        for _ in 0..n {
+            entries.push((qid, Entry::new(max_payload)?));
+        }
+    }
+    Ok(Prepared {
+        entries,
+        max_payload,
+    })
+}
+
+/// Starts a thread per prepared entry, once INIT has enabled io_uring: each registers its
+/// entry and serves it. Returns once every entry is registered, or with the first error
+/// (the caller must then end the session: the kernel holds requests until every queue has
+/// an entry).
+pub(crate) fn start<FS: Filesystem>(
+    prepared: Prepared,
+    event_loop: impl Fn(String, Channel) -> SessionEventLoop<FS>,
+    ch: &Channel,
+) -> io::Result<Vec<std::thread::JoinHandle<io::Result<()>>>> {
+    let (tx, rx) = std::sync::mpsc::channel::<io::Result<()>>();
+    let mut threads = Vec::new();
+    let count = prepared.entries.len();
+    let max_payload = prepared.max_payload;
+    for (i, (qid, entry)) in prepared.entries.into_iter().enumerate() {
+        let name = format!("fuser-ring-{qid}-{i}");
+        let se = event_loop(name.clone(), ch.clone());
+        let tx = tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || serve(qid, entry, max_payload, &se, tx));
+        match spawned {
+            Ok(t) => threads.push(t),
+            // The entry went with the closure, unregistered: nothing of it is the kernel's.
+            Err(e) => return Err(io::Error::new(e.kind(), format!("ring thread: {e}"))),
+        }
+    }
+    drop(tx);
+    for _ in 0..count {
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(io::Error::other("a ring thread ended before registering")),
+        }
+    }
+    Ok(threads)
+}
+
+/// One ring thread: registers `entry` on queue `qid` (reporting the outcome on `registered`)
+/// and serves it until the connection ends. An entry that fails otherwise is abandoned and
+/// replaced by a new one, up to three times, so that a queue keeps its capacity.
+fn serve<FS: Filesystem>(
+    qid: u16,
+    mut entry: Entry,
+    max_payload: usize,
+    se: &SessionEventLoop<FS>,
+    registered: std::sync::mpsc::Sender<io::Result<()>>,
+) -> io::Result<()> {
+    pin_to_cpu(qid);
+    let fd = se.ch.as_fd().as_raw_fd();
+    let mut request = AlignedBuf::new(IN_HEADER_SZ + OP_IN_OUT_SZ + max_payload);
+    let mut report = Some(registered);
+    let mut replaced = 0;
+    loop {
+        let first = match entry.register(fd, qid) {
+            Ok(first) => first,
+            Err(e) => {
+                let e = io::Error::new(e.kind(), format!("FUSE ring queue {qid}: register: {e}"));
+                entry.abandon();
+                if let Some(r) = report.take() {
+                    let _ = r.send(Err(io::Error::new(e.kind(), e.to_string())));
+                }
+                return Err(e);
+            }
+        };
+        if let Some(r) = report.take() {
+            let _ = r.send(Ok(()));
+        }
+        RING_THREADS.fetch_add(1, Relaxed);
+        let ended = serve_entry(&mut entry, first, qid, fd, se, &mut request);
+        RING_THREADS.fetch_sub(1, Relaxed);
+        match ended {
+            Ended::Connection => return Ok(()),
+            Ended::Error(e) => {
+                error!("FUSE ring queue {qid}: {e}; replacing the entry");
+                entry.abandon();
+                replaced += 1;
+                if replaced > 3 {
+                    return Err(e);
+                }
+                entry = Entry::new(max_payload)?;
+            }
+        }
+    }
+}
+
+/// Serves one registered entry: waits for a request (or takes `first`, a completion
+/// already reaped), dispatches it, commits the reply and fetches the next, until the entry's
+/// command fails.
+fn serve_entry<FS: Filesystem>(
+    entry: &mut Entry,
+    mut first: Option<i32>,
+    qid: u16,
+    fd: i32,
+    se: &SessionEventLoop<FS>,
+    request: &mut AlignedBuf,
+) -> Ended {
+    loop {
+        let res = match first.take().map_or_else(|| wait(&mut entry.ring), Ok) {
+            Ok(res) => res,
+            Err(e) => return Ended::Error(e),
+        };
+        if res < 0 {
+            let err = io::Error::from_raw_os_error(-res);
+            return match -res {
+                // The connection ended (unmount, abort): every entry completes so.
+                libc::ENOTCONN | libc::ENODEV | libc::ECONNABORTED => {
+                    debug!("ring queue {qid}: connection ended ({err})");
+                    Ended::Connection
+                }
+                _ => Ended::Error(err),
+            };
+        }
+        RING_REQUESTS.fetch_add(1, Relaxed);
+        let slot = &entry.slot;
+        let commit_id = commit_id(slot);
+        match take_request(slot, request) {
+            Some(len) => {
+                let sender = ReplySender::Ring(RingReply {
+                    slot: slot.clone(),
+                    ch: se.ch.sender(),
+                });
+                match RequestWithSender::new(sender, &request.as_slice()[..len]) {
+                    // DESTROY (sent at unmount of fuseblk mounts) needs no work here: the
+                    // session destroys the file system once every thread has ended, and
+                    // this one goes on until the kernel completes the entry.
+                    Some(req) if matches!(req.request.operation(), Ok(Operation::Destroy(_))) => {
+                        req.reply::<ReplyEmpty>().ok();
+                    }
+                    Some(req) => {
+                        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            req.dispatch(se);
+                        }));
+                        if done.is_err() {
+                            // The reply's drop answers EIO when the handler had it; if it
+                            // never got that far, answer here, so that the entry goes back.
+                            error!("FUSE ring queue {qid}: a request handler panicked");
+                            if !is_replied(slot) {
+                                reply_errno(slot, se, libc::EIO);
+                            }
+                        }
+                    }
+                    None => reply_errno(slot, se, libc::EIO),
+                }
+            }
+            None => reply_errno(slot, se, libc::EIO),
+        }
+        // A reply may be sent from another thread; the entry is committed once it is in.
+        slot.wait_for_reply();
+        let sqe = command(fd, CMD_COMMIT_AND_FETCH, qid, commit_id, None);
+        // SAFETY: the command carries no buffer of its own; the entry's buffers were
+        // registered and live in `entry`.
+        if unsafe { entry.ring.submission_shared().push(&sqe) }.is_err() {
+            return Ended::Error(io::Error::other("ring submission queue full"));
+        }
+    }
+}
+
+/// Submits what is queued and waits for the entry's completion; returns its result.
+fn wait(ring: &mut IoUring<squeue::Entry128, cqueue::Entry>) -> io::Result<i32> {
+    loop {
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+        if let Some(cqe) = ring.completion().next() {
+            return Ok(cqe.result());
+        }
+    }
+}
+
+fn commit_id(slot: &RingSlot) -> u64 {
+    slot.bufs.lock().unwrap_or_else(|e| e.into_inner()).header.ent.commit_id
+}
+
+fn is_replied(slot: &RingSlot) -> bool {
+    slot.bufs.lock().unwrap_or_else(|e| e.into_inner()).replied
+}
+
+/// Copies the request now in the entry into `out` as `fuse_in_header`, the opcode's fixed
+/// arguments and the payload, and returns its length; `None` if the kernel's sizes do not
+/// add up (the request is then answered EIO).
+fn take_request(slot: &RingSlot, out: &mut AlignedBuf) -> Option<usize> {
+    let mut bufs = slot.bufs.lock().unwrap_or_else(|e| e.into_inner());
+    bufs.replied = false;
+    let header = &bufs.header;
+    let len = u32::from_ne_bytes(header.in_out[0..4].try_into().ok()?) as usize;
+    let payload_sz = header.ent.payload_sz as usize;
+    // The header's `len` counts all arguments: what the payload does not hold is the
+    // opcode's fixed arguments, in `op_in`.
+    let op_sz = len.checked_sub(IN_HEADER_SZ)?.checked_sub(payload_sz)?;
+    if op_sz > OP_IN_OUT_SZ || payload_sz > bufs.payload.len() {
+        warn!("ring request with len {len}, payload {payload_sz}: sizes do not add up");
+        return None;
+    }
+    let dst = out.as_mut_slice().get_mut(..len)?;
+    dst[..IN_HEADER_SZ].copy_from_slice(&header.in_out[..IN_HEADER_SZ]);
+    dst[IN_HEADER_SZ..IN_HEADER_SZ + op_sz].copy_from_slice(&header.op_in[..op_sz]);
+    dst[IN_HEADER_SZ + op_sz..].copy_from_slice(&bufs.payload[..payload_sz]);
+    Some(len)
+}
+
+/// Answers the request now in the entry with an error (requests that cannot be parsed, or
+/// whose handler panicked before replying).
+fn reply_errno<FS: Filesystem>(slot: &Arc<RingSlot>, se: &SessionEventLoop<FS>, errno: i32) {
+    let unique = {
+        let bufs = slot.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        u64::from_ne_bytes(bufs.header.in_out[8..16].try_into().unwrap_or([0; 8]))
+    };
+    let mut header = [0u8; OUT_HEADER_SZ];
+    header[0..4].copy_from_slice(&(OUT_HEADER_SZ as u32).to_ne_bytes());
+    header[4..8].copy_from_slice(&(-errno).to_ne_bytes());
+    header[8..16].copy_from_slice(&unique.to_ne_bytes());
+    let reply = RingReply {
+        slot: slot.clone(),
+        ch: se.ch.sender(),
+    };
+    if let Err(e) = reply.send(&[IoSlice::new(&header)]) {
+        error!("ring error reply: {e}");
+    }
+}
+
+/// The SQE of a FUSE ring command: `struct fuse_uring_cmd_req` in the command area, and for
+/// `CMD_REGISTER` the entry's two iovecs.
+fn command(fd: i32, cmd: u32, qid: u16, commit_id: u64, iov: Option<u64>) -> squeue::Entry128 {
+    let mut req = [0u8; 80];
+    // flags (u64) = 0, commit_id (u64), qid (u16), padding.
+    req[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    req[16..18].copy_from_slice(&qid.to_ne_bytes());
+    let mut op = opcode::UringCmd80::new(types::Fd(fd), cmd).cmd(req);
+    if let Some(iov) = iov {
+        op = op.addr(Some(iov));
+    }
+    let sqe = op.build();
+    match iov {
+        Some(_) => set_len(sqe, 2),
+        None => sqe,
+    }
+}
+
+/// Sets an SQE's `len` (the iovec count of `CMD_REGISTER`), which `UringCmd80` has no
+/// setter for.
+fn set_len(sqe: squeue::Entry128, len: u32) -> squeue::Entry128 {
+    // SAFETY: `Entry128` is `#[repr(C)]`: a `struct io_uring_sqe` (64 bytes) and 64 command
+    // bytes, so it is 128 plain bytes; in `struct io_uring_sqe`, `len` is the `u32` at byte
+    // offset 24 (after opcode, flags, ioprio, fd, off and addr), a fixed kernel ABI.
+    unsafe {
+        let mut bytes: [u8; 128] = std::mem::transmute(sqe);
+        bytes[24..28].copy_from_slice(&len.to_ne_bytes());
+        std::mem::transmute::<[u8; 128], squeue::Entry128>(bytes)
+    }
+}
+
+fn pin_to_cpu(cpu: u16) {
+    // SAFETY: plain libc calls on a local cpu_set_t.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(usize::from(cpu), &mut set);
+        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+            // An offline CPU: its queue is registered all the same (the kernel needs every
+            // queue), the thread just runs anywhere.
+            debug!("ring queue {cpu}: not pinned: {}", io::Error::last_os_error());
+        }
+    }
+}
+
+/// A request buffer aligned for `fuse_in_header` (this crate parses it in place).
+struct AlignedBuf(Vec<u64>);
+
+impl AlignedBuf {
+    fn new(bytes: usize) -> Self {
+        AlignedBuf(vec![0u64; bytes.div_ceil(8)])
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: a u64 slice viewed as its bytes.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), self.0.len() * 8) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: a u64 slice viewed as its bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), self.0.len() * 8) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("0-1"), Some(vec![0, 1]));
+        assert_eq!(parse_cpu_list("0,2-3"), Some(vec![0, 2, 3]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn abi_sizes() {
+        assert_eq!(size_of::<EntInOut>(), 32);
+        assert_eq!(size_of::<ReqHeader>(), 288);
+        assert_eq!(IN_HEADER_SZ, 40);
+    }
+}
