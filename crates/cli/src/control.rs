@@ -367,6 +367,11 @@ pub fn stats_json(fs: &HoardFs, info: &MountInfo) -> Value {
             "listing_fetches": s.listing_fetches, "tree_requests": s.tree_requests,
             "listings_read_ahead": s.listings_read_ahead,
         },
+        // How the kernel's requests reach this daemon (`--fuse-transport`).
+        "fuse": {
+            "transport": if fuser::ring_threads() > 0 { "io_uring" } else { "dev_fuse" },
+            "ring_requests": fuser::ring_requests(),
+        },
         "cache": fs.cache_usage().map(|u| usage_json(&u)),
         "offline_writes": fs.offline_stats().map(|o| json!({
             "pending_files": o.files, "pending_bytes": o.bytes,

@@ -417,11 +417,19 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     };
     cfg.n_threads = Some(8);
     cfg.clone_fd = true;
+    cfg.io_uring = ring_config(a.fuse_transport)?;
     let notifier = Arc::new(std::sync::OnceLock::new());
     let bridge = FuseBridge::new(fs.clone(), notifier.clone());
     // The canonical path: a daemon leaves its working directory, and unmounts by path.
     let mut session = fuser::Session::new(bridge, &info.mountpoint, &cfg)
         .map_err(|e| format!("cannot mount on {}: {e}", a.mountpoint.display()))?;
+    if a.fuse_transport == crate::mount_args::FuseTransport::IoUring && !session.io_uring() {
+        return Err(format!(
+            "--fuse-transport io-uring: the kernel did not enable FUSE over io_uring on \
+             {} (the log says why)",
+            a.mountpoint.display()
+        ));
+    }
     let _ = notifier.set(session.notifier());
     if a.readahead_kb > 0 {
         set_readahead(&info.mountpoint, a.readahead_kb);
@@ -572,6 +580,31 @@ fn detach() {
             }
         }
         libc::chdir(c"/".as_ptr());
+    }
+}
+
+/// The FUSE-over-io_uring configuration for `--fuse-transport`: `None` for /dev/fuse only.
+/// The kernel offers io_uring at INIT only while the fuse module's `enable_uring` parameter
+/// is set, so `io-uring` checks it here to fail with a clear message rather than quietly
+/// serving /dev/fuse.
+fn ring_config(t: crate::mount_args::FuseTransport) -> Result<Option<fuser::RingConfig>, String> {
+    use crate::mount_args::FuseTransport;
+    const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+    let rc = fuser::RingConfig::default();
+    match t {
+        FuseTransport::DevFuse => Ok(None),
+        FuseTransport::Auto => Ok(Some(rc)),
+        FuseTransport::IoUring => match std::fs::read_to_string(PARAM) {
+            Ok(v) if v.trim() == "Y" => Ok(Some(rc)),
+            Ok(_) => Err(format!(
+                "--fuse-transport io-uring: the kernel does not offer FUSE over io_uring: \
+                 {PARAM} is N (as root: echo Y > {PARAM}, then mount again)"
+            )),
+            Err(e) => Err(format!(
+                "--fuse-transport io-uring: this kernel has no FUSE over io_uring ({PARAM}: {e}; \
+                 it needs Linux 6.14+ built with CONFIG_FUSE_IO_URING)"
+            )),
+        },
     }
 }
 

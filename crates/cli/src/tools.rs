@@ -242,6 +242,14 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         n("tree_requests")
     );
     println!("  writes: {} ({})", n("writes"), human(n("bytes_written")));
+    match v["fuse"]["transport"].as_str() {
+        Some("io_uring") => println!(
+            "  FUSE requests: over io_uring ({} so far)",
+            v["fuse"]["ring_requests"].as_u64().unwrap_or(0)
+        ),
+        Some(_) => println!("  FUSE requests: over /dev/fuse"),
+        None => {}
+    }
     if v["cache"].is_object() {
         print_usage(&v["cache"]);
     } else {
