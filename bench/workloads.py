@@ -13,6 +13,11 @@
   the local page cache; aggregate throughput, server opens per read, CPU seconds per GiB
   (per client thread too), RSS.
 
+FUSE transport: the fuse module's `enable_uring` parameter is set for the run (and restored),
+so hoardfs mounts are served over io_uring, its default when the kernel offers it; the small
+files also get warm and hot rows over /dev/fuse (`--fuse-transport dev-fuse`), the
+transport of a kernel without it. `--dev-fuse` leaves the parameter alone.
+
 Writes JSON and SVG plots into the output directory (default bench/out). Run as root:
 python3 bench/workloads.py. See doc/BENCHMARKS.md.
 """
@@ -210,6 +215,7 @@ def small_files(rig, res):
     os.listdir(d)  # names (one READDIRPLUS) are not part of the read rate
     out["hoardfs first"] = rate(timed(lambda: read_files(d)))
     out["hoardfs warm"] = rate(median_time(lambda: read_files(d), 3))
+    out["fuse transport"] = fuse_transport(rig, mnt)
     # Diagnostic, no target: the same with this process and the mount daemon on one CPU,
     # so that no open waits for a wake-up on another (halted) virtual CPU.
     with one_cpu([os.getpid(), rig.mounts[mnt].pid]):
@@ -225,6 +231,14 @@ def small_files(rig, res):
     out["hoardfs hot"] = rate(hot)
     out["hoardfs hot warm"] = rate(timed(lambda: read_files(d)))
     rig.unmount(mnt)
+    # The same cache over /dev/fuse (what a kernel without io_uring gets), hot then warm.
+    if out["fuse transport"] == "io_uring":
+        drop_caches()
+        warm_server_side(srv)
+        mnt = rig.hoard(cache, extra=["--fuse-transport", "dev-fuse"])
+        out["hoardfs hot, /dev/fuse"] = rate(timed(lambda: read_files(d)))
+        out["hoardfs warm, /dev/fuse"] = rate(median_time(lambda: read_files(d), 3))
+        rig.unmount(mnt)
     # The same cache mounted with --kernel-opens (read-only): the kernel opens files
     # without asking the daemon, so a warm read costs no FUSE round trip (and no
     # passthrough: hot reads are daemon reads from the disk cache).
@@ -244,6 +258,34 @@ def small_files(rig, res):
         out["sshfs first"] = rate(timed(lambda: read_files(d)))
         out["sshfs warm"] = rate(median_time(lambda: read_files(d), 3))
         rig.unmount(mnt)
+
+
+def fuse_transport(rig, mnt):
+    """How the mount at `mnt` is served: "io_uring" or "dev_fuse" (`hoardfs stats`)."""
+    out = subprocess.run([rig.args.binary, "stats", mnt, "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)["fuse"]["transport"]
+
+
+URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
+
+
+@contextlib.contextmanager
+def uring_enabled(enable):
+    """Sets the fuse module's enable_uring for the run (when `enable` and the kernel has
+    it), restoring the old value afterwards."""
+    old = None
+    if enable and os.path.exists(URING_PARAM):
+        with open(URING_PARAM) as f:
+            old = f.read().strip()
+        with open(URING_PARAM, "w") as f:
+            f.write("Y")
+    try:
+        yield
+    finally:
+        if old is not None:
+            with open(URING_PARAM, "w") as f:
+                f.write(old)
 
 
 @contextlib.contextmanager
@@ -651,6 +693,11 @@ def checks(res):
                   s["hoardfs kernel opens warm"] / s["local warm"], ">=", 0.5)
             check("small files hot, --kernel-opens",
                   s["hoardfs kernel opens hot"] / s["local cold"], ">=", 0.5)
+        if "hoardfs warm, /dev/fuse" in s:  # the fallback transport, no target of its own
+            for k, ref in (("warm", "local warm"), ("hot", "local cold")):
+                out.append({"check": f"small files {k} over /dev/fuse vs {ref}",
+                            "value": s[f"hoardfs {k}, /dev/fuse"] / s[ref],
+                            "op": "", "target": 0, "result": "INFO"})
         if "hoardfs warm, one CPU" in s:  # context, no target
             # Against the faster of the two local references (pinning can slow it too).
             ref = max(s["local warm"], s["local warm, one CPU"])
@@ -730,9 +777,11 @@ def report(res, chk):
                 rt = m.get(k + " round trips", "")
                 print(f"  {k:<28} {m[k]:8.4f}   {rt}")
     if s:
-        print(f"\nsmall files ({s['files']} files, {s['bytes'] / MiB:.0f} MiB)   MB/s")
+        print(f"\nsmall files ({s['files']} files, {s['bytes'] / MiB:.0f} MiB)   MB/s"
+              f"   (hoardfs rows over {s.get('fuse transport')})")
         for k in ("local cold", "local warm", "hoardfs first", "hoardfs warm", "hoardfs hot",
-                  "hoardfs hot warm", "hoardfs kernel opens hot", "hoardfs kernel opens warm",
+                  "hoardfs hot warm", "hoardfs hot, /dev/fuse", "hoardfs warm, /dev/fuse",
+                  "hoardfs kernel opens hot", "hoardfs kernel opens warm",
                   "sshfs first", "sshfs warm", "link MB/s",
                   "local warm, one CPU", "hoardfs warm, one CPU"):
             if k in s:
@@ -788,6 +837,9 @@ def main():
                     help="perf record -a -g an extra, unreported run of every scaling point "
                          "(summaries, FUSE threads alone too, in --out)")
     ap.add_argument("--keep", action="store_true", help="leave namespace/processes for debugging")
+    ap.add_argument("--dev-fuse", action="store_true",
+                    help="leave the fuse module's enable_uring alone (mounts then use "
+                         "/dev/fuse unless it is already set)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("workloads: run as root (namespaces, tc, drop_caches, FUSE mounts)")
@@ -809,6 +861,8 @@ def main():
         signal.signal(sig, lambda n, _: sys.exit(f"workloads: signal {n}, cleaning up"))
     res = {"benchmark": "workloads", "time": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
            "kernel": os.uname().release, "rate": args.rate}
+    uring = uring_enabled(not args.dev_fuse)
+    uring.__enter__()
     try:
         if only & {"metadata", "small"}:
             seed000.setup_network(args.rate)
@@ -822,6 +876,7 @@ def main():
             scaling(rig, res)
     finally:
         rig.cleanup()
+        uring.__exit__(None, None, None)
     chk = checks(res)
     res["checks"] = chk
     out_dir = os.path.abspath(args.out or os.path.join(REPO, "bench", "out"))
