@@ -418,8 +418,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     cfg.n_threads = Some(8);
     cfg.clone_fd = true;
     cfg.io_uring = ring_config(a.fuse_transport)?;
-    let notifier = Arc::new(std::sync::OnceLock::new());
-    let bridge = FuseBridge::new(fs.clone(), notifier.clone());
+    let bridge = FuseBridge::new(fs.clone());
     // The canonical path: a daemon leaves its working directory, and unmounts by path.
     let mut session = fuser::Session::new(bridge, &info.mountpoint, &cfg)
         .map_err(|e| format!("cannot mount on {}: {e}", a.mountpoint.display()))?;
@@ -430,7 +429,6 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
             a.mountpoint.display()
         ));
     }
-    let _ = notifier.set(session.notifier());
     if a.readahead_kb > 0 {
         set_readahead(&info.mountpoint, a.readahead_kb);
     }

@@ -82,8 +82,8 @@ pub struct Opened {
     pub fh: FileHandle,
     /// How it is served.
     pub mode: OpenMode,
-    /// The file changed since the kernel last saw its attributes (its copy of them, and
-    /// of the size, must be invalidated).
+    /// The file changed since the kernel last saw its attributes (`open` has invalidated
+    /// the kernel's copy of them, the size included, through the notifier).
     pub changed: bool,
 }
 
@@ -184,8 +184,8 @@ impl PassthroughGate {
 impl HoardFs {
     /// Opens `ino`. `make_backing` registers a cache file with the kernel for passthrough
     /// (called once per cached object: the registration outlives the opens and is
-    /// released when the node lets go of the object). The returned flag
-    /// says the file changed since the kernel last saw its attributes.
+    /// released when the node lets go of the object). `Opened::changed` says the file
+    /// changed since the kernel last saw its attributes (which are then invalidated).
     pub fn open(&self, ino: Ino, access: Access, make_backing: &MakeBacking) -> FsResult<Opened> {
         if access.write {
             self.check_writable()?;
@@ -195,8 +195,14 @@ impl HoardFs {
             return Ok(self.open_pending(node, access));
         }
         let (before, attr) = self.validated_attr(&node)?;
-        // The kernel may still hold the old size: the bridge invalidates its attributes.
+        // The kernel may still hold the old size (close-to-open: a file that changed must
+        // show its new size to the reader that just opened it), so its copy of the
+        // attributes is invalidated before the open is answered. Attributes only: what
+        // happens to the page cache is the open reply's to say.
         let changed = before.version != attr.version || before.size != attr.size;
+        if changed && let Some(n) = self.notifier.get() {
+            n.inval_attr(ino);
+        }
         Ok(self.open_node(node, attr, access, changed, make_backing))
     }
 

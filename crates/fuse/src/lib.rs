@@ -14,7 +14,7 @@ use modify::{access, open_flags};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fuser::{
@@ -64,17 +64,15 @@ pub struct FuseBridge {
     /// requests continues in the snapshot it started with (and when), so offsets stay
     /// meaningful.
     dirs: Mutex<HashMap<u64, (Instant, Arc<Listing>)>>,
-    notifier: Arc<OnceLock<Notifier>>,
 }
 
 impl FuseBridge {
-    /// A bridge over `fs`. `notifier` is filled in once the session exists; until then no
-    /// invalidations are sent.
-    pub fn new(fs: Arc<HoardFs>, notifier: Arc<OnceLock<Notifier>>) -> Self {
+    /// A bridge over `fs`. Kernel invalidations go through `fs`'s notifier
+    /// ([`HoardFs::set_notifier`], a [`FuseNotifier`] once the session exists).
+    pub fn new(fs: Arc<HoardFs>) -> Self {
         FuseBridge {
             fs,
             dirs: Mutex::new(HashMap::new()),
-            notifier,
         }
     }
 
@@ -105,17 +103,6 @@ impl FuseBridge {
                 .is_some_and(|(_, l)| Arc::ptr_eq(l, listing))
             {
                 dirs.remove(&ino.0);
-            }
-        }
-    }
-
-    /// Tells the kernel its cached attributes of `ino` are out of date (close-to-open: a
-    /// file that changed must show its new size to the reader that just opened it).
-    fn invalidate_attrs(&self, ino: INodeNo) {
-        if let Some(n) = self.notifier.get() {
-            // Negative offset: attributes only; page-cache handling is decided by the open.
-            if let Err(e) = n.inval_inode(ino, -1, 0) {
-                tracing::debug!("inval_inode({}) failed: {e}", ino.0);
             }
         }
     }
@@ -214,17 +201,13 @@ impl Filesystem for FuseBridge {
         }
         let make_backing = |f: &std::fs::File| backing(reply.open_backing(f));
         let access = access(flags.0);
-        let hoardfs_fs::Opened { fh, mode, changed } =
-            match self.fs.open(ino.0, access, &make_backing) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::debug!("open of inode {} failed: {e}", ino.0);
-                    return reply.error(errno(&e));
-                }
-            };
-        if changed {
-            self.invalidate_attrs(ino);
-        }
+        let hoardfs_fs::Opened { fh, mode, .. } = match self.fs.open(ino.0, access, &make_backing) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!("open of inode {} failed: {e}", ino.0);
+                return reply.error(errno(&e));
+            }
+        };
         match open_flags(&mode, access.write) {
             (f, Some(id)) => reply.opened_passthrough(FileHandle(fh), f, id),
             (f, None) => reply.opened(FileHandle(fh), f),

@@ -535,8 +535,14 @@ fn a_new_version_replaces_the_object_and_its_registration() {
     std::fs::write(r.export.join("f"), &new).unwrap();
     // Close-to-open sees the change: the old object (and registration) go, the new
     // version is read from the origin, then cached and registered anew.
+    let told = r.notes.inodes.lock().len();
     let (o, bytes) = open_read(&r, f, READ, &reg);
     assert_eq!((o.changed, kind(&o), bytes == new), (true, "cached", true));
+    // ...and the kernel is told its copy of the attributes (the old size) is stale.
+    assert!(
+        r.notes.inodes.lock()[told..].contains(&f),
+        "attributes not invalidated"
+    );
     r.fs.release(o.fh);
     let (o, _) = open_read(&r, f, READ, &reg);
     assert_eq!((kind(&o), reg.count()), ("passthrough", 2));
