@@ -232,7 +232,7 @@ impl HoardFs {
         let notifier = self.notifier.get().map(|n| &**n);
         for b in breaks {
             match b {
-                Break::Attr { file_id, version } => self.break_attr(file_id, version, notifier),
+                Break::Attr { file_id, change_id } => self.break_attr(file_id, change_id, notifier),
                 Break::Entry {
                     dir_id,
                     name,
@@ -246,17 +246,16 @@ impl HoardFs {
         }
     }
 
-    /// The attributes (and maybe the content) of `file_id` changed to change id
-    /// `version`: unless this client already holds them under a callback (typically its
+    /// The attributes (and maybe the content) of `file_id` changed to `change_id`: unless this client already holds them under a callback (typically its
     /// own change coming back), they expire with any listing, and the kernel drops its
     /// copy.
-    fn break_attr(&self, file_id: u64, version: u64, notifier: Option<&dyn KernelNotifier>) {
+    fn break_attr(&self, file_id: u64, change_id: u64, notifier: Option<&dyn KernelNotifier>) {
         let Some(node) = self.nodes.by_file_id(file_id) else {
             return;
         };
         {
             let mut st = node.state.lock();
-            if st.has_callback() && hoardfs_proto::change_id(&st.attr()) == version {
+            if st.has_callback() && hoardfs_proto::change_id(&st.attr()) == change_id {
                 return;
             }
             st.contents_changed();
@@ -370,7 +369,7 @@ mod tests {
         let before = log.seq();
         log.record(&[Break::Attr {
             file_id: 7,
-            version: 1,
+            change_id: 1,
         }]);
         assert!(log.broken_since(7, before));
         assert!(!log.broken_since(8, before));
@@ -392,7 +391,7 @@ mod tests {
         use super::{BACKLOG_CAP, Backlog};
         let attr = |file_id| Break::Attr {
             file_id,
-            version: 0,
+            change_id: 0,
         };
         let b = Backlog::default();
         let mut queue = Vec::new();
@@ -422,7 +421,7 @@ mod tests {
         for i in 0..(super::LOG_CAP as u64 + 10) {
             log.record(&[Break::Attr {
                 file_id: i,
-                version: 0,
+                change_id: 0,
             }]);
         }
         assert!(log.broken_since(u64::MAX, before));

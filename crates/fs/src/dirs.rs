@@ -199,7 +199,7 @@ impl HoardFs {
             _ => self.node(node.ino)?,
         };
         let top_attr = top.state.lock().attr();
-        let epoch = self.trees.epoch();
+        let sent_at = self.trees.name_changes();
         let dirs = match self.with_handle(&top, |h| self.origin.read_tree(h, top_attr.file_id, ask))
         {
             Ok(dirs) => dirs,
@@ -234,7 +234,7 @@ impl HoardFs {
             }
         }
         let max_age = self.config.callback_ttl.max(self.config.dir_ttl);
-        self.trees.keep(others, max_age, epoch);
+        self.trees.keep(others, max_age, sent_at);
         match own {
             Some(l) => Ok(l),
             // Beyond what the subtree request covered (or too large for it).

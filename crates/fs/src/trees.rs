@@ -45,7 +45,7 @@ pub(crate) struct Kept {
     /// The directory's version and size as the reply saw them (`None`: not in it).
     pub(crate) seen: Option<(u64, u64)>,
     /// Which `keep` stored it (to tell it from a later listing of the same directory).
-    generation: u64,
+    seq: u64,
 }
 
 impl Kept {
@@ -54,7 +54,7 @@ impl Kept {
         Kept {
             listing,
             seen,
-            generation: 0,
+            seq: 0,
         }
     }
 
@@ -72,19 +72,19 @@ pub(crate) struct TreeAhead {
 #[derive(Default)]
 struct Inner {
     kept: HashMap<u64, Kept>,
-    /// Directory file ids and generations in the order kept (a pair whose listing was
+    /// Directory file ids and keep sequence numbers in the order kept (a pair whose listing was
     /// taken or replaced is skipped when it comes up).
     order: VecDeque<(u64, u64)>,
     /// Entries plus directories kept.
     weight: usize,
-    generation: u64,
+    seq: u64,
     /// How old a kept listing may grow (the latest `keep`'s).
     max_age: Duration,
     /// When a listing last missed.
     last_miss: Option<Instant>,
     /// Entries the next subtree request of this walk asks for.
     next_request: u32,
-    /// Changes of names through this client so far (see [`TreeAhead::epoch`]).
+    /// Changes of names through this client so far (see [`TreeAhead::name_changes`]).
     changes: u64,
 }
 
@@ -97,11 +97,8 @@ impl Inner {
 
     /// Drops the oldest listings while over the bound or older than `max_age`.
     fn prune(&mut self, now: Instant) {
-        while let Some(&(dir_id, generation)) = self.order.front() {
-            let current = self
-                .kept
-                .get(&dir_id)
-                .filter(|k| k.generation == generation);
+        while let Some(&(dir_id, seq)) = self.order.front() {
+            let current = self.kept.get(&dir_id).filter(|k| k.seq == seq);
             let drop = current.is_none_or(|k| {
                 self.weight > MAX_KEPT_ENTRIES
                     || now.saturating_duration_since(k.listing.fetched) > self.max_age
@@ -146,7 +143,7 @@ impl TreeAhead {
 
     /// Taken before a subtree request is sent, and given back to [`TreeAhead::keep`]: a
     /// change of names through this client meanwhile voids the reply's listings.
-    pub(crate) fn epoch(&self) -> u64 {
+    pub(crate) fn name_changes(&self) -> u64 {
         self.inner.lock().changes
     }
 
@@ -167,20 +164,20 @@ impl TreeAhead {
         g.weight = 0;
     }
 
-    /// Keeps listings read ahead by a request sent at `epoch` (replacing older ones of the
+    /// Keeps listings read ahead by a request sent when [`TreeAhead::name_changes`] was `sent_at` (replacing older ones of the
     /// same directories), unless names changed through this client since; then drops the
     /// oldest beyond [`MAX_KEPT_ENTRIES`] and any older than `max_age`.
-    pub(crate) fn keep(&self, listings: Vec<(u64, Kept)>, max_age: Duration, epoch: u64) {
+    pub(crate) fn keep(&self, listings: Vec<(u64, Kept)>, max_age: Duration, sent_at: u64) {
         let mut g = self.inner.lock();
-        if g.changes != epoch {
+        if g.changes != sent_at {
             return;
         }
         g.max_age = max_age;
         for (dir_id, mut k) in listings {
-            g.generation += 1;
-            k.generation = g.generation;
+            g.seq += 1;
+            k.seq = g.seq;
             g.weight += k.weight();
-            g.order.push_back((dir_id, k.generation));
+            g.order.push_back((dir_id, k.seq));
             if let Some(old) = g.kept.insert(dir_id, k) {
                 g.weight -= old.weight();
             }
@@ -265,14 +262,14 @@ mod tests {
         t.keep(
             vec![(1, listing(3, now)), (2, listing(4, now))],
             day,
-            t.epoch(),
+            t.name_changes(),
         );
         assert_eq!(t.take(1).unwrap().listing.entries.len(), 3);
         assert!(t.take(1).is_none(), "used once");
         // Past the bound, the oldest go first.
         let big = MAX_KEPT_ENTRIES / 2;
-        t.keep(vec![(3, listing(big, now))], day, t.epoch());
-        t.keep(vec![(4, listing(big, now))], day, t.epoch());
+        t.keep(vec![(3, listing(big, now))], day, t.name_changes());
+        t.keep(vec![(4, listing(big, now))], day, t.name_changes());
         assert!(t.take(2).is_none() && t.take(3).is_none());
         assert!(t.take(4).is_some());
         // Too old to be useful.
@@ -280,7 +277,7 @@ mod tests {
         t.keep(
             vec![(5, listing(1, old))],
             Duration::from_secs(1),
-            t.epoch(),
+            t.name_changes(),
         );
         assert!(t.take(5).is_none());
         assert_eq!(t.len(), 0);
@@ -294,15 +291,15 @@ mod tests {
         t.keep(
             vec![(1, listing(1, now)), (2, listing(1, now))],
             day,
-            t.epoch(),
+            t.name_changes(),
         );
-        let in_flight = t.epoch();
+        let in_flight = t.name_changes();
         t.forget(1);
         assert!(t.take(1).is_none());
         t.keep(vec![(3, listing(1, now))], day, in_flight);
         assert!(t.take(3).is_none(), "sent before the change: may miss it");
         assert!(t.take(2).is_some());
-        t.keep(vec![(4, listing(1, now))], day, t.epoch());
+        t.keep(vec![(4, listing(1, now))], day, t.name_changes());
         t.forget_all();
         assert_eq!(t.len(), 0);
     }

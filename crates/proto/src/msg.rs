@@ -440,14 +440,14 @@ pub fn change_id(a: &Attr) -> u64 {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Break {
-    /// Attributes (and possibly content) of `file_id` changed; `version` is the
+    /// Attributes (and possibly content) of `file_id` changed; `change_id` is the
     /// [`change_id`] of its attributes after the change (0: unknown), so a client that
     /// already has them can ignore the break.
     Attr {
         /// Object.
         file_id: u64,
         /// [`change_id`] after the change, or 0.
-        version: u64,
+        change_id: u64,
     },
     /// Name `name` in directory `dir_id` was created, removed or replaced; `file_id` is
     /// what it names now (`None`: nothing).

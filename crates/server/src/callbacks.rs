@@ -203,7 +203,7 @@ mod tests {
     fn attr(file_id: u64) -> Break {
         Break::Attr {
             file_id,
-            version: 0,
+            change_id: 0,
         }
     }
 

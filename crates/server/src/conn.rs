@@ -442,7 +442,7 @@ async fn handshake<R: AsyncRead + Unpin>(
             conn,
             vec![hoardfs_proto::Break::Attr {
                 file_id: root_id,
-                version: 0,
+                change_id: 0,
             }],
         );
     }

@@ -129,7 +129,7 @@ fn conservative_breaks(
         .iter()
         .map(|&file_id| Break::Attr {
             file_id,
-            version: 0,
+            change_id: 0,
         })
         .collect();
     if let Some((dir, name)) = dir_ctx
@@ -137,7 +137,7 @@ fn conservative_breaks(
     {
         breaks.push(Break::Attr {
             file_id: dattr.file_id,
-            version: 0,
+            change_id: 0,
         });
         let names: Vec<Vec<u8>> = match r {
             Reply::DirPage { entries, .. } => entries.iter().map(|e| e.name.clone()).collect(),

@@ -299,7 +299,7 @@ fn config(attr_ttl: Duration) -> FsConfig {
 fn attr_break(file_id: u64) -> Break {
     Break::Attr {
         file_id,
-        version: u64::MAX,
+        change_id: u64::MAX,
     }
 }
 
@@ -336,7 +336,7 @@ fn our_own_change_coming_back_is_no_break() {
     let (r, f, a) = one_file(true, config(Duration::ZERO));
     let known = Break::Attr {
         file_id: a.file_id,
-        version: hoardfs_proto::change_id(&a),
+        change_id: hoardfs_proto::change_id(&a),
     };
     r.origin.send(known);
     // A later break is applied after it: once that one is seen, the first was handled.

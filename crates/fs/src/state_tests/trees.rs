@@ -131,7 +131,7 @@ fn a_listing_read_ahead_is_not_served_after_a_break_of_its_directory() {
     r.break_and_wait(
         Break::Attr {
             file_id: inos[d1].1,
-            version: 0,
+            change_id: 0,
         },
         inos[d1].0,
     );

@@ -234,7 +234,7 @@ impl Watcher {
         let file_id = file_id_of(self.root_dev, st.st_dev, st.st_ino);
         Break::Attr {
             file_id,
-            version: hoardfs_proto::change_id(&sys::attr_of(st, file_id)),
+            change_id: hoardfs_proto::change_id(&sys::attr_of(st, file_id)),
         }
     }
 

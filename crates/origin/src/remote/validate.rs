@@ -667,7 +667,7 @@ mod tests {
         };
         let attr = Break::Attr {
             file_id: 3,
-            version: 0,
+            change_id: 0,
         };
         assert_eq!(
             breaks(vec![good.clone(), attr.clone()]),

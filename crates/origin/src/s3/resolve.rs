@@ -175,7 +175,7 @@ impl S3Origin {
         {
             sink(vec![hoardfs_proto::Break::Attr {
                 file_id: file_id(path, FileKind::File),
-                version: 0,
+                change_id: 0,
             }]);
         }
         self.table.put(S3Node {
@@ -277,7 +277,7 @@ impl S3Origin {
         if let Some(k) = now {
             breaks.push(hoardfs_proto::Break::Attr {
                 file_id: file_id(path, k),
-                version: 0,
+                change_id: 0,
             });
         }
         sink(breaks);

@@ -233,7 +233,7 @@ pub fn diff(dir: &str, old: Option<&Snapshot>, new: &Snapshot, table: &NodeTable
             if was.as_ref().is_some_and(|w| version(w) != version(info)) {
                 out.push(Break::Attr {
                     file_id: file_id(&path, FileKind::File),
-                    version: 0,
+                    change_id: 0,
                 });
                 table.refresh(S3Node {
                     path: path.clone(),
@@ -268,7 +268,7 @@ pub fn diff(dir: &str, old: Option<&Snapshot>, new: &Snapshot, table: &NodeTable
     if dir_changed {
         out.push(Break::Attr {
             file_id: dir_id,
-            version: 0,
+            change_id: 0,
         });
     }
     out
@@ -308,7 +308,7 @@ mod tests {
         let b = diff("x", Some(&old), &new, &t);
         assert!(b.contains(&Break::Attr {
             file_id: file_id("x/a", FileKind::File),
-            version: 0
+            change_id: 0
         }));
         assert!(b.contains(&Break::Entry {
             dir_id: file_id("x", FileKind::Dir),
@@ -322,7 +322,7 @@ mod tests {
         }));
         assert!(b.contains(&Break::Attr {
             file_id: file_id("x", FileKind::Dir),
-            version: 0
+            change_id: 0
         }));
         assert_eq!(b.len(), 4);
         assert!(
@@ -349,7 +349,7 @@ mod tests {
             b,
             vec![Break::Attr {
                 file_id: file_id("f", FileKind::File),
-                version: 0
+                change_id: 0
             }]
         );
         assert_eq!(

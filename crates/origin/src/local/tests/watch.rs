@@ -53,7 +53,7 @@ fn modification_behind_the_origins_back_breaks_attr() {
     expect(&rx, "the modified file", |b| {
         *b == Break::Attr {
             file_id: a.attr.file_id,
-            version: hoardfs_proto::change_id(&now),
+            change_id: hoardfs_proto::change_id(&now),
         }
     });
 }
@@ -83,7 +83,7 @@ fn names_in_watched_directories_break_entries() {
     expect(&rx, "the directory's attributes", |b| {
         *b == Break::Attr {
             file_id: early.attr.file_id,
-            version: dir_now,
+            change_id: dir_now,
         }
     });
 
@@ -156,7 +156,7 @@ fn breaks_of_one_batch_are_deduplicated() {
         assert_eq!(unique.len(), batch.len(), "duplicates in {batch:?}");
         let done = Break::Attr {
             file_id: a.attr.file_id,
-            version: want,
+            change_id: want,
         };
         if batch.contains(&done) {
             break;
