@@ -127,7 +127,7 @@ impl HoardFs {
     pub fn prefetch(&self, ino: Ino) -> FsResult<Prefetched> {
         self.cache_or_err()?;
         let node = self.file_node(ino)?;
-        let (_, attr) = self.validated_attr(&node)?;
+        let attr = self.validated_attr(&node)?.now;
         let object = self
             .objects
             .object_for(&node, attr.file_id, attr.version, attr.size);

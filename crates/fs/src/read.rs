@@ -87,6 +87,23 @@ pub struct Opened {
     pub changed: bool,
 }
 
+/// A node's attributes before and after an open's check with the origin
+/// ([`HoardFs::validated_attr`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Revalidated {
+    /// What the node (and so the kernel) had.
+    pub(crate) before: hoardfs_origin::Attr,
+    /// What the origin has now (the same, under a valid callback).
+    pub(crate) now: hoardfs_origin::Attr,
+}
+
+impl Revalidated {
+    /// Whether the kernel's copy is out of date: another version or size.
+    pub(crate) fn changed(&self) -> bool {
+        self.before.version != self.now.version || self.before.size != self.now.size
+    }
+}
+
 /// What an open asked for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Access {
@@ -194,12 +211,12 @@ impl HoardFs {
         if self.staged_of(&node).is_some() {
             return Ok(self.open_pending(node, access));
         }
-        let (before, attr) = self.validated_attr(&node)?;
+        let attrs = self.validated_attr(&node)?;
         // The kernel may still hold the old size (close-to-open: a file that changed must
         // show its new size to the reader that just opened it), so its copy of the
         // attributes is invalidated before the open is answered. Attributes only: what
         // happens to the page cache is the open reply's to say.
-        let changed = before.version != attr.version || before.size != attr.size;
+        let (attr, changed) = (attrs.now, attrs.changed());
         if changed && let Some(n) = self.notifier.get() {
             n.inval_attr(ino);
         }
@@ -208,10 +225,7 @@ impl HoardFs {
 
     /// Close-to-open: the attributes the node had, and its current ones, checked with the
     /// origin unless it holds a callback for them.
-    pub(crate) fn validated_attr(
-        &self,
-        node: &Node,
-    ) -> FsResult<(hoardfs_origin::Attr, hoardfs_origin::Attr)> {
+    pub(crate) fn validated_attr(&self, node: &Node) -> FsResult<Revalidated> {
         let (before, valid) = {
             let st = node.state.lock();
             (st.attr(), st.has_callback() && st.attr_fresh(&self.config))
@@ -221,7 +235,7 @@ impl HoardFs {
         } else {
             self.refresh_attr(node)?.attr
         };
-        Ok((before, now))
+        Ok(Revalidated { before, now })
     }
 
     /// Opens `node` at `attr`'s version (the second half of `open`, shared with `create`).
