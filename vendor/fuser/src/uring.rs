@@ -63,12 +63,13 @@ const IN_HEADER_SZ: usize = size_of::<fuse_in_header>();
 /// `sizeof(struct fuse_out_header)`.
 const OUT_HEADER_SZ: usize = 16;
 
-/// Ring threads started in this process, and requests they answered (for a daemon's
-/// statistics: whether its mount is served over io_uring, and how much).
+/// Ring threads serving a registered entry now, and requests ring threads answered in this
+/// process (for a daemon's statistics: whether its mount is served over io_uring, and how
+/// much).
 static RING_THREADS: AtomicUsize = AtomicUsize::new(0);
 static RING_REQUESTS: AtomicU64 = AtomicU64::new(0);
 
-/// Ring threads started in this process (0: every request went through `/dev/fuse`).
+/// Ring threads serving a registered entry now (0: requests go through `/dev/fuse`).
 pub fn ring_threads() -> usize {
     RING_THREADS.load(Relaxed)
 }
@@ -124,6 +125,9 @@ struct EntryBufs {
     payload: Box<[u8]>,
     /// Set once the reply for the request now in the buffers is written.
     replied: bool,
+    /// Counts the requests the entry received, so that a reply is taken only for the
+    /// request it was made for (a late reply to an earlier one is refused).
+    seq: u64,
 }
 
 /// The reply slot of one ring entry, shared between its ring thread and whatever thread
@@ -148,6 +152,8 @@ impl RingSlot {
 #[derive(Debug, Clone)]
 pub(crate) struct RingReply {
     slot: Arc<RingSlot>,
+    /// The entry's request this reply answers (`EntryBufs::seq`).
+    seq: u64,
     ch: ChannelSender,
 }
 
@@ -155,6 +161,11 @@ impl RingReply {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
         let mut guard = self.slot.bufs.lock().unwrap_or_else(|e| e.into_inner());
         let bufs = &mut *guard;
+        if bufs.seq != self.seq {
+            return Err(io::Error::other(
+                "reply to a ring request already answered (EIO after a panic)",
+            ));
+        }
         if bufs.replied {
             return Err(io::Error::other("second reply to one ring request"));
         }
@@ -271,6 +282,7 @@ impl Entry {
                 }),
                 payload: vec![0u8; max_payload].into_boxed_slice(),
                 replied: false,
+                seq: 0,
             }),
             replied: Condvar::new(),
         });
@@ -393,10 +405,10 @@ pub(crate) fn start<FS: Filesystem>(
 
 /// One ring thread: registers `entry` on queue `qid` (reporting the outcome on `registered`)
 /// and serves it until the connection ends. An entry that fails otherwise is abandoned and
-/// replaced by a new one, up to three times, so that a queue keeps its capacity.
+/// replaced by a new one (retried until it works), so that a queue keeps its capacity.
 fn serve<FS: Filesystem>(
     qid: u16,
-    mut entry: Entry,
+    entry: Entry,
     max_payload: usize,
     se: &SessionEventLoop<FS>,
     registered: std::sync::mpsc::Sender<io::Result<()>>,
@@ -405,38 +417,66 @@ fn serve<FS: Filesystem>(
     let fd = se.ch.as_fd().as_raw_fd();
     let mut request = AlignedBuf::new(IN_HEADER_SZ + OP_IN_OUT_SZ + max_payload);
     let mut report = Some(registered);
-    let mut replaced = 0;
+    let mut entry = Some(entry);
     loop {
-        let first = match entry.register(fd, qid) {
+        // A new entry after a failure; making one can fail too (no memory): try again.
+        let mut current = match entry.take() {
+            Some(e) => e,
+            None => match Entry::new(max_payload) {
+                Ok(e) => e,
+                Err(e) => {
+                    error!("FUSE ring queue {qid}: a new entry: {e}; trying again");
+                    std::thread::sleep(RETRY);
+                    continue;
+                }
+            },
+        };
+        let first = match current.register(fd, qid) {
             Ok(first) => first,
             Err(e) => {
+                let ended = connection_ended(&e);
                 let e = io::Error::new(e.kind(), format!("FUSE ring queue {qid}: register: {e}"));
-                entry.abandon();
+                current.abandon();
                 if let Some(r) = report.take() {
+                    // Before the session runs: it fails with this error.
                     let _ = r.send(Err(io::Error::new(e.kind(), e.to_string())));
+                    return Err(e);
                 }
-                return Err(e);
+                if ended {
+                    return Ok(());
+                }
+                // Later, the queue would stay an entry short (and a queue whose every
+                // entry is gone leaves its CPU's callers waiting): keep trying.
+                error!("{e}; trying again");
+                std::thread::sleep(RETRY);
+                continue;
             }
         };
+        RING_THREADS.fetch_add(1, Relaxed);
         if let Some(r) = report.take() {
             let _ = r.send(Ok(()));
         }
-        RING_THREADS.fetch_add(1, Relaxed);
-        let ended = serve_entry(&mut entry, first, qid, fd, se, &mut request);
+        let ended = serve_entry(&mut current, first, qid, fd, se, &mut request);
         RING_THREADS.fetch_sub(1, Relaxed);
         match ended {
             Ended::Connection => return Ok(()),
             Ended::Error(e) => {
                 error!("FUSE ring queue {qid}: {e}; replacing the entry");
-                entry.abandon();
-                replaced += 1;
-                if replaced > 3 {
-                    return Err(e);
-                }
-                entry = Entry::new(max_payload)?;
+                current.abandon();
             }
         }
     }
+}
+
+/// How long a ring thread waits before trying again to make or register an entry.
+const RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Whether an error from a ring command means the connection is gone.
+fn connection_ended(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOTCONN | libc::ENODEV | libc::ECONNABORTED)
+    )
 }
 
 /// Serves one registered entry: waits for a request (or takes `first`, a completion
@@ -458,7 +498,8 @@ fn serve_entry<FS: Filesystem>(
         if res < 0 {
             let err = io::Error::from_raw_os_error(-res);
             return match -res {
-                // The connection ended (unmount, abort): every entry completes so.
+                // The connection ended (unmount, abort): every entry completes so
+                // (`connection_ended`).
                 libc::ENOTCONN | libc::ENODEV | libc::ECONNABORTED => {
                     debug!("ring queue {qid}: connection ended ({err})");
                     Ended::Connection
@@ -470,9 +511,10 @@ fn serve_entry<FS: Filesystem>(
         let slot = &entry.slot;
         let commit_id = commit_id(slot);
         match take_request(slot, request) {
-            Some(len) => {
+            Some((len, seq)) => {
                 let sender = ReplySender::Ring(RingReply {
                     slot: slot.clone(),
+                    seq,
                     ch: se.ch.sender(),
                 });
                 match RequestWithSender::new(sender, &request.as_slice()[..len]) {
@@ -511,12 +553,24 @@ fn serve_entry<FS: Filesystem>(
     }
 }
 
-/// Submits what is queued and waits for the entry's completion; returns its result.
+/// Submits what is queued and waits for the entry's completion; returns its result. A
+/// submission the kernel cannot take now (`EAGAIN`, `EBUSY`, `ENOMEM`: the command stays
+/// queued) is tried again, as giving up would leave a committed reply unsent and its
+/// caller waiting.
 fn wait(ring: &mut IoUring<squeue::Entry128, cqueue::Entry>) -> io::Result<i32> {
     loop {
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EAGAIN | libc::EBUSY | libc::ENOMEM)
+                ) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                continue;
+            }
             Err(e) => return Err(e),
         }
         if let Some(cqe) = ring.completion().next() {
@@ -533,12 +587,15 @@ fn is_replied(slot: &RingSlot) -> bool {
     slot.bufs.lock().unwrap_or_else(|e| e.into_inner()).replied
 }
 
-/// Copies the request now in the entry into `out` as `fuse_in_header`, the opcode's fixed
-/// arguments and the payload, and returns its length; `None` if the kernel's sizes do not
-/// add up (the request is then answered EIO).
-fn take_request(slot: &RingSlot, out: &mut AlignedBuf) -> Option<usize> {
+/// Takes the request now in the entry (a new `seq`, not replied) and copies it into `out`
+/// as `fuse_in_header`, the opcode's fixed arguments and the payload; returns its length
+/// and `seq`, or `None` if the kernel's sizes do not add up (the request is then answered
+/// EIO).
+fn take_request(slot: &RingSlot, out: &mut AlignedBuf) -> Option<(usize, u64)> {
     let mut bufs = slot.bufs.lock().unwrap_or_else(|e| e.into_inner());
     bufs.replied = false;
+    bufs.seq += 1;
+    let seq = bufs.seq;
     let header = &bufs.header;
     let len = u32::from_ne_bytes(header.in_out[0..4].try_into().ok()?) as usize;
     let payload_sz = header.ent.payload_sz as usize;
@@ -553,15 +610,16 @@ fn take_request(slot: &RingSlot, out: &mut AlignedBuf) -> Option<usize> {
     dst[..IN_HEADER_SZ].copy_from_slice(&header.in_out[..IN_HEADER_SZ]);
     dst[IN_HEADER_SZ..IN_HEADER_SZ + op_sz].copy_from_slice(&header.op_in[..op_sz]);
     dst[IN_HEADER_SZ + op_sz..].copy_from_slice(&bufs.payload[..payload_sz]);
-    Some(len)
+    Some((len, seq))
 }
 
 /// Answers the request now in the entry with an error (requests that cannot be parsed, or
 /// whose handler panicked before replying).
 fn reply_errno<FS: Filesystem>(slot: &Arc<RingSlot>, se: &SessionEventLoop<FS>, errno: i32) {
-    let unique = {
+    let (unique, seq) = {
         let bufs = slot.bufs.lock().unwrap_or_else(|e| e.into_inner());
-        u64::from_ne_bytes(bufs.header.in_out[8..16].try_into().unwrap_or([0; 8]))
+        let unique = u64::from_ne_bytes(bufs.header.in_out[8..16].try_into().unwrap_or([0; 8]));
+        (unique, bufs.seq)
     };
     let mut header = [0u8; OUT_HEADER_SZ];
     header[0..4].copy_from_slice(&(OUT_HEADER_SZ as u32).to_ne_bytes());
@@ -569,6 +627,7 @@ fn reply_errno<FS: Filesystem>(slot: &Arc<RingSlot>, se: &SessionEventLoop<FS>, 
     header[8..16].copy_from_slice(&unique.to_ne_bytes());
     let reply = RingReply {
         slot: slot.clone(),
+        seq,
         ch: se.ch.sender(),
     };
     if let Err(e) = reply.send(&[IoSlice::new(&header)]) {
@@ -650,6 +709,86 @@ mod tests {
         assert_eq!(parse_cpu_list("0,2-3"), Some(vec![0, 2, 3]));
         assert_eq!(parse_cpu_list("3-1"), None);
         assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    fn slot(payload: usize, seq: u64) -> Arc<RingSlot> {
+        Arc::new(RingSlot {
+            bufs: Mutex::new(EntryBufs {
+                header: Box::new(ReqHeader {
+                    in_out: [0xee; IN_OUT_HEADER_SZ],
+                    op_in: [0; OP_IN_OUT_SZ],
+                    ent: EntInOut::default(),
+                }),
+                payload: vec![0u8; payload].into_boxed_slice(),
+                replied: false,
+                seq,
+            }),
+            replied: Condvar::new(),
+        })
+    }
+
+    fn reply(slot: &Arc<RingSlot>, seq: u64) -> RingReply {
+        let null = std::fs::File::open("/dev/null").unwrap();
+        RingReply {
+            slot: slot.clone(),
+            seq,
+            ch: Channel::new(Arc::new(crate::dev_fuse::DevFuse(null))).sender(),
+        }
+    }
+
+    fn out_header(error: i32, unique: u64) -> [u8; OUT_HEADER_SZ] {
+        let mut h = [0u8; OUT_HEADER_SZ];
+        h[4..8].copy_from_slice(&error.to_ne_bytes());
+        h[8..16].copy_from_slice(&unique.to_ne_bytes());
+        h
+    }
+
+    #[test]
+    fn a_reply_goes_to_the_header_area_and_the_payload() {
+        let s = slot(64, 1);
+        let h = out_header(0, 7);
+        // The header split over two slices, the arguments over three.
+        let parts = [&h[..10], &h[10..], b"abc", b"", b"defg"];
+        let iov: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+        reply(&s, 1).send(&iov).unwrap();
+        let b = s.bufs.lock().unwrap();
+        assert!(b.replied);
+        assert_eq!(b.header.ent.payload_sz, 7);
+        assert_eq!(&b.payload[..7], b"abcdefg");
+        assert_eq!(u32::from_ne_bytes(b.header.in_out[0..4].try_into().unwrap()), 23);
+        assert_eq!(&b.header.in_out[4..16], &h[4..16]);
+        // The rest of the header area (the request's leftovers) is cleared.
+        assert!(b.header.in_out[16..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn a_reply_larger_than_the_payload_buffer_is_answered_eio() {
+        let s = slot(4, 1);
+        let h = out_header(0, 9);
+        reply(&s, 1)
+            .send(&[IoSlice::new(&h), IoSlice::new(b"12345678")])
+            .unwrap();
+        let b = s.bufs.lock().unwrap();
+        assert_eq!(b.header.ent.payload_sz, 0);
+        let err = i32::from_ne_bytes(b.header.in_out[4..8].try_into().unwrap());
+        assert_eq!(err, -libc::EIO);
+        assert_eq!(&b.header.in_out[8..16], &9u64.to_ne_bytes());
+    }
+
+    #[test]
+    fn only_one_reply_is_taken_and_only_for_its_own_request() {
+        let s = slot(16, 2);
+        let h = out_header(0, 1);
+        // A late reply to the entry's previous request is refused...
+        assert!(reply(&s, 1).send(&[IoSlice::new(&h)]).is_err());
+        assert!(!s.bufs.lock().unwrap().replied);
+        // ...its own is taken, once.
+        reply(&s, 2).send(&[IoSlice::new(&h), IoSlice::new(b"x")]).unwrap();
+        assert!(reply(&s, 2).send(&[IoSlice::new(&h)]).is_err());
+        assert_eq!(s.bufs.lock().unwrap().header.ent.payload_sz, 1);
+        // A reply shorter than its header is refused.
+        let s = slot(16, 1);
+        assert!(reply(&s, 1).send(&[IoSlice::new(&h[..8])]).is_err());
     }
 
     #[test]
