@@ -15,7 +15,8 @@
 //!
 //! [`Callbacks`] is the subscription as `HoardFs` uses it: whether the origin holds
 //! callbacks at all, the break numbers to note, and whether a reply may grant one; its
-//! [`BreakQueue`] feeds the callback thread.
+//! [`BreakQueue`] feeds the callback thread, which hands each batch to a `BreakApplier`
+//! (the rules of what each kind of break changes).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,7 +26,9 @@ use std::sync::{Arc, Weak};
 use hoardfs_origin::{Break, Origin};
 use parking_lot::Mutex;
 
-use crate::nodes::Ino;
+use crate::nodes::{Ino, NodeTable};
+use crate::offline::OfflineWrites;
+use crate::trees::TreeAhead;
 use crate::{FsError, FsResult, HoardFs, error};
 
 /// Tells the kernel to drop what it cached (implemented by the FUSE bridge).
@@ -229,27 +232,53 @@ impl LogInner {
 impl HoardFs {
     /// Handles breaks (on the callback thread): clears callbacks and tells the kernel.
     pub(crate) fn apply_breaks(&self, breaks: Vec<Break>) {
-        let notifier = self.notifier.get().map(|n| &**n);
+        BreakApplier {
+            nodes: &self.nodes,
+            trees: &self.trees,
+            offline: self.offline.as_ref(),
+            notifier: self.notifier.get().map(|n| &**n),
+        }
+        .apply(breaks);
+    }
+}
+
+/// What a break changes: the nodes' freshness and names, the listings read ahead, the
+/// breaks the offline log puts off, and the kernel's copies (through the notifier, once
+/// the session has one). Borrowed from the file system for one batch of breaks.
+struct BreakApplier<'a> {
+    nodes: &'a NodeTable,
+    trees: &'a TreeAhead,
+    offline: Option<&'a OfflineWrites>,
+    notifier: Option<&'a dyn KernelNotifier>,
+}
+
+impl BreakApplier<'_> {
+    fn apply(&self, breaks: Vec<Break>) {
         for b in breaks {
             match b {
-                Break::Attr { file_id, change_id } => self.break_attr(file_id, change_id, notifier),
+                Break::Attr { file_id, change_id } => self.attr(file_id, change_id),
                 Break::Entry {
                     dir_id,
                     name,
                     file_id,
-                } => self.break_entry(dir_id, &name, file_id, notifier),
+                } => self.entry(dir_id, &name, file_id),
                 Break::All => {
                     self.trees.forget_all();
-                    self.break_all(notifier)
+                    self.all()
                 }
             }
         }
     }
 
-    /// The attributes (and maybe the content) of `file_id` changed to `change_id`: unless this client already holds them under a callback (typically its
-    /// own change coming back), they expire with any listing, and the kernel drops its
-    /// copy.
-    fn break_attr(&self, file_id: u64, change_id: u64, notifier: Option<&dyn KernelNotifier>) {
+    /// While the offline log holds changes to names (see `entry`).
+    fn names_pending(&self) -> bool {
+        self.offline.is_some_and(|o| o.log.names_pending())
+    }
+
+    /// The attributes (and maybe the content) of `file_id` changed to `change_id`: unless
+    /// this client already holds them under a callback (typically its own change coming
+    /// back), they expire with any listing, and the kernel drops its copy.
+    fn attr(&self, file_id: u64, change_id: u64) {
         let Some(node) = self.nodes.by_file_id(file_id) else {
             return;
         };
@@ -260,7 +289,7 @@ impl HoardFs {
             }
             st.contents_changed();
         }
-        if let Some(n) = notifier {
+        if let Some(n) = self.notifier {
             n.inval_inode(node.ino);
         }
     }
@@ -270,13 +299,7 @@ impl HoardFs {
     /// ctime changed), the directory forgets the name, drops its listing and expires, and
     /// the kernel drops the dentry and its cached listing; while names wait to be sent
     /// back, only the directory expires.
-    fn break_entry(
-        &self,
-        dir_id: u64,
-        name: &[u8],
-        file_id: Option<u64>,
-        notifier: Option<&dyn KernelNotifier>,
-    ) {
+    fn entry(&self, dir_id: u64, name: &[u8], file_id: Option<u64>) {
         let Some(dir) = self.nodes.by_file_id(dir_id) else {
             return;
         };
@@ -301,13 +324,13 @@ impl HoardFs {
                 if !st.has_change() && !ours {
                     st.expire();
                     drop(st);
-                    if let Some(n) = notifier {
+                    if let Some(n) = self.notifier {
                         n.inval_attr(c.ino);
                     }
                 }
             }
             dir.state.lock().expire();
-            if let Some(off) = &self.offline {
+            if let Some(off) = self.offline {
                 off.skip(Break::Entry {
                     dir_id,
                     name: name.to_vec(),
@@ -318,7 +341,7 @@ impl HoardFs {
         }
         if let Some(c) = &child {
             c.state.lock().expire();
-            if let Some(n) = notifier {
+            if let Some(n) = self.notifier {
                 n.inval_attr(c.ino);
             }
         }
@@ -327,7 +350,7 @@ impl HoardFs {
             st.remove_child(name);
             st.contents_changed();
         }
-        if let Some(n) = notifier {
+        if let Some(n) = self.notifier {
             n.inval_entry(dir.ino, name);
             // The kernel's copy of the listing (FOPEN_CACHE_DIR) too.
             n.inval_inode(dir.ino);
@@ -337,12 +360,12 @@ impl HoardFs {
     /// Every callback is gone (the origin lost track, or the connection): every node
     /// expires, and the kernel drops every inode and name. Listings stay (expired) so
     /// they can be served while offline.
-    fn break_all(&self, notifier: Option<&dyn KernelNotifier>) {
+    fn all(&self) {
         let nodes = self.nodes.all();
         for node in &nodes {
             node.state.lock().expire();
         }
-        let Some(n) = notifier else {
+        let Some(n) = self.notifier else {
             return;
         };
         for node in &nodes {
