@@ -240,6 +240,31 @@ impl HoardFs {
         let _ = self.notifier.set(n);
     }
 
+    /// The namespace this mount knows now (see [`NamespaceSnapshot`]), for a later mount
+    /// to start from while the server is unreachable.
+    pub fn namespace_snapshot(&self, source: &str) -> FsResult<NamespaceSnapshot> {
+        let info = self.origin.info()?;
+        let publishes = self.origin.publishes_on_close();
+        Ok(NamespaceSnapshot::capture(
+            &self.nodes,
+            source,
+            info,
+            publishes,
+        ))
+    }
+
+    /// Adds the nodes of `snap` (taken from this export) to this file system, expired and
+    /// without callbacks; returns how many were added. Meant for a mount that starts
+    /// disconnected, before the kernel looks anything up.
+    pub fn restore_namespace(&self, snap: &NamespaceSnapshot) -> usize {
+        self.callbacks.presume_all_broken();
+        let added = snap.restore_into(&self.nodes);
+        // The snapshot may be older than the offline changes (a client killed before
+        // its next save): they are what this client's view must show.
+        self.log_into_view();
+        added
+    }
+
     /// The origin's current write verifier (see `durability`).
     fn verifier(&self) -> u64 {
         self.origin.info().map(|i| i.verifier).unwrap_or(0)

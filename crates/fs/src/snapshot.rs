@@ -4,10 +4,10 @@
 //! and each directory's last listing. Cached *data* is keyed by file id and version in the
 //! cache store and needs nothing from here.
 //!
-//! A snapshot is taken by [`HoardFs::namespace_snapshot`] (the mount saves one every
+//! A snapshot is taken by [`crate::HoardFs::namespace_snapshot`] (the mount saves one every
 //! minute while the namespace changes, when the connection is lost, and at unmount) and
 //! written atomically
-//! ([`NamespaceSnapshot::save`]: temporary file, fsync, rename). [`HoardFs::restore_namespace`]
+//! ([`NamespaceSnapshot::save`]: temporary file, fsync, rename). [`crate::HoardFs::restore_namespace`]
 //! adds its nodes to a fresh file system with expired attributes and listings and no
 //! callbacks, so the first use after the server is back revalidates each of them (a handle
 //! from an earlier server instance is stale and resolved again by name). Format: a magic
@@ -22,9 +22,8 @@ use std::time::Instant;
 use hoardfs_origin::{Attr, DirEntry, Entry, FileKind, Handle, OriginInfo};
 use serde::{Deserialize, Serialize};
 
-use crate::HoardFs;
 use crate::dirs::Listing;
-use crate::nodes::{Ino, ROOT_INO};
+use crate::nodes::{Ino, NodeTable, ROOT_INO};
 
 const MAGIC: &[u8; 8] = b"HFSNS\x002\n";
 
@@ -141,16 +140,21 @@ impl NamespaceSnapshot {
     }
 }
 
-impl HoardFs {
-    /// The namespace this mount knows now: every node whose names lead to the root, with
-    /// its last attributes and (directories) last listing. Deleted nodes are left out.
-    pub fn namespace_snapshot(&self, source: &str) -> crate::FsResult<NamespaceSnapshot> {
-        let info = self.origin.info()?;
+impl NamespaceSnapshot {
+    /// The namespace `table` knows now: every node whose names lead to the root, with its
+    /// last attributes and (directories) last listing. Deleted nodes are left out.
+    /// `info` and `publishes_on_close` are the origin's.
+    pub(crate) fn capture(
+        table: &NodeTable,
+        source: &str,
+        info: OriginInfo,
+        publishes_on_close: bool,
+    ) -> NamespaceSnapshot {
         let mut children: HashMap<Ino, Vec<(Ino, SavedNode)>> = HashMap::new();
         let mut root_listing = None;
         let mut root = info.root.clone();
         let mut targets = Vec::new();
-        for node in self.nodes.all() {
+        for node in table.all() {
             let st = node.state.lock();
             let file_id = st.origin_attr().file_id;
             let target = st.kept_target().filter(|_| !st.is_deleted());
@@ -160,10 +164,7 @@ impl HoardFs {
             // its target must not become the new object's. (The table's lock is taken
             // without the node's.)
             if let Some(t) = target
-                && self
-                    .nodes
-                    .by_file_id(file_id)
-                    .is_some_and(|o| o.ino == node.ino)
+                && table.by_file_id(file_id).is_some_and(|o| o.ino == node.ino)
             {
                 targets.push((file_id, t));
             }
@@ -183,8 +184,7 @@ impl HoardFs {
             // Only under a name it still has (a node outlives its removed name).
             let (parent, name) = (st.parent(), st.name().to_vec());
             drop(st);
-            let named = self
-                .nodes
+            let named = table
                 .get(parent)
                 .is_some_and(|p| p.state.lock().child(&name) == Some(node.ino));
             if !named {
@@ -220,23 +220,21 @@ impl HoardFs {
                 });
             }
         }
-        Ok(NamespaceSnapshot {
+        NamespaceSnapshot {
             source: source.to_owned(),
             export_id: info.export_id,
             read_only: info.read_only,
-            publishes_on_close: self.origin.publishes_on_close(),
+            publishes_on_close,
             root,
             root_listing,
             nodes,
             targets,
-        })
+        }
     }
 
-    /// Adds the nodes of `snap` (taken from this export) to this file system, expired and
-    /// without callbacks; returns how many were added. Meant for a mount that starts
-    /// disconnected, before the kernel looks anything up.
-    pub fn restore_namespace(&self, snap: &NamespaceSnapshot) -> usize {
-        self.callbacks.presume_all_broken();
+    /// Adds this snapshot's nodes to `table` (of a file system of the same export), expired;
+    /// returns how many were added.
+    pub(crate) fn restore_into(&self, table: &NodeTable) -> usize {
         let restored_listing = |entries: &Vec<DirEntry>| {
             Arc::new(Listing {
                 entries: entries.clone(),
@@ -244,26 +242,26 @@ impl HoardFs {
                 since: 0,
             })
         };
-        let Some(root) = self.nodes.get(ROOT_INO) else {
+        let Some(root) = table.get(ROOT_INO) else {
             return 0;
         };
         {
             let mut st = root.state.lock();
             st.expire();
-            if let Some(l) = &snap.root_listing {
+            if let Some(l) = &self.root_listing {
                 st.keep_listing(restored_listing(l));
             }
         }
-        let mut inos: Vec<Option<Ino>> = Vec::with_capacity(snap.nodes.len());
+        let mut inos: Vec<Option<Ino>> = Vec::with_capacity(self.nodes.len());
         let mut listed: Vec<(Ino, &Vec<DirEntry>)> = Vec::new();
-        listed.extend(snap.root_listing.as_ref().map(|l| (ROOT_INO, l)));
+        listed.extend(self.root_listing.as_ref().map(|l| (ROOT_INO, l)));
         let mut added = 0;
-        for n in &snap.nodes {
+        for n in &self.nodes {
             let parent = match n.parent {
                 u32::MAX => Some(ROOT_INO),
                 i => inos.get(i as usize).copied().flatten(),
             };
-            let node = parent.and_then(|p| self.nodes.restore(p, &n.name, n.handle, n.attr));
+            let node = parent.and_then(|p| table.restore(p, &n.name, n.handle, n.attr));
             if let (Some(node), Some(l)) = (&node, &n.listing) {
                 node.state.lock().keep_listing(restored_listing(l));
                 listed.push((node.ino, l));
@@ -274,20 +272,15 @@ impl HoardFs {
         // Names only listed (never looked up) answer offline lookups too.
         for (dir, entries) in listed {
             for e in entries {
-                let node = self
-                    .nodes
-                    .restore(dir, &e.name, e.entry.handle, e.entry.attr);
+                let node = table.restore(dir, &e.name, e.entry.handle, e.entry.attr);
                 added += node.is_some() as usize;
             }
         }
-        for (file_id, t) in &snap.targets {
-            if let Some(n) = self.nodes.by_file_id(*file_id) {
+        for (file_id, t) in &self.targets {
+            if let Some(n) = table.by_file_id(*file_id) {
                 n.state.lock().keep_target(t);
             }
         }
-        // The snapshot may be older than the offline changes (a client killed before
-        // its next save): they are what this client's view must show.
-        self.log_into_view();
         added
     }
 }
