@@ -32,6 +32,7 @@ const GAUGES: &[&str] = &[
     "pending_files",
     "pending_bytes",
     "oldest_pending_secs",
+    "io_uring",
 ];
 
 /// Renders the stats as Prometheus text.
@@ -67,6 +68,12 @@ pub fn render(stats: &Value) -> String {
         for (k, v) in c {
             emit("offline_", k, v);
         }
+    }
+    // The FUSE transport: whether the mount is served over io_uring (1) or /dev/fuse (0),
+    // and the requests answered over the rings.
+    if let Some(t) = stats["fuse"]["transport"].as_str() {
+        emit("fuse_", "io_uring", &Value::Bool(t == "io_uring"));
+        emit("fuse_", "ring_requests", &stats["fuse"]["ring_requests"]);
     }
     out
 }
@@ -243,6 +250,21 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line:?} not in:\n{text}");
         }
+    }
+
+    #[test]
+    fn the_fuse_transport_is_a_gauge_and_ring_requests_a_counter() {
+        let v = serde_json::json!({"connected": true,
+            "fuse": {"transport": "io_uring", "ring_requests": 42}});
+        let text = render(&v);
+        for line in [
+            "# TYPE hoardfs_fuse_io_uring gauge\nhoardfs_fuse_io_uring 1\n",
+            "# TYPE hoardfs_fuse_ring_requests_total counter\nhoardfs_fuse_ring_requests_total 42\n",
+        ] {
+            assert!(text.contains(line), "{line:?} not in:\n{text}");
+        }
+        let v = serde_json::json!({"fuse": {"transport": "dev_fuse", "ring_requests": 0}});
+        assert!(render(&v).contains("hoardfs_fuse_io_uring 0\n"));
     }
 
     #[test]
