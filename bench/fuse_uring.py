@@ -15,7 +15,9 @@ operation costs beyond the local loop is the OPEN round trip and the RELEASE.
 
 The same loop also runs on a hoardfs mount of the same file (the release binary,
 `hoardfs serve` on 127.0.0.1 in plaintext, a mount with a disk cache holding the file):
-the default mount (a passthrough open per operation) and `--read-only --kernel-opens`.
+the default mount (a passthrough open per operation; over io_uring, as the parameter is
+set for the run), the same over /dev/fuse (`--fuse-transport dev-fuse`) and
+`--read-only --kernel-opens`.
 The difference between the hoardfs row and the /dev/fuse row is what hoardfs's own open
 path adds to the transport's round trip.
 
@@ -171,7 +173,11 @@ def main():
                       ["--idle-ring", "--pin-client", "0"]))
         results = {}
         hoard = Hoardfs(os.path.abspath(args.binary), os.path.join(work, "hoardfs"))
-        mounts = [("hoardfs (default mount)", "m-default", []),
+        # The parameter is set, so the default mount (--fuse-transport auto) is over
+        # io_uring; the same mount over /dev/fuse alongside.
+        mounts = [("hoardfs (default mount: io_uring)", "m-default", []),
+                  ("hoardfs --fuse-transport dev-fuse", "m-devfuse",
+                   ["--fuse-transport", "dev-fuse"]),
                   ("hoardfs --read-only --kernel-opens", "m-kopens", ["--read-only", "--kernel-opens"])]
         # Interleaved, so that a slow phase of the VM touches every cell alike.
         for i in range(args.runs):
