@@ -195,11 +195,7 @@ fn warming_reads_only_records_of_cached_objects_not_in_memory() {
     let loaded = c.object(key(3), 5, MIB).unwrap();
     // 4 was never cached, 3 is in memory already: only 1 and 2 are read from disk.
     assert_eq!(c.warm([key(1), key(4), key(2), key(3)]), 2);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while c.usage().records_warmed < 2 {
-        assert!(std::time::Instant::now() < deadline, "records not warmed");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    hoardfs_testutil::assert_eventually("records warmed", || c.usage().records_warmed >= 2);
     // Warming loads nothing: 1 is still not in memory (so warming it again reads it), and
     // the objects open (and check their records) as before.
     assert_eq!(c.warm([key(1)]), 1, "warming left the object out of memory");

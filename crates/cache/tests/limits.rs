@@ -255,10 +255,7 @@ fn index_survives_restart_and_a_damaged_index_is_rebuilt() {
     std::fs::write(d.path().join("index"), b"garbage").unwrap();
     let c = CacheDir::open(d.path()).unwrap();
     assert!(c.recovered());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while c.usage().objects < 2 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    hoardfs_testutil::assert_eventually("the objects adopted back", || c.usage().objects >= 2);
     assert_eq!(c.usage().objects, 2);
     assert_eq!(c.usage().orphans_adopted, 2);
     assert!(c.object(key(1), 1, 2 * MIB).unwrap().is_complete());

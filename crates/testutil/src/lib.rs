@@ -1,7 +1,7 @@
 //! The one way hoardfs tests wait for something that happens on another thread or in
 //! another process (a callback break applied, a mount ready, a server noticing a
 //! revocation): poll a condition until it holds or a bound passes. Tests never sleep a
-//! fixed time and hope. Used by the `fs`, `server` and `cli` test suites.
+//! fixed time and hope. Used by the `cache`, `origin`, `fs`, `server` and `cli` test suites.
 
 use std::time::{Duration, Instant};
 
