@@ -334,13 +334,15 @@ fn many_concurrent_reads_in_flight() {
 
 #[test]
 fn slow_request_does_not_block_fast_ones() {
-    let srv = Running::start(config(None), fake(), None);
+    let origin = fake();
+    let srv = Running::start(config(None), origin.clone(), None);
     let o = Arc::new(srv.client(b"").unwrap());
     let slow = {
         let o = Arc::clone(&o);
         thread::spawn(move || o.read(SLOW, 0, 3))
     };
-    thread::sleep(Duration::from_millis(100));
+    // The slow read is in the origin (its only read so far) before the fast ones start.
+    assert!(eventually(|| origin.reads.load(Ordering::Relaxed) == 1));
     let t = Instant::now();
     for _ in 0..10 {
         o.getattr(FILE).unwrap();
@@ -357,7 +359,8 @@ fn slow_request_does_not_block_fast_ones() {
 
 #[test]
 fn restart_fails_pending_and_reconnects() {
-    let srv = Running::start(config(None), fake(), None);
+    let origin = fake();
+    let srv = Running::start(config(None), origin.clone(), None);
     let addr = srv.addr;
     let o = Arc::new(srv.client(b"").unwrap());
     let pending = {
@@ -367,7 +370,8 @@ fn restart_fails_pending_and_reconnects() {
             (o.read(SLOW, 0, 3), t.elapsed())
         })
     };
-    thread::sleep(Duration::from_millis(200));
+    // The read is pending in the server when it stops.
+    assert!(eventually(|| origin.reads.load(Ordering::Relaxed) == 1));
     srv.stop();
     let (res, waited) = pending.join().unwrap();
     assert!(matches!(res, Err(OriginError::Unreachable(_))), "{res:?}");

@@ -215,9 +215,13 @@ fn out_of_order_replies_reach_the_right_callers() {
 
 #[test]
 fn broken_connection_wakes_callers_and_next_call_reconnects() {
-    // Read never answers; ReadLink closes the connection.
-    let h: Handler = Arc::new(|req: Request, w: &Writer| match req.op {
-        Op::Read { .. } => true,
+    // Read never answers (it says it arrived); ReadLink closes the connection.
+    let (arrived, read_arrived) = std::sync::mpsc::channel::<()>();
+    let h: Handler = Arc::new(move |req: Request, w: &Writer| match req.op {
+        Op::Read { .. } => {
+            let _ = arrived.send(());
+            true
+        }
         Op::ReadLink { .. } => false,
         _ => {
             reply(w, req.id, Ok(Reply::Attr(attr(3, FileKind::File))), &[]);
@@ -235,7 +239,10 @@ fn broken_connection_wakes_callers_and_next_call_reconnects() {
             (o.read(root().handle, 0, 1), t.elapsed())
         })
     };
-    thread::sleep(Duration::from_millis(100));
+    // The read is in flight (the server has it) when the connection breaks.
+    read_arrived
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the read never reached the server");
     assert!(matches!(
         o.readlink(root().handle),
         Err(OriginError::Unreachable(_))
@@ -260,7 +267,7 @@ fn unreachable_server_fails_fast_within_backoff() {
     // Drop the established connection by making the server side go away: stop() only
     // stops accepting, so kill ours from the client side.
     o.state.lock().conn.as_ref().unwrap().kill("test");
-    thread::sleep(Duration::from_millis(50));
+    hoardfs_testutil::assert_eventually("the killed connection is seen", || !o.is_connected());
     let t = Instant::now();
     assert!(matches!(
         o.getattr(root().handle),
