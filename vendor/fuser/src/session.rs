@@ -33,7 +33,6 @@ use crate::Request;
 use crate::channel::Channel;
 use crate::channel::ChannelSender;
 use crate::dev_fuse::DevFuse;
-use crate::uring::Prepared;
 use crate::ll;
 use crate::ll::Operation;
 use crate::ll::ResponseErrno;
@@ -49,6 +48,7 @@ use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
+use crate::uring::Prepared;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
 /// FUSE recommends at least 128k, max 16M. The FUSE default is 16M on macOS
@@ -299,16 +299,13 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
-        let ring_ch = ring.as_ref().map(|_| ch.clone());
-        channels.push(ch);
-
         let mut threads = Vec::with_capacity(n_threads);
 
         // FUSE over io_uring: once INIT has enabled it, the kernel holds every request
         // (FORGET, INTERRUPT and notifications aside, which stay on /dev/fuse) until each
         // CPU queue has an entry, then queues it on its caller's CPU. A failure to register
         // ends the session rather than leave the mount waiting.
-        if let (Some(prepared), Some(ring_ch)) = (ring, ring_ch) {
+        if let Some(prepared) = ring {
             let make_loop = |thread_name: String, ch: Channel| SessionEventLoop {
                 thread_name,
                 filesystem: filesystem.clone(),
@@ -316,12 +313,13 @@ impl<FS: Filesystem> Session<FS> {
                 allowed,
                 session_owner,
             };
-            let rings = crate::uring::start(prepared, make_loop, &ring_ch).map_err(|e| {
-                io::Error::new(e.kind(), format!("FUSE over io_uring: {e}"))
-            })?;
+            let rings = crate::uring::start(prepared, make_loop, &ch)
+                .map_err(|e| io::Error::new(e.kind(), format!("FUSE over io_uring: {e}")))?;
             info!("FUSE over io_uring: {} ring threads", rings.len());
             threads.extend(rings);
         }
+
+        channels.push(ch);
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");

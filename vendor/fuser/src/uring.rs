@@ -192,13 +192,20 @@ impl RingReply {
             }
             payload_sz += s.len();
         }
-        if at < OUT_HEADER_SZ {
-            return Err(io::Error::other("reply shorter than its header"));
+        let short = at < OUT_HEADER_SZ;
+        if short {
+            // Not a reply: the request (whose header is still in the entry) is answered
+            // EIO all the same, as its entry waits for an answer to be committed.
+            error!("ring reply of {at} bytes is shorter than its header");
+            header = [0u8; OUT_HEADER_SZ];
+            header[8..16].copy_from_slice(&bufs.header.in_out[8..16]);
         }
-        if too_long {
-            // Cannot happen for replies the kernel sized (a READ's reply is at most its
-            // size, which is at most max_pages); answer EIO rather than truncate.
-            error!("ring reply of {payload_sz} bytes exceeds the entry's payload buffer");
+        if short || too_long {
+            // Too long cannot happen for replies the kernel sized (a READ's reply is at most
+            // its size, which is at most max_pages); answer EIO rather than truncate.
+            if too_long {
+                error!("ring reply of {payload_sz} bytes exceeds the entry's payload buffer");
+            }
             header[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
             payload_sz = 0;
         }
@@ -210,6 +217,9 @@ impl RingReply {
         bufs.replied = true;
         drop(guard);
         self.slot.replied.notify_all();
+        if short {
+            return Err(io::Error::other("reply shorter than its header"));
+        }
         Ok(())
     }
 
@@ -497,21 +507,22 @@ fn serve_entry<FS: Filesystem>(
         };
         if res < 0 {
             let err = io::Error::from_raw_os_error(-res);
-            return match -res {
-                // The connection ended (unmount, abort): every entry completes so
-                // (`connection_ended`).
-                libc::ENOTCONN | libc::ENODEV | libc::ECONNABORTED => {
-                    debug!("ring queue {qid}: connection ended ({err})");
-                    Ended::Connection
-                }
-                _ => Ended::Error(err),
-            };
+            // The connection ended (unmount, abort): every entry completes so.
+            if connection_ended(&err) {
+                debug!("ring queue {qid}: connection ended ({err})");
+                return Ended::Connection;
+            }
+            return Ended::Error(err);
         }
         RING_REQUESTS.fetch_add(1, Relaxed);
         let slot = &entry.slot;
-        let commit_id = commit_id(slot);
-        match take_request(slot, request) {
-            Some((len, seq)) => {
+        let Taken {
+            commit_id,
+            seq,
+            len,
+        } = take_request(slot, request);
+        match len {
+            Some(len) => {
                 let sender = ReplySender::Ring(RingReply {
                     slot: slot.clone(),
                     seq,
@@ -579,23 +590,35 @@ fn wait(ring: &mut IoUring<squeue::Entry128, cqueue::Entry>) -> io::Result<i32> 
     }
 }
 
-fn commit_id(slot: &RingSlot) -> u64 {
-    slot.bufs.lock().unwrap_or_else(|e| e.into_inner()).header.ent.commit_id
-}
-
 fn is_replied(slot: &RingSlot) -> bool {
     slot.bufs.lock().unwrap_or_else(|e| e.into_inner()).replied
 }
 
+/// The request an entry received, as [`take_request`] took it.
+struct Taken {
+    /// What `COMMIT_AND_FETCH` names the entry by.
+    commit_id: u64,
+    /// The request's number on the entry (`EntryBufs::seq`), which its reply carries.
+    seq: u64,
+    /// Its length in the copy, `None` if the kernel's sizes do not add up (the request is
+    /// then answered EIO).
+    len: Option<usize>,
+}
+
 /// Takes the request now in the entry (a new `seq`, not replied) and copies it into `out`
-/// as `fuse_in_header`, the opcode's fixed arguments and the payload; returns its length
-/// and `seq`, or `None` if the kernel's sizes do not add up (the request is then answered
-/// EIO).
-fn take_request(slot: &RingSlot, out: &mut AlignedBuf) -> Option<(usize, u64)> {
+/// as `fuse_in_header`, the opcode's fixed arguments and the payload.
+fn take_request(slot: &RingSlot, out: &mut AlignedBuf) -> Taken {
     let mut bufs = slot.bufs.lock().unwrap_or_else(|e| e.into_inner());
     bufs.replied = false;
     bufs.seq += 1;
-    let seq = bufs.seq;
+    Taken {
+        commit_id: bufs.header.ent.commit_id,
+        seq: bufs.seq,
+        len: copy_request(&bufs, out),
+    }
+}
+
+fn copy_request(bufs: &EntryBufs, out: &mut AlignedBuf) -> Option<usize> {
     let header = &bufs.header;
     let len = u32::from_ne_bytes(header.in_out[0..4].try_into().ok()?) as usize;
     let payload_sz = header.ent.payload_sz as usize;
@@ -610,7 +633,7 @@ fn take_request(slot: &RingSlot, out: &mut AlignedBuf) -> Option<(usize, u64)> {
     dst[..IN_HEADER_SZ].copy_from_slice(&header.in_out[..IN_HEADER_SZ]);
     dst[IN_HEADER_SZ..IN_HEADER_SZ + op_sz].copy_from_slice(&header.op_in[..op_sz]);
     dst[IN_HEADER_SZ + op_sz..].copy_from_slice(&bufs.payload[..payload_sz]);
-    Some((len, seq))
+    Some(len)
 }
 
 /// Answers the request now in the entry with an error (requests that cannot be parsed, or
@@ -674,7 +697,10 @@ fn pin_to_cpu(cpu: u16) {
         if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
             // An offline CPU: its queue is registered all the same (the kernel needs every
             // queue), the thread just runs anywhere.
-            debug!("ring queue {cpu}: not pinned: {}", io::Error::last_os_error());
+            debug!(
+                "ring queue {cpu}: not pinned: {}",
+                io::Error::last_os_error()
+            );
         }
     }
 }
@@ -755,7 +781,10 @@ mod tests {
         assert!(b.replied);
         assert_eq!(b.header.ent.payload_sz, 7);
         assert_eq!(&b.payload[..7], b"abcdefg");
-        assert_eq!(u32::from_ne_bytes(b.header.in_out[0..4].try_into().unwrap()), 23);
+        assert_eq!(
+            u32::from_ne_bytes(b.header.in_out[0..4].try_into().unwrap()),
+            23
+        );
         assert_eq!(&b.header.in_out[4..16], &h[4..16]);
         // The rest of the header area (the request's leftovers) is cleared.
         assert!(b.header.in_out[16..].iter().all(|&x| x == 0));
@@ -783,12 +812,20 @@ mod tests {
         assert!(reply(&s, 1).send(&[IoSlice::new(&h)]).is_err());
         assert!(!s.bufs.lock().unwrap().replied);
         // ...its own is taken, once.
-        reply(&s, 2).send(&[IoSlice::new(&h), IoSlice::new(b"x")]).unwrap();
+        reply(&s, 2)
+            .send(&[IoSlice::new(&h), IoSlice::new(b"x")])
+            .unwrap();
         assert!(reply(&s, 2).send(&[IoSlice::new(&h)]).is_err());
         assert_eq!(s.bufs.lock().unwrap().header.ent.payload_sz, 1);
-        // A reply shorter than its header is refused.
+        // A reply shorter than its header is refused, and the request answered EIO (its
+        // entry must be committed), under the request's own unique id.
         let s = slot(16, 1);
         assert!(reply(&s, 1).send(&[IoSlice::new(&h[..8])]).is_err());
+        let b = s.bufs.lock().unwrap();
+        assert!(b.replied);
+        let err = i32::from_ne_bytes(b.header.in_out[4..8].try_into().unwrap());
+        assert_eq!(err, -libc::EIO);
+        assert_eq!(&b.header.in_out[8..16], &[0xee; 8]);
     }
 
     #[test]

@@ -23,7 +23,6 @@
 // hoardfs: the ABI is declared whole, including structs this crate does not use yet (a
 // registry build caps these warnings; a vendored path dependency shows them).
 #![allow(dead_code)]
-
 #![warn(missing_debug_implementations)]
 #![allow(missing_docs)]
 
