@@ -231,23 +231,26 @@ def small_files(rig, res):
     out["hoardfs hot"] = rate(hot)
     out["hoardfs hot warm"] = rate(timed(lambda: read_files(d)))
     rig.unmount(mnt)
-    # The same cache over /dev/fuse (what a kernel without io_uring gets), hot then warm.
-    if out["fuse transport"] == "io_uring":
+
+    def hot_then_warm(extra):
+        """The same cache mounted with `extra`, read hot (caches dropped) then warm."""
         drop_caches()
         warm_server_side(srv)
-        mnt = rig.hoard(cache, extra=["--fuse-transport", "dev-fuse"])
-        out["hoardfs hot, /dev/fuse"] = rate(timed(lambda: read_files(d)))
-        out["hoardfs warm, /dev/fuse"] = rate(median_time(lambda: read_files(d), 3))
+        mnt = rig.hoard(cache, extra=extra)
+        hot = rate(timed(lambda: read_files(d)))
+        warm = rate(median_time(lambda: read_files(d), 3))
         rig.unmount(mnt)
-    # The same cache mounted with --kernel-opens (read-only): the kernel opens files
-    # without asking the daemon, so a warm read costs no FUSE round trip (and no
-    # passthrough: hot reads are daemon reads from the disk cache).
-    drop_caches()
-    warm_server_side(srv)
-    mnt = rig.hoard(cache, extra=["--read-only", "--kernel-opens"])
-    out["hoardfs kernel opens hot"] = rate(timed(lambda: read_files(d)))
-    out["hoardfs kernel opens warm"] = rate(median_time(lambda: read_files(d), 3))
-    rig.unmount(mnt)
+        return hot, warm
+
+    # Over /dev/fuse (what a kernel without io_uring gets).
+    if out["fuse transport"] == "io_uring":
+        out["hoardfs hot, /dev/fuse"], out["hoardfs warm, /dev/fuse"] = hot_then_warm(
+            ["--fuse-transport", "dev-fuse"])
+    # With --kernel-opens (read-only): the kernel opens files without asking the daemon,
+    # so a warm read costs no FUSE round trip (and no passthrough: hot reads are daemon
+    # reads from the disk cache).
+    out["hoardfs kernel opens hot"], out["hoardfs kernel opens warm"] = hot_then_warm(
+        ["--read-only", "--kernel-opens"])
     out["link MB/s"] = rate_mbit(rig.args.rate) / 8
     if not rig.args.skip_sshfs:
         mnt = rig.sshfs()

@@ -130,6 +130,22 @@ fn workout(r: &Rig, big: &[u8]) {
     );
 }
 
+/// `--fuse-transport io-uring` mount of `addr` at `dir/mnt` with its cache in `dir/cache`.
+fn mount_over_io_uring(addr: &str, dir: &Path) -> Result<(), String> {
+    let cache = dir.join("cache");
+    Mount::start(
+        addr,
+        &dir.join("mnt"),
+        &[
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--fuse-transport",
+            "io-uring",
+        ],
+    )
+    .map(|_| ())
+}
+
 fn export(big: &[u8]) -> impl FnOnce(&Path) + '_ {
     move |exp: &Path| {
         std::fs::write(exp.join("big"), big).unwrap();
@@ -203,18 +219,8 @@ fn a_mount_whose_rings_cannot_be_made_serves_dev_fuse() {
     let r = rig_with(export(&big), &[], &[]);
     workout(&r, &big);
     assert_eq!(fuse(&r.m), ("dev_fuse".to_string(), 0));
-    let err = Mount::start(
-        &r.srv.addr,
-        &r.t.path().join("mnt2"),
-        &[
-            "--cache-dir",
-            r.t.path().join("cache2").to_str().unwrap(),
-            "--fuse-transport",
-            "io-uring",
-        ],
-    )
-    .map(|_| ())
-    .expect_err("a mount that must use io_uring must fail when it cannot");
+    let err = mount_over_io_uring(&r.srv.addr, &r.t.path().join("second"))
+        .expect_err("a mount that must use io_uring must fail when it cannot");
     assert!(err.contains("did not enable FUSE over io_uring"), "{err}");
     r.m.unmount();
 }
@@ -233,18 +239,6 @@ fn io_uring_asked_of_a_kernel_without_it_fails_the_mount_clearly() {
     }
     let t = scratch();
     let srv = Server::start(t.path());
-    let cache = t.path().join("cache");
-    let err = Mount::start(
-        &srv.addr,
-        &t.path().join("mnt"),
-        &[
-            "--cache-dir",
-            cache.to_str().unwrap(),
-            "--fuse-transport",
-            "io-uring",
-        ],
-    )
-    .map(|_| ())
-    .expect_err("the mount must fail");
+    let err = mount_over_io_uring(&srv.addr, t.path()).expect_err("the mount must fail");
     assert!(err.contains("enable_uring"), "{err}");
 }
