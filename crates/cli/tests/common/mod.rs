@@ -6,6 +6,7 @@
 
 pub mod garage;
 pub mod link;
+pub mod offline;
 pub mod proxy;
 pub mod rig;
 pub mod rng;
