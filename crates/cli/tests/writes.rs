@@ -423,13 +423,16 @@ fn a_write_open_waits_for_a_cached_reader_that_is_closing() {
     // The writer's RELEASE reaches the daemon after close() returns, and until it has, a
     // read open is a daemon open (a write open is still there): open until passthrough.
     let mut reader = None;
-    assert_eventually("a passthrough reader once the writer's release is in", || {
-        let before = passthrough();
-        let f = File::open(r.m.p("f")).unwrap();
-        let passes = passthrough() == before + 1;
-        reader = passes.then_some(f);
-        passes
-    });
+    assert_eventually(
+        "a passthrough reader once the writer's release is in",
+        || {
+            let before = passthrough();
+            let f = File::open(r.m.p("f")).unwrap();
+            let passes = passthrough() == before + 1;
+            reader = passes.then_some(f);
+            passes
+        },
+    );
     assert_errno(
         "write open beside a passthrough reader",
         OpenOptions::new().write(true).open(r.m.p("f")),
