@@ -28,6 +28,10 @@ NS = "hoardfs-bench-srv"
 VETH_ROOT, VETH_NS = "hfb-root", "hfb-srv"
 SRV_IP, CLI_IP = "198.18.0.1", "198.18.0.2"
 HOARD_PORT, RAW_PORT, SFTP_PORT = 7070, 7071, 7072
+# Free-space thresholds for cached bench mounts: the defaults (cull below 7 % free, stop
+# below 3 %) are percentages of the whole disk, so on a nearly full disk they would evict
+# the bench's cache mid-run and the numbers would measure the disk's fill, not hoardfs.
+LOW_THRESHOLDS = ["--bstop", "0", "--bcull", "1", "--brun", "2"]
 # burst: a few MTU-sized packets (tbf splits larger GSO packets itself); latency bounds
 # the queue (~625 KB at 100mbit). A 1mb burst lets the first second exceed the rate.
 TBF = ["burst", "32kb", "latency", "50ms"]
@@ -322,6 +326,8 @@ class Bench:
 
     def hoard_mount(self, *opts):
         mnt = os.path.join(WORK, "mnt-hoardfs")
+        if "--cache-dir" in opts:
+            opts = (*opts, *LOW_THRESHOLDS)
         return self.mount([self.args.binary, "mount", f"{SRV_IP}:{HOARD_PORT}", mnt, *opts],
                           mnt, "hoardfs-mount")
 

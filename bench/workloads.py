@@ -156,7 +156,7 @@ class Rig(seed000.Bench):
 
     def hoard(self, cache, addr=None, mnt=None, extra=()):
         mnt = mnt or os.path.join(WORK, "mnt-hoardfs")
-        opts = ["--cache-dir", cache] if cache else ["--no-cache"]
+        opts = ["--cache-dir", cache, *seed000.LOW_THRESHOLDS] if cache else ["--no-cache"]
         opts += [*extra, *(a for a in self.args.mount_opt or [] if a not in extra)]
         return self.mount([self.args.binary, "mount", addr or self.addr, mnt, *opts],
                           mnt, "hoardfs-mount")

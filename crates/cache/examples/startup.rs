@@ -36,7 +36,7 @@ fn main() {
     let data = vec![7u8; SIZE as usize];
     match mode {
         "fill" => {
-            let c = CacheDir::open(&dir).unwrap();
+            let c = CacheDir::open_unwatched(&dir).unwrap();
             let start = Instant::now();
             for i in 0..n {
                 let o = c.object(key(i), 1, SIZE).unwrap();

@@ -28,6 +28,7 @@ pub mod policy;
 pub mod quota;
 pub mod ranges;
 mod recover;
+mod space_alarm;
 mod store;
 mod warm;
 mod write;
@@ -41,7 +42,7 @@ use std::sync::Arc;
 pub use meta::{ObjectKey, ObjectMeta};
 pub use object::{CachedObject, ObjectShape, OpenHold};
 pub use policy::Tracked;
-pub use quota::{Limits, Space, SpaceProbe, Usage, statvfs_probe};
+pub use quota::{Limits, Space, SpaceProbe, Usage, statvfs_probe, unwatched_probe};
 pub use recover::VerifyReport;
 pub use store::EvictError;
 
@@ -126,12 +127,15 @@ pub struct CacheDir {
 }
 
 impl CacheDir {
-    /// Opens (creating if needed) the cache at `root` with default limits.
-    pub fn open(root: &Path) -> Result<CacheDir, CacheError> {
-        Self::open_with(root, Limits::default(), None)
+    /// Opens (creating if needed) the cache at `root` with default limits and without
+    /// watching the free space of its file system: only a size limit could make room. For
+    /// tests and examples, whose results must not depend on how full the machine's disk is;
+    /// a mount uses [`Self::open_with`], which watches it.
+    pub fn open_unwatched(root: &Path) -> Result<CacheDir, CacheError> {
+        Self::open_with(root, Limits::default(), Some(quota::unwatched_probe()))
     }
 
-    /// Opens the cache at `root` for a tool (status, listing, scrub): like [`Self::open`]
+    /// Opens the cache at `root` for a tool (status, listing, scrub): like [`Self::open_with`]
     /// but without the background culler, so looking at a cache never evicts from it.
     pub fn open_for_inspection(root: &Path) -> Result<CacheDir, CacheError> {
         Self::open_without_culler(root, Limits::default(), None)

@@ -96,6 +96,12 @@ pub fn statvfs_probe(path: &Path) -> SpaceProbe {
     })
 }
 
+/// A probe that never knows the free space: only a size limit bounds the cache (tests,
+/// whose results must not depend on how full the machine's disk is).
+pub fn unwatched_probe() -> SpaceProbe {
+    Box::new(|| None)
+}
+
 /// What must be freed before `incoming` more bytes (and `new_files` inodes) may be cached:
 /// `(bytes, inodes)`, zero when there is room. `used` counts reservations.
 pub(crate) fn shortfall(

@@ -23,6 +23,7 @@ use crate::meta::ObjectKey;
 use crate::object::CachedObject;
 use crate::policy::{Policy, Tracked};
 use crate::quota::{Counters, Limits, SpaceProbe, Usage, cull_target, shortfall};
+use crate::space_alarm::SpaceAlarm;
 use crate::warm::Warmer;
 use crate::{CacheError, EntryInfo, object_paths};
 
@@ -113,6 +114,8 @@ pub(crate) struct Store {
     cull_wake: Arc<(Mutex<bool>, Condvar)>,
     /// Reads records of objects about to be opened into the page cache.
     warmer: Warmer,
+    /// Logs when the free space falls below the thresholds, and when it is back.
+    alarm: SpaceAlarm,
 }
 
 impl std::fmt::Debug for Store {
@@ -178,6 +181,7 @@ impl Store {
             adopted: AtomicBool::new(clean),
             cull_wake: Arc::new((Mutex::new(false), Condvar::new())),
             warmer: Warmer::default(),
+            alarm: SpaceAlarm::default(),
         }))
     }
 
@@ -520,8 +524,10 @@ impl Store {
     /// thresholds are free again (at most `batch` objects per lock hold).
     pub(crate) fn cull(&self, batch: usize) -> u64 {
         let mut evicted = 0;
+        let mut space = (self.probe)();
+        self.alarm.observe(&self.limits, space);
         loop {
-            let (bytes, files) = cull_target(&self.limits, (self.probe)());
+            let (bytes, files) = cull_target(&self.limits, space);
             if bytes == 0 && files == 0 {
                 return evicted;
             }
@@ -550,6 +556,7 @@ impl Store {
             if n < batch {
                 return evicted;
             }
+            space = (self.probe)();
         }
     }
 

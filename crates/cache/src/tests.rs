@@ -20,13 +20,13 @@ fn chunks_persist_across_reopen_of_same_version() {
     let d = tempfile::tempdir().unwrap();
     let size = 2 * MIB + 100;
     {
-        let c = CacheDir::open(d.path()).unwrap();
+        let c = CacheDir::open_unwatched(d.path()).unwrap();
         let o = c.object(key(1), 5, size).unwrap();
         o.write_chunk(0, &chunk(0, MIB), 5).unwrap();
         o.write_chunk(2, &chunk(2, 100), 5).unwrap();
         assert!(!o.is_complete());
     }
-    let c = CacheDir::open(d.path()).unwrap();
+    let c = CacheDir::open_unwatched(d.path()).unwrap();
     let o = c.object(key(1), 5, size).unwrap();
     assert!(o.has_chunk(0) && !o.has_chunk(1) && o.has_chunk(2));
     let mut buf = vec![0u8; 100];
@@ -41,7 +41,7 @@ fn chunks_persist_across_reopen_of_same_version() {
 #[test]
 fn new_version_discards_old_chunks() {
     let d = tempfile::tempdir().unwrap();
-    let c = CacheDir::open(d.path()).unwrap();
+    let c = CacheDir::open_unwatched(d.path()).unwrap();
     let old = c.object(key(1), 5, MIB).unwrap();
     old.write_chunk(0, &chunk(0, MIB), 5).unwrap();
     let backing = old.open_backing().unwrap();
@@ -61,7 +61,7 @@ fn new_version_discards_old_chunks() {
 #[test]
 fn damaged_record_means_nothing_cached() {
     let d = tempfile::tempdir().unwrap();
-    let c = CacheDir::open(d.path()).unwrap();
+    let c = CacheDir::open_unwatched(d.path()).unwrap();
     let o = c.object(key(3), 1, MIB).unwrap();
     o.write_chunk(0, &chunk(0, MIB), 1).unwrap();
     // Records are read when an object is loaded: drop the one in memory.
@@ -78,7 +78,7 @@ fn damaged_record_means_nothing_cached() {
 #[test]
 fn wrong_chunk_length_is_refused() {
     let d = tempfile::tempdir().unwrap();
-    let c = CacheDir::open(d.path()).unwrap();
+    let c = CacheDir::open_unwatched(d.path()).unwrap();
     let o = c.object(key(4), 1, MIB + 10).unwrap();
     assert!(matches!(
         o.write_chunk(1, &[0u8; 9], 1),
@@ -91,15 +91,15 @@ fn wrong_chunk_length_is_refused() {
 #[test]
 fn second_client_is_locked_out_and_foreign_dirs_refused() {
     let d = tempfile::tempdir().unwrap();
-    let _c = CacheDir::open(d.path()).unwrap();
+    let _c = CacheDir::open_unwatched(d.path()).unwrap();
     assert!(matches!(
-        CacheDir::open(d.path()),
+        CacheDir::open_unwatched(d.path()),
         Err(CacheError::Locked(_))
     ));
     let other = tempfile::tempdir().unwrap();
     std::fs::write(other.path().join("precious.txt"), b"x").unwrap();
     assert!(matches!(
-        CacheDir::open(other.path()),
+        CacheDir::open_unwatched(other.path()),
         Err(CacheError::Incompatible { .. })
     ));
     assert!(other.path().join("precious.txt").exists());
@@ -115,7 +115,7 @@ fn contents(o: &CachedObject) -> Vec<u8> {
 #[test]
 fn writes_through_the_client_keep_the_object_in_step() {
     let d = tempfile::tempdir().unwrap();
-    let c = CacheDir::open(d.path()).unwrap();
+    let c = CacheDir::open_unwatched(d.path()).unwrap();
     let mut model = chunk(0, MIB);
     model.extend(chunk(1, 500));
     let o = c.object(key(5), 10, MIB + 500).unwrap();
@@ -161,7 +161,7 @@ fn writes_through_the_client_keep_the_object_in_step() {
 #[test]
 fn writes_after_a_foreign_change_are_refused() {
     let d = tempfile::tempdir().unwrap();
-    let c = CacheDir::open(d.path()).unwrap();
+    let c = CacheDir::open_unwatched(d.path()).unwrap();
     let o = c.object(key(6), 10, MIB).unwrap();
     o.write_chunk(0, &chunk(0, MIB), 10).unwrap();
     // The origin was at version 20 before our write: somebody else changed it.
@@ -185,13 +185,13 @@ fn writes_after_a_foreign_change_are_refused() {
 fn warming_reads_only_records_of_cached_objects_not_in_memory() {
     let d = tempfile::tempdir().unwrap();
     {
-        let c = CacheDir::open(d.path()).unwrap();
+        let c = CacheDir::open_unwatched(d.path()).unwrap();
         for id in 1..=3 {
             let o = c.object(key(id), 5, MIB).unwrap();
             o.write_chunk(0, &chunk(id, MIB), 5).unwrap();
         }
     }
-    let c = CacheDir::open(d.path()).unwrap();
+    let c = CacheDir::open_unwatched(d.path()).unwrap();
     let loaded = c.object(key(3), 5, MIB).unwrap();
     // 4 was never cached, 3 is in memory already: only 1 and 2 are read from disk.
     assert_eq!(c.warm([key(1), key(4), key(2), key(3)]), 2);
@@ -208,7 +208,8 @@ fn warming_reads_only_records_of_cached_objects_not_in_memory() {
 /// A cache (no culler) with a temporary record (`<file>.meta.tmp`) of `key(3)` left in
 /// its object's directory; also what an adoption walk of it is given.
 fn cache_with_temporary_record(d: &Path) -> (CacheDir, PathBuf, PathBuf, std::sync::Weak<Store>) {
-    let c = CacheDir::open_without_culler(d, Limits::default(), None).unwrap();
+    let c = CacheDir::open_without_culler(d, Limits::default(), Some(crate::unwatched_probe()))
+        .unwrap();
     let (_, meta) = c.object_paths(&key(3));
     fs::create_dir_all(meta.parent().unwrap()).unwrap();
     let tmp = meta.with_extension("meta.tmp");

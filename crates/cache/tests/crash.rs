@@ -6,7 +6,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use hoardfs_cache::{CacheDir, Limits, ObjectKey};
+use hoardfs_cache::{CacheDir, Limits, ObjectKey, unwatched_probe};
 use rand::{Rng, SeedableRng};
 
 const MIB: u64 = 1 << 20;
@@ -64,7 +64,7 @@ fn crash_child_worker() {
     // The parent's handle may still be closing (a background thread can hold it briefly).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let c = loop {
-        match CacheDir::open_with(dir.as_ref(), limits(), None) {
+        match CacheDir::open_with(dir.as_ref(), limits(), Some(unwatched_probe())) {
             Err(hoardfs_cache::CacheError::Locked(_)) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(2));
             }
@@ -100,7 +100,7 @@ fn crash_child_worker() {
 
 /// Opens the cache left by a killed child and checks every present chunk.
 fn verify_cache(dir: &std::path::Path) -> u64 {
-    let c = CacheDir::open_with(dir, limits(), None).unwrap();
+    let c = CacheDir::open_with(dir, limits(), Some(unwatched_probe())).unwrap();
     let mut checked = 0;
     for id in 0..OBJECTS {
         let Some(meta) = c.peek(&key(id)) else {

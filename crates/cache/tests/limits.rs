@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use hoardfs_cache::{CacheDir, CachedObject, Limits, ObjectKey, Space};
+use hoardfs_cache::{CacheDir, CachedObject, Limits, ObjectKey, Space, unwatched_probe};
 
 const MIB: u64 = 1 << 20;
 
@@ -63,7 +63,7 @@ fn reading_three_times_the_limit_never_exceeds_it_and_pinned_and_open_objects_su
         max_bytes: Some(limit),
         ..Limits::default()
     };
-    let c = CacheDir::open_with(d.path(), limits, None).unwrap();
+    let c = CacheDir::open_with(d.path(), limits, Some(unwatched_probe())).unwrap();
     c.pin(key(1), true, 5);
     assert_eq!(fill(&c, 1, 2 * MIB), 2);
     let open = c.object(key(2), 1, MIB).unwrap();
@@ -101,7 +101,7 @@ fn a_scan_of_cold_files_keeps_the_hot_set() {
         max_bytes: Some(40 * MIB),
         ..Limits::default()
     };
-    let c = CacheDir::open_with(d.path(), limits, None).unwrap();
+    let c = CacheDir::open_with(d.path(), limits, Some(unwatched_probe())).unwrap();
     // Ten hot files, each opened three times.
     for id in 0..10 {
         fill(&c, id, MIB);
@@ -190,7 +190,7 @@ fn a_reservation_looks_at_the_free_space_again_before_refusing() {
 #[test]
 fn explicit_evict_respects_pins_and_opens() {
     let d = tempfile::tempdir().unwrap();
-    let c = CacheDir::open(d.path()).unwrap();
+    let c = CacheDir::open_unwatched(d.path()).unwrap();
     fill(&c, 1, MIB);
     fill(&c, 2, MIB);
     c.pin(key(2), true, 0);
@@ -214,7 +214,7 @@ fn explicit_evict_respects_pins_and_opens() {
 #[test]
 fn scrub_drops_corrupt_chunks_and_they_are_refetched_not_served() {
     let d = tempfile::tempdir().unwrap();
-    let c = CacheDir::open(d.path()).unwrap();
+    let c = CacheDir::open_unwatched(d.path()).unwrap();
     fill(&c, 1, 3 * MIB);
     fill(&c, 2, MIB);
     let live = c.object(key(2), 1, MIB).unwrap();
@@ -240,12 +240,12 @@ fn scrub_drops_corrupt_chunks_and_they_are_refetched_not_served() {
 fn index_survives_restart_and_a_damaged_index_is_rebuilt() {
     let d = tempfile::tempdir().unwrap();
     {
-        let c = CacheDir::open(d.path()).unwrap();
+        let c = CacheDir::open_unwatched(d.path()).unwrap();
         fill(&c, 1, 2 * MIB);
         fill(&c, 2, MIB);
         c.pin(key(2), true, 3);
     }
-    let c = CacheDir::open(d.path()).unwrap();
+    let c = CacheDir::open_unwatched(d.path()).unwrap();
     assert!(!c.recovered());
     let u = c.usage();
     assert_eq!((u.objects, u.pinned_objects), (2, 1));
@@ -253,7 +253,7 @@ fn index_survives_restart_and_a_damaged_index_is_rebuilt() {
     drop(c);
     // Destroy the index: the objects are adopted back (and verified before use).
     std::fs::write(d.path().join("index"), b"garbage").unwrap();
-    let c = CacheDir::open(d.path()).unwrap();
+    let c = CacheDir::open_unwatched(d.path()).unwrap();
     assert!(c.recovered());
     hoardfs_testutil::assert_eventually("the objects adopted back", || c.usage().objects >= 2);
     assert_eq!(c.usage().objects, 2);

@@ -181,6 +181,9 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     umount(&mnt);
     m.finish();
     let c = cache.to_str().unwrap();
+    // Low free-space thresholds: the default ones are percentages of the whole disk, and
+    // on a disk over 93 % full they would evict the demo's temporary 200 MiB cache (the
+    // mount says so in its log) instead of showing what a cache does.
     let cached_mount = [
         "mount",
         &addr,
@@ -189,6 +192,12 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
         c,
         "--server-fingerprint",
         &pin,
+        "--bstop",
+        "0",
+        "--bcull",
+        "1",
+        "--brun",
+        "2",
     ];
     let (m, _) = start(&cached_mount, "hoardfs: mounted")?;
     measure("COLD (empty cache)", &target, true)?;

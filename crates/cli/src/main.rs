@@ -6,6 +6,7 @@ mod control;
 mod demo;
 mod disconnected;
 mod docs;
+mod free_space;
 mod hoard;
 mod instance;
 mod logging;

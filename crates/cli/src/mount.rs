@@ -297,16 +297,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
             a.mountpoint.display()
         ));
     }
-    let limits = Limits {
-        max_bytes: a.cache_size,
-        brun: a.brun,
-        bcull: a.bcull,
-        bstop: a.bstop,
-        frun: a.frun,
-        fcull: a.fcull,
-        fstop: a.fstop,
-    };
-    limits.validate()?;
+    let limits = a.free_space.limits(a.cache_size)?;
     let hoard = match &a.hoard_file {
         Some(p) => {
             let text = std::fs::read_to_string(p)

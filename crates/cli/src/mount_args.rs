@@ -97,26 +97,8 @@ pub struct MountArgs {
     /// Default: none; the free-space thresholds alone bound it.
     #[arg(long, value_parser = parse_size)]
     pub cache_size: Option<u64>,
-    /// Eviction, once started, goes on until this % of the cache file system's space is
-    /// free.
-    #[arg(long, default_value_t = 10, value_name = "PERCENT")]
-    pub brun: u8,
-    /// Eviction starts when less than this % of the cache file system's space is free.
-    #[arg(long, default_value_t = 7, value_name = "PERCENT")]
-    pub bcull: u8,
-    /// Nothing new is cached while less than this % of the cache file system's space is
-    /// free (reads go straight to the server).
-    #[arg(long, default_value_t = 3, value_name = "PERCENT")]
-    pub bstop: u8,
-    /// As --brun, for free inodes (number of files) instead of space.
-    #[arg(long, default_value_t = 10, value_name = "PERCENT")]
-    pub frun: u8,
-    /// As --bcull, for free inodes (number of files) instead of space.
-    #[arg(long, default_value_t = 7, value_name = "PERCENT")]
-    pub fcull: u8,
-    /// As --bstop, for free inodes (number of files) instead of space.
-    #[arg(long, default_value_t = 3, value_name = "PERCENT")]
-    pub fstop: u8,
+    #[command(flatten)]
+    pub free_space: crate::free_space::FreeSpaceArgs,
     /// Hoard file: paths or globs (one per line, optional priority) to pin and fetch.
     #[arg(long)]
     pub hoard_file: Option<PathBuf>,
@@ -302,12 +284,10 @@ impl MountArgs {
                 "metadata_ttl" => a.metadata_ttl = Some(num()?),
                 "immutable" => a.immutable = true,
                 "cache_size" => a.cache_size = Some(parse_size(need()?)?),
-                "brun" => a.brun = pct()?,
-                "bcull" => a.bcull = pct()?,
-                "bstop" => a.bstop = pct()?,
-                "frun" => a.frun = pct()?,
-                "fcull" => a.fcull = pct()?,
-                "fstop" => a.fstop = pct()?,
+                "brun" | "bcull" | "bstop" | "frun" | "fcull" | "fstop" => {
+                    let p = pct()?;
+                    a.free_space.set(k, p);
+                }
                 "hoard_file" => a.hoard_file = Some(need()?.into()),
                 "metrics_listen" => a.metrics_listen = Some(need()?.into()),
                 "readahead_kb" => {
@@ -462,7 +442,7 @@ mod tests {
         assert_eq!(a.cache_dir.as_deref(), Some(Path::new("/c")));
         assert!(a.read_only && a.allow_other);
         assert_eq!(a.metrics_listen.as_deref(), Some("9100"));
-        assert_eq!(a.bcull, 9);
+        assert_eq!(a.free_space.bcull, 9);
         // The later of exec/noexec wins.
         assert_eq!(
             a.kernel_flags,

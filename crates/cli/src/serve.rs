@@ -26,6 +26,9 @@ pub struct ServeArgs {
     /// With --origin: most bytes the tier's cache may hold (K/M/G/T suffixes).
     #[arg(long, requires = "origin", value_parser = crate::mount_args::parse_size)]
     pub cache_size: Option<u64>,
+    /// With --origin: free-space thresholds of the tier's cache directory.
+    #[command(flatten)]
+    pub free_space: crate::free_space::FreeSpaceArgs,
     /// With --origin: the store's endpoint URL.
     #[arg(long, requires = "origin", value_name = "URL")]
     pub endpoint_url: Option<String>,
@@ -101,6 +104,13 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     }
     if a.origin.is_some() {
         return run_tier(a);
+    }
+    if a.free_space.limits(None)? != hoardfs_cache::Limits::default() {
+        return Err(
+            "--brun/--bcull/--bstop/--frun/--fcull/--fstop set the thresholds of the \
+                    tier's cache (with --origin); an exported directory has no cache"
+                .into(),
+        );
     }
     let dir = a.dir.clone().expect("clap requires DIR");
     if !dir.is_dir() {
@@ -217,10 +227,7 @@ fn run_tier(a: ServeArgs) -> Result<(), String> {
         return Err("--metadata-ttl and --timeout must be numbers of seconds".into());
     }
     let (cfg, identity, _) = server_config(&a, &url)?;
-    let limits = hoardfs_cache::quota::Limits {
-        max_bytes: a.cache_size,
-        ..Default::default()
-    };
+    let limits = a.free_space.limits(a.cache_size)?;
     std::fs::create_dir_all(&cache_dir)
         .map_err(|e| format!("cannot create {}: {e}", cache_dir.display()))?;
     let cache = hoardfs_cache::CacheDir::open_with(&cache_dir, limits, None)

@@ -482,3 +482,64 @@ fn a_mount_starts_disconnected_from_its_cache_and_reconnects_in_the_background()
     assert_eq!(std::fs::read(m.p("d/uncached")).unwrap(), bytes(2, 2 * MIB));
     m.unmount();
 }
+
+/// A cache file system short of room (here: thresholds above the disk's free space) still
+/// serves every byte, caches nothing, and says so in the mount's log with what to do.
+#[test]
+fn a_cache_file_system_short_of_room_serves_uncached_and_says_so() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    std::fs::write(exp.join("f"), bytes(4, 2 * MIB)).unwrap();
+    let srv = Server::start(&exp);
+    let log = t.path().join("mount.log");
+    let m = Mount::with_cache(
+        &srv.addr,
+        &t.path().join("mnt"),
+        &t.path().join("cache"),
+        &[
+            "--bstop",
+            "97",
+            "--bcull",
+            "98",
+            "--brun",
+            "99",
+            "--log-file",
+            log.to_str().unwrap(),
+        ],
+    );
+    let free = stats(&m)["cache"]["fs_bytes_avail"].as_u64().unwrap() as f64 * 100.0
+        / stats(&m)["cache"]["fs_bytes_total"].as_u64().unwrap() as f64;
+    if free >= 97.0 {
+        eprintln!("SKIPPED: the test file system is {free:.1}% free, above the thresholds");
+        return;
+    }
+    for _ in 0..2 {
+        drop_caches();
+        assert_eq!(std::fs::read(m.p("f")).unwrap(), bytes(4, 2 * MIB));
+    }
+    // Both reads went to the server; no data was cached (a record alone may be).
+    let s = stats(&m);
+    assert!(
+        s["counters"]["bytes_from_network"].as_u64().unwrap() >= 4 * MIB as u64,
+        "{s}"
+    );
+    assert_eq!(
+        s["counters"]["bytes_from_cache"].as_u64().unwrap(),
+        0,
+        "{s}"
+    );
+    assert!(
+        s["cache"]["refused_bytes"].as_u64().unwrap() >= 4 * MIB as u64,
+        "{s}"
+    );
+    assert!(s["cache"]["bytes"].as_u64().unwrap() < MIB as u64, "{s}");
+    assert_soon("the log says why nothing is cached", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        (text.contains("WARN") && text.contains("below bstop 97%: nothing new is cached"))
+            .then_some(())
+            .ok_or(text)
+    });
+    m.unmount();
+}

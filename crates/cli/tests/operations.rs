@@ -44,7 +44,7 @@ fn a_refused_credential_is_one_plain_line_and_both_sides_can_log_to_files() {
     let mnt = t.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let (cache, mnt_s) = (t.path().join("cache"), mnt.to_str().unwrap());
-    let args = [
+    let mut args = vec![
         "mount",
         &srv.addr,
         mnt_s,
@@ -53,6 +53,8 @@ fn a_refused_credential_is_one_plain_line_and_both_sides_can_log_to_files() {
         "--token-file",
         bad.to_str().unwrap(),
     ];
+    // Or a nearly full disk would add its warning to the one line.
+    args.extend(HOST_INDEPENDENT_THRESHOLDS);
     let (ok, _, err) = tool(&args);
     assert!(!ok, "a wrong token must not mount");
     assert_eq!(
@@ -135,7 +137,9 @@ fn mount_errors_say_what_to_do_and_leave_nothing_behind() {
     let cache = t.path().join("new/cache");
     let cache_s = cache.to_str().unwrap();
     let fails = |source: &str, cache: &str| {
-        let (ok, _, err) = tool(&["mount", source, mnt_s, "--cache-dir", cache]);
+        let mut args = vec!["mount", source, mnt_s, "--cache-dir", cache];
+        args.extend(HOST_INDEPENDENT_THRESHOLDS);
+        let (ok, _, err) = tool(&args);
         assert!(!ok, "mount {source} succeeded");
         assert_eq!(err.lines().count(), 1, "{err}");
         err
@@ -342,4 +346,16 @@ fn cache_ls_keeps_names_across_remounts() {
     let out = ls(&m.path);
     assert!(out.contains("/d/a b\n"), "seen again: {out}");
     m.unmount();
+}
+
+#[test]
+fn cache_thresholds_without_a_cache_are_refused() {
+    let t = scratch();
+    let dir = t.path().to_str().unwrap();
+    let (ok, _, err) = tool(&["serve", dir, "--bcull", "5", "--listen", "127.0.0.1:0"]);
+    assert!(!ok, "serve took thresholds for a cache it does not have");
+    assert!(
+        err.contains("thresholds of the tier's cache (with --origin)"),
+        "{err}"
+    );
 }

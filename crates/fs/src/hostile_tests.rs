@@ -156,7 +156,8 @@ fn extreme_attributes_and_sizes_pass_through_without_panic() {
     let sizes = [None, Some(1 << 43), Some(i64::MAX as u64), Some(u64::MAX)];
     for (i, size) in sizes.into_iter().enumerate() {
         for cached in [false, true] {
-            let cache = cached.then(|| CacheDir::open(&t.path().join(format!("c{i}"))).unwrap());
+            let cache =
+                cached.then(|| CacheDir::open_unwatched(&t.path().join(format!("c{i}"))).unwrap());
             let fs = fs_over(odd(&export, size), cache);
             let crate::NodeEntry {
                 ino: f, attr: a, ..
@@ -196,7 +197,10 @@ fn write_replies_beyond_what_was_written_are_errors_not_panics() {
     // More bytes written than given.
     let mut o = odd(&export, None);
     o.write_extra = 1;
-    let fs = fs_over(o, Some(CacheDir::open(&t.path().join("c1")).unwrap()));
+    let fs = fs_over(
+        o,
+        Some(CacheDir::open_unwatched(&t.path().join("c1")).unwrap()),
+    );
     let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
     let fh = fs.open(f, rw, &refused).unwrap().fh;
     assert!(matches!(
@@ -208,7 +212,10 @@ fn write_replies_beyond_what_was_written_are_errors_not_panics() {
     // still succeeds.
     let mut o = odd(&export, None);
     o.write_offset = Some(u64::MAX - 1);
-    let fs = fs_over(o, Some(CacheDir::open(&t.path().join("c2")).unwrap()));
+    let fs = fs_over(
+        o,
+        Some(CacheDir::open_unwatched(&t.path().join("c2")).unwrap()),
+    );
     let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
     let fh = fs.open(f, rw, &refused).unwrap().fh;
     assert_eq!(fs.write(fh, 0, b"abc", 1).unwrap(), 3);
@@ -233,7 +240,7 @@ fn reads_never_return_more_than_asked() {
     for cached in [false, true] {
         let mut o = odd(&export, None);
         o.read_extra = 100;
-        let cache = cached.then(|| CacheDir::open(&t.path().join("c")).unwrap());
+        let cache = cached.then(|| CacheDir::open_unwatched(&t.path().join("c")).unwrap());
         let fs = fs_over(o, cache);
         let f = fs.lookup(ROOT_INO, b"f").unwrap().ino;
         let fh = fs.open(f, Access::default(), &refused).unwrap().fh;

@@ -18,7 +18,7 @@ const READ: Access = Access {
 
 fn fs_over(export: &Path, cache: &Path) -> Arc<HoardFs> {
     let origin = Arc::new(LocalOrigin::new(export, LocalOptions::default()).unwrap());
-    let cache = CacheDir::open(cache).unwrap();
+    let cache = CacheDir::open_unwatched(cache).unwrap();
     HoardFs::new(origin, Some(cache), FsConfig::default()).unwrap()
 }
 
@@ -159,7 +159,7 @@ fn reads_without_opens_share_one_open_per_version_and_see_changes() {
     std::fs::create_dir(&export).unwrap();
     std::fs::write(export.join("f"), content(1, 3 * MIB + 5)).unwrap();
     let origin = Arc::new(LocalOrigin::new(&export, LocalOptions::default()).unwrap());
-    let cache = CacheDir::open(&t.path().join("cache")).unwrap();
+    let cache = CacheDir::open_unwatched(&t.path().join("cache")).unwrap();
     let config = FsConfig {
         kernel_opens: true,
         read_only: true,

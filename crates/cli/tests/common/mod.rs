@@ -23,6 +23,12 @@ use hoardfs_origin::remote::{
     ClientTls, Fingerprint, RemoteOptions, RemoteOrigin, Security, Trust,
 };
 
+/// Free-space thresholds for test mounts: cull below 1 % free, stop caching at 0 %. The
+/// defaults (7/10/3 %) would make a test's result depend on how full the machine's disk is.
+pub const HOST_INDEPENDENT_THRESHOLDS: [&str; 12] = [
+    "--bstop", "0", "--bcull", "1", "--brun", "2", "--fstop", "0", "--fcull", "1", "--frun", "2",
+];
+
 /// The binary under test.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_hoardfs")
@@ -244,10 +250,24 @@ pub struct Mount {
 
 impl Mount {
     /// Mounts `source` at `mnt` with `args` (e.g. `--cache-dir X`).
+    ///
+    /// The free-space thresholds are set low ([`HOST_INDEPENDENT_THRESHOLDS`]) unless `args`
+    /// names one: the defaults are percentages of the file system the temp dirs are on, and
+    /// a test machine's disk that is 93 % full would cull every test's cache.
     pub fn start(source: &str, mnt: &Path, args: &[&str]) -> Result<Mount, String> {
         std::fs::create_dir_all(mnt).unwrap();
         let mut cmd = Command::new(bin());
         cmd.arg("mount").arg(source).arg(mnt).args(args);
+        let names_a_threshold = args.iter().any(|a| {
+            [
+                "--brun", "--bcull", "--bstop", "--frun", "--fcull", "--fstop",
+            ]
+            .iter()
+            .any(|t| a.starts_with(t))
+        });
+        if !names_a_threshold {
+            cmd.args(HOST_INDEPENDENT_THRESHOLDS);
+        }
         let (child, _) = spawn_until_line(cmd, "hoardfs: mounted")?;
         Ok(Mount {
             child: Some(child),

@@ -249,7 +249,7 @@ impl Rig {
             std::fs::write(export.join(name), bytes).unwrap();
         }
         let origin = Arc::new(Scripted::new(&export, callbacks));
-        let cache = cache.then(|| CacheDir::open(&dir.path().join("cache")).unwrap());
+        let cache = cache.then(|| CacheDir::open_unwatched(&dir.path().join("cache")).unwrap());
         let fs = HoardFs::new(origin.clone(), cache, config).unwrap();
         let notes = Arc::new(Notes::default());
         fs.set_notifier(notes.clone());

@@ -41,7 +41,7 @@ fn a_saved_namespace_lets_a_new_mount_start_offline_and_revalidate_once_back() {
     assert_eq!(loaded.source, "the source");
     let origin = Arc::new(Scripted::new(&export, true));
     origin.offline.store(true, Ordering::SeqCst);
-    let cache = CacheDir::open(&dir.path().join("cache")).unwrap();
+    let cache = CacheDir::open_unwatched(&dir.path().join("cache")).unwrap();
     let no_passthrough = FsConfig {
         passthrough: false,
         ..config(Duration::ZERO)
@@ -125,7 +125,7 @@ pub(super) fn offline_rig(data: &[u8]) -> (Rig, Registrar, Ino) {
     std::fs::create_dir(&export).unwrap();
     std::fs::write(export.join("f"), data).unwrap();
     let origin = Arc::new(Scripted::new(&export, true));
-    let cache = CacheDir::open(&dir.path().join("cache")).unwrap();
+    let cache = CacheDir::open_unwatched(&dir.path().join("cache")).unwrap();
     let config = FsConfig {
         offline_log: Some(dir.path().join("cml")),
         offline_writes: true,

@@ -164,6 +164,7 @@ impl Garage {
             .arg("--cache-dir")
             .arg(cache)
             .args(self.s3_flags(i))
+            .args(super::super::HOST_INDEPENDENT_THRESHOLDS)
             .args(extra);
         let (child, _) = super::super::spawn_until_line(cmd, "hoardfs: mounted")?;
         Ok(super::super::Mount {
@@ -189,6 +190,7 @@ impl Garage {
                 "--state-dir",
             ])
             .arg(super::super::state_dir())
+            .args(super::super::HOST_INDEPENDENT_THRESHOLDS)
             .args(extra);
         let (child, line) =
             super::super::spawn_until_line(cmd, "hoardfs: serving").expect("tier starts");

@@ -1,0 +1,65 @@
+//! The free-space thresholds of a cache directory as command-line flags, shared by `hoardfs
+//! mount` (the client's cache) and `hoardfs serve --origin` (the tier's cache), and turned
+//! into the cache's [`Limits`].
+
+use clap::Args;
+use hoardfs_cache::Limits;
+
+/// cachefilesd-style thresholds, in percent of the cache file system (blocks and inodes).
+#[derive(Args, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreeSpaceArgs {
+    /// Eviction, once started, goes on until this % of the cache file system's space is
+    /// free.
+    #[arg(long, default_value_t = 10, value_name = "PERCENT")]
+    pub brun: u8,
+    /// Eviction starts when less than this % of the cache file system's space is free.
+    #[arg(long, default_value_t = 7, value_name = "PERCENT")]
+    pub bcull: u8,
+    /// Nothing new is cached while less than this % of the cache file system's space is
+    /// free (reads go straight to the server).
+    #[arg(long, default_value_t = 3, value_name = "PERCENT")]
+    pub bstop: u8,
+    /// As --brun, for free inodes (number of files) instead of space.
+    #[arg(long, default_value_t = 10, value_name = "PERCENT")]
+    pub frun: u8,
+    /// As --bcull, for free inodes (number of files) instead of space.
+    #[arg(long, default_value_t = 7, value_name = "PERCENT")]
+    pub fcull: u8,
+    /// As --bstop, for free inodes (number of files) instead of space.
+    #[arg(long, default_value_t = 3, value_name = "PERCENT")]
+    pub fstop: u8,
+}
+
+impl FreeSpaceArgs {
+    /// The cache's limits: these thresholds and `max_bytes`, checked
+    /// (`stop < cull < run < 100`).
+    pub fn limits(&self, max_bytes: Option<u64>) -> Result<Limits, String> {
+        let l = Limits {
+            max_bytes,
+            brun: self.brun,
+            bcull: self.bcull,
+            bstop: self.bstop,
+            frun: self.frun,
+            fcull: self.fcull,
+            fstop: self.fstop,
+        };
+        l.validate()?;
+        Ok(l)
+    }
+
+    /// Sets the threshold named `key` (`brun`, …, `fstop`) to `pct`; false if `key` is
+    /// not one (for `-o key=value` mount options).
+    pub fn set(&mut self, key: &str, pct: u8) -> bool {
+        let slot = match key {
+            "brun" => &mut self.brun,
+            "bcull" => &mut self.bcull,
+            "bstop" => &mut self.bstop,
+            "frun" => &mut self.frun,
+            "fcull" => &mut self.fcull,
+            "fstop" => &mut self.fstop,
+            _ => return false,
+        };
+        *slot = pct;
+        true
+    }
+}
