@@ -174,6 +174,7 @@ struct LogInner {
     all_at: u64,
     /// Latest break per object.
     recent: HashMap<u64, u64>,
+    /// `(file id, break number)` of every note, oldest first, at most `LOG_CAP`.
     order: VecDeque<(u64, u64)>,
     /// Breaks at or below this number were forgotten: treat them as touching everything.
     horizon: u64,

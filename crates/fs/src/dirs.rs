@@ -15,7 +15,7 @@ use std::time::Instant;
 use hoardfs_origin::{DirEntry, FileKind, OriginError, WireError};
 
 use crate::nodes::{Ino, Node};
-use crate::trees::Kept;
+use crate::trees::{DirStamp, Kept};
 use crate::{FsError, FsResult, HoardFs, ListedNode, MAX_LISTING};
 
 /// A directory listing snapshot.
@@ -158,7 +158,7 @@ impl HoardFs {
             age < self.config.dir_ttl
         };
         let attr = node.state.lock().attr();
-        let same = k.seen == Some((attr.version, attr.size));
+        let same = k.seen == Some(DirStamp::of(&attr));
         if !(fresh && same) {
             return None;
         }
@@ -213,14 +213,11 @@ impl HoardFs {
         self.stats.count_tree_request();
         // Each directory's version and size as the reply shows them (the top's: as this
         // client knew it when asking).
-        let mut seen: HashMap<u64, (u64, u64)> = HashMap::new();
-        seen.insert(top_attr.file_id, (top_attr.version, top_attr.size));
+        let mut seen: HashMap<u64, DirStamp> = HashMap::new();
+        seen.insert(top_attr.file_id, DirStamp::of(&top_attr));
         for e in dirs.iter().flat_map(|d| &d.entries) {
             if e.entry.attr.kind == FileKind::Dir {
-                seen.insert(
-                    e.entry.attr.file_id,
-                    (e.entry.attr.version, e.entry.attr.size),
-                );
+                seen.insert(e.entry.attr.file_id, DirStamp::of(&e.entry.attr));
             }
         }
         let mut own = None;

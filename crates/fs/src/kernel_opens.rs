@@ -40,8 +40,8 @@ pub(crate) struct ImplicitOpens {
 }
 
 impl ImplicitOpens {
-    /// The handle and version of `ino`'s implicit open, if it has one.
-    fn current(&self, ino: Ino) -> Option<(FileHandle, u64)> {
+    /// `ino`'s implicit open, if it has one.
+    fn current(&self, ino: Ino) -> Option<ImplicitOpen> {
         self.table.lock().by_ino.get(&ino).copied()
     }
 
@@ -61,7 +61,7 @@ impl ImplicitOpens {
     fn take_all(&self) -> Vec<FileHandle> {
         let mut t = self.table.lock();
         t.order.clear();
-        t.by_ino.drain().map(|(_, (fh, _))| fh).collect()
+        t.by_ino.drain().map(|(_, open)| open.fh).collect()
     }
 
     /// Implicit opens currently held.
@@ -71,10 +71,17 @@ impl ImplicitOpens {
     }
 }
 
+/// One implicit open: its handle and the file version it opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ImplicitOpen {
+    fh: FileHandle,
+    version: u64,
+}
+
 /// The implicit opens by inode, and in the order they were created.
 #[derive(Default)]
 struct Table {
-    by_ino: HashMap<Ino, (FileHandle, u64)>,
+    by_ino: HashMap<Ino, ImplicitOpen>,
     order: VecDeque<(Ino, FileHandle)>,
 }
 
@@ -89,21 +96,21 @@ impl Table {
         version: u64,
         cap: usize,
     ) -> Result<Vec<FileHandle>, FileHandle> {
-        if let Some(&(first, v)) = self.by_ino.get(&ino)
-            && v == version
+        if let Some(first) = self.by_ino.get(&ino)
+            && first.version == version
         {
-            return Err(first);
+            return Err(first.fh);
         }
         let mut gone = Vec::new();
-        if let Some((old, _)) = self.by_ino.insert(ino, (fh, version)) {
-            gone.push(old);
+        if let Some(old) = self.by_ino.insert(ino, ImplicitOpen { fh, version }) {
+            gone.push(old.fh);
         }
         self.order.push_back((ino, fh));
         while self.by_ino.len() > cap {
             let Some((i, h)) = self.order.pop_front() else {
                 break;
             };
-            if self.by_ino.get(&i).is_some_and(|&(cur, _)| cur == h) {
+            if self.by_ino.get(&i).is_some_and(|cur| cur.fh == h) {
                 self.by_ino.remove(&i);
                 gone.push(h);
             }
@@ -112,7 +119,7 @@ impl Table {
         if self.order.len() > 2 * cap {
             let live = &self.by_ino;
             self.order
-                .retain(|(i, h)| live.get(i).is_some_and(|&(cur, _)| cur == *h));
+                .retain(|(i, h)| live.get(i).is_some_and(|cur| cur.fh == *h));
         }
         Ok(gone)
     }
@@ -144,9 +151,9 @@ impl HoardFs {
         let node = self.file_node(ino)?;
         let attr = self.attr_of(&node)?.attr;
         let known = self.implicit.current(ino);
-        if let Some((fh, version)) = known
-            && version == attr.version
-            && let Ok(of) = self.open_file(fh)
+        if let Some(open) = known
+            && open.version == attr.version
+            && let Ok(of) = self.open_file(open.fh)
         {
             return Ok(of);
         }
@@ -189,7 +196,7 @@ impl HoardFs {
 
 #[cfg(test)]
 mod tests {
-    use super::Table;
+    use super::{ImplicitOpen, Table};
 
     #[test]
     fn replaced_and_oldest_opens_are_handed_back_for_release() {
@@ -204,7 +211,7 @@ mod tests {
         // is skipped, not released twice.
         assert_eq!(im.insert(3, 13, 1, 2), Ok(vec![11]));
         assert_eq!(im.by_ino.len(), 2);
-        assert_eq!(im.by_ino[&1], (12, 2));
-        assert_eq!(im.by_ino[&3], (13, 1));
+        assert_eq!(im.by_ino[&1], ImplicitOpen { fh: 12, version: 2 });
+        assert_eq!(im.by_ino[&3], ImplicitOpen { fh: 13, version: 1 });
     }
 }

@@ -28,14 +28,13 @@ pub struct NodeEntry {
 }
 
 impl HoardFs {
-    /// The directory node `parent` and its origin file id.
-    fn dir(&self, parent: Ino) -> FsResult<(Arc<Node>, u64)> {
+    /// The directory node `parent` (`ENOTDIR` if it is not one).
+    fn dir(&self, parent: Ino) -> FsResult<Arc<Node>> {
         let dir = self.node(parent)?;
         if dir.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
-        let id = dir.state.lock().attr().file_id;
-        Ok((dir, id))
+        Ok(dir)
     }
 
     /// Runs a creating operation in `parent` and records the new name.
@@ -46,7 +45,8 @@ impl HoardFs {
         op: impl FnMut(hoardfs_origin::Handle) -> Result<Entry, hoardfs_origin::OriginError>,
     ) -> FsResult<NodeEntry> {
         self.check_writable()?;
-        let (dir, dir_id) = self.dir(parent)?;
+        let dir = self.dir(parent)?;
+        let dir_id = dir.state.lock().attr().file_id;
         let since = self.callbacks.seq();
         let e = self.with_handle(&dir, op)?;
         let ListedNode { ino, ttl, attr } = self.remember(parent, name, &e, dir_id, since, None);
@@ -302,7 +302,7 @@ impl HoardFs {
 
     fn remove(&self, parent: Ino, name: &[u8], dir_wanted: bool) -> FsResult<()> {
         self.check_writable()?;
-        let (dir, _) = self.dir(parent)?;
+        let dir = self.dir(parent)?;
         // Looked up before the round trip: the break for this very change may be handled
         // (and drop the name) before the reply is.
         let child = dir.state.lock().child(name);
@@ -393,8 +393,8 @@ impl HoardFs {
         flags: u32,
     ) -> FsResult<()> {
         self.check_writable()?;
-        let (dir, _) = self.dir(parent)?;
-        let (new_dir, _) = self.dir(new_parent)?;
+        let dir = self.dir(parent)?;
+        let new_dir = self.dir(new_parent)?;
         let target = new_dir.handle();
         // Looked up before the round trip (see `remove`).
         let moved = dir.state.lock().child(name);

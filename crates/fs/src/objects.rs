@@ -45,11 +45,19 @@ pub(crate) struct Objects {
 /// re-checked when it leaves.
 #[derive(Default)]
 struct Idle {
-    /// Closes, oldest first: the node and the number of the close.
-    queue: VecDeque<(Ino, Weak<Node>, u64)>,
+    /// Closes, oldest first.
+    queue: VecDeque<Close>,
     /// The number of each idle node's latest close (one per node: the bound counts these).
     latest: HashMap<Ino, u64>,
     closes: u64,
+}
+
+/// One close of a node that kept its object.
+struct Close {
+    ino: Ino,
+    node: Weak<Node>,
+    /// The number of the close (`Idle::closes` then).
+    seq: u64,
 }
 
 impl Idle {
@@ -58,26 +66,28 @@ impl Idle {
     fn closed(&mut self, node: &Arc<Node>) -> Option<Arc<Node>> {
         self.closes += 1;
         self.latest.insert(node.ino, self.closes);
-        self.queue
-            .push_back((node.ino, Arc::downgrade(node), self.closes));
+        self.queue.push_back(Close {
+            ino: node.ino,
+            node: Arc::downgrade(node),
+            seq: self.closes,
+        });
         let mut victim = None;
         while self.latest.len() > IDLE_OBJECTS {
-            let Some((ino, weak, close)) = self.queue.pop_front() else {
+            let Some(close) = self.queue.pop_front() else {
                 break;
             };
-            if self.latest.get(&ino) != Some(&close) {
+            if self.latest.get(&close.ino) != Some(&close.seq) {
                 continue; // closed again later: its later place counts
             }
-            self.latest.remove(&ino);
-            if let Some(n) = weak.upgrade() {
+            self.latest.remove(&close.ino);
+            if let Some(n) = close.node.upgrade() {
                 victim = Some(n);
                 break;
             }
         }
         if self.queue.len() > 2 * self.latest.len() + 1024 {
             let latest = &self.latest;
-            self.queue
-                .retain(|(ino, _, close)| latest.get(ino) == Some(close));
+            self.queue.retain(|c| latest.get(&c.ino) == Some(&c.seq));
         }
         victim
     }

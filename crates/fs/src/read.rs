@@ -505,16 +505,16 @@ impl HoardFs {
         let still_open = st.is_open();
         let deleted = st.is_deleted().then(|| st.attr().file_id);
         drop(st);
-        if !still_open && let Some((dir, hidden, path)) = self.unlinked.closed(of.node.ino) {
+        if !still_open && let Some(hidden) = self.unlinked.closed(of.node.ino) {
             // The last descriptor of a file unlinked while open: its hidden name goes now.
-            let gone = match self.unlink(dir, &hidden) {
+            let gone = match self.unlink(hidden.dir, hidden.name()) {
                 Ok(()) | Err(FsError::Origin(hoardfs_origin::WireError::NotFound)) => true,
                 Err(e) => {
                     tracing::warn!("cannot remove the hidden name of an unlinked file: {e}");
                     false
                 }
             };
-            self.unlinked.removed(path, gone);
+            self.unlinked.removed(hidden.path, gone);
         }
         if idle {
             self.nodes.forget(of.node.ino, 0);

@@ -36,6 +36,24 @@ pub(crate) const MAX_TREE_REQUEST: u32 = 16 * 1024;
 /// oldest are dropped).
 pub(crate) const MAX_KEPT_ENTRIES: usize = 128 * 1024;
 
+/// A directory's version and size, as a reply showed them: a listing read ahead is used
+/// only while its directory's node still shows the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DirStamp {
+    pub(crate) version: u64,
+    pub(crate) size: u64,
+}
+
+impl DirStamp {
+    /// The stamp of `attr`.
+    pub(crate) fn of(attr: &hoardfs_origin::Attr) -> DirStamp {
+        DirStamp {
+            version: attr.version,
+            size: attr.size,
+        }
+    }
+}
+
 /// A listing read ahead, with what its directory's attributes were in the reply: it is
 /// used only while the directory's node still shows them (the rule every listing keeps:
 /// `NodeState::set_attr`).
@@ -43,14 +61,14 @@ pub(crate) struct Kept {
     /// The listing.
     pub(crate) listing: Arc<Listing>,
     /// The directory's version and size as the reply saw them (`None`: not in it).
-    pub(crate) seen: Option<(u64, u64)>,
+    pub(crate) seen: Option<DirStamp>,
     /// Which `keep` stored it (to tell it from a later listing of the same directory).
     seq: u64,
 }
 
 impl Kept {
     /// A listing read ahead whose directory had version and size `seen`.
-    pub(crate) fn new(listing: Arc<Listing>, seen: Option<(u64, u64)>) -> Kept {
+    pub(crate) fn new(listing: Arc<Listing>, seen: Option<DirStamp>) -> Kept {
         Kept {
             listing,
             seen,

@@ -46,6 +46,22 @@ pub const HIDDEN_PREFIX: &str = ".hoardfs-unlinked-";
 /// A hidden name's place: the path components of its directory, then the name.
 pub type HiddenPath = Vec<Vec<u8>>;
 
+/// The hidden name an open file lives under after an unlink.
+#[derive(Debug)]
+pub struct HiddenName {
+    /// The directory holding it.
+    pub dir: Ino,
+    /// As journaled: the directory's path from the root, then the name.
+    pub path: HiddenPath,
+}
+
+impl HiddenName {
+    /// The name itself (the last component of the path).
+    pub fn name(&self) -> &[u8] {
+        self.path.last().map_or(&[], |n| n.as_slice())
+    }
+}
+
 /// Open files whose name was replaced by a hidden one, and the journal of hidden names.
 #[derive(Debug)]
 pub struct Unlinked {
@@ -60,8 +76,8 @@ pub struct Unlinked {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// inode → (directory, hidden name, journaled path).
-    hidden: HashMap<Ino, (Ino, Vec<u8>, HiddenPath)>,
+    /// The hidden name of each open file unlinked on this client.
+    hidden: HashMap<Ino, HiddenName>,
     /// Journaled names not tied to an open file: left by an earlier run and not removable
     /// yet (the server was unreachable), kept for the next mount.
     leftover: Vec<HiddenPath>,
@@ -114,8 +130,7 @@ impl Unlinked {
     /// journaled name (a journal that cannot be written only costs the crash cleanup).
     pub fn hiding(&self, ino: Ino, dir: Ino, path: HiddenPath) {
         let mut inner = self.inner.lock();
-        let name = path.last().cloned().unwrap_or_default();
-        inner.hidden.insert(ino, (dir, name, path));
+        inner.hidden.insert(ino, HiddenName { dir, path });
         self.journal_or_warn(&inner);
     }
 
@@ -128,7 +143,7 @@ impl Unlinked {
 
     /// The hidden name of `ino` to remove now that it is closed, if it has one (still
     /// journaled until [`Unlinked::removed`]).
-    pub fn closed(&self, ino: Ino) -> Option<(Ino, Vec<u8>, HiddenPath)> {
+    pub fn closed(&self, ino: Ino) -> Option<HiddenName> {
         self.inner.lock().hidden.remove(&ino)
     }
 
@@ -178,7 +193,7 @@ impl Unlinked {
             return Ok(());
         };
         let mut text = Vec::new();
-        let paths = inner.hidden.values().map(|(_, _, p)| p);
+        let paths = inner.hidden.values().map(|h| &h.path);
         for p in paths.chain(inner.leftover.iter()) {
             let parts: Vec<String> = p.iter().map(|c| hex(c)).collect();
             text.extend_from_slice(parts.join("/").as_bytes());
@@ -226,7 +241,7 @@ mod tests {
         assert_eq!(again.journaled(), vec![path.clone()]);
         let other = Unlinked::new(Some("beef".into()), Some(j.clone()));
         assert!(other.journaled().is_empty(), "names of another client");
-        assert_eq!(u.closed(7).map(|c| c.1), Some(name));
+        assert_eq!(u.closed(7).map(|c| c.name().to_vec()), Some(name));
         u.removed(path, true);
         assert!(again.journaled().is_empty());
     }

@@ -63,7 +63,13 @@ pub struct FuseBridge {
     /// Listings being read, by directory inode: a pass that needs several READDIR
     /// requests continues in the snapshot it started with (and when), so offsets stay
     /// meaningful.
-    dirs: Mutex<HashMap<u64, (Instant, Arc<Listing>)>>,
+    dirs: Mutex<HashMap<u64, DirPass>>,
+}
+
+/// The snapshot a directory pass reads, and when the pass started.
+struct DirPass {
+    started: Instant,
+    listing: Arc<Listing>,
 }
 
 impl FuseBridge {
@@ -80,16 +86,20 @@ impl FuseBridge {
     /// otherwise the snapshot the pass started with.
     fn listing_at(&self, ino: INodeNo, offset: u64) -> Result<Arc<Listing>, Errno> {
         if offset > 0
-            && let Some((_, l)) = self.dirs.lock().get(&ino.0)
+            && let Some(pass) = self.dirs.lock().get(&ino.0)
         {
-            return Ok(l.clone());
+            return Ok(pass.listing.clone());
         }
         let l = self.fs.listing(ino.0).map_err(|e| errno(&e))?;
         let mut dirs = self.dirs.lock();
         // Passes abandoned before their end (`ls | head`) leave their snapshot behind;
         // a pass that outlives this continues in a fresh listing.
-        dirs.retain(|_, (started, _)| started.elapsed() < SNAPSHOT_LIFETIME);
-        dirs.insert(ino.0, (Instant::now(), l.clone()));
+        dirs.retain(|_, pass| pass.started.elapsed() < SNAPSHOT_LIFETIME);
+        let pass = DirPass {
+            started: Instant::now(),
+            listing: l.clone(),
+        };
+        dirs.insert(ino.0, pass);
         Ok(l)
     }
 
@@ -100,7 +110,7 @@ impl FuseBridge {
             let mut dirs = self.dirs.lock();
             if dirs
                 .get(&ino.0)
-                .is_some_and(|(_, l)| Arc::ptr_eq(l, listing))
+                .is_some_and(|pass| Arc::ptr_eq(&pass.listing, listing))
             {
                 dirs.remove(&ino.0);
             }
