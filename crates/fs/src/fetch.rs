@@ -14,10 +14,11 @@ use hoardfs_cache::flight::Flights;
 use hoardfs_proto::buffers::Recycled;
 use parking_lot::Mutex;
 
+use crate::manage::Prefetched;
 use crate::nodes::{Ino, Node};
 use crate::read::{ModeKind, OpenFile, View};
 use crate::stats::Stats;
-use crate::{FsConfig, FsResult, HoardFs};
+use crate::{CacheFault, FsConfig, FsResult, HoardFs};
 
 /// A chunk of a version of a file: what one fetch is shared for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -196,6 +197,43 @@ impl Fetcher {
 }
 
 impl HoardFs {
+    /// Fetches every missing chunk of file `ino` (current version) into the disk cache.
+    pub fn prefetch(&self, ino: Ino) -> FsResult<Prefetched> {
+        self.objects.dir()?;
+        let node = self.file_node(ino)?;
+        let attr = self.validated_attr(&node)?.now;
+        let object = self
+            .objects
+            .object_for(&node, attr.file_id, attr.version, attr.size);
+        let Some(object) = object else {
+            return Err(CacheFault::CannotHold.into());
+        };
+        // Held like an open file, so the chunks fetched first are not evicted meanwhile.
+        let _hold = object.hold_open();
+        // It may have been emptied between its creation and the hold: fetch what is missing.
+        let view = View::of(&node);
+        let mut done = Prefetched {
+            size: attr.size,
+            ..Prefetched::default()
+        };
+        for c in 0..view.chunks() {
+            if let Some(bytes) = self.ensure_chunk(&node, &view, c)? {
+                done.fetched += bytes.len() as u64;
+            }
+        }
+        done.complete = object.is_complete();
+        drop(_hold);
+        drop(object);
+        // Not an open: a file nobody has open lets go of its object (its descriptors), so
+        // that prefetching a tree of any size does not hold two descriptors per file; the
+        // next open finds the object in the cache again.
+        let mut st = node.state.lock();
+        if !st.is_open() {
+            st.opens.set_object(None);
+        }
+        Ok(done)
+    }
+
     /// A queued readahead job: fetches chunk `c` for `of` into the disk cache unless the
     /// open was released, the file has no cached object any more, shrank below the chunk,
     /// or the reader already asked for all of it.

@@ -40,7 +40,7 @@ mod write;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use hoardfs_cache::CacheDir;
+use hoardfs_cache::{CacheDir, Usage, VerifyReport};
 use hoardfs_origin::{Attr, FileKind, Handle, Origin, OriginError, StatFs, WireError};
 
 pub use callbacks::KernelNotifier;
@@ -55,6 +55,7 @@ pub use snapshot::{NamespaceSnapshot, SnapshotError};
 pub use stats::{Stats, StatsSnapshot};
 
 use callbacks::Callbacks;
+use manage::CacheManager;
 use nodes::NodeTable;
 
 /// Files of one listing whose cached records are read ahead at most (the first ones by
@@ -316,6 +317,50 @@ impl HoardFs {
 
     fn node(&self, ino: Ino) -> FsResult<Arc<Node>> {
         self.nodes.get(ino).ok_or(FsError::BadHandle)
+    }
+
+    /// The node of regular file `ino` (anything else is an error).
+    pub(crate) fn file_node(&self, ino: Ino) -> FsResult<Arc<Node>> {
+        let node = self.node(ino)?;
+        match node.kind {
+            FileKind::File => Ok(node),
+            FileKind::Dir => Err(WireError::IsDir.into()),
+            _ => Err(WireError::Invalid.into()),
+        }
+    }
+
+    /// Cache management (`crate::manage`) over this mount's nodes and objects.
+    fn manager(&self) -> CacheManager<'_> {
+        CacheManager::new(&self.nodes, &self.objects)
+    }
+
+    /// Occupancy, limits and counters of the disk cache (`None` without one).
+    pub fn cache_usage(&self) -> Option<Usage> {
+        self.manager().usage()
+    }
+
+    /// Every object in the disk cache of this mount's export.
+    pub fn cache_entries(&self) -> FsResult<Vec<CachedEntry>> {
+        self.manager().entries()
+    }
+
+    /// Pins (keeps from eviction) or unpins file `ino`.
+    pub fn pin(&self, ino: Ino, pinned: bool, priority: u16) -> FsResult<()> {
+        let node = self.file_node(ino)?;
+        self.manager().pin(&node, pinned, priority)
+    }
+
+    /// Drops file `ino` from the disk cache; returns the bytes freed (0 if nothing of it
+    /// was cached). Pinned and open files are refused.
+    pub fn evict(&self, ino: Ino) -> FsResult<u64> {
+        let node = self.file_node(ino)?;
+        self.manager().evict(&node)
+    }
+
+    /// Checks every cached chunk against its checksum; bad chunks are dropped (and fetched
+    /// again when next read).
+    pub fn verify_cache(&self, progress: &dyn Fn(u64, u64)) -> FsResult<VerifyReport> {
+        self.manager().verify(progress)
     }
 
     /// Runs `op` with the node's handle; if the origin says the handle is stale (server

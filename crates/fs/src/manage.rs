@@ -1,15 +1,15 @@
 //! Cache management on a running mount, for the control socket and the hoard file: what is
-//! cached (with paths where the client knows them), pinning, explicit eviction, prefetching
-//! a file into the cache without reading it through the kernel, and the checksum scrub.
+//! cached (with paths where the client knows them), pinning, explicit eviction and the
+//! checksum scrub. A [`CacheManager`] borrows the node table (for paths) and the mount's
+//! objects (for the cache and which objects are this export's); `HoardFs` resolves inodes
+//! and hands it their nodes. Prefetching, which fetches, lives with the fetch path
+//! (`fetch.rs`).
 
-use std::sync::Arc;
+use hoardfs_cache::{CacheDir, EvictError, Usage, VerifyReport};
 
-use hoardfs_cache::{EvictError, ObjectKey, Usage, VerifyReport};
-use hoardfs_origin::{FileKind, WireError};
-
-use crate::nodes::{Ino, Node, ROOT_INO};
-use crate::read::View;
-use crate::{CacheFault, FsResult, HoardFs};
+use crate::nodes::{Node, NodeTable, ROOT_INO};
+use crate::objects::Objects;
+use crate::{CacheFault, FsResult};
 
 /// One cached object as `hoardfs cache ls` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,27 +39,25 @@ pub struct Prefetched {
     pub complete: bool,
 }
 
-impl HoardFs {
-    fn cache_or_err(&self) -> FsResult<&hoardfs_cache::CacheDir> {
+/// Cache management over one mount's node table and objects.
+pub(crate) struct CacheManager<'a> {
+    nodes: &'a NodeTable,
+    objects: &'a Objects,
+}
+
+impl<'a> CacheManager<'a> {
+    /// A manager of `objects`, naming files by the paths `nodes` knows.
+    pub(crate) fn new(nodes: &'a NodeTable, objects: &'a Objects) -> Self {
+        CacheManager { nodes, objects }
+    }
+
+    /// The disk cache (an error on a mount without one).
+    fn cache(&self) -> FsResult<&'a CacheDir> {
         self.objects.dir()
     }
 
-    /// The node of regular file `ino` (anything else is an error).
-    pub(crate) fn file_node(&self, ino: Ino) -> FsResult<Arc<Node>> {
-        let node = self.node(ino)?;
-        match node.kind {
-            FileKind::File => Ok(node),
-            FileKind::Dir => Err(WireError::IsDir.into()),
-            _ => Err(WireError::Invalid.into()),
-        }
-    }
-
-    fn key_of(&self, node: &Node) -> ObjectKey {
-        self.objects.key(node.state.lock().attr().file_id)
-    }
-
     /// Occupancy, limits and counters of the disk cache (`None` without one).
-    pub fn cache_usage(&self) -> Option<Usage> {
+    pub(crate) fn usage(&self) -> Option<Usage> {
         self.objects.dir_if_any().map(|c| c.usage())
     }
 
@@ -81,8 +79,8 @@ impl HoardFs {
     }
 
     /// Every object in the disk cache of this mount's export.
-    pub fn cache_entries(&self) -> FsResult<Vec<CachedEntry>> {
-        let cache = self.cache_or_err()?;
+    pub(crate) fn entries(&self) -> FsResult<Vec<CachedEntry>> {
+        let cache = self.cache()?;
         let mut out: Vec<CachedEntry> = cache
             .entries()
             .into_iter()
@@ -103,66 +101,31 @@ impl HoardFs {
         Ok(out)
     }
 
-    /// Pins (keeps from eviction) or unpins file `ino`.
-    pub fn pin(&self, ino: Ino, pinned: bool, priority: u16) -> FsResult<()> {
-        let cache = self.cache_or_err()?;
-        let node = self.file_node(ino)?;
-        cache.pin(self.key_of(&node), pinned, priority);
+    /// Pins (keeps from eviction) or unpins the file of `node`.
+    pub(crate) fn pin(&self, node: &Node, pinned: bool, priority: u16) -> FsResult<()> {
+        let cache = self.cache()?;
+        cache.pin(
+            self.objects.key(node.state.lock().attr().file_id),
+            pinned,
+            priority,
+        );
         Ok(())
     }
 
-    /// Drops file `ino` from the disk cache; returns the bytes freed (0 if nothing of it
-    /// was cached). Pinned and open files are refused.
-    pub fn evict(&self, ino: Ino) -> FsResult<u64> {
-        let cache = self.cache_or_err()?;
-        let node = self.file_node(ino)?;
-        match cache.evict(&self.key_of(&node)) {
+    /// Drops the file of `node` from the disk cache; returns the bytes freed (0 if nothing
+    /// of it was cached). Pinned and open files are refused.
+    pub(crate) fn evict(&self, node: &Node) -> FsResult<u64> {
+        let cache = self.cache()?;
+        match cache.evict(&self.objects.key(node.state.lock().attr().file_id)) {
             Ok(n) => Ok(n),
             Err(EvictError::NotCached) => Ok(0),
             Err(e) => Err(CacheFault::Evict(e).into()),
         }
     }
 
-    /// Fetches every missing chunk of file `ino` (current version) into the disk cache.
-    pub fn prefetch(&self, ino: Ino) -> FsResult<Prefetched> {
-        self.cache_or_err()?;
-        let node = self.file_node(ino)?;
-        let attr = self.validated_attr(&node)?.now;
-        let object = self
-            .objects
-            .object_for(&node, attr.file_id, attr.version, attr.size);
-        let Some(object) = object else {
-            return Err(CacheFault::CannotHold.into());
-        };
-        // Held like an open file, so the chunks fetched first are not evicted meanwhile.
-        let _hold = object.hold_open();
-        // It may have been emptied between its creation and the hold: fetch what is missing.
-        let view = View::of(&node);
-        let mut done = Prefetched {
-            size: attr.size,
-            ..Prefetched::default()
-        };
-        for c in 0..view.chunks() {
-            if let Some(bytes) = self.ensure_chunk(&node, &view, c)? {
-                done.fetched += bytes.len() as u64;
-            }
-        }
-        done.complete = object.is_complete();
-        drop(_hold);
-        drop(object);
-        // Not an open: a file nobody has open lets go of its object (its descriptors), so
-        // that prefetching a tree of any size does not hold two descriptors per file; the
-        // next open finds the object in the cache again.
-        let mut st = node.state.lock();
-        if !st.is_open() {
-            st.opens.set_object(None);
-        }
-        Ok(done)
-    }
-
     /// Checks every cached chunk against its checksum; bad chunks are dropped (and fetched
     /// again when next read).
-    pub fn verify_cache(&self, progress: &dyn Fn(u64, u64)) -> FsResult<VerifyReport> {
-        Ok(self.cache_or_err()?.verify(progress))
+    pub(crate) fn verify(&self, progress: &dyn Fn(u64, u64)) -> FsResult<VerifyReport> {
+        Ok(self.cache()?.verify(progress))
     }
 }
