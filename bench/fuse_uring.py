@@ -38,6 +38,11 @@ import sys
 import tempfile
 import time
 
+# Free-space thresholds for cached mounts and tiers: the defaults (cull below 7 % free,
+# stop below 3 %) are percentages of the whole disk and would evict the benchmark's cache
+# on a nearly full one.
+LOW_THRESHOLDS = ["--bstop", "0", "--bcull", "1", "--brun", "2"]
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(REPO, "bench", "fuse-uring", "open_bench.c")
 PARAM = "/sys/module/fuse/parameters/enable_uring"
@@ -118,7 +123,7 @@ class Hoardfs:
         os.makedirs(mnt, exist_ok=True)
         cache = os.path.join(self.work, "cache")
         p = self.spawn([self.binary, "mount", self.addr, mnt, "--cache-dir", cache,
-                        "--insecure-plaintext", *extra])
+                        "--insecure-plaintext", *LOW_THRESHOLDS, *extra])
         deadline = time.monotonic() + 30
         while not is_mounted(mnt):
             if p.poll() is not None or time.monotonic() > deadline:

@@ -36,6 +36,10 @@ MiB = 1 << 20
 KEY_ID = "GKbench000000000000000001"
 SECRET = "hoardfs-bench-secret-0123456789abcdef0123456789"
 BUCKET = "bench"
+# Free-space thresholds for cached mounts and tiers: the defaults (cull below 7 % free,
+# stop below 3 %) are percentages of the whole disk and would evict the benchmark's cache
+# on a nearly full one.
+LOW_THRESHOLDS = ["--bstop", "0", "--bcull", "1", "--brun", "2"]
 
 
 def free_port():
@@ -159,7 +163,8 @@ def umount(mnt):
 def hoardfs_mount(a, g, mnt, cache, extra=()):
     os.makedirs(mnt, exist_ok=True)
     subprocess.run([a.binary, "mount", f"s3://{BUCKET}", mnt, "--cache-dir", cache,
-                    "--endpoint-url", g.endpoint(), "--force-path-style", "--daemon", *extra],
+                    "--endpoint-url", g.endpoint(), "--force-path-style", "--daemon",
+                    *LOW_THRESHOLDS, *extra],
                    check=True, stdout=subprocess.DEVNULL, env=clean_env())
 
 
@@ -357,7 +362,8 @@ def main():
             p = subprocess.Popen([a.binary, "serve", "--origin", f"s3://{BUCKET}", "--cache-dir",
                                   os.path.join(d, "cache"), "--endpoint-url", g.endpoint(),
                                   "--force-path-style", "--listen", "127.0.0.1:0",
-                                  "--insecure-plaintext", "--state-dir", os.path.join(d, "st")],
+                                  "--insecure-plaintext", "--state-dir", os.path.join(d, "st"),
+                                  *LOW_THRESHOLDS],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                  env=clean_env())
             addr = p.stdout.readline().rsplit(" on ", 1)[1].split()[0]
@@ -366,7 +372,7 @@ def main():
                 m = os.path.join(d, f"m{i}")
                 os.makedirs(m)
                 subprocess.run([a.binary, "mount", addr, m, "--cache-dir", os.path.join(d, f"c{i}"),
-                                "--insecure-plaintext", "--daemon"], check=True,
+                                "--insecure-plaintext", "--daemon", *LOW_THRESHOLDS], check=True,
                                stdout=subprocess.DEVNULL)
                 mnts.append(m)
             before = g.metric("block_bytes_read")

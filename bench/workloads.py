@@ -3,10 +3,15 @@
 
 * metadata (seed 004): `ls -lR` over 516 directories / 1,548 files through the shaped
   100 Mbit/s link of seed000.py: cold (empty cache), warm, after a remount; server round
-  trips counted with `hoardfs server-stats`; local disk and sshfs alongside.
+  trips counted with `hoardfs server-stats`; local disk, sshfs and rclone alongside.
 * small files (seed 002): 1,000 files of 20-250 KiB over the same link: first read
   (empty cache), warm (page cache), hot (remounted on the disk cache, page caches
-  dropped, server side warm); local disk and sshfs alongside.
+  dropped, server side warm); local disk, sshfs and rclone alongside.
+
+  rclone: `rclone serve sftp` of the same directory in the server namespace (its own SSH
+  server, password login) and `rclone mount --vfs-cache-mode full` with a disk cache of
+  its own, the way rclone caches a remote; its hot row is a remount on that cache with
+  the page cache dropped, as hoardfs's.
 * scaling (seed 003): N = 1, 4, 16, 64, 256 reader processes, each reading its own files
   over and over for a fixed time with 4 KiB or 128 KiB read() calls, through four
   --no-cache clients (mounted once) of one server on loopback, and the same readers on
@@ -43,6 +48,8 @@ REPO = seed000.REPO
 WORK = os.path.join(REPO, "bench", "out", "work-workloads")
 seed000.WORK, seed000.PIDFILE = WORK, os.path.join(WORK, "pids.json")
 SRV_IP, PORT, SFTP_PORT, LOOP_PORT = seed000.SRV_IP, 7080, 7082, 7083
+RCLONE_PORT = 7084
+THRESHOLD_FLAGS = {"brun", "bcull", "bstop", "frun", "fcull", "fstop"}
 KiB = 1024
 
 
@@ -156,10 +163,31 @@ class Rig(seed000.Bench):
 
     def hoard(self, cache, addr=None, mnt=None, extra=()):
         mnt = mnt or os.path.join(WORK, "mnt-hoardfs")
-        opts = ["--cache-dir", cache, *seed000.LOW_THRESHOLDS] if cache else ["--no-cache"]
+        opts = ["--cache-dir", cache] if cache else ["--no-cache"]
         opts += [*extra, *(a for a in self.args.mount_opt or [] if a not in extra)]
+        # Unless a threshold is given (twice is refused): see seed000.LOW_THRESHOLDS.
+        if cache and not any(o.lstrip("-").split("=")[0] in THRESHOLD_FLAGS for o in opts):
+            opts += seed000.LOW_THRESHOLDS
         return self.mount([self.args.binary, "mount", addr or self.addr, mnt, *opts],
                           mnt, "hoardfs-mount")
+
+    def start_rclone_server(self, srv_dir):
+        """In the server namespace: `rclone serve sftp srv_dir` (SSH with a password)."""
+        p = self.spawn(in_ns("rclone", "serve", "sftp", srv_dir, "--addr",
+                             f"{SRV_IP}:{RCLONE_PORT}", "--user", "bench", "--pass", "bench",
+                             "--config", os.path.join(WORK, "rclone.conf")), "rclone-serve")
+        self.wait_for(p, lambda: sh(in_ns("ss", "-Hltn", f"sport = :{RCLONE_PORT}")).stdout
+                      .strip(), "rclone serve sftp")
+
+    def rclone(self, cache):
+        """`rclone mount --vfs-cache-mode full` of the rclone server, caching in `cache`."""
+        mnt = os.path.join(WORK, "mnt-rclone")
+        secret = sh(["rclone", "obscure", "bench"]).stdout.strip()
+        remote = f":sftp,host={SRV_IP},port={RCLONE_PORT},user=bench,pass={secret}:"
+        return self.mount(["rclone", "mount", remote, mnt, "--vfs-cache-mode", "full",
+                           "--cache-dir", cache, "--config", os.path.join(WORK, "rclone.conf"),
+                           *(self.args.rclone_opt or [])],
+                          mnt, "rclone-mount")
 
     def sshfs(self):
         mnt = os.path.join(WORK, "mnt-sshfs")
@@ -194,6 +222,15 @@ def metadata(rig, res):
         warm_server_side(os.path.join(WORK, "srv", "tree"))
         out["sshfs cold"] = timed(lambda: ls_lr(os.path.join(mnt, "tree")))
         out["sshfs warm"] = median_time(lambda: ls_lr(os.path.join(mnt, "tree")), 3)
+        rig.unmount(mnt)
+    if not rig.args.skip_rclone:
+        rcache = os.path.join(WORK, "rclone-cache")
+        shutil.rmtree(rcache, ignore_errors=True)
+        mnt = rig.rclone(rcache)
+        drop_caches()
+        warm_server_side(os.path.join(WORK, "srv", "tree"))
+        out["rclone cold"] = timed(lambda: ls_lr(os.path.join(mnt, "tree")))
+        out["rclone warm"] = median_time(lambda: ls_lr(os.path.join(mnt, "tree")), 3)
         rig.unmount(mnt)
 
 
@@ -252,14 +289,28 @@ def small_files(rig, res):
     out["hoardfs kernel opens hot"], out["hoardfs kernel opens warm"] = hot_then_warm(
         ["--read-only", "--kernel-opens"])
     out["link MB/s"] = rate_mbit(rig.args.rate) / 8
-    if not rig.args.skip_sshfs:
-        mnt = rig.sshfs()
+    def first_and_warm(name, mnt):
+        """A peer's first read (server side warm, page cache dropped) and warm re-read."""
         d = os.path.join(mnt, "small")
         drop_caches()
         warm_server_side(srv)
         os.listdir(d)
-        out["sshfs first"] = rate(timed(lambda: read_files(d)))
-        out["sshfs warm"] = rate(median_time(lambda: read_files(d), 3))
+        out[f"{name} first"] = rate(timed(lambda: read_files(d)))
+        out[f"{name} warm"] = rate(median_time(lambda: read_files(d), 3))
+        rig.unmount(mnt)
+
+    if not rig.args.skip_sshfs:
+        first_and_warm("sshfs", rig.sshfs())
+    if not rig.args.skip_rclone:
+        rcache = os.path.join(WORK, "rclone-cache")
+        shutil.rmtree(rcache, ignore_errors=True)
+        first_and_warm("rclone", rig.rclone(rcache))
+        drop_caches()
+        warm_server_side(srv)
+        mnt = rig.rclone(rcache)
+        d = os.path.join(mnt, "small")
+        os.listdir(d)
+        out["rclone hot"] = rate(timed(lambda: read_files(d)))
         rig.unmount(mnt)
 
 
@@ -267,7 +318,8 @@ def fuse_transport(rig, mnt):
     """How the mount at `mnt` is served: "io_uring" or "dev_fuse" (`hoardfs stats`)."""
     out = subprocess.run([rig.args.binary, "stats", mnt, "--json"], check=True,
                          capture_output=True, text=True).stdout
-    return json.loads(out)["fuse"]["transport"]
+    # Builds from before the io_uring transport report no "fuse": they use /dev/fuse.
+    return json.loads(out).get("fuse", {}).get("transport", "dev_fuse")
 
 
 URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
@@ -743,10 +795,12 @@ def plots(res, out_dir):
         ms = lambda k: None if k not in m else m[k] * 1000
         svgplot.bar_chart(os.path.join(out_dir, "lslr.svg"),
                           "ls -lR, 516 dirs / 1,548 files (lower is better)", "milliseconds",
-                          [("cold", [ms("local cold"), ms("hoardfs cold"), ms("sshfs cold")]),
-                           ("warm", [ms("local warm"), ms("hoardfs warm"), ms("sshfs warm")]),
-                           ("after remount", [None, ms("hoardfs remount"), None])],
-                          ["local disk", "hoardfs", "sshfs"],
+                          [("cold", [ms("local cold"), ms("hoardfs cold"), ms("sshfs cold"),
+                                     ms("rclone cold")]),
+                           ("warm", [ms("local warm"), ms("hoardfs warm"), ms("sshfs warm"),
+                                     ms("rclone warm")]),
+                           ("after remount", [None, ms("hoardfs remount"), None, None])],
+                          ["local disk", "hoardfs", "sshfs", "rclone"],
                           note=f"hoardfs server round trips: cold {m['hoardfs cold round trips']}, "
                                f"warm {m['hoardfs warm round trips']}, after remount "
                                f"{m['hoardfs remount round trips']}")
@@ -757,13 +811,14 @@ def plots(res, out_dir):
         svgplot.bar_chart(os.path.join(out_dir, "small-files.svg"),
                           "1,000 files of 20-250 KiB: read rate (higher is better)", "MB/s",
                           [("first read / cold", [g("local cold"), g("hoardfs first"),
-                                                  None, g("sshfs first")]),
+                                                  None, g("sshfs first"), g("rclone first")]),
                            ("warm (page cache)", [g("local warm"), g("hoardfs warm"),
                                                   g("hoardfs kernel opens warm"),
-                                                  g("sshfs warm")]),
+                                                  g("sshfs warm"), g("rclone warm")]),
                            ("hot (remounted)", [g("local cold"), g("hoardfs hot"),
-                                                g("hoardfs kernel opens hot"), None])],
-                          ["local disk", "hoardfs", "hoardfs --kernel-opens", "sshfs"],
+                                                g("hoardfs kernel opens hot"), None,
+                                                g("rclone hot")])],
+                          ["local disk", "hoardfs", "hoardfs --kernel-opens", "sshfs", "rclone"],
                           note=f"link {s['link MB/s']:.1f} MB/s; hot is compared with the local "
                                "disk with its page cache dropped")
         made.append("small-files.svg")
@@ -775,7 +830,7 @@ def report(res, chk):
     if m:
         print("\nls -lR (516 dirs, 1548 files)   seconds   server round trips")
         for k in ("local cold", "local warm", "hoardfs cold", "hoardfs warm", "hoardfs remount",
-                  "sshfs cold", "sshfs warm"):
+                  "sshfs cold", "sshfs warm", "rclone cold", "rclone warm"):
             if k in m:
                 rt = m.get(k + " round trips", "")
                 print(f"  {k:<28} {m[k]:8.4f}   {rt}")
@@ -785,7 +840,8 @@ def report(res, chk):
         for k in ("local cold", "local warm", "hoardfs first", "hoardfs warm", "hoardfs hot",
                   "hoardfs hot warm", "hoardfs hot, /dev/fuse", "hoardfs warm, /dev/fuse",
                   "hoardfs kernel opens hot", "hoardfs kernel opens warm",
-                  "sshfs first", "sshfs warm", "link MB/s",
+                  "sshfs first", "sshfs warm", "rclone first", "rclone warm", "rclone hot",
+                  "link MB/s",
                   "local warm, one CPU", "hoardfs warm, one CPU"):
             if k in s:
                 print(f"  {k:<28} {s[k]:8.1f}")
@@ -832,6 +888,9 @@ def main():
                          "min_free_ms; restored afterwards), so page cache recycled within "
                          "the point is not refaulted from the host")
     ap.add_argument("--skip-sshfs", action="store_true")
+    ap.add_argument("--skip-rclone", action="store_true")
+    ap.add_argument("--rclone-opt", action="append", metavar="ARG",
+                    help="extra argument for every rclone mount (repeatable)")
     ap.add_argument("--mount-opt", action="append", metavar="ARG",
                     help="extra argument for every hoardfs mount (repeatable)")
     ap.add_argument("--serve-opt", action="append", metavar="ARG",
@@ -849,6 +908,10 @@ def main():
     args.binary = os.path.abspath(args.binary)
     only = set(args.only or ["metadata", "small", "scaling"])
     seed000.ensure_packages()
+    if not args.skip_rclone and not shutil.which("rclone"):
+        log("installing rclone (its rows; --skip-rclone leaves them out)")
+        subprocess.run(["apt-get", "update"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "rclone"], check=True)
     if not os.path.exists(args.binary):
         log(f"{args.binary} missing: running cargo build --release")
         subprocess.run(["cargo", "build", "--release"], cwd=REPO, check=True)
@@ -871,6 +934,8 @@ def main():
             seed000.setup_network(args.rate)
             rig.start_ns_servers(os.path.join(WORK, "srv"), PORT, sftp=not args.skip_sshfs,
                                  sftp_port=SFTP_PORT)
+            if not args.skip_rclone:
+                rig.start_rclone_server(os.path.join(WORK, "srv"))
             if "metadata" in only:
                 metadata(rig, res)
             if "small" in only:

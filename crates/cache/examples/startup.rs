@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use hoardfs_cache::{CacheDir, Limits, ObjectKey};
+use hoardfs_cache::{CacheDir, Limits, ObjectKey, unwatched_probe};
 use rand::{Rng, SeedableRng};
 
 fn key(i: u64) -> ObjectKey {
@@ -49,7 +49,7 @@ fn main() {
         }
         "measure" => {
             let t = Instant::now();
-            let c = CacheDir::open_with(&dir, Limits::default(), None).unwrap();
+            let c = CacheDir::open_with(&dir, Limits::default(), Some(unwatched_probe())).unwrap();
             let open_s = t.elapsed().as_secs_f64();
             let u = c.usage();
             assert_eq!(u.objects, n, "the index lost objects");
@@ -75,7 +75,7 @@ fn main() {
                 max_bytes: Some(u.bytes),
                 ..Limits::default()
             };
-            let c = CacheDir::open_with(&dir, limits, None).unwrap();
+            let c = CacheDir::open_with(&dir, limits, Some(unwatched_probe())).unwrap();
             let inserts = 5_000u64;
             let t = Instant::now();
             for i in 0..inserts {

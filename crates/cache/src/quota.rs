@@ -116,20 +116,24 @@ pub(crate) fn shortfall(
         .map_or(0, |m| used.saturating_add(incoming).saturating_sub(m));
     let mut files = 0;
     if let Some(s) = space {
-        let stop = s.bytes_total / 100 * limits.bstop as u64;
+        let stop = pct(s.bytes_total, limits.bstop);
         bytes = bytes.max(stop.saturating_add(incoming).saturating_sub(s.bytes_avail));
         if s.files_total > 0 {
-            let fstop = s.files_total / 100 * limits.fstop as u64;
+            let fstop = pct(s.files_total, limits.fstop);
             files = (fstop + new_files).saturating_sub(s.files_avail);
         }
     }
     (bytes, files)
 }
 
+/// `p` % of `total`, as every threshold is computed (rounded down).
+pub(crate) fn pct(total: u64, p: u8) -> u64 {
+    total / 100 * p as u64
+}
+
 /// What the background culler must free now: below `cull`, enough to get back to `run`.
 pub(crate) fn cull_target(limits: &Limits, space: Option<Space>) -> (u64, u64) {
     let Some(s) = space else { return (0, 0) };
-    let pct = |total: u64, p: u8| total / 100 * p as u64;
     let bytes = if s.bytes_avail < pct(s.bytes_total, limits.bcull) {
         pct(s.bytes_total, limits.brun) - s.bytes_avail
     } else {

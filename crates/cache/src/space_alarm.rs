@@ -1,84 +1,100 @@
 //! Says so in the log, once per change, when the cache file system runs short of room.
 //!
 //! The free-space thresholds are percentages of the whole file system the cache lives on
-//! (cachefilesd's 10/7/3 % by default). On a disk that other data fills past them, the
-//! culler keeps evicting and below `stop` nothing new is cached: every read goes to the
-//! server. That is the rule working as documented, but without a word it looks like a cache
-//! that does not work, so [`SpaceAlarm`] logs each change of [`Room`] with the numbers and
-//! what to do about it.
+//! (cachefilesd's 10/7/3 % by default). Falling below `cull` now and then is the culler's
+//! normal work on a cache that has its file system to itself, and is not reported. What is
+//! reported is what a user would otherwise take for a cache that does not work: free space
+//! below `cull` after the culler evicted everything it may ([`Room::Short`]: other data
+//! fills the disk), or below `stop` ([`Room::Stopped`]: nothing new is cached, every read
+//! goes to the server). [`SpaceAlarm`] logs a warning with the numbers and what to do when
+//! the room shrinks to one of these, and a note when it is back above `run` (a state is
+//! left only past the next threshold up, so a disk hovering at a line does not flap).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::quota::{Limits, Space};
+use crate::quota::{Limits, Space, pct};
 
 /// How much room the thresholds leave the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Room {
-    /// Above the cull thresholds (or free space unknown).
+    /// Room enough (or free space unknown).
     Enough = 0,
-    /// Below a cull threshold: cached files are being evicted.
-    Culling = 1,
+    /// Below a cull threshold with nothing left that the culler may evict.
+    Short = 1,
     /// Below a stop threshold: nothing new is cached.
     Stopped = 2,
 }
 
 impl Room {
-    /// The room `space` leaves under `limits`, and a description of the scarcer resource.
-    pub(crate) fn of(limits: &Limits, space: Option<Space>) -> (Room, String) {
-        let Some(s) = space else {
-            return (Room::Enough, String::new());
-        };
-        let pct = |avail: u64, total: u64| avail as f64 * 100.0 / total.max(1) as f64;
-        let mut worst = (Room::Enough, String::new());
-        let checks = [
-            (
-                "space",
-                s.bytes_avail,
-                s.bytes_total,
-                limits.bcull,
-                limits.bstop,
-                limits.brun,
-            ),
-            (
-                "inodes",
-                s.files_avail,
-                s.files_total,
-                limits.fcull,
-                limits.fstop,
-                limits.frun,
-            ),
-        ];
-        for (what, avail, total, cull, stop, run) in checks {
-            if total == 0 {
-                continue;
-            }
-            let free = pct(avail, total);
-            let (room, why) = if free < stop as f64 {
-                let p = if what == "space" { "b" } else { "f" };
-                (
-                    Room::Stopped,
-                    format!(
-                        "{free:.1}% of its {what} free, below {p}stop {stop}%: nothing new is \
-                         cached and reads go to the server"
-                    ),
-                )
-            } else if free < cull as f64 {
-                let p = if what == "space" { "b" } else { "f" };
-                (
-                    Room::Culling,
-                    format!(
-                        "{free:.1}% of its {what} free, below {p}cull {cull}%: cached files \
-                         are evicted until {run}% is free"
-                    ),
-                )
-            } else {
-                continue;
-            };
-            if room > worst.0 {
-                worst = (room, why);
-            }
+    fn from_u8(v: u8) -> Room {
+        match v {
+            1 => Room::Short,
+            2 => Room::Stopped,
+            _ => Room::Enough,
         }
-        worst
+    }
+
+    /// The room after `before`, given `space` and whether the culler, having just run,
+    /// is still short of its target (`exhausted`).
+    pub(crate) fn next(
+        before: Room,
+        limits: &Limits,
+        space: Option<Space>,
+        exhausted: bool,
+    ) -> Room {
+        let Some(s) = space else {
+            return Room::Enough;
+        };
+        let below = |b: u8, f: u8| {
+            s.bytes_avail < pct(s.bytes_total, b)
+                || (s.files_total > 0 && s.files_avail < pct(s.files_total, f))
+        };
+        let (stop, cull, run) = (
+            below(limits.bstop, limits.fstop),
+            below(limits.bcull, limits.fcull),
+            below(limits.brun, limits.frun),
+        );
+        // Each state is left only past the next threshold up.
+        let stopped = stop || (before == Room::Stopped && cull);
+        let short =
+            (cull && (exhausted || before == Room::Short)) || (before != Room::Enough && run);
+        if stopped {
+            Room::Stopped
+        } else if short {
+            Room::Short
+        } else {
+            Room::Enough
+        }
+    }
+
+    /// What the cache file system has now, in words, for the log.
+    fn describe(self, limits: &Limits, space: Option<Space>) -> String {
+        let Some(s) = space else {
+            return String::new();
+        };
+        let free = |avail: u64, total: u64| avail as f64 * 100.0 / total.max(1) as f64;
+        let (b, f) = (
+            free(s.bytes_avail, s.bytes_total),
+            free(s.files_avail, s.files_total),
+        );
+        // The scarcer of space and inodes, against its thresholds.
+        let inodes = s.files_total > 0 && f - f64::from(limits.fcull) < b - f64::from(limits.bcull);
+        let (what, free, p, cull, stop, run) = if inodes {
+            ("inodes", f, "f", limits.fcull, limits.fstop, limits.frun)
+        } else {
+            ("space", b, "b", limits.bcull, limits.bstop, limits.brun)
+        };
+        match self {
+            Room::Stopped => format!(
+                "{free:.1}% of its {what} free, below {p}stop {stop}%: nothing new is cached \
+                 and reads go to the server"
+            ),
+            Room::Short => format!(
+                "{free:.1}% of its {what} free, below {p}cull {cull}% with nothing left to \
+                 evict (open and pinned files stay): other data fills it"
+            ),
+            Room::Enough => format!("{free:.1}% of its {what} free again, {p}run is {run}%"),
+        }
     }
 }
 
@@ -89,24 +105,27 @@ pub(crate) struct SpaceAlarm {
 }
 
 impl SpaceAlarm {
-    /// Looks at `space`; logs a warning when the room shrinks, a note when it is back.
-    pub(crate) fn observe(&self, limits: &Limits, space: Option<Space>) {
-        let (room, why) = Room::of(limits, space);
-        let before = self.last.swap(room as u8, Ordering::Relaxed);
-        if before == room as u8 {
-            return;
+    /// After a round of culling: `space` now, and whether the culler is still short of its
+    /// target. Logs a warning when the room shrinks, a note when it grows.
+    pub(crate) fn observe(&self, limits: &Limits, space: Option<Space>, exhausted: bool) -> Room {
+        let before = Room::from_u8(self.last.load(Ordering::Relaxed));
+        let room = Room::next(before, limits, space, exhausted);
+        if room == before {
+            return room;
         }
-        if room == Room::Enough {
-            tracing::info!("the cache file system has room again: caching as usual");
-        } else if room as u8 > before {
+        self.last.store(room as u8, Ordering::Relaxed);
+        let now = room.describe(limits, space);
+        if room > before {
             tracing::warn!(
-                "the cache file system has {why}. Free space there, give the cache a file \
-                 system of its own, or lower the thresholds (mount options bcull/brun/bstop, \
-                 fcull/frun/fstop)"
+                "the cache file system has {now}. Free space there, give the cache a file \
+                 system of its own, or lower the thresholds (bcull/brun/bstop, fcull/frun/fstop)"
             );
+        } else if room == Room::Enough {
+            tracing::info!("the cache file system has {now}: caching as usual");
         } else {
-            tracing::info!("the cache file system has {why}");
+            tracing::info!("the cache file system has {now}");
         }
+        room
     }
 }
 
@@ -124,21 +143,18 @@ mod tests {
     }
 
     #[test]
-    fn the_scarcer_resource_decides_and_the_message_names_it() {
+    fn culling_alone_is_normal_and_short_or_stopped_is_reported() {
         let l = Limits::default();
-        assert_eq!(Room::of(&l, None).0, Room::Enough);
-        assert_eq!(Room::of(&l, space(50, 50)).0, Room::Enough);
-        let (room, why) = Room::of(&l, space(6, 50));
-        assert_eq!(room, Room::Culling);
-        assert!(
-            why.contains("6.0% of its space free, below bcull 7%"),
-            "{why}"
-        );
-        assert!(why.contains("until 10% is free"), "{why}");
-        let (room, why) = Room::of(&l, space(6, 2));
-        assert_eq!(room, Room::Stopped);
-        assert!(why.contains("of its inodes free, below fstop 3%"), "{why}");
-        assert!(why.contains("nothing new is cached"), "{why}");
+        let next = |before, b, f, exhausted| Room::next(before, &l, space(b, f), exhausted);
+        assert_eq!(Room::next(Room::Enough, &l, None, true), Room::Enough);
+        assert_eq!(next(Room::Enough, 50, 50, false), Room::Enough);
+        // Below bcull while the culler still finds something to evict: its normal work.
+        assert_eq!(next(Room::Enough, 6, 50, false), Room::Enough);
+        // Below bcull with nothing left to evict, by space or by inodes.
+        assert_eq!(next(Room::Enough, 6, 50, true), Room::Short);
+        assert_eq!(next(Room::Enough, 50, 6, true), Room::Short);
+        assert_eq!(next(Room::Enough, 2, 50, false), Room::Stopped);
+        assert_eq!(next(Room::Enough, 50, 2, false), Room::Stopped);
         // Thresholds of 0 never stop caching.
         let low = Limits {
             bstop: 0,
@@ -146,19 +162,51 @@ mod tests {
             brun: 2,
             ..l
         };
-        assert_eq!(Room::of(&low, space(0, 50)).0, Room::Culling);
-        assert_eq!(Room::of(&low, space(1, 50)).0, Room::Enough);
+        assert_eq!(
+            Room::next(Room::Enough, &low, space(0, 50), true),
+            Room::Short
+        );
+        assert_eq!(
+            Room::next(Room::Enough, &low, space(2, 50), true),
+            Room::Enough
+        );
     }
 
     #[test]
-    fn the_alarm_remembers_the_last_room() {
+    fn a_state_is_left_only_past_the_next_threshold_up() {
+        let l = Limits::default();
+        let next = |before, b| Room::next(before, &l, space(b, 50), false);
+        // Stopped until bcull is free again, then short until brun is.
+        assert_eq!(next(Room::Stopped, 4), Room::Stopped);
+        assert_eq!(next(Room::Stopped, 8), Room::Short);
+        assert_eq!(next(Room::Short, 8), Room::Short);
+        assert_eq!(next(Room::Short, 10), Room::Enough);
+    }
+
+    #[test]
+    fn the_message_names_the_scarcer_resource_and_its_threshold() {
+        let l = Limits::default();
+        let why = Room::Short.describe(&l, space(6, 50));
+        assert!(
+            why.contains("6.0% of its space free, below bcull 7%"),
+            "{why}"
+        );
+        let why = Room::Stopped.describe(&l, space(50, 2));
+        assert!(
+            why.contains("2.0% of its inodes free, below fstop 3%"),
+            "{why}"
+        );
+        assert!(why.contains("nothing new is cached"), "{why}");
+    }
+
+    #[test]
+    fn the_alarm_reports_each_change_once() {
         let l = Limits::default();
         let a = SpaceAlarm::default();
-        a.observe(&l, space(6, 50));
-        assert_eq!(a.last.load(Ordering::Relaxed), Room::Culling as u8);
-        a.observe(&l, space(2, 50));
-        assert_eq!(a.last.load(Ordering::Relaxed), Room::Stopped as u8);
-        a.observe(&l, space(50, 50));
+        assert_eq!(a.observe(&l, space(6, 50), true), Room::Short);
+        assert_eq!(a.observe(&l, space(6, 50), false), Room::Short);
+        assert_eq!(a.observe(&l, space(2, 50), false), Room::Stopped);
+        assert_eq!(a.observe(&l, space(50, 50), false), Room::Enough);
         assert_eq!(a.last.load(Ordering::Relaxed), Room::Enough as u8);
     }
 }

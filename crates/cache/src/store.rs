@@ -521,13 +521,20 @@ impl Store {
     }
 
     /// One round of background culling: below the `cull` thresholds, evict until the `run`
-    /// thresholds are free again (at most `batch` objects per lock hold).
+    /// thresholds are free again (at most `batch` objects per lock hold). Then tells the
+    /// alarm how much room there is and whether the culler fell short.
     pub(crate) fn cull(&self, batch: usize) -> u64 {
+        let evicted = self.cull_round(batch);
+        let space = (self.probe)();
+        let exhausted = cull_target(&self.limits, space) != (0, 0);
+        self.alarm.observe(&self.limits, space, exhausted);
+        evicted
+    }
+
+    fn cull_round(&self, batch: usize) -> u64 {
         let mut evicted = 0;
-        let mut space = (self.probe)();
-        self.alarm.observe(&self.limits, space);
         loop {
-            let (bytes, files) = cull_target(&self.limits, space);
+            let (bytes, files) = cull_target(&self.limits, (self.probe)());
             if bytes == 0 && files == 0 {
                 return evicted;
             }
@@ -556,7 +563,6 @@ impl Store {
             if n < batch {
                 return evicted;
             }
-            space = (self.probe)();
         }
     }
 

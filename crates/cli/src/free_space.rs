@@ -6,42 +6,44 @@ use clap::Args;
 use hoardfs_cache::Limits;
 
 /// cachefilesd-style thresholds, in percent of the cache file system (blocks and inodes).
-#[derive(Args, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Args, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FreeSpaceArgs {
     /// Eviction, once started, goes on until this % of the cache file system's space is
-    /// free.
-    #[arg(long, default_value_t = 10, value_name = "PERCENT")]
-    pub brun: u8,
-    /// Eviction starts when less than this % of the cache file system's space is free.
-    #[arg(long, default_value_t = 7, value_name = "PERCENT")]
-    pub bcull: u8,
+    /// free [default: 10].
+    #[arg(long, value_name = "PERCENT")]
+    pub brun: Option<u8>,
+    /// Eviction starts when less than this % of the cache file system's space is free
+    /// [default: 7].
+    #[arg(long, value_name = "PERCENT")]
+    pub bcull: Option<u8>,
     /// Nothing new is cached while less than this % of the cache file system's space is
-    /// free (reads go straight to the server).
-    #[arg(long, default_value_t = 3, value_name = "PERCENT")]
-    pub bstop: u8,
-    /// As --brun, for free inodes (number of files) instead of space.
-    #[arg(long, default_value_t = 10, value_name = "PERCENT")]
-    pub frun: u8,
-    /// As --bcull, for free inodes (number of files) instead of space.
-    #[arg(long, default_value_t = 7, value_name = "PERCENT")]
-    pub fcull: u8,
-    /// As --bstop, for free inodes (number of files) instead of space.
-    #[arg(long, default_value_t = 3, value_name = "PERCENT")]
-    pub fstop: u8,
+    /// free (reads go straight to the server) [default: 3].
+    #[arg(long, value_name = "PERCENT")]
+    pub bstop: Option<u8>,
+    /// As --brun, for free inodes (number of files) instead of space [default: 10].
+    #[arg(long, value_name = "PERCENT")]
+    pub frun: Option<u8>,
+    /// As --bcull, for free inodes (number of files) instead of space [default: 7].
+    #[arg(long, value_name = "PERCENT")]
+    pub fcull: Option<u8>,
+    /// As --bstop, for free inodes (number of files) instead of space [default: 3].
+    #[arg(long, value_name = "PERCENT")]
+    pub fstop: Option<u8>,
 }
 
 impl FreeSpaceArgs {
     /// The cache's limits: these thresholds and `max_bytes`, checked
     /// (`stop < cull < run < 100`).
     pub fn limits(&self, max_bytes: Option<u64>) -> Result<Limits, String> {
+        let d = Limits::default();
         let l = Limits {
             max_bytes,
-            brun: self.brun,
-            bcull: self.bcull,
-            bstop: self.bstop,
-            frun: self.frun,
-            fcull: self.fcull,
-            fstop: self.fstop,
+            brun: self.brun.unwrap_or(d.brun),
+            bcull: self.bcull.unwrap_or(d.bcull),
+            bstop: self.bstop.unwrap_or(d.bstop),
+            frun: self.frun.unwrap_or(d.frun),
+            fcull: self.fcull.unwrap_or(d.fcull),
+            fstop: self.fstop.unwrap_or(d.fstop),
         };
         l.validate()?;
         Ok(l)
@@ -59,7 +61,12 @@ impl FreeSpaceArgs {
             "fstop" => &mut self.fstop,
             _ => return false,
         };
-        *slot = pct;
+        *slot = Some(pct);
         true
+    }
+
+    /// Whether any threshold was given.
+    pub fn any_given(&self) -> bool {
+        *self != FreeSpaceArgs::default()
     }
 }

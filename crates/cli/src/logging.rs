@@ -7,9 +7,9 @@ use std::path::Path;
 
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
-/// What is logged unless `HOARDFS_LOG` says otherwise: warnings, and the one-line summaries
-/// of hoard-file fetches at mount.
-const DEFAULT_FILTER: &str = "warn,hoardfs::hoard=info,fuser=error";
+/// What is logged unless `HOARDFS_LOG` says otherwise: warnings, the one-line summaries
+/// of hoard-file fetches at mount, and the cache's notes that it has room again.
+const DEFAULT_FILTER: &str = "warn,hoardfs::hoard=info,hoardfs_cache::space_alarm=info,fuser=error";
 
 /// Opens `path` for appending (created mode 0640 if missing).
 pub fn open_log_file(path: &Path) -> Result<std::fs::File, String> {

@@ -442,7 +442,7 @@ mod tests {
         assert_eq!(a.cache_dir.as_deref(), Some(Path::new("/c")));
         assert!(a.read_only && a.allow_other);
         assert_eq!(a.metrics_listen.as_deref(), Some("9100"));
-        assert_eq!(a.free_space.bcull, 9);
+        assert_eq!(a.free_space.bcull, Some(9));
         // The later of exec/noexec wins.
         assert_eq!(
             a.kernel_flags,

@@ -26,9 +26,6 @@ pub struct ServeArgs {
     /// With --origin: most bytes the tier's cache may hold (K/M/G/T suffixes).
     #[arg(long, requires = "origin", value_parser = crate::mount_args::parse_size)]
     pub cache_size: Option<u64>,
-    /// With --origin: free-space thresholds of the tier's cache directory.
-    #[command(flatten)]
-    pub free_space: crate::free_space::FreeSpaceArgs,
     /// With --origin: the store's endpoint URL.
     #[arg(long, requires = "origin", value_name = "URL")]
     pub endpoint_url: Option<String>,
@@ -94,6 +91,12 @@ pub struct ServeArgs {
     /// Append log lines to FILE instead of writing them to stderr (never coloured).
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
+    // Last: the heading carries over to the flags after it.
+    #[command(
+        flatten,
+        next_help_heading = "Free space of the tier's cache (with --origin)"
+    )]
+    pub free_space: crate::free_space::FreeSpaceArgs,
 }
 
 /// Runs the server until SIGINT/SIGTERM.
@@ -105,7 +108,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     if a.origin.is_some() {
         return run_tier(a);
     }
-    if a.free_space.limits(None)? != hoardfs_cache::Limits::default() {
+    if a.free_space.any_given() {
         return Err(
             "--brun/--bcull/--bstop/--frun/--fcull/--fstop set the thresholds of the \
                     tier's cache (with --origin); an exported directory has no cache"

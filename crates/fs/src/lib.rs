@@ -346,6 +346,8 @@ impl HoardFs {
 
     /// Pins (keeps from eviction) or unpins file `ino`.
     pub fn pin(&self, ino: Ino, pinned: bool, priority: u16) -> FsResult<()> {
+        // A mount without a cache says so before anything about `ino`.
+        self.objects.dir()?;
         let node = self.file_node(ino)?;
         self.manager().pin(&node, pinned, priority)
     }
@@ -353,6 +355,7 @@ impl HoardFs {
     /// Drops file `ino` from the disk cache; returns the bytes freed (0 if nothing of it
     /// was cached). Pinned and open files are refused.
     pub fn evict(&self, ino: Ino) -> FsResult<u64> {
+        self.objects.dir()?;
         let node = self.file_node(ino)?;
         self.manager().evict(&node)
     }

@@ -29,6 +29,23 @@ pub const HOST_INDEPENDENT_THRESHOLDS: [&str; 12] = [
     "--bstop", "0", "--bcull", "1", "--brun", "2", "--fstop", "0", "--fcull", "1", "--frun", "2",
 ];
 
+/// [`HOST_INDEPENDENT_THRESHOLDS`], or nothing if `args` names a threshold itself (clap
+/// refuses a flag given twice).
+pub fn thresholds_unless_named(args: &[&str]) -> &'static [&'static str] {
+    let named = args.iter().any(|a| {
+        [
+            "--brun", "--bcull", "--bstop", "--frun", "--fcull", "--fstop",
+        ]
+        .iter()
+        .any(|t| a.starts_with(t))
+    });
+    if named {
+        &[]
+    } else {
+        &HOST_INDEPENDENT_THRESHOLDS
+    }
+}
+
 /// The binary under test.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_hoardfs")
@@ -258,16 +275,7 @@ impl Mount {
         std::fs::create_dir_all(mnt).unwrap();
         let mut cmd = Command::new(bin());
         cmd.arg("mount").arg(source).arg(mnt).args(args);
-        let names_a_threshold = args.iter().any(|a| {
-            [
-                "--brun", "--bcull", "--bstop", "--frun", "--fcull", "--fstop",
-            ]
-            .iter()
-            .any(|t| a.starts_with(t))
-        });
-        if !names_a_threshold {
-            cmd.args(HOST_INDEPENDENT_THRESHOLDS);
-        }
+        cmd.args(thresholds_unless_named(args));
         let (child, _) = spawn_until_line(cmd, "hoardfs: mounted")?;
         Ok(Mount {
             child: Some(child),

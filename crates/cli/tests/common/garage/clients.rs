@@ -164,7 +164,7 @@ impl Garage {
             .arg("--cache-dir")
             .arg(cache)
             .args(self.s3_flags(i))
-            .args(super::super::HOST_INDEPENDENT_THRESHOLDS)
+            .args(super::super::thresholds_unless_named(extra))
             .args(extra);
         let (child, _) = super::super::spawn_until_line(cmd, "hoardfs: mounted")?;
         Ok(super::super::Mount {
@@ -190,7 +190,7 @@ impl Garage {
                 "--state-dir",
             ])
             .arg(super::super::state_dir())
-            .args(super::super::HOST_INDEPENDENT_THRESHOLDS)
+            .args(super::super::thresholds_unless_named(extra))
             .args(extra);
         let (child, line) =
             super::super::spawn_until_line(cmd, "hoardfs: serving").expect("tier starts");
