@@ -298,7 +298,13 @@ impl CachedObject {
         self.state.lock().meta.chunk_size()
     }
 
-    /// Whether chunk `i` is present.
+    /// Whether the cache refused room for a chunk within the last second (full, with
+    /// nothing it may evict): misses are then better served without whole-chunk fetches.
+    pub fn cache_refusing(&self) -> bool {
+        self.store.refusing()
+    }
+
+    /// Whether chunk `i` is cached.
     pub fn has_chunk(&self, i: u64) -> bool {
         self.state.lock().meta.is_present(i)
     }

@@ -105,6 +105,11 @@ pub(crate) struct SpaceAlarm {
 }
 
 impl SpaceAlarm {
+    /// The room the culler last saw.
+    pub(crate) fn room(&self) -> Room {
+        Room::from_u8(self.last.load(Ordering::Relaxed))
+    }
+
     /// After a round of culling: `space` now, and whether the culler is still short of its
     /// target. Logs a warning when the room shrinks, a note when it grows.
     pub(crate) fn observe(&self, limits: &Limits, space: Option<Space>, exhausted: bool) -> Room {

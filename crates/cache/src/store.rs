@@ -12,9 +12,9 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -23,7 +23,7 @@ use crate::meta::ObjectKey;
 use crate::object::CachedObject;
 use crate::policy::{Policy, Tracked};
 use crate::quota::{Counters, Limits, SpaceProbe, Usage, cull_target, shortfall};
-use crate::space_alarm::SpaceAlarm;
+use crate::space_alarm::{Room, SpaceAlarm};
 use crate::warm::Warmer;
 use crate::{CacheError, EntryInfo, object_paths};
 
@@ -116,6 +116,9 @@ pub(crate) struct Store {
     warmer: Warmer,
     /// Logs when the free space falls below the thresholds, and when it is back.
     alarm: SpaceAlarm,
+    /// When a reservation was last refused, in ms since `born` (0: never).
+    last_refusal_ms: AtomicU64,
+    born: Instant,
 }
 
 impl std::fmt::Debug for Store {
@@ -182,6 +185,8 @@ impl Store {
             cull_wake: Arc::new((Mutex::new(false), Condvar::new())),
             warmer: Warmer::default(),
             alarm: SpaceAlarm::default(),
+            last_refusal_ms: AtomicU64::new(0),
+            born: Instant::now(),
         }))
     }
 
@@ -319,8 +324,23 @@ impl Store {
         if !ok {
             Counters::add(&self.counters.refused_chunks, 1);
             Counters::add(&self.counters.refused_bytes, bytes);
+            let ms = self.born.elapsed().as_millis() as u64;
+            self.last_refusal_ms.store(ms.max(1), Ordering::Relaxed);
         }
         ok
+    }
+
+    /// Whether new data would be refused now: the culler last saw free space below a stop
+    /// threshold, or a reservation was refused within the last second (a size limit with
+    /// nothing evictable). Fetching whole chunks ahead of readers, to be dropped, would
+    /// only waste the network. (A second after a refusal the next miss tries again, so
+    /// room made meanwhile is used.)
+    pub(crate) fn refusing(&self) -> bool {
+        if self.alarm.room() == Room::Stopped {
+            return true;
+        }
+        let last = self.last_refusal_ms.load(Ordering::Relaxed);
+        last != 0 && (self.born.elapsed().as_millis() as u64).saturating_sub(last) < 1000
     }
 
     /// Ends a reservation of `reserved` bytes; the object `key` grew by `delta` bytes.

@@ -85,13 +85,20 @@ fn reading_three_times_the_limit_never_exceeds_it_and_pinned_and_open_objects_su
     assert!(pinned.is_complete(), "the pinned object was evicted");
     assert!(open.is_complete(), "the open object was evicted");
     drop(hold);
-    // Pinned and open data alone over the limit: new data is refused, not an error.
+    assert!(!pinned.cache_refusing(), "nothing was refused yet");
+    // Pinned and open data alone over the limit: new data is refused, not an error, and
+    // readers are told (so that they do not fetch whole chunks only to drop them).
     let big = c.object(key(3), 1, 7 * MIB).unwrap();
     let _h = big.hold_open();
     let stored = fill(&c, 3, 7 * MIB);
     assert!(stored < 7, "stored {stored} chunks");
     assert!(c.usage().refused_chunks > 0);
     assert!(c.usage().bytes <= limit);
+    assert!(big.cache_refusing() && pinned.cache_refusing());
+    // A second later the next miss tries again.
+    hoardfs_testutil::assert_eventually("refusals are forgotten after a second", || {
+        !big.cache_refusing()
+    });
 }
 
 #[test]

@@ -161,6 +161,10 @@ impl Fetcher {
         else {
             return;
         };
+        // A cache refusing room would drop what is fetched ahead: fetch nothing.
+        if view.object.as_ref().is_some_and(|o| o.cache_refusing()) {
+            return;
+        }
         // Chunks already in the disk cache need no fetch: queueing them would only wake a
         // fetch thread (a cross-CPU wake-up) to find them there.
         let missing: Vec<u64> = (from..=to)
@@ -242,8 +246,12 @@ impl HoardFs {
             return;
         }
         let view = View::of(&of.node);
-        // No object any more (replaced by an uncacheable version): nothing to fill.
-        if view.object.is_none() || c >= view.chunks() || view.chunk_range(c).1 <= of.read_to() {
+        // No object any more (replaced by an uncacheable version), or one whose cache has
+        // no room: nothing to fill.
+        if view.object.as_ref().is_none_or(|o| o.cache_refusing())
+            || c >= view.chunks()
+            || view.chunk_range(c).1 <= of.read_to()
+        {
             return;
         }
         if let Err(e) = self.ensure_chunk(&of.node, &view, c) {

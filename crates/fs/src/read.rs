@@ -406,11 +406,17 @@ impl HoardFs {
             return Ok(Recycled::default());
         }
         let end = offset.saturating_add(size as u64).min(view.size);
-        if view.object.is_none() {
-            return self.read_uncached(&of.node, offset, end);
-        }
         let first = offset >> view.chunk_shift;
         let last = (end - 1) >> view.chunk_shift;
+        // No object, or a cache with no room for what this read misses: fetch the bytes
+        // asked for, not whole chunks that would be dropped after this read.
+        let uncached = match &view.object {
+            None => true,
+            Some(o) => o.cache_refusing() && (first..=last).all(|c| !o.has_chunk(c)),
+        };
+        if uncached {
+            return self.read_uncached(&of.node, offset, end);
+        }
         of.read_up_to(end);
         self.fetcher.schedule(of, &view, offset, end, last);
         // A pooled buffer (no freshly faulted pages per read): fetched bytes are appended,
@@ -439,8 +445,9 @@ impl HoardFs {
     }
 
     /// A read of a file without a cached object (`--no-cache`, or a file the cache could
-    /// not take: out of room or inodes): the bytes asked for, fetched into a pooled buffer that
-    /// goes back to the pool once the reply is written. Nothing is kept between reads (the
+    /// not take: out of room or inodes), or of chunks a cache without room would not keep:
+    /// the bytes asked for, fetched into a pooled buffer that goes back to the pool once the
+    /// reply is written. Nothing is kept between reads (the
     /// kernel's page cache and readahead do that), so the memory in use is that of the
     /// requests in progress however many files are open, and stays in the CPU caches.
     /// (Fetching whole chunks and keeping them for the next reads cost a cold chunk per
