@@ -16,7 +16,8 @@
   over and over for a fixed time with 4 KiB or 128 KiB read() calls, through four
   --no-cache clients (mounted once) of one server on loopback, and the same readers on
   the local page cache; aggregate throughput, server opens per read, CPU seconds per GiB
-  (per client thread too), RSS.
+  (per client thread too), RSS; then the same readers through four sshfs and four rclone
+  (--vfs-cache-mode off) mounts of sftp servers on loopback, aggregate rate only.
 
 FUSE transport: the fuse module's `enable_uring` parameter is set for the run (and restored),
 so hoardfs mounts are served over io_uring, its default when the kernel offers it; the small
@@ -49,6 +50,7 @@ WORK = os.path.join(REPO, "bench", "out", "work-workloads")
 seed000.WORK, seed000.PIDFILE = WORK, os.path.join(WORK, "pids.json")
 SRV_IP, PORT, SFTP_PORT, LOOP_PORT = seed000.SRV_IP, 7080, 7082, 7083
 RCLONE_PORT = 7084
+PEER_SFTP_PORT, PEER_RCLONE_PORT = 7085, 7086  # the scaling peers, on loopback
 THRESHOLD_FLAGS = {"brun", "bcull", "bstop", "frun", "fcull", "fstop"}
 KiB = 1024
 
@@ -659,6 +661,55 @@ def scaling_run(rig, mnts, readers, bs, files, profile=False):
                 round((sw1[1] - sw0[1]) / max(total / MiB, 1), 1)], "server disk reads MiB": disk / MiB}
 
 
+def peer_mounts(rig, peer, n):
+    """`n` mounts of `peer` ("sshfs" or "rclone", served on loopback by the caller), as
+    uncached as each can be: sshfs as it comes, rclone with --vfs-cache-mode off."""
+    mnts = []
+    for i in range(n):
+        mnt = os.path.join(WORK, f"mnt-{peer}-scale{i}")
+        if peer == "sshfs":
+            cmd = ["sshfs", "-f", "-o", f"directport={PEER_SFTP_PORT}",
+                   f"127.0.0.1:{os.path.join(WORK, 'srv')}", mnt]
+        else:
+            secret = sh(["rclone", "obscure", "bench"]).stdout.strip()
+            cmd = ["rclone", "mount", f":sftp,host=127.0.0.1,port={PEER_RCLONE_PORT},user=bench,"
+                   f"pass={secret}:", mnt, "--vfs-cache-mode", "off",
+                   "--config", os.path.join(WORK, "rclone.conf"), *(rig.args.rclone_opt or [])]
+        mnts.append(rig.mount(cmd, mnt, f"{peer}-scale{i}"))
+    return mnts
+
+
+def peer_scaling(rig, res, files):
+    """The scaling points through sshfs and rclone (four mounts each, on loopback): the
+    aggregate rate alone, as seed 003 reports its peers."""
+    peers = [p for p in ("sshfs", "rclone") if not getattr(rig.args, f"skip_{p}")]
+    rows = res.setdefault("scaling peers", [])
+    for peer in peers:
+        if peer == "sshfs":
+            srv = rig.spawn(["socat", f"TCP-LISTEN:{PEER_SFTP_PORT},bind=127.0.0.1,reuseaddr,fork",
+                             f"EXEC:{seed000.sftp_server_path()}"], "sftp-socat-loopback")
+            port = PEER_SFTP_PORT
+        else:
+            srv = rig.spawn(["rclone", "serve", "sftp", os.path.join(WORK, "srv"), "--addr",
+                             f"127.0.0.1:{PEER_RCLONE_PORT}", "--user", "bench", "--pass",
+                             "bench", "--config", os.path.join(WORK, "rclone.conf")],
+                            "rclone-serve-loopback")
+            port = PEER_RCLONE_PORT
+        rig.wait_for(srv, lambda: sh(["ss", "-Hltn", f"sport = :{port}"]).stdout.strip(),
+                     f"{peer} server on loopback")
+        mnts = peer_mounts(rig, peer, rig.args.clients)
+        for bs in (4 * KiB, 128 * KiB):
+            for n in rig.args.readers:
+                procs = start_readers(n, bs, rig.args.scale_seconds,
+                                      [os.path.join(m, "scale") for m in mnts], files, drop=True)
+                rate, _, _, _ = finish_readers(procs)
+                rows.append({"peer": peer, "readers": n, "io_size": bs, "MB/s": rate / 1e6})
+                log(f"scaling: {peer} {n:>3} readers x {bs // KiB:>3} KiB: {rate / 1e6:7.0f} MB/s")
+        for m in mnts:
+            rig.unmount(m)
+        rig.stop(srv)
+
+
 def summarize_profile(data):
     """Writes who used the CPU (by command) and the top symbols next to a perf.data."""
     base = data[: -len(".data")]
@@ -716,6 +767,7 @@ def scaling(rig, res):
     for m in mnts:
         rig.unmount(m)
     rig.stop(p)
+    peer_scaling(rig, res, files)
 
 
 # ---------------------------------------------------------------- report
@@ -774,6 +826,13 @@ def checks(res):
                 out.append({"check": f"{bs // KiB} KiB: same on local page cache",
                             "value": rows[-1]["local MB/s"] / lbest, "op": "", "target": 0,
                             "result": "INFO"})
+        for peer in ("sshfs", "rclone"):  # the peers, same measure, no target
+            prow = [r for r in res.get("scaling peers", [])
+                    if r["peer"] == peer and r["io_size"] == bs]
+            if prow and max(r["MB/s"] for r in prow) > 0:
+                out.append({"check": f"{bs // KiB} KiB: same through {peer}",
+                            "value": prow[-1]["MB/s"] / max(r["MB/s"] for r in prow),
+                            "op": "", "target": 0, "result": "INFO"})
     return out
 
 
@@ -786,6 +845,12 @@ def plots(res, out_dir):
         series += [(f"local page cache, {bs // KiB} KiB",
                     [(r["readers"], r["local MB/s"]) for r in sc
                      if r["io_size"] == bs and "local MB/s" in r]) for bs in (4 * KiB, 128 * KiB)]
+        peers = res.get("scaling peers", [])
+        series += [(f"{peer}, {bs // KiB} KiB",
+                    [(r["readers"], r["MB/s"]) for r in peers
+                     if r["peer"] == peer and r["io_size"] == bs])
+                   for peer in ("sshfs", "rclone") for bs in (4 * KiB, 128 * KiB)
+                   if any(r["peer"] == peer for r in peers)]
         svgplot.line_chart(os.path.join(out_dir, "scaling.svg"),
                            "hoardfs server: aggregate read throughput vs parallel readers",
                            "reader processes", "MB/s (all readers)", series, xlog2=True)
@@ -858,6 +923,8 @@ def report(res, chk):
                   f"{r.get('local MB/s', 0):10.0f} "
                   f"{r['opens per read']:10.4f} {r['server CPU s/GiB']:13.2f} "
                   f"{r['client CPU s/GiB']:14.2f} {r['server RSS KiB'] / 1024:11.0f}")
+        for r in res.get("scaling peers", []):
+            print(f"  {r['readers']:>4} {r['io_size'] // KiB:>4}K {r['MB/s']:7.0f}  ({r['peer']})")
     print(f"\n{'Check':<40} {'value':>8}  target  result")
     for c in chk:
         v = "-" if c["value"] is None else f"{c['value']:.2f}"
