@@ -230,31 +230,34 @@ impl LogInner {
     }
 }
 
-impl HoardFs {
-    /// Handles breaks (on the callback thread): clears callbacks and tells the kernel.
-    pub(crate) fn apply_breaks(&self, breaks: Vec<Break>) {
-        BreakApplier {
-            nodes: &self.nodes,
-            trees: &self.trees,
-            offline: self.offline.as_ref(),
-            notifier: self.notifier.get().map(|n| &**n),
-        }
-        .apply(breaks);
-    }
-}
-
 /// What a break changes: the nodes' freshness and names, the listings read ahead, the
 /// breaks the offline log puts off, and the kernel's copies (through the notifier, once
 /// the session has one). Borrowed from the file system for one batch of breaks.
-struct BreakApplier<'a> {
+pub(crate) struct BreakApplier<'a> {
     nodes: &'a NodeTable,
     trees: &'a TreeAhead,
     offline: Option<&'a OfflineWrites>,
     notifier: Option<&'a dyn KernelNotifier>,
 }
 
-impl BreakApplier<'_> {
-    fn apply(&self, breaks: Vec<Break>) {
+impl<'a> BreakApplier<'a> {
+    /// An applier over these parts of a file system.
+    pub(crate) fn new(
+        nodes: &'a NodeTable,
+        trees: &'a TreeAhead,
+        offline: Option<&'a OfflineWrites>,
+        notifier: Option<&'a dyn KernelNotifier>,
+    ) -> Self {
+        BreakApplier {
+            nodes,
+            trees,
+            offline,
+            notifier,
+        }
+    }
+
+    /// Applies one batch of breaks, in order.
+    pub(crate) fn apply(&self, breaks: Vec<Break>) {
         for b in breaks {
             match b {
                 Break::Attr { file_id, change_id } => self.attr(file_id, change_id),

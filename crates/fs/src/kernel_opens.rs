@@ -14,20 +14,18 @@
 //! most recently created are kept (first in, first out: later reads do not refresh an
 //! entry); an older one is released (a later read simply opens it again).
 //!
-//! The table is an [`ImplicitOpens`], which owns its lock; `HoardFs` opens and releases
-//! the files it names.
+//! The table is an [`ImplicitOpens`], which owns its lock; `HoardFs` (`read.rs`:
+//! `read_unopened`) opens and releases the files it names.
 //!
 //! Lock ordering: the implicit-open table is a leaf; it is never held across `open_node`
 //! or `release`, which take node locks and the open-file table.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::nodes::{BackingError, Ino};
-use crate::read::{Access, FileHandle, OpenFile, ReadData};
-use crate::{FsResult, HoardFs};
+use crate::nodes::Ino;
+use crate::read::FileHandle;
 
 /// Implicit opens kept at most (each pins its cached object against eviction).
 pub(crate) const IMPLICIT_OPENS: usize = 1024;
@@ -41,14 +39,14 @@ pub(crate) struct ImplicitOpens {
 
 impl ImplicitOpens {
     /// `ino`'s implicit open, if it has one.
-    fn current(&self, ino: Ino) -> Option<ImplicitOpen> {
+    pub(crate) fn current(&self, ino: Ino) -> Option<ImplicitOpen> {
         self.table.lock().by_ino.get(&ino).copied()
     }
 
     /// Records `fh` as the open of `ino` at `version`; returns the handles to release, or
     /// the open a concurrent read recorded first for the same version (see
     /// `Table::insert`).
-    fn record(
+    pub(crate) fn record(
         &self,
         ino: Ino,
         fh: FileHandle,
@@ -58,7 +56,7 @@ impl ImplicitOpens {
     }
 
     /// Forgets every implicit open; returns their handles to release.
-    fn take_all(&self) -> Vec<FileHandle> {
+    pub(crate) fn take_all(&self) -> Vec<FileHandle> {
         let mut t = self.table.lock();
         t.order.clear();
         t.by_ino.drain().map(|(_, open)| open.fh).collect()
@@ -66,16 +64,16 @@ impl ImplicitOpens {
 
     /// Implicit opens currently held.
     #[cfg(test)]
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.table.lock().by_ino.len()
     }
 }
 
 /// One implicit open: its handle and the file version it opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ImplicitOpen {
-    fh: FileHandle,
-    version: u64,
+pub(crate) struct ImplicitOpen {
+    pub(crate) fh: FileHandle,
+    pub(crate) version: u64,
 }
 
 /// The implicit opens by inode, and in the order they were created.
@@ -122,75 +120,6 @@ impl Table {
                 .retain(|(i, h)| live.get(i).is_some_and(|cur| cur.fh == *h));
         }
         Ok(gone)
-    }
-}
-
-impl HoardFs {
-    /// Whether the kernel opens files itself (see the module docs): asked for, and the
-    /// mount is read-only and has a disk cache (the mode is made for warm reads of cached
-    /// trees; `hoardfs mount` refuses it with `--no-cache`).
-    pub fn kernel_opens(&self) -> bool {
-        self.config.kernel_opens && self.read_only && self.objects.enabled()
-    }
-
-    /// Reads up to `size` bytes at `offset` of file `ino`, which the kernel opened without
-    /// the daemon. The file's version is checked with the origin as `getattr` would (not
-    /// while a callback holds or within the attribute TTL).
-    pub fn read_unopened(&self, ino: Ino, offset: u64, size: u32) -> FsResult<ReadData> {
-        let of = self.implicit_open(ino)?;
-        if offset == 0 {
-            // Most likely a new open by the kernel, which the daemon does not see: start
-            // sequential detection (and readahead) over, as a fresh open would.
-            of.restart();
-        }
-        self.read_open(&of, offset, size)
-    }
-
-    /// The implicit open of `ino` at its current version, opened if needed.
-    fn implicit_open(&self, ino: Ino) -> FsResult<Arc<OpenFile>> {
-        let node = self.file_node(ino)?;
-        let attr = self.attr_of(&node)?.attr;
-        let known = self.implicit.current(ino);
-        if let Some(open) = known
-            && open.version == attr.version
-            && let Ok(of) = self.open_file(open.fh)
-        {
-            return Ok(of);
-        }
-        // Never called: `open_node` offers no passthrough under kernel opens (the kernel
-        // never sees this open).
-        let no_backing =
-            |_: &std::fs::File| Err(BackingError::Failed(std::io::Error::other("kernel opens")));
-        let fh = self
-            .open_node(node, attr, Access::default(), false, &no_backing)
-            .fh;
-        // The kernel sends several reads of a file at once, so another thread may have
-        // opened the same version meanwhile: one open is kept, the other released.
-        match self.implicit.record(ino, fh, attr.version) {
-            Ok(gone) => {
-                for old in gone {
-                    self.release(old);
-                }
-                self.open_file(fh)
-            }
-            Err(first) => {
-                self.release(fh);
-                self.open_file(first)
-            }
-        }
-    }
-
-    /// Releases every implicit open (at unmount, and in tests).
-    pub(crate) fn release_implicit_opens(&self) {
-        for fh in self.implicit.take_all() {
-            self.release(fh);
-        }
-    }
-
-    /// Implicit opens currently held.
-    #[cfg(test)]
-    pub(crate) fn implicit_opens(&self) -> usize {
-        self.implicit.len()
     }
 }
 

@@ -41,7 +41,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use hoardfs_cache::{CacheDir, Usage, VerifyReport};
-use hoardfs_origin::{Attr, FileKind, Handle, Origin, OriginError, StatFs, WireError};
+use hoardfs_origin::{Attr, Break, FileKind, Handle, Origin, OriginError, StatFs, WireError};
 
 pub use callbacks::KernelNotifier;
 pub use cml::{Conflict, LogStats};
@@ -54,7 +54,7 @@ pub use reintegrate::Reintegrated;
 pub use snapshot::{NamespaceSnapshot, SnapshotError};
 pub use stats::{Stats, StatsSnapshot};
 
-use callbacks::Callbacks;
+use callbacks::{BreakApplier, Callbacks};
 use manage::CacheManager;
 use nodes::NodeTable;
 
@@ -327,6 +327,12 @@ impl HoardFs {
             FileKind::Dir => Err(WireError::IsDir.into()),
             _ => Err(WireError::Invalid.into()),
         }
+    }
+
+    /// Handles breaks (on the callback thread): clears callbacks and tells the kernel.
+    pub(crate) fn apply_breaks(&self, breaks: Vec<Break>) {
+        let notifier = self.notifier.get().map(|n| &**n);
+        BreakApplier::new(&self.nodes, &self.trees, self.offline.as_ref(), notifier).apply(breaks);
     }
 
     /// Cache management (`crate::manage`) over this mount's nodes and objects.

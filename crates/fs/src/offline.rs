@@ -19,10 +19,13 @@ use std::sync::Arc;
 
 use hoardfs_proto::buffers::Recycled;
 
+use hoardfs_origin::{Handle, WireError};
+
 use crate::cml::{ChangeLog, Pending};
 use crate::nodes::Node;
 use crate::open_files::OpenFile;
 use crate::read::{ModeKind, OpenMode, Opened};
+use crate::reintegrate::{Found, Reintegrated, Reintegration};
 use crate::stats::Stats;
 use crate::{Access, FsError, FsResult, HoardFs, NodeAttr, Shared};
 
@@ -129,9 +132,63 @@ impl HoardFs {
             self.apply_breaks(breaks);
         }
     }
-}
 
-impl HoardFs {
+    /// Sends pending offline changes back, in an order that respects their dependencies
+    /// (see [`ready`]), until none is left or none can be sent now (the origin is
+    /// unreachable, or refuses). Safe to call at any time and from any thread (one pass
+    /// at a time).
+    pub fn reintegrate(&self) -> Reintegrated {
+        let Some(off) = &self.offline else {
+            return Reintegrated::default();
+        };
+        let _one_pass = self.reintegrating.lock();
+        let r = Reintegration::new(self, off).run();
+        self.settle_names();
+        r
+    }
+
+    /// Number of changes waiting to be sent back.
+    pub fn pending_changes(&self) -> u64 {
+        self.offline.as_ref().map_or(0, |o| o.log.count() as u64)
+    }
+
+    /// Walks `path` from `root` on the origin: its directory's handle (`None` if a
+    /// component is gone) and its entry (`None` if absent).
+    pub(crate) fn find(&self, root: Handle, path: &[Vec<u8>]) -> FsResult<Found> {
+        let Some((name, dirs)) = path.split_last() else {
+            return Err(FsError::Origin(WireError::Invalid));
+        };
+        let mut dir = root;
+        for c in dirs {
+            dir = match self.origin.lookup(dir, c) {
+                Ok(e) if e.attr.kind == hoardfs_origin::FileKind::Dir => e.handle,
+                Ok(_) => return Ok((None, None)),
+                Err(hoardfs_origin::OriginError::Fs(WireError::NotFound | WireError::NotDir)) => {
+                    return Ok((None, None));
+                }
+                Err(e) => return Err(e.into()),
+            };
+        }
+        match self.origin.lookup(dir, name) {
+            Ok(e) => Ok((Some(dir), Some(e))),
+            Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => Ok((Some(dir), None)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The offline change log's counters; `None` without `--offline-writes`.
+    pub fn offline_stats(&self) -> Option<crate::LogStats> {
+        self.offline.as_ref().map(|o| o.log.stats())
+    }
+
+    /// The conflicts recorded in this cache directory, oldest first.
+    pub fn conflicts(&self) -> Vec<crate::Conflict> {
+        self.offline
+            .as_ref()
+            .map(|o| o.log.conflicts())
+            .unwrap_or_default()
+    }
+
     /// The pending change of `node`'s object (content, name or attributes), if offline
     /// writes are on and it has one.
     pub(crate) fn pending_of(&self, node: &Node) -> Option<Arc<Pending>> {
@@ -322,21 +379,6 @@ impl HoardFs {
         let data = g.read(offset, size as usize).map_err(kept)?;
         Stats::add(&self.stats.bytes_from_cache, data.len() as u64);
         Ok(Some(Recycled::from(data)))
-    }
-}
-
-impl HoardFs {
-    /// The offline change log's counters; `None` without `--offline-writes`.
-    pub fn offline_stats(&self) -> Option<crate::LogStats> {
-        self.offline.as_ref().map(|o| o.log.stats())
-    }
-
-    /// The conflicts recorded in this cache directory, oldest first.
-    pub fn conflicts(&self) -> Vec<crate::Conflict> {
-        self.offline
-            .as_ref()
-            .map(|o| o.log.conflicts())
-            .unwrap_or_default()
     }
 }
 

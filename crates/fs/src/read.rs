@@ -549,6 +549,73 @@ impl HoardFs {
         self.release_implicit_opens();
         self.objects.close();
     }
+
+    /// Whether the kernel opens files itself (see the module docs): asked for, and the
+    /// mount is read-only and has a disk cache (the mode is made for warm reads of cached
+    /// trees; `hoardfs mount` refuses it with `--no-cache`).
+    pub fn kernel_opens(&self) -> bool {
+        self.config.kernel_opens && self.read_only && self.objects.enabled()
+    }
+
+    /// Reads up to `size` bytes at `offset` of file `ino`, which the kernel opened without
+    /// the daemon. The file's version is checked with the origin as `getattr` would (not
+    /// while a callback holds or within the attribute TTL).
+    pub fn read_unopened(&self, ino: Ino, offset: u64, size: u32) -> FsResult<ReadData> {
+        let of = self.implicit_open(ino)?;
+        if offset == 0 {
+            // Most likely a new open by the kernel, which the daemon does not see: start
+            // sequential detection (and readahead) over, as a fresh open would.
+            of.restart();
+        }
+        self.read_open(&of, offset, size)
+    }
+
+    /// The implicit open of `ino` at its current version, opened if needed.
+    fn implicit_open(&self, ino: Ino) -> FsResult<Arc<OpenFile>> {
+        let node = self.file_node(ino)?;
+        let attr = self.attr_of(&node)?.attr;
+        let known = self.implicit.current(ino);
+        if let Some(open) = known
+            && open.version == attr.version
+            && let Ok(of) = self.open_file(open.fh)
+        {
+            return Ok(of);
+        }
+        // Never called: `open_node` offers no passthrough under kernel opens (the kernel
+        // never sees this open).
+        let no_backing =
+            |_: &std::fs::File| Err(BackingError::Failed(std::io::Error::other("kernel opens")));
+        let fh = self
+            .open_node(node, attr, Access::default(), false, &no_backing)
+            .fh;
+        // The kernel sends several reads of a file at once, so another thread may have
+        // opened the same version meanwhile: one open is kept, the other released.
+        match self.implicit.record(ino, fh, attr.version) {
+            Ok(gone) => {
+                for old in gone {
+                    self.release(old);
+                }
+                self.open_file(fh)
+            }
+            Err(first) => {
+                self.release(fh);
+                self.open_file(first)
+            }
+        }
+    }
+
+    /// Releases every implicit open (at unmount, and in tests).
+    pub(crate) fn release_implicit_opens(&self) {
+        for fh in self.implicit.take_all() {
+            self.release(fh);
+        }
+    }
+
+    /// Implicit opens currently held.
+    #[cfg(test)]
+    pub(crate) fn implicit_opens(&self) -> usize {
+        self.implicit.len()
+    }
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::cml::{Conflict, Inner, Kind, Pending, Phase, Record, now_secs};
-use crate::replay_order::{parking, ready};
+use crate::replay_order::{CycleBreaker, parking, ready};
 
 use crate::nodes::Ino;
 use crate::offline::OfflineWrites;
@@ -132,61 +132,21 @@ enum Moved {
     Lost,
 }
 
-impl HoardFs {
-    /// Sends pending offline changes back, in an order that respects their dependencies
-    /// (see [`ready`]), until none is left or none can be sent now (the origin is
-    /// unreachable, or refuses). Safe to call at any time and from any thread (one pass
-    /// at a time).
-    pub fn reintegrate(&self) -> Reintegrated {
-        let Some(off) = &self.offline else {
-            return Reintegrated::default();
-        };
-        let _one_pass = self.reintegrating.lock();
-        let r = Reintegration { fs: self, off }.run();
-        self.settle_names();
-        r
-    }
-
-    /// Number of changes waiting to be sent back.
-    pub fn pending_changes(&self) -> u64 {
-        self.offline.as_ref().map_or(0, |o| o.log.count() as u64)
-    }
-
-    /// Walks `path` from `root` on the origin: its directory's handle (`None` if a
-    /// component is gone) and its entry (`None` if absent).
-    pub(crate) fn find(&self, root: Handle, path: &[Vec<u8>]) -> FsResult<Found> {
-        let Some((name, dirs)) = path.split_last() else {
-            return Err(FsError::Origin(WireError::Invalid));
-        };
-        let mut dir = root;
-        for c in dirs {
-            dir = match self.origin.lookup(dir, c) {
-                Ok(e) if e.attr.kind == hoardfs_origin::FileKind::Dir => e.handle,
-                Ok(_) => return Ok((None, None)),
-                Err(hoardfs_origin::OriginError::Fs(WireError::NotFound | WireError::NotDir)) => {
-                    return Ok((None, None));
-                }
-                Err(e) => return Err(e.into()),
-            };
-        }
-        match self.origin.lookup(dir, name) {
-            Ok(e) => Ok((Some(dir), Some(e))),
-            Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => Ok((Some(dir), None)),
-            Err(e) => Err(e.into()),
-        }
-    }
-}
-
 /// One reintegration: the file system and its change log, for the passes that send the
 /// changes back and for each change's steps.
-struct Reintegration<'a> {
+pub(crate) struct Reintegration<'a> {
     fs: &'a HoardFs,
     off: &'a OfflineWrites,
 }
 
-impl Reintegration<'_> {
+impl<'a> Reintegration<'a> {
+    /// A reintegration of `off`'s changes through `fs`.
+    pub(crate) fn new(fs: &'a HoardFs, off: &'a OfflineWrites) -> Self {
+        Reintegration { fs, off }
+    }
+
     /// Passes until no change is left or none can be sent now.
-    fn run(&self) -> Reintegrated {
+    pub(crate) fn run(&self) -> Reintegrated {
         let off = self.off;
         let had_names = off.log.names_pending();
         let mut total = Reintegrated::default();
@@ -200,7 +160,9 @@ impl Reintegration<'_> {
             let now = ready(&records);
             if now.is_empty() {
                 breaks += 1;
-                if breaks <= records.len() && self.fs.break_cycle(&records) {
+                if breaks <= records.len()
+                    && CycleBreaker::new(self.fs, self.off).break_cycle(&records)
+                {
                     continue;
                 }
                 tracing::warn!(

@@ -1,15 +1,16 @@
 //! The order in which reintegration (`crate::reintegrate`) sends offline changes back:
 //! which changes wait for others ([`ready`]), and how moves that wait for each other are
-//! broken (`HoardFs::break_cycle`: one object is parked under a temporary name in the
+//! broken (`CycleBreaker::break_cycle`: one object is parked under a temporary name in the
 //! root).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::cml::{Kind, Pending, Record};
+use crate::offline::OfflineWrites;
 use crate::{FsResult, HoardFs};
 
-/// Where [`HoardFs::break_cycle`] puts the object of change number `seq` on the origin
+/// Where [`CycleBreaker::break_cycle`] puts the object of change number `seq` on the origin
 /// while the moves that wait for each other go: `/.hoardfs-moving-SEQ`.
 pub(crate) fn parking(seq: u64) -> Vec<Vec<u8>> {
     vec![format!(".hoardfs-moving-{seq}").into_bytes()]
@@ -27,7 +28,7 @@ pub(crate) fn parking(seq: u64) -> Vec<Vec<u8>> {
 /// 5. it sets a directory's permissions or times while changes inside it wait.
 ///
 /// Chains of renames that wait for each other (a swap) are broken by
-/// `HoardFs::break_cycle`.
+/// `CycleBreaker::break_cycle`.
 pub(crate) fn ready(records: &[(Arc<Pending>, Record)]) -> Vec<Arc<Pending>> {
     let mut vacating: HashMap<&[Vec<u8>], u64> = HashMap::new();
     let mut placing: HashSet<&[Vec<u8>]> = HashSet::new();
@@ -81,7 +82,19 @@ pub(crate) fn ready(records: &[(Arc<Pending>, Record)]) -> Vec<Arc<Pending>> {
         .collect()
 }
 
-impl HoardFs {
+/// Breaks cycles of renames for one reintegration, by parking one object (see the module
+/// docs): the file system to move it on, and the change log to record the move in.
+pub(crate) struct CycleBreaker<'a> {
+    fs: &'a HoardFs,
+    off: &'a OfflineWrites,
+}
+
+impl<'a> CycleBreaker<'a> {
+    /// A cycle breaker moving objects through `fs` and recording it in `off`.
+    pub(crate) fn new(fs: &'a HoardFs, off: &'a OfflineWrites) -> Self {
+        CycleBreaker { fs, off }
+    }
+
     /// Renames waiting for each other (a swap, `a→b` and `b→a`; a directory moved into
     /// the place of something moved out of it): the oldest one's object moves on the
     /// origin to a temporary name in the root ([`parking`]), out of every directory that
@@ -107,21 +120,26 @@ impl HoardFs {
     /// there (a client killed before it noted that), and records it; false if the origin
     /// has it in neither place.
     fn park(&self, p: &Pending, r: &Record) -> FsResult<bool> {
-        let off = self.offline.as_ref().expect("offline writes are on");
+        let off = self.off;
         // (The change's lock, then the moves' guard, as a sender takes them.)
         let mut g = p.lock();
         let _moving = off.log.moving();
-        let root = self.origin.info()?.root.handle;
+        let root = self.fs.origin.info()?.root.handle;
         let temp = parking(r.seq);
-        let here = match self.find(root, r.origin_loc())? {
+        let here = match self.fs.find(root, r.origin_loc())? {
             (Some(dir), Some(e)) if e.attr.file_id == r.origin_id() => {
                 let name = r.origin_loc().last().expect("a path has a name");
-                self.origin
-                    .rename(dir, name, root, &temp[0], hoardfs_origin::RENAME_NOREPLACE)?;
+                self.fs.origin.rename(
+                    dir,
+                    name,
+                    root,
+                    &temp[0],
+                    hoardfs_origin::RENAME_NOREPLACE,
+                )?;
                 true
             }
             _ => matches!(
-                self.find(root, &temp)?,
+                self.fs.find(root, &temp)?,
                 (_, Some(e)) if e.attr.file_id == r.origin_id()
             ),
         };
