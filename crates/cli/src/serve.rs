@@ -81,8 +81,8 @@ pub struct ServeArgs {
     /// MiB of request and reply data in flight per connection (at least 8).
     #[arg(long, default_value_t = 32)]
     pub conn_memory_mib: usize,
-    /// Most files kept open for reading at once.
-    #[arg(long, default_value_t = 4096)]
+    /// Most files kept open for reading at once (lowered to fit the open-file limit).
+    #[arg(long, default_value_t = FdBudget::DEFAULT_OPEN_FILES)]
     pub max_open_files: usize,
     /// Copy every read through the server's memory instead of sending file data with
     /// sendfile(2) (zero-copy is used only for files unchanged for 2 s).
@@ -297,19 +297,33 @@ impl FdBudget {
     /// Most handles remembered when descriptors are plentiful.
     const MAX_HANDLES: usize = 500_000;
 
+    /// `--max-open-files` unless given.
+    pub const DEFAULT_OPEN_FILES: usize = 4096;
+
     /// Splits `nofile` descriptors, lowering the requested connection and open-file counts
-    /// (with a warning) where they would not fit beside a useful number of handles.
+    /// where they would not fit beside a useful number of handles. That is a warning when
+    /// it turns clients away (fewer connections) or undoes an explicit --max-open-files; a
+    /// smaller cache of open files than the default is only noted (it costs reopens, not
+    /// service), so that a default server on a host with a modest limit does not warn.
     pub fn split(nofile: u64, connections: usize, open_files: usize) -> FdBudget {
         let total = (nofile as usize).saturating_sub(Self::RESERVE).max(64);
         // Connections get at most a quarter, each of the two open-file caches an eighth.
         let connections_fit = connections.min(total / 4).max(1);
         let open_fit = open_files.min(total / 8).max(1);
-        if connections_fit < connections || open_fit < open_files {
+        if connections_fit < connections
+            || (open_fit < open_files && open_files != Self::DEFAULT_OPEN_FILES)
+        {
             tracing::warn!(
                 nofile,
                 connections = connections_fit,
                 open_files = open_fit,
                 "the open-file limit is low: serving fewer connections and open files than asked"
+            );
+        } else if open_fit < open_files {
+            tracing::info!(
+                nofile,
+                open_files = open_fit,
+                "keeping fewer files open than the default, to fit the open-file limit"
             );
         }
         let handles = total
