@@ -686,6 +686,8 @@ def peer_scaling(rig, res, files):
     rows = res.setdefault("scaling peers", [])
     for peer in peers:
         if peer == "sshfs":
+            # (sftp-server runs as root without authentication: any local user may use it
+            # while the benchmark runs. This is a private benchmark VM.)
             srv = rig.spawn(["socat", f"TCP-LISTEN:{PEER_SFTP_PORT},bind=127.0.0.1,reuseaddr,fork",
                              f"EXEC:{seed000.sftp_server_path()}"], "sftp-socat-loopback")
             port = PEER_SFTP_PORT
@@ -701,7 +703,8 @@ def peer_scaling(rig, res, files):
         for bs in (4 * KiB, 128 * KiB):
             for n in rig.args.readers:
                 procs = start_readers(n, bs, rig.args.scale_seconds,
-                                      [os.path.join(m, "scale") for m in mnts], files, drop=True)
+                                      [os.path.join(m, "scale") for m in mnts], files, drop=True,
+                                      behind=rig.args.scale_drop_behind_kib * KiB)
                 rate, _, _, _ = finish_readers(procs)
                 rows.append({"peer": peer, "readers": n, "io_size": bs, "MB/s": rate / 1e6})
                 log(f"scaling: {peer} {n:>3} readers x {bs // KiB:>3} KiB: {rate / 1e6:7.0f} MB/s")

@@ -10,7 +10,7 @@
 //! the room shrinks to one of these, and a note when it is back above `run` (a state is
 //! left only past the next threshold up, so a disk hovering at a line does not flap).
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use crate::quota::{Limits, Space, pct};
 
@@ -102,17 +102,25 @@ impl Room {
 #[derive(Debug, Default)]
 pub(crate) struct SpaceAlarm {
     last: AtomicU8,
+    /// Whether free space was below a stop threshold at the last look (no hysteresis:
+    /// what a reservation would find).
+    below_stop: AtomicBool,
 }
 
 impl SpaceAlarm {
-    /// The room the culler last saw.
-    pub(crate) fn room(&self) -> Room {
-        Room::from_u8(self.last.load(Ordering::Relaxed))
+    /// Whether free space was below a stop threshold when the culler last looked.
+    pub(crate) fn below_stop(&self) -> bool {
+        self.below_stop.load(Ordering::Relaxed)
     }
 
     /// After a round of culling: `space` now, and whether the culler is still short of its
     /// target. Logs a warning when the room shrinks, a note when it grows.
     pub(crate) fn observe(&self, limits: &Limits, space: Option<Space>, exhausted: bool) -> Room {
+        let stop = space.is_some_and(|s| {
+            s.bytes_avail < pct(s.bytes_total, limits.bstop)
+                || (s.files_total > 0 && s.files_avail < pct(s.files_total, limits.fstop))
+        });
+        self.below_stop.store(stop, Ordering::Relaxed);
         let before = Room::from_u8(self.last.load(Ordering::Relaxed));
         let room = Room::next(before, limits, space, exhausted);
         if room == before {
@@ -211,6 +219,10 @@ mod tests {
         assert_eq!(a.observe(&l, space(6, 50), true), Room::Short);
         assert_eq!(a.observe(&l, space(6, 50), false), Room::Short);
         assert_eq!(a.observe(&l, space(2, 50), false), Room::Stopped);
+        assert!(a.below_stop());
+        // Above stop but below cull: still reported as stopped, yet caching is possible.
+        assert_eq!(a.observe(&l, space(5, 50), false), Room::Stopped);
+        assert!(!a.below_stop());
         assert_eq!(a.observe(&l, space(50, 50), false), Room::Enough);
         assert_eq!(a.last.load(Ordering::Relaxed), Room::Enough as u8);
     }

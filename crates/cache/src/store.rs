@@ -23,7 +23,7 @@ use crate::meta::ObjectKey;
 use crate::object::CachedObject;
 use crate::policy::{Policy, Tracked};
 use crate::quota::{Counters, Limits, SpaceProbe, Usage, cull_target, shortfall};
-use crate::space_alarm::{Room, SpaceAlarm};
+use crate::space_alarm::SpaceAlarm;
 use crate::warm::Warmer;
 use crate::{CacheError, EntryInfo, object_paths};
 
@@ -336,7 +336,7 @@ impl Store {
     /// only waste the network. (A second after a refusal the next miss tries again, so
     /// room made meanwhile is used.)
     pub(crate) fn refusing(&self) -> bool {
-        if self.alarm.room() == Room::Stopped {
+        if self.alarm.below_stop() {
             return true;
         }
         let last = self.last_refusal_ms.load(Ordering::Relaxed);

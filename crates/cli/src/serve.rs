@@ -81,9 +81,10 @@ pub struct ServeArgs {
     /// MiB of request and reply data in flight per connection (at least 8).
     #[arg(long, default_value_t = 32)]
     pub conn_memory_mib: usize,
-    /// Most files kept open for reading at once (lowered to fit the open-file limit).
-    #[arg(long, default_value_t = FdBudget::DEFAULT_OPEN_FILES)]
-    pub max_open_files: usize,
+    /// Most files kept open for reading at once [default: 4096] (lowered to fit the
+    /// open-file limit).
+    #[arg(long, value_name = "N")]
+    pub max_open_files: Option<usize>,
     /// Copy every read through the server's memory instead of sending file data with
     /// sendfile(2) (zero-copy is used only for files unchanged for 2 s).
     #[arg(long)]
@@ -297,7 +298,7 @@ impl FdBudget {
     /// Most handles remembered when descriptors are plentiful.
     const MAX_HANDLES: usize = 500_000;
 
-    /// `--max-open-files` unless given.
+    /// `--max-open-files` unless given (as the origin's default).
     pub const DEFAULT_OPEN_FILES: usize = 4096;
 
     /// Splits `nofile` descriptors, lowering the requested connection and open-file counts
@@ -305,14 +306,14 @@ impl FdBudget {
     /// it turns clients away (fewer connections) or undoes an explicit --max-open-files; a
     /// smaller cache of open files than the default is only noted (it costs reopens, not
     /// service), so that a default server on a host with a modest limit does not warn.
-    pub fn split(nofile: u64, connections: usize, open_files: usize) -> FdBudget {
+    pub fn split(nofile: u64, connections: usize, open_files: Option<usize>) -> FdBudget {
+        let asked = open_files.is_some();
+        let open_files = open_files.unwrap_or(Self::DEFAULT_OPEN_FILES);
         let total = (nofile as usize).saturating_sub(Self::RESERVE).max(64);
         // Connections get at most a quarter, each of the two open-file caches an eighth.
         let connections_fit = connections.min(total / 4).max(1);
         let open_fit = open_files.min(total / 8).max(1);
-        if connections_fit < connections
-            || (open_fit < open_files && open_files != Self::DEFAULT_OPEN_FILES)
-        {
+        if connections_fit < connections || (open_fit < open_files && asked) {
             tracing::warn!(
                 nofile,
                 connections = connections_fit,
@@ -401,14 +402,14 @@ mod tests {
 
     #[test]
     fn descriptors_are_shared_without_overcommitting() {
-        let b = FdBudget::split(1 << 20, 1024, 4096);
+        let b = FdBudget::split(1 << 20, 1024, None);
         assert_eq!(
             (b.connections, b.open_files, b.handles),
             (1024, 4096, 500_000)
         );
         // The common default soft limit: a quarter and two eighths of what is left after
         // the reserve, and handles share the rest.
-        let b = FdBudget::split(1024, 1024, 4096);
+        let b = FdBudget::split(1024, 1024, Some(4096));
         let usable = 1024 - FdBudget::RESERVE;
         assert!(b.connections + 2 * b.open_files + b.handles <= usable);
         assert_eq!((b.connections, b.open_files), (usable / 4, usable / 8));

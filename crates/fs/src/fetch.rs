@@ -151,7 +151,12 @@ impl Fetcher {
         last: u64,
     ) {
         let window = self.window;
-        if window == 0 || of.mode == ModeKind::Passthrough {
+        // (A cache refusing room would drop what is fetched ahead: fetch nothing, and
+        // leave the window where it is for when there is room again.)
+        if window == 0
+            || of.mode == ModeKind::Passthrough
+            || view.object.as_ref().is_some_and(|o| o.cache_refusing())
+        {
             return;
         }
         let Some((from, to)) = of
@@ -161,10 +166,6 @@ impl Fetcher {
         else {
             return;
         };
-        // A cache refusing room would drop what is fetched ahead: fetch nothing.
-        if view.object.as_ref().is_some_and(|o| o.cache_refusing()) {
-            return;
-        }
         // Chunks already in the disk cache need no fetch: queueing them would only wake a
         // fetch thread (a cross-CPU wake-up) to find them there.
         let missing: Vec<u64> = (from..=to)

@@ -1,4 +1,4 @@
-//! Reads of files the kernel opened without asking the daemon (`--kernel-opens`).
+//! The opens of files the kernel opened without asking the daemon (`--kernel-opens`).
 //!
 //! With [`FsConfig::kernel_opens`](crate::FsConfig::kernel_opens) the FUSE bridge answers
 //! the first OPEN with `ENOSYS`; from then on the kernel opens files of the mount itself.
@@ -8,7 +8,8 @@
 //! (doc/BENCHMARKS.md), at the price of passthrough and of the open-time version check
 //! (doc/SEMANTICS.md), and only on read-only mounts: writes need real opens.
 //!
-//! This module gives such reads an open of their own: an *implicit open* per inode,
+//! Such reads (`HoardFs::read_unopened`, in `read.rs`) get an open of their own, kept
+//! here: an *implicit open* per inode,
 //! created at the first read of the file's current version and replaced when the version
 //! changes. Each one keeps its cached object from eviction, so only the [`IMPLICIT_OPENS`]
 //! most recently created are kept (first in, first out: later reads do not refresh an

@@ -13,7 +13,9 @@
 //! Changes to names offline are `crate::offline_names`.
 //!
 //! The [`OfflineWrites`] value owns the log; the `HoardFs` methods here route the
-//! operations of files with a pending change to it.
+//! operations of files with a pending change to it, and are the entry points of
+//! reintegration (`reintegrate`, `settle_names`, `pending_changes`; `find` walks a path
+//! on the origin for it) and of the log's counters and conflicts.
 
 use std::sync::Arc;
 
@@ -134,8 +136,8 @@ impl HoardFs {
     }
 
     /// Sends pending offline changes back, in an order that respects their dependencies
-    /// (see [`ready`]), until none is left or none can be sent now (the origin is
-    /// unreachable, or refuses). Safe to call at any time and from any thread (one pass
+    /// (see `replay_order::ready`), until none is left or none can be sent now (the origin
+    /// is unreachable, or refuses). Safe to call at any time and from any thread (one pass
     /// at a time).
     pub fn reintegrate(&self) -> Reintegrated {
         let Some(off) = &self.offline else {

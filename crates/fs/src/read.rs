@@ -414,10 +414,10 @@ impl HoardFs {
             None => true,
             Some(o) => o.cache_refusing() && (first..=last).all(|c| !o.has_chunk(c)),
         };
+        of.read_up_to(end);
         if uncached {
             return self.read_uncached(&of.node, offset, end);
         }
-        of.read_up_to(end);
         self.fetcher.schedule(of, &view, offset, end, last);
         // A pooled buffer (no freshly faulted pages per read): fetched bytes are appended,
         // cache-file reads go into zeroed room.
