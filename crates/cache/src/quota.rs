@@ -165,6 +165,18 @@ impl Counters {
     }
 }
 
+/// What the free space of the cache file system means for caching.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Room {
+    /// Room enough (or free space unknown, or not looked at yet).
+    #[default]
+    Enough,
+    /// Below a cull threshold with nothing left that may be evicted: other data fills it.
+    Short,
+    /// Below a stop threshold: nothing new is cached.
+    Stopped,
+}
+
 /// A snapshot of the cache's occupancy, limits and counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -184,6 +196,8 @@ pub struct Usage {
     pub limits: Limits,
     /// Free space of the cache file system, if known.
     pub space: Option<Space>,
+    /// What the free space means for caching, as the culler last saw it.
+    pub room: Room,
     /// Objects evicted since start.
     pub evictions: u64,
     /// Bytes freed by eviction since start.

@@ -12,20 +12,18 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
+pub use crate::quota::Room;
 use crate::quota::{Limits, Space, pct};
 
-/// How much room the thresholds leave the cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Room {
-    /// Room enough (or free space unknown).
-    Enough = 0,
-    /// Below a cull threshold with nothing left that the culler may evict.
-    Short = 1,
-    /// Below a stop threshold: nothing new is cached.
-    Stopped = 2,
-}
-
 impl Room {
+    fn to_u8(self) -> u8 {
+        match self {
+            Room::Enough => 0,
+            Room::Short => 1,
+            Room::Stopped => 2,
+        }
+    }
+
     fn from_u8(v: u8) -> Room {
         match v {
             1 => Room::Short,
@@ -108,6 +106,11 @@ pub(crate) struct SpaceAlarm {
 }
 
 impl SpaceAlarm {
+    /// The room the culler last saw.
+    pub(crate) fn room(&self) -> Room {
+        Room::from_u8(self.last.load(Ordering::Relaxed))
+    }
+
     /// Whether free space was below a stop threshold when the culler last looked.
     pub(crate) fn below_stop(&self) -> bool {
         self.below_stop.load(Ordering::Relaxed)
@@ -126,9 +129,9 @@ impl SpaceAlarm {
         if room == before {
             return room;
         }
-        self.last.store(room as u8, Ordering::Relaxed);
+        self.last.store(room.to_u8(), Ordering::Relaxed);
         let now = room.describe(limits, space);
-        if room > before {
+        if room.to_u8() > before.to_u8() {
             tracing::warn!(
                 "the cache file system has {now}. Free space there, give the cache a file \
                  system of its own, or lower the thresholds (bcull/brun/bstop, fcull/frun/fstop)"
@@ -224,6 +227,6 @@ mod tests {
         assert_eq!(a.observe(&l, space(5, 50), false), Room::Stopped);
         assert!(!a.below_stop());
         assert_eq!(a.observe(&l, space(50, 50), false), Room::Enough);
-        assert_eq!(a.last.load(Ordering::Relaxed), Room::Enough as u8);
+        assert_eq!(a.room(), Room::Enough);
     }
 }

@@ -490,6 +490,7 @@ impl Store {
         };
         drop(q);
         u.space = (self.probe)();
+        u.room = self.alarm.room();
         let c = &self.counters;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         u.evictions = get(&c.evictions);

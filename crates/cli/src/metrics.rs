@@ -33,6 +33,8 @@ const GAUGES: &[&str] = &[
     "pending_bytes",
     "oldest_pending_secs",
     "io_uring",
+    "caching_stopped",
+    "short_of_room",
 ];
 
 /// Renders the stats as Prometheus text.
@@ -63,6 +65,11 @@ pub fn render(stats: &Value) -> String {
         for (k, v) in c {
             emit("cache_", k, v);
         }
+    }
+    // The room the cache file system leaves (a string in the stats): 1 while it holds.
+    if let Some(room) = stats["cache"]["room"].as_str() {
+        emit("cache_", "caching_stopped", &Value::Bool(room == "stopped"));
+        emit("cache_", "short_of_room", &Value::Bool(room == "short"));
     }
     if let Some(c) = stats["offline_writes"].as_object() {
         for (k, v) in c {
@@ -242,6 +249,18 @@ mod tests {
             "hoardfs_offline_oldest_pending_secs 12\n",
             "# TYPE hoardfs_offline_conflicts_total counter\nhoardfs_offline_conflicts_total 1\n",
             "hoardfs_connected 0\n",
+        ] {
+            assert!(text.contains(line), "{line:?} not in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_cache_room_is_two_gauges() {
+        let v = serde_json::json!({"connected": true, "cache": {"room": "stopped"}});
+        let text = render(&v);
+        for line in [
+            "# TYPE hoardfs_cache_caching_stopped gauge\nhoardfs_cache_caching_stopped 1\n",
+            "# TYPE hoardfs_cache_short_of_room gauge\nhoardfs_cache_short_of_room 0\n",
         ] {
             assert!(text.contains(line), "{line:?} not in:\n{text}");
         }

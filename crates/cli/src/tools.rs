@@ -422,6 +422,15 @@ pub fn print_usage(u: &Value) {
             th["brun"],
             th["bstop"]
         );
+        match u["room"].as_str() {
+            Some("stopped") => println!(
+                "  NOT CACHING: free space is below the stop threshold; reads go to the server                  (free space there, or lower --bstop/--fstop)"
+            ),
+            Some("short") => println!(
+                "  short of room: below the cull threshold with nothing left to evict; other                  data fills the cache file system"
+            ),
+            _ => {}
+        }
     }
     println!(
         "  evictions: {} ({}); served uncached for lack of room: {} chunks",

@@ -532,6 +532,10 @@ fn a_cache_file_system_short_of_room_serves_uncached_and_says_so() {
         0,
         "{s}"
     );
+    // `stats` says so too, in words and as a metric.
+    assert_eq!(s["cache"]["room"], "stopped", "{s}");
+    let (ok, out, _) = tool(&["stats", m.path.to_str().unwrap()]);
+    assert!(ok && out.contains("NOT CACHING"), "{out}");
     assert!(s["cache"]["bytes"].as_u64().unwrap() < MIB as u64, "{s}");
     assert_soon("the log says why nothing is cached", || {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
