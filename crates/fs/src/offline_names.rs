@@ -553,9 +553,7 @@ impl HoardFs {
             ttl: self.config.attr_ttl,
         })
     }
-}
 
-impl HoardFs {
     /// Renames `parent/name` to `new_parent/new_name` while the origin is unreachable (it
     /// failed with `why`) or the log holds changes to names. An object made offline is
     /// made at the new name; one of the origin gets (or its change gains) the move, and
@@ -810,9 +808,7 @@ impl HoardFs {
         self.dir_changed(dir);
         Ok(())
     }
-}
 
-impl HoardFs {
     /// Makes the names this client shows agree with the log of offline changes, after a
     /// saved namespace was restored (it may predate the log's latest changes): objects
     /// the log removes leave their names, moved ones go to their new ones, and objects
