@@ -536,6 +536,17 @@ fn a_cache_file_system_short_of_room_serves_uncached_and_says_so() {
     assert_eq!(s["cache"]["room"], "stopped", "{s}");
     let (ok, out, _) = tool(&["stats", m.path.to_str().unwrap()]);
     assert!(ok && out.contains("NOT CACHING"), "{out}");
+    // A prefetch says the file is not cached, and downloads nothing to drop.
+    let (_, _, err) = tool(&["prefetch", m.p("f").to_str().unwrap()]);
+    assert!(err.contains("not fully cached (no room)"), "{err}");
+    let after = stats(&m)["counters"]["bytes_from_network"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        after,
+        4 * MIB as u64,
+        "the prefetch fetched what it could not keep"
+    );
     assert!(s["cache"]["bytes"].as_u64().unwrap() < MIB as u64, "{s}");
     assert_soon("the log says why nothing is cached", || {
         let text = std::fs::read_to_string(&log).unwrap_or_default();

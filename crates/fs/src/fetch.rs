@@ -222,6 +222,11 @@ impl HoardFs {
             ..Prefetched::default()
         };
         for c in 0..view.chunks() {
+            // A cache without room would drop the rest: stop (the file is reported as
+            // not fully cached) rather than download it for nothing.
+            if object.cache_refusing() && !object.has_chunk(c) {
+                break;
+            }
             if let Some(bytes) = self.ensure_chunk(&node, &view, c)? {
                 done.fetched += bytes.len() as u64;
             }
