@@ -139,6 +139,26 @@ impl CachingOrigin {
         r
     }
 
+    /// Fills `buf` with the bytes at `pos` straight from the origin (of version `k`).
+    fn read_through(&self, h: Handle, k: Known, pos: u64, buf: &mut [u8]) -> Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let len = (buf.len() - done).min(PIECE as usize) as u32;
+            let r = self.inner.read(h, pos + done as u64, len)?;
+            self.stats
+                .bytes_from_origin
+                .fetch_add(r.data.len() as u64, Ordering::Relaxed);
+            if r.version != k.version || r.data.len() < len as usize {
+                // The file changed under us: learn its new attributes at the next read.
+                self.forget(h);
+                return Err(OriginError::Fs(hoardfs_origin::WireError::Stale));
+            }
+            buf[done..done + len as usize].copy_from_slice(&r.data[..len as usize]);
+            done += len as usize;
+        }
+        Ok(())
+    }
+
     fn fetch_chunk(&self, h: Handle, k: Known, obj: &CachedObject, c: u64) -> Result<Arc<Vec<u8>>> {
         let shift = obj.chunk_size();
         let start = c * shift;
@@ -236,6 +256,10 @@ impl Origin for CachingOrigin {
                 self.stats
                     .bytes_from_cache
                     .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            } else if obj.cache_refusing() {
+                // No room to keep the chunk: read just these bytes, not a whole chunk for
+                // every part of it a client asks for.
+                self.read_through(handle, k, pos, buf)?;
             } else {
                 let data = self.fetch_shared(handle, k, &obj, c)?;
                 let from = (pos - c * cs) as usize;
@@ -327,5 +351,43 @@ impl Origin for CachingOrigin {
     }
     fn removexattr(&self, h: Handle, n: &[u8]) -> Result<()> {
         self.inner.removexattr(h, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hoardfs_cache::quota::{Limits, unwatched_probe};
+    use hoardfs_origin::local::{LocalOptions, LocalOrigin};
+
+    #[test]
+    fn a_tier_cache_without_room_reads_just_the_bytes_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("f"), &data).unwrap();
+        let local = Arc::new(LocalOrigin::new(dir.path(), LocalOptions::default()).unwrap());
+        // A size limit below one chunk: nothing the tier fetches can be kept.
+        let limits = Limits {
+            max_bytes: Some(64 << 10),
+            ..Limits::default()
+        };
+        let cache = CacheDir::open_with(&dir.path().join("cache"), limits, Some(unwatched_probe()))
+            .unwrap();
+        let tier = CachingOrigin::new(local.clone(), cache, 7);
+        let root = tier.info().unwrap().root.handle;
+        let f = tier.lookup(root, b"f").unwrap().handle;
+        let piece = 128 << 10;
+        for off in (0..data.len()).step_by(piece) {
+            let r = tier.read(f, off as u64, piece as u32).unwrap();
+            assert_eq!(r.data, &data[off..off + piece], "bytes at {off}");
+        }
+        // The first miss fetched its whole chunk (the refusal was not known yet); the
+        // others only what they asked for: well under a chunk per 128 KiB read (32 MiB).
+        let from_origin = tier.stats.bytes_from_origin.load(Ordering::Relaxed);
+        assert!(
+            from_origin <= data.len() as u64 + (1 << 20),
+            "{from_origin} bytes from the origin for {} read",
+            data.len()
+        );
     }
 }
