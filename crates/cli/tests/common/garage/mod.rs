@@ -401,6 +401,14 @@ admin_token = "{admin_token}"
                     Ok((200, body)) if !all_live || body.contains("fully operational") => break,
                     other => last = format!("node {i}: {other:?}"),
                 }
+                // Nodes of another cluster reach this one (a port both were given, e.g.
+                // by another test process): start over on new ports.
+                if self.current_log(i).contains("failed verifing client hello") {
+                    return Err(StartError::PortTaken(format!(
+                        "node {i} hears from another cluster; {}",
+                        self.logs()
+                    )));
+                }
                 if Instant::now() > deadline {
                     return Err(StartError::Fatal(format!(
                         "cluster not healthy within {START_TIMEOUT:?}: last /health {last}; {}",
@@ -672,13 +680,24 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
-/// A port that was free a moment ago (bind :0, release).
+/// A port that was free a moment ago (bind :0, release), and never handed out before in
+/// this test process: the kernel may give a released port to the next `bind(:0)`, and two
+/// clusters started side by side on one port number talk to each other's nodes (seen in
+/// CI: "failed verifing client hello" in a node's log, its `/health` reset).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// `bytes` random bytes as lowercase hex.
