@@ -401,8 +401,8 @@ admin_token = "{admin_token}"
                     Ok((200, body)) if !all_live || body.contains("fully operational") => break,
                     other => last = format!("node {i}: {other:?}"),
                 }
-                // Nodes of another cluster reach this one (a port both were given, e.g.
-                // by another test process): start over on new ports.
+                // RPC from a node that is not of this cluster, or not to an RPC port (a
+                // port given twice, e.g. by another test process): start over on new ports.
                 if self.current_log(i).contains("failed verifing client hello") {
                     return Err(StartError::PortTaken(format!(
                         "node {i} hears from another cluster; {}",
@@ -681,9 +681,10 @@ fn strip_ansi(s: &str) -> String {
 }
 
 /// A port that was free a moment ago (bind :0, release), and never handed out before in
-/// this test process: the kernel may give a released port to the next `bind(:0)`, and two
-/// clusters started side by side on one port number talk to each other's nodes (seen in
-/// CI: "failed verifing client hello" in a node's log, its `/health` reset).
+/// this test process: the kernel may give a released port to the next `bind(:0)`. Seen in
+/// CI: one node got the same port for its RPC and its admin API, and both listeners took
+/// it, so its own peers' RPC reached the admin API and `/health` reached RPC ("failed
+/// verifing client hello" in its log, `/health` reset).
 fn free_port() -> u16 {
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
