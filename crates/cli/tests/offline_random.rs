@@ -85,6 +85,9 @@ fn random_sessions_of_names_and_contents_match_a_model() {
     let mut made = 0;
     let mut names_pending = 0;
     let mut cut_at = std::time::SystemTime::now();
+    let cache_dir = t.path().join("cache");
+    // The saved namespace as it was at the last cut (a save replaces the file).
+    let mut saved_at_cut = saved_namespace(&cache_dir);
     let fail = |log: &[String], msg: String| -> ! {
         panic!(
             "seed {seed}: {msg}\nlast operations:\n{}",
@@ -127,6 +130,7 @@ fn random_sessions_of_names_and_contents_match_a_model() {
                         // has those it saved then.
                         if stats(&m)["connected"] == true {
                             cut_at = std::time::SystemTime::now();
+                            saved_at_cut = saved_namespace(&cache_dir);
                         }
                         link.cut();
                         log.push(format!("s{session} cut"));
@@ -379,17 +383,13 @@ fn random_sessions_of_names_and_contents_match_a_model() {
             if !wait_until(Duration::from_secs(10), || stats(&m)["connected"] == false) {
                 fail(&log, "the mount does not notice the cut".into());
             }
+            // A file other than the one there at the cut, and not from before it. (File
+            // times are coarse, a few ms behind the clock: a save right after the cut may
+            // carry a time just before it.)
             let saved_since = || {
-                std::fs::read_dir(t.path().join("cache")).is_ok_and(|d| {
-                    d.flatten().any(|e| {
-                        let name = e.file_name().to_string_lossy().into_owned();
-                        // (Not a save in progress: its temporary file.)
-                        name.starts_with("namespace-")
-                            && !name.contains('.')
-                            && e.metadata()
-                                .and_then(|m| m.modified())
-                                .is_ok_and(|t| t >= cut_at)
-                    })
+                saved_namespace(&cache_dir).is_some_and(|now| {
+                    Some(&now) != saved_at_cut.as_ref()
+                        && now.1 + Duration::from_millis(50) >= cut_at
                 })
             };
             // (Within a few of its one-second ticks, and before any kill: what a user
@@ -452,4 +452,18 @@ fn random_sessions_of_names_and_contents_match_a_model() {
     );
     eprintln!("offline name sessions: {names_pending} change(s) pending at session ends");
     m.unmount();
+}
+
+/// The namespace file saved in `cache` (not a save in progress: its temporary file), as
+/// inode, modification time and size, if there is one.
+fn saved_namespace(cache: &std::path::Path) -> Option<(u64, std::time::SystemTime, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(cache).ok()?.flatten().find_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("namespace-") || name.contains('.') {
+            return None;
+        }
+        let md = e.metadata().ok()?;
+        Some((md.ino(), md.modified().ok()?, md.len()))
+    })
 }
