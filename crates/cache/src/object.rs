@@ -304,6 +304,12 @@ impl CachedObject {
         self.store.refusing()
     }
 
+    /// Whether free space was below a stop threshold at the culler's last look (nothing
+    /// new is cached until there is room again).
+    pub fn cache_below_stop(&self) -> bool {
+        self.store.below_stop()
+    }
+
     /// Whether chunk `i` is cached.
     pub fn has_chunk(&self, i: u64) -> bool {
         self.state.lock().meta.is_present(i)

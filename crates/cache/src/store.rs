@@ -330,6 +330,11 @@ impl Store {
         ok
     }
 
+    /// Whether free space was below a stop threshold at the culler's last look.
+    pub(crate) fn below_stop(&self) -> bool {
+        self.alarm.below_stop()
+    }
+
     /// Whether new data would be refused now: the culler last saw free space below a stop
     /// threshold, or a reservation was refused within the last second (a size limit with
     /// nothing evictable). Fetching whole chunks ahead of readers, to be dropped, would

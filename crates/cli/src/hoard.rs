@@ -104,7 +104,7 @@ pub fn start(fs: Arc<HoardFs>, mountpoint: PathBuf, entries: Vec<HoardEntry>) {
                 "hoard: pinning and fetching what {} names",
                 plural(entries.len() as u64, "hoard-file line")
             );
-            let (mut files, mut bytes, mut failed) = (0u64, 0u64, 0u64);
+            let (mut files, mut bytes, mut failed, mut incomplete) = (0u64, 0u64, 0u64, 0u64);
             for e in &entries {
                 for (path, ino) in matches(&mountpoint, e) {
                     let r = fs
@@ -114,6 +114,13 @@ pub fn start(fs: Arc<HoardFs>, mountpoint: PathBuf, entries: Vec<HoardEntry>) {
                         Ok(p) => {
                             files += 1;
                             bytes += p.fetched;
+                            if !p.complete {
+                                incomplete += 1;
+                                tracing::warn!(
+                                    "hoard: {}: not fully cached (no room)",
+                                    path.display()
+                                );
+                            }
                         }
                         Err(err) => {
                             failed += 1;
@@ -122,10 +129,16 @@ pub fn start(fs: Arc<HoardFs>, mountpoint: PathBuf, entries: Vec<HoardEntry>) {
                     }
                 }
             }
-            let failed = match failed {
+            let mut failed = match failed {
                 0 => String::new(),
                 n => format!("; {} failed (see above)", plural(n, "file")),
             };
+            if incomplete > 0 {
+                failed += &format!(
+                    "; {} not fully cached (no room)",
+                    plural(incomplete, "file")
+                );
+            }
             tracing::info!(
                 "hoard: pinned {}, fetched {} from the server {}{failed}",
                 plural(files, "file"),

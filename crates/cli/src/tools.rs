@@ -424,10 +424,12 @@ pub fn print_usage(u: &Value) {
         );
         match u["room"].as_str() {
             Some("stopped") => println!(
-                "  NOT CACHING: free space is below the stop threshold; reads go to the server                  (free space there, or lower --bstop/--fstop)"
+                "  NOT CACHING: free space is below the stop threshold; reads go to the server \
+                 (free space there, or lower --bstop/--fstop)"
             ),
             Some("short") => println!(
-                "  short of room: below the cull threshold with nothing left to evict; other                  data fills the cache file system"
+                "  short of room: below the cull threshold with nothing left to evict; other \
+                 data fills the cache file system"
             ),
             _ => {}
         }

@@ -223,12 +223,17 @@ impl HoardFs {
         };
         for c in 0..view.chunks() {
             // A cache without room would drop the rest: stop (the file is reported as
-            // not fully cached) rather than download it for nothing.
-            if object.cache_refusing() && !object.has_chunk(c) {
+            // not fully cached) rather than download it for nothing. Below the stop
+            // threshold nothing is tried; otherwise a chunk the cache did not keep (a size
+            // limit of pinned and open files, or a new version meanwhile) ends this file.
+            if object.cache_below_stop() && !object.has_chunk(c) {
                 break;
             }
             if let Some(bytes) = self.ensure_chunk(&node, &view, c)? {
                 done.fetched += bytes.len() as u64;
+                if !object.has_chunk(c) {
+                    break;
+                }
             }
         }
         done.complete = object.is_complete();

@@ -873,7 +873,8 @@ impl HoardFs {
             }
             let Some(parent) = parent.filter(|p| p.kind == FileKind::Dir) else {
                 tracing::warn!(
-                    "an offline change's directory is not in the saved names: {} is not                      shown until it is sent back",
+                    "an offline change's directory is not in the saved names: {} is not \
+                     shown until it is sent back",
                     String::from_utf8_lossy(&r.path.join(&b'/'))
                 );
                 continue;
