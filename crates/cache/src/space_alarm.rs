@@ -40,13 +40,10 @@ impl Room {
         space: Option<Space>,
         exhausted: bool,
     ) -> Room {
-        let Some(s) = space else {
+        if space.is_none() {
             return Room::Enough;
-        };
-        let below = |b: u8, f: u8| {
-            s.bytes_avail < pct(s.bytes_total, b)
-                || (s.files_total > 0 && s.files_avail < pct(s.files_total, f))
-        };
+        }
+        let below = |b: u8, f: u8| below(space, b, f);
         let (stop, cull, run) = (
             below(limits.bstop, limits.fstop),
             below(limits.bcull, limits.fcull),
@@ -96,6 +93,15 @@ impl Room {
     }
 }
 
+/// Whether `space` has less than `b` % of its blocks or `f` % of its inodes free (as the
+/// quota computes thresholds); false when it is unknown.
+fn below(space: Option<Space>, b: u8, f: u8) -> bool {
+    space.is_some_and(|s| {
+        s.bytes_avail < pct(s.bytes_total, b)
+            || (s.files_total > 0 && s.files_avail < pct(s.files_total, f))
+    })
+}
+
 /// Remembers the last [`Room`] seen and logs when it changes.
 #[derive(Debug, Default)]
 pub(crate) struct SpaceAlarm {
@@ -119,10 +125,7 @@ impl SpaceAlarm {
     /// After a round of culling: `space` now, and whether the culler is still short of its
     /// target. Logs a warning when the room shrinks, a note when it grows.
     pub(crate) fn observe(&self, limits: &Limits, space: Option<Space>, exhausted: bool) -> Room {
-        let stop = space.is_some_and(|s| {
-            s.bytes_avail < pct(s.bytes_total, limits.bstop)
-                || (s.files_total > 0 && s.files_avail < pct(s.files_total, limits.fstop))
-        });
+        let stop = below(space, limits.bstop, limits.fstop);
         self.below_stop.store(stop, Ordering::Relaxed);
         let before = Room::from_u8(self.last.load(Ordering::Relaxed));
         let room = Room::next(before, limits, space, exhausted);
