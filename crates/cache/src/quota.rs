@@ -7,6 +7,8 @@
 //! data is not cached at all (it is still served, uncached) unless eviction makes room.
 
 use std::path::Path;
+
+pub use crate::space_alarm::Room;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Size limit and free-space thresholds.
@@ -163,18 +165,6 @@ impl Counters {
     pub(crate) fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Relaxed);
     }
-}
-
-/// What the free space of the cache file system means for caching.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Room {
-    /// Room enough (or free space unknown, or not looked at yet).
-    #[default]
-    Enough,
-    /// Below a cull threshold with nothing left that may be evicted: other data fills it.
-    Short,
-    /// Below a stop threshold: nothing new is cached.
-    Stopped,
 }
 
 /// A snapshot of the cache's occupancy, limits and counters.

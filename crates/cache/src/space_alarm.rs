@@ -12,18 +12,22 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-pub use crate::quota::Room;
 use crate::quota::{Limits, Space, pct};
 
-impl Room {
-    fn to_u8(self) -> u8 {
-        match self {
-            Room::Enough => 0,
-            Room::Short => 1,
-            Room::Stopped => 2,
-        }
-    }
+/// What the free space of the cache file system means for caching.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Room {
+    /// Room enough (or free space unknown, or not looked at yet).
+    #[default]
+    Enough = 0,
+    /// Below a cull threshold with nothing left that may be evicted: other data fills it.
+    Short = 1,
+    /// Below a stop threshold: nothing new is cached.
+    Stopped = 2,
+}
 
+impl Room {
     fn from_u8(v: u8) -> Room {
         match v {
             1 => Room::Short,
@@ -41,7 +45,8 @@ impl Room {
         exhausted: bool,
     ) -> Room {
         if space.is_none() {
-            return Room::Enough;
+            // Not known this time (a failed statvfs): nothing has changed.
+            return before;
         }
         let below = |b: u8, f: u8| below(space, b, f);
         let (stop, cull, run) = (
@@ -132,9 +137,9 @@ impl SpaceAlarm {
         if room == before {
             return room;
         }
-        self.last.store(room.to_u8(), Ordering::Relaxed);
+        self.last.store(room as u8, Ordering::Relaxed);
         let now = room.describe(limits, space);
-        if room.to_u8() > before.to_u8() {
+        if room > before {
             tracing::warn!(
                 "the cache file system has {now}. Free space there, give the cache a file \
                  system of its own, or lower the thresholds (bcull/brun/bstop, fcull/frun/fstop)"

@@ -550,19 +550,19 @@ impl Store {
     /// thresholds are free again (at most `batch` objects per lock hold). Then tells the
     /// alarm how much room there is and whether the culler fell short.
     pub(crate) fn cull(&self, batch: usize) -> u64 {
-        let evicted = self.cull_round(batch);
-        let space = (self.probe)();
-        let exhausted = cull_target(&self.limits, space) != (0, 0);
-        self.alarm.observe(&self.limits, space, exhausted);
+        let (evicted, exhausted) = self.cull_round(batch);
+        self.alarm.observe(&self.limits, (self.probe)(), exhausted);
         evicted
     }
 
-    fn cull_round(&self, batch: usize) -> u64 {
+    /// The objects evicted, and whether the round ran out of objects it may evict before
+    /// reaching its target.
+    fn cull_round(&self, batch: usize) -> (u64, bool) {
         let mut evicted = 0;
         loop {
             let (bytes, files) = cull_target(&self.limits, (self.probe)());
             if bytes == 0 && files == 0 {
-                return evicted;
+                return (evicted, false);
             }
             let mut q = self.lock_for_eviction();
             let (mut fb, mut ff) = (0, 0);
@@ -587,7 +587,7 @@ impl Store {
             evicted += n as u64;
             // A short batch: nothing more could be freed (or nothing more is needed).
             if n < batch {
-                return evicted;
+                return (evicted, fb < bytes || ff < files);
             }
         }
     }

@@ -141,7 +141,8 @@ impl Fetcher {
     }
 
     /// A read of `of` asked for `offset..end` (whose last chunk is `last`): for a sequential
-    /// reader, queues the chunks of the readahead window not scheduled yet and not cached.
+    /// reader, queues the chunks of the readahead window not scheduled yet and not cached
+    /// (none while the cache is `refusing` room).
     pub(crate) fn schedule(
         &self,
         of: &Arc<OpenFile>,
@@ -149,14 +150,12 @@ impl Fetcher {
         offset: u64,
         end: u64,
         last: u64,
+        refusing: bool,
     ) {
         let window = self.window;
         // (A cache refusing room would drop what is fetched ahead: fetch nothing, and
         // leave the window where it is for when there is room again.)
-        if window == 0
-            || of.mode == ModeKind::Passthrough
-            || view.object.as_ref().is_some_and(|o| o.cache_refusing())
-        {
+        if window == 0 || of.mode == ModeKind::Passthrough || refusing {
             return;
         }
         let Some((from, to)) = of
@@ -226,7 +225,10 @@ impl HoardFs {
             // not fully cached) rather than download it for nothing. Below the stop
             // threshold nothing is tried; otherwise a chunk the cache did not keep (a size
             // limit of pinned and open files, or a new version meanwhile) ends this file.
-            if object.cache_below_stop() && !object.has_chunk(c) {
+            if object.has_chunk(c) {
+                continue;
+            }
+            if object.cache_below_stop() {
                 break;
             }
             if let Some(bytes) = self.ensure_chunk(&node, &view, c)? {

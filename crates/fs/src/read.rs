@@ -410,15 +410,17 @@ impl HoardFs {
         let last = (end - 1) >> view.chunk_shift;
         // No object, or a cache with no room for what this read misses: fetch the bytes
         // asked for, not whole chunks that would be dropped after this read.
+        let refusing = view.object.as_ref().is_some_and(|o| o.cache_refusing());
         let uncached = match &view.object {
             None => true,
-            Some(o) => o.cache_refusing() && (first..=last).all(|c| !o.has_chunk(c)),
+            Some(o) => refusing && (first..=last).all(|c| !o.has_chunk(c)),
         };
         of.read_up_to(end);
         if uncached {
             return self.read_uncached(&of.node, offset, end);
         }
-        self.fetcher.schedule(of, &view, offset, end, last);
+        self.fetcher
+            .schedule(of, &view, offset, end, last, refusing);
         // A pooled buffer (no freshly faulted pages per read): fetched bytes are appended,
         // cache-file reads go into zeroed room.
         let mut out = buffers::take((end - offset) as usize);

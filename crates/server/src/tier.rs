@@ -139,26 +139,6 @@ impl CachingOrigin {
         r
     }
 
-    /// Fills `buf` with the bytes at `pos` straight from the origin (of version `k`).
-    fn read_through(&self, h: Handle, k: Known, pos: u64, buf: &mut [u8]) -> Result<()> {
-        let mut done = 0;
-        while done < buf.len() {
-            let len = (buf.len() - done).min(PIECE as usize) as u32;
-            let r = self.inner.read(h, pos + done as u64, len)?;
-            self.stats
-                .bytes_from_origin
-                .fetch_add(r.data.len().min(len as usize) as u64, Ordering::Relaxed);
-            if r.version != k.version || r.data.len() < len as usize {
-                // The file changed under us: learn its new attributes at the next read.
-                self.forget(h);
-                return Err(OriginError::Fs(hoardfs_origin::WireError::Stale));
-            }
-            buf[done..done + len as usize].copy_from_slice(&r.data[..len as usize]);
-            done += len as usize;
-        }
-        Ok(())
-    }
-
     fn fetch_chunk(&self, h: Handle, k: Known, obj: &CachedObject, c: u64) -> Result<Arc<Vec<u8>>> {
         let shift = obj.chunk_size();
         let start = c * shift;
@@ -245,6 +225,15 @@ impl Origin for CachingOrigin {
             }
         };
         let cs = obj.chunk_size();
+        // A cache with no room for what this read misses: pass it through, rather than
+        // fetch a whole chunk for every part of it a client asks for, to drop it.
+        if obj.cache_refusing() && (offset / cs..=(end - 1) / cs).all(|c| !obj.has_chunk(c)) {
+            let r = self.inner.read(handle, offset, len)?;
+            self.stats
+                .bytes_from_origin
+                .fetch_add(r.data.len() as u64, Ordering::Relaxed);
+            return Ok(r);
+        }
         let mut out = vec![0u8; (end - offset) as usize];
         let mut pos = offset;
         while pos < end {
@@ -256,10 +245,6 @@ impl Origin for CachingOrigin {
                 self.stats
                     .bytes_from_cache
                     .fetch_add(buf.len() as u64, Ordering::Relaxed);
-            } else if obj.cache_refusing() {
-                // No room to keep the chunk: read just these bytes, not a whole chunk for
-                // every part of it a client asks for.
-                self.read_through(handle, k, pos, buf)?;
             } else {
                 let data = self.fetch_shared(handle, k, &obj, c)?;
                 let from = (pos - c * cs) as usize;
