@@ -21,14 +21,14 @@
 //! The thread ends when the kernel completes its command with an error, which it does for
 //! every registered entry when the connection ends (unmount or abort).
 
+use parking_lot::Condvar;
+use parking_lot::Mutex;
 use std::io;
 use std::io::IoSlice;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
-use std::sync::Condvar;
-use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
@@ -140,9 +140,9 @@ pub(crate) struct RingSlot {
 
 impl RingSlot {
     fn wait_for_reply(&self) {
-        let mut bufs = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bufs = self.bufs.lock();
         while !bufs.replied {
-            bufs = self.replied.wait(bufs).unwrap_or_else(|e| e.into_inner());
+            self.replied.wait(&mut bufs);
         }
     }
 }
@@ -159,7 +159,7 @@ pub(crate) struct RingReply {
 
 impl RingReply {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
-        let mut guard = self.slot.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.slot.bufs.lock();
         let bufs = &mut *guard;
         if bufs.seq != self.seq {
             return Err(io::Error::other(
@@ -216,7 +216,9 @@ impl RingReply {
         bufs.header.ent.payload_sz = payload_sz as u32;
         bufs.replied = true;
         drop(guard);
-        self.slot.replied.notify_all();
+        // (Only the entry's ring thread waits. parking_lot's condvar makes no system call
+        // when nobody waits, std's always wakes the futex: one call per request.)
+        self.slot.replied.notify_one();
         if short {
             return Err(io::Error::other("reply shorter than its header"));
         }
@@ -297,7 +299,7 @@ impl Entry {
             replied: Condvar::new(),
         });
         let iov = {
-            let mut bufs = slot.bufs.lock().unwrap_or_else(|e| e.into_inner());
+            let mut bufs = slot.bufs.lock();
             Box::new([
                 (&mut *bufs.header as *mut ReqHeader) as u64,
                 size_of::<ReqHeader>() as u64,
@@ -591,7 +593,7 @@ fn wait(ring: &mut IoUring<squeue::Entry128, cqueue::Entry>) -> io::Result<i32> 
 }
 
 fn is_replied(slot: &RingSlot) -> bool {
-    slot.bufs.lock().unwrap_or_else(|e| e.into_inner()).replied
+    slot.bufs.lock().replied
 }
 
 /// The request an entry received, as [`take_request`] took it.
@@ -608,7 +610,7 @@ struct Taken {
 /// Takes the request now in the entry (a new `seq`, not replied) and copies it into `out`
 /// as `fuse_in_header`, the opcode's fixed arguments and the payload.
 fn take_request(slot: &RingSlot, out: &mut AlignedBuf) -> Taken {
-    let mut bufs = slot.bufs.lock().unwrap_or_else(|e| e.into_inner());
+    let mut bufs = slot.bufs.lock();
     bufs.replied = false;
     bufs.seq += 1;
     Taken {
@@ -640,7 +642,7 @@ fn copy_request(bufs: &EntryBufs, out: &mut AlignedBuf) -> Option<usize> {
 /// whose handler panicked before replying).
 fn reply_errno<FS: Filesystem>(slot: &Arc<RingSlot>, se: &SessionEventLoop<FS>, errno: i32) {
     let (unique, seq) = {
-        let bufs = slot.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        let bufs = slot.bufs.lock();
         let unique = u64::from_ne_bytes(bufs.header.in_out[8..16].try_into().unwrap_or([0; 8]));
         (unique, bufs.seq)
     };
@@ -777,7 +779,7 @@ mod tests {
         let parts = [&h[..10], &h[10..], b"abc", b"", b"defg"];
         let iov: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
         reply(&s, 1).send(&iov).unwrap();
-        let b = s.bufs.lock().unwrap();
+        let b = s.bufs.lock();
         assert!(b.replied);
         assert_eq!(b.header.ent.payload_sz, 7);
         assert_eq!(&b.payload[..7], b"abcdefg");
@@ -797,7 +799,7 @@ mod tests {
         reply(&s, 1)
             .send(&[IoSlice::new(&h), IoSlice::new(b"12345678")])
             .unwrap();
-        let b = s.bufs.lock().unwrap();
+        let b = s.bufs.lock();
         assert_eq!(b.header.ent.payload_sz, 0);
         let err = i32::from_ne_bytes(b.header.in_out[4..8].try_into().unwrap());
         assert_eq!(err, -libc::EIO);
@@ -810,18 +812,18 @@ mod tests {
         let h = out_header(0, 1);
         // A late reply to the entry's previous request is refused...
         assert!(reply(&s, 1).send(&[IoSlice::new(&h)]).is_err());
-        assert!(!s.bufs.lock().unwrap().replied);
+        assert!(!s.bufs.lock().replied);
         // ...its own is taken, once.
         reply(&s, 2)
             .send(&[IoSlice::new(&h), IoSlice::new(b"x")])
             .unwrap();
         assert!(reply(&s, 2).send(&[IoSlice::new(&h)]).is_err());
-        assert_eq!(s.bufs.lock().unwrap().header.ent.payload_sz, 1);
+        assert_eq!(s.bufs.lock().header.ent.payload_sz, 1);
         // A reply shorter than its header is refused, and the request answered EIO (its
         // entry must be committed), under the request's own unique id.
         let s = slot(16, 1);
         assert!(reply(&s, 1).send(&[IoSlice::new(&h[..8])]).is_err());
-        let b = s.bufs.lock().unwrap();
+        let b = s.bufs.lock();
         assert!(b.replied);
         let err = i32::from_ne_bytes(b.header.in_out[4..8].try_into().unwrap());
         assert_eq!(err, -libc::EIO);
