@@ -28,6 +28,15 @@ pub enum Room {
 }
 
 impl Room {
+    /// Its name in `stats --json`: `enough`, `short` or `stopped`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Room::Enough => "enough",
+            Room::Short => "short",
+            Room::Stopped => "stopped",
+        }
+    }
+
     fn from_u8(v: u8) -> Room {
         match v {
             1 => Room::Short,

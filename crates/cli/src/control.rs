@@ -341,11 +341,7 @@ pub fn usage_json(u: &Usage) -> Value {
         "fs_bytes_avail": u.space.map(|s| s.bytes_avail),
         "fs_files_total": u.space.map(|s| s.files_total),
         "fs_files_avail": u.space.map(|s| s.files_avail),
-        "room": match u.room {
-            hoardfs_cache::quota::Room::Enough => "enough",
-            hoardfs_cache::quota::Room::Short => "short",
-            hoardfs_cache::quota::Room::Stopped => "stopped",
-        },
+        "room": u.room.as_str(),
         "evictions": u.evictions, "evicted_bytes": u.evicted_bytes,
         "checksum_failures": u.checksum_failures, "chunks_verified": u.chunks_verified,
         "refused_chunks": u.refused_chunks, "refused_bytes": u.refused_bytes,

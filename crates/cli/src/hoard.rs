@@ -129,18 +129,18 @@ pub fn start(fs: Arc<HoardFs>, mountpoint: PathBuf, entries: Vec<HoardEntry>) {
                     }
                 }
             }
-            let mut failed = match failed {
+            let mut tail = match failed {
                 0 => String::new(),
                 n => format!("; {} failed (see above)", plural(n, "file")),
             };
             if incomplete > 0 {
-                failed += &format!(
+                tail += &format!(
                     "; {} not fully cached (no room)",
                     plural(incomplete, "file")
                 );
             }
             tracing::info!(
-                "hoard: pinned {}, fetched {} from the server {}{failed}",
+                "hoard: pinned {}, fetched {} from the server {}{tail}",
                 plural(files, "file"),
                 human(bytes),
                 took(bytes, start.elapsed())

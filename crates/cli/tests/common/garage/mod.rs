@@ -192,7 +192,7 @@ impl Garage {
             std::fs::write(
                 &cfg,
                 format!(
-                    r#"# node {i} of {n}: written by crates/cli/tests/common/garage.rs
+                    r#"# node {i} of {n}: written by crates/cli/tests/common/garage/mod.rs
 metadata_dir = "{meta}"
 data_dir = "{data}"
 db_engine = "lmdb"
