@@ -324,7 +324,7 @@ impl<'a> BreakApplier<'a> {
             // log's: its attributes are the server's to tell.)
             if let Some(c) = &child {
                 let mut st = c.state.lock();
-                let ours = st.attr().file_id & crate::offline_names::LOCAL_ID != 0;
+                let ours = st.attr().file_id & crate::made::LOCAL_ID != 0;
                 if !st.has_change() && !ours {
                     st.expire();
                     drop(st);

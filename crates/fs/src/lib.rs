@@ -12,12 +12,15 @@
 
 mod callbacks;
 mod cml;
+mod conflict_names;
 mod dirs;
 mod durability;
 mod error;
 mod fetch;
 mod freshness;
 mod kernel_opens;
+mod log_view;
+mod made;
 mod manage;
 mod namespace;
 pub mod nodes;
@@ -31,6 +34,7 @@ mod record;
 mod reintegrate;
 mod replay_order;
 mod sealed;
+mod send_back;
 mod snapshot;
 mod stats;
 mod trees;
@@ -262,7 +266,9 @@ impl HoardFs {
         let added = snap.restore_into(&self.nodes);
         // The snapshot may be older than the offline changes (a client killed before
         // its next save): they are what this client's view must show.
-        self.log_into_view();
+        if let Some(off) = &self.offline {
+            log_view::log_into_view(&self.nodes, &off.log);
+        }
         added
     }
 
@@ -481,7 +487,13 @@ impl HoardFs {
         let dir_id = dir.state.lock().attr().file_id;
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
             // An object moved here and not yet on the origin has this client's name only.
-            Ok(e) if self.moved_elsewhere(&e, parent, name) => Err(WireError::NotFound.into()),
+            Ok(e)
+                if self
+                    .offline_names()
+                    .is_some_and(|n| n.moved_elsewhere(&e, parent, name)) =>
+            {
+                Err(WireError::NotFound.into())
+            }
             Ok(e) => {
                 let ListedNode { ino, ttl, attr } =
                     self.remember(parent, name, &e, dir_id, since, None);
@@ -618,7 +630,7 @@ impl HoardFs {
     /// Target of symlink `ino`.
     pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
         let node = self.node(ino)?;
-        if let Some(t) = self.local_target(&node) {
+        if let Some(t) = self.offline_names().and_then(|n| n.local_target(&node)) {
             return Ok(t);
         }
         match self.with_handle(&node, |h| self.origin.readlink(h)) {

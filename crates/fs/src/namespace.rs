@@ -12,6 +12,7 @@ use std::time::Duration;
 use hoardfs_origin::{Attr, Entry, FileKind, Owner, RENAME_EXCHANGE, SetAttrs, WireError};
 
 use crate::nodes::{Ino, Node};
+use crate::offline_names::OfflineNames;
 use crate::read::{Access, Opened};
 use crate::{FsError, FsResult, HoardFs, ListedNode, NodeAttr, ROOT_INO};
 
@@ -94,8 +95,8 @@ impl HoardFs {
         owner: Owner,
         make_backing: &crate::MakeBacking,
     ) -> FsResult<(NodeEntry, Opened)> {
-        let offline = |why: String| {
-            self.create_offline(
+        let offline = |names: OfflineNames<'_>, why: String| {
+            names.create(
                 parent,
                 name,
                 mode,
@@ -117,7 +118,9 @@ impl HoardFs {
             mut attr,
             mut ttl,
         } = match made {
-            Err(FsError::Offline(why)) => return self.truncated_offline(offline(why)?, truncate),
+            Err(FsError::Offline(why)) => {
+                return self.truncated_offline(self.names_offline(why, offline)?, truncate);
+            }
             r => r?,
         };
         if truncate && attr.size > 0 {
@@ -187,12 +190,13 @@ impl HoardFs {
 
     /// Creates a directory.
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> FsResult<NodeEntry> {
-        let offline = |why| self.make_offline(parent, name, mode, None, owner, why);
+        let offline =
+            |names: OfflineNames<'_>, why| names.make(parent, name, mode, None, owner, why);
         if let Some(r) = self.logged(offline) {
             return r;
         }
         match self.make(parent, name, |h| self.origin.mkdir(h, name, mode, owner)) {
-            Err(FsError::Offline(why)) => offline(why),
+            Err(FsError::Offline(why)) => self.names_offline(why, offline),
             r => r,
         }
     }
@@ -205,14 +209,15 @@ impl HoardFs {
         target: &[u8],
         owner: Owner,
     ) -> FsResult<NodeEntry> {
-        let offline = |why| self.make_offline(parent, name, 0, Some(target), owner, why);
+        let offline =
+            |names: OfflineNames<'_>, why| names.make(parent, name, 0, Some(target), owner, why);
         if let Some(r) = self.logged(offline) {
             return r;
         }
         match self.make(parent, name, |h| {
             self.origin.symlink(h, name, target, owner)
         }) {
-            Err(FsError::Offline(why)) => offline(why),
+            Err(FsError::Offline(why)) => self.names_offline(why, offline),
             Ok(e) => {
                 // Known without a readlink (served while the origin is unreachable).
                 if let Some(n) = self.nodes.get(e.ino) {
@@ -315,7 +320,7 @@ impl HoardFs {
             .is_some_and(|n| self.pending_of(&n).is_some());
         if child_pending || self.names_logged() {
             let why = "the change is not on the server yet".to_string();
-            match self.remove_offline(parent, name, dir_wanted, why) {
+            match self.names_offline(why, |n, why| n.remove(parent, name, dir_wanted, why)) {
                 Err(FsError::Offline(_)) if !child_pending => self.names_sent()?,
                 r => return r,
             }
@@ -363,7 +368,7 @@ impl HoardFs {
         });
         match removed {
             Err(FsError::Offline(why)) => {
-                return self.remove_offline(parent, name, dir_wanted, why);
+                return self.names_offline(why, |n, why| n.remove(parent, name, dir_wanted, why));
             }
             r => r?,
         }
@@ -406,10 +411,12 @@ impl HoardFs {
             .flatten()
             .filter_map(|i| self.nodes.get(i))
             .any(|n| self.pending_of(&n).is_some())
-            || moved.is_some_and(|m| self.changes_inside(m));
+            || moved.is_some_and(|m| self.offline_names().is_some_and(|n| n.changes_inside(m)));
         if pending || self.names_logged() {
             let why = "the change is not on the server yet".to_string();
-            match self.rename_offline(parent, name, new_parent, new_name, flags, why) {
+            let rename =
+                |n: OfflineNames<'_>, why| n.rename(parent, name, new_parent, new_name, flags, why);
+            match self.names_offline(why, rename) {
                 Err(FsError::Offline(_)) if !pending => self.names_sent()?,
                 r => return r,
             }
@@ -419,7 +426,9 @@ impl HoardFs {
         });
         match renamed {
             Err(FsError::Offline(why)) => {
-                return self.rename_offline(parent, name, new_parent, new_name, flags, why);
+                return self.names_offline(why, |n, why| {
+                    n.rename(parent, name, new_parent, new_name, flags, why)
+                });
             }
             r => r?,
         }

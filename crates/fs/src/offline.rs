@@ -13,9 +13,10 @@
 //! Changes to names offline are `crate::offline_names`.
 //!
 //! The [`OfflineWrites`] value owns the log; the `HoardFs` methods here route the
-//! operations of files with a pending change to it, and are the entry points of
-//! reintegration (`reintegrate`, `settle_names`, `pending_changes`; `find` walks a path
-//! on the origin for it) and of the log's counters and conflicts.
+//! operations of files with a pending change to it, and are the entry points of the
+//! offline changes to names (`names_logged`, `logged`, `offline_names`, `names_offline`),
+//! of reintegration (`reintegrate`, `settle_names`, `pending_changes`; `find` walks a
+//! path on the origin for it) and of the log's counters and conflicts.
 
 use std::sync::Arc;
 
@@ -25,6 +26,7 @@ use hoardfs_origin::{Handle, WireError};
 
 use crate::cml::{ChangeLog, Pending};
 use crate::nodes::Node;
+use crate::offline_names::OfflineNames;
 use crate::open_files::OpenFile;
 use crate::read::{ModeKind, OpenMode, Opened};
 use crate::reintegrate::{Found, Reintegrated, Reintegration};
@@ -51,6 +53,9 @@ struct SkippedBreaks {
     breaks: Vec<hoardfs_origin::Break>,
     overflowed: bool,
 }
+
+/// Why a change is logged although the origin may be reachable.
+const NAMES_WAIT: &str = "earlier changes to names are not on the server yet";
 
 /// Name breaks kept while names wait, at most.
 const MAX_SKIPPED: usize = 4096;
@@ -120,6 +125,55 @@ pub(crate) fn kept(e: std::io::Error) -> FsError {
 }
 
 impl HoardFs {
+    /// Whether new changes to names go to the log: offline writes are on and the log
+    /// still holds changes to names (they reach the origin first, in order).
+    pub(crate) fn names_logged(&self) -> bool {
+        self.offline
+            .as_ref()
+            .is_some_and(|o| o.keeps_new() && o.log.names_pending())
+    }
+
+    /// Whether the log holds changes to names (until they reach the origin, this
+    /// client's view of names is its own: lookups and listings are answered from it).
+    pub(crate) fn names_pending(&self) -> bool {
+        self.offline.as_ref().is_some_and(|o| o.log.names_pending())
+    }
+
+    /// Runs `op` (an offline variant of a namespace operation) instead of the origin's
+    /// when the log holds changes to names, so that the new change follows them (if the
+    /// log cannot take it, it fails: see `names_sent`); `None`: go to the origin.
+    pub(crate) fn logged<T>(
+        &self,
+        op: impl FnOnce(OfflineNames<'_>, String) -> FsResult<T>,
+    ) -> Option<FsResult<T>> {
+        let names = self.offline_names().filter(|_| self.names_logged())?;
+        Some(op(names, NAMES_WAIT.into()))
+    }
+
+    /// The changes to names of the change log (`None` when no log is open). A log is open
+    /// also on a mount without `--offline-writes` that still sends back an earlier
+    /// mount's changes: its operations then refuse new changes (`keeps_new`), except that
+    /// a removal may cancel or replace a logged one.
+    pub(crate) fn offline_names(&self) -> Option<OfflineNames<'_>> {
+        self.offline
+            .as_ref()
+            .map(|off| OfflineNames::new(self, off))
+    }
+
+    /// Runs `op` over the changes to names of the change log, for an operation the origin
+    /// failed with `why` or that must follow the log (`why` says which); with no log open
+    /// it fails with `Offline(why)`, as the origin did.
+    pub(crate) fn names_offline<T>(
+        &self,
+        why: String,
+        op: impl FnOnce(OfflineNames<'_>, String) -> FsResult<T>,
+    ) -> FsResult<T> {
+        match self.offline_names() {
+            Some(names) => op(names, why),
+            None => Err(FsError::Offline(why)),
+        }
+    }
+
     /// Once names no longer wait to be sent back (sent, or their changes cancelled), the
     /// name breaks put off meanwhile are applied (they only take away: applied late, a
     /// break of a name since sent back finds this client agreeing, and changes nothing).
@@ -257,7 +311,7 @@ impl HoardFs {
             off.log.stage(path, None, &attr, object)
         } else {
             off.log.at_origin(
-                || self.origin_components_of(node.ino),
+                || OfflineNames::new(self, off).origin_components_of(node.ino),
                 |origin| off.log.stage(path, origin, &attr, object),
             )
         }

@@ -20,57 +20,12 @@
 use std::sync::Arc;
 
 use crate::cml::Pending;
+use crate::made::{LOCAL_ID, made_here, now_stamp};
 use crate::nodes::Node;
+use crate::offline::OfflineWrites;
 use crate::offline::{closed, kept};
 use crate::read::Opened;
 use crate::{Access, FsError, FsResult, HoardFs, NodeAttr};
-
-/// The top bit marks the file ids this client makes for objects created offline (origin
-/// ids of local exports are inode numbers, far below it; S3 origins are not offline).
-pub(crate) const LOCAL_ID: u64 = 1 << 63;
-
-/// The attributes of an object made here: id `file_id` (this client's own), no origin
-/// version, times `t`.
-fn made_attr(
-    file_id: u64,
-    kind: hoardfs_origin::FileKind,
-    perm: u16,
-    owner: hoardfs_origin::Owner,
-    size: u64,
-    t: hoardfs_origin::Timestamp,
-) -> hoardfs_origin::Attr {
-    hoardfs_origin::Attr {
-        file_id,
-        version: 0,
-        kind,
-        perm,
-        nlink: if kind == hoardfs_origin::FileKind::Dir {
-            2
-        } else {
-            1
-        },
-        uid: owner.uid,
-        gid: owner.gid,
-        size,
-        blocks: 0,
-        rdev: 0,
-        blksize: 4096,
-        atime: t,
-        mtime: t,
-        ctime: t,
-    }
-}
-
-/// A timestamp for now.
-fn now_stamp() -> hoardfs_origin::Timestamp {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    hoardfs_origin::Timestamp {
-        secs: now.as_secs() as i64,
-        nanos: now.subsec_nanos(),
-    }
-}
 
 /// An object's change was sent back while an operation was adding to it: the operation
 /// starts over (with a change of its own).
@@ -87,36 +42,24 @@ fn retried<T>(mut op: impl FnMut() -> FsResult<T>) -> FsResult<T> {
     op()
 }
 
-/// Why a change is logged although the origin may be reachable.
-const NAMES_WAIT: &str = "earlier changes to names are not on the server yet";
+/// The changes to names of the change log: the file system and its log, borrowed for
+/// one operation (`HoardFs::offline_names`). Each operation that makes a new change
+/// refuses unless the log takes new ones (`OfflineWrites::keeps_new`).
+pub(crate) struct OfflineNames<'a> {
+    fs: &'a HoardFs,
+    off: &'a OfflineWrites,
+}
 
-impl HoardFs {
-    /// Whether new changes to names go to the log: offline writes are on and the log
-    /// still holds changes to names (they reach the origin first, in order).
-    pub(crate) fn names_logged(&self) -> bool {
-        self.offline
-            .as_ref()
-            .is_some_and(|o| o.keeps_new() && o.log.names_pending())
-    }
-
-    /// Whether the log holds changes to names (until they reach the origin, this
-    /// client's view of names is its own: lookups and listings are answered from it).
-    pub(crate) fn names_pending(&self) -> bool {
-        self.offline.as_ref().is_some_and(|o| o.log.names_pending())
-    }
-
-    /// Runs `op` (an offline variant of a namespace operation) instead of the origin's
-    /// when the log holds changes to names, so that the new change follows them (if the
-    /// log cannot take it, it fails: see `names_sent`); `None`: go to the origin.
-    pub(crate) fn logged<T>(&self, op: impl Fn(String) -> FsResult<T>) -> Option<FsResult<T>> {
-        self.names_logged().then(|| op(NAMES_WAIT.into()))
+impl<'a> OfflineNames<'a> {
+    pub(crate) fn new(fs: &'a HoardFs, off: &'a OfflineWrites) -> Self {
+        OfflineNames { fs, off }
     }
 
     /// Where the origin has node `ino` (an object of the origin): its names from the
     /// root, except that from the nearest node (it or a directory above it) with a move
     /// not yet sent back, the origin's location of that node. `None` if unknown.
     pub(crate) fn origin_components_of(&self, ino: crate::Ino) -> Option<Vec<Vec<u8>>> {
-        let off = self.offline.as_ref()?;
+        let off = self.off;
         let mut parts = Vec::new();
         let mut cur = ino;
         for _ in 0..4096 {
@@ -124,7 +67,7 @@ impl HoardFs {
                 parts.reverse();
                 return Some(parts);
             }
-            let n = self.nodes.get(cur)?;
+            let n = self.fs.nodes.get(cur)?;
             let (changed, file_id, name, parent) = {
                 let st = n.state.lock();
                 (
@@ -159,10 +102,10 @@ impl HoardFs {
         parent: crate::Ino,
         name: &[u8],
     ) -> bool {
-        if !self.names_pending() {
+        if !self.off.log.names_pending() {
             return false;
         }
-        let Some(n) = self.nodes.by_file_id(e.attr.file_id) else {
+        let Some(n) = self.fs.nodes.by_file_id(e.attr.file_id) else {
             return false;
         };
         let st = n.state.lock();
@@ -174,51 +117,22 @@ impl HoardFs {
     /// Whether the log holds changes of objects inside directory node `ino` (a move of
     /// the directory must then go through the log, for them to follow it).
     pub(crate) fn changes_inside(&self, ino: crate::Ino) -> bool {
-        let Some(off) = &self.offline else {
-            return false;
-        };
+        let off = self.off;
         if off.log.count() == 0 {
             return false;
         }
         let is_dir = self
+            .fs
             .nodes
             .get(ino)
             .is_some_and(|n| n.kind == hoardfs_origin::FileKind::Dir);
-        let Some(path) = self.components_of(ino).filter(|_| is_dir) else {
+        let Some(path) = self.fs.components_of(ino).filter(|_| is_dir) else {
             return false;
         };
         off.log
             .records()
             .iter()
             .any(|(_, r)| crate::cml::is_under(&r.path, &path))
-    }
-
-    /// Attributes for an object made here (id of this client's own).
-    fn local_attr(
-        &self,
-        parent: crate::Ino,
-        name: &[u8],
-        kind: hoardfs_origin::FileKind,
-        perm: u16,
-        owner: hoardfs_origin::Owner,
-        size: u64,
-    ) -> hoardfs_origin::Attr {
-        let t = now_stamp();
-        let seed = [
-            &t.secs.to_le_bytes()[..],
-            &t.nanos.to_le_bytes(),
-            &parent.to_le_bytes(),
-            name,
-        ]
-        .concat();
-        made_attr(
-            LOCAL_ID | xxhash_rust::xxh3::xxh3_64(&seed),
-            kind,
-            perm,
-            owner,
-            size,
-            t,
-        )
     }
 
     /// The directory `parent` where a name is made offline, the made object's path, and
@@ -230,7 +144,7 @@ impl HoardFs {
         name: &[u8],
         why: &str,
     ) -> FsResult<(Arc<Node>, Vec<Vec<u8>>)> {
-        let dir = self.node(parent)?;
+        let dir = self.fs.node(parent)?;
         if dir.kind != hoardfs_origin::FileKind::Dir {
             return Err(hoardfs_origin::WireError::NotDir.into());
         }
@@ -238,10 +152,10 @@ impl HoardFs {
             let st = dir.state.lock();
             (st.child(name), st.last_listing().is_some())
         };
-        if child.and_then(|c| self.nodes.get(c)).is_some() {
+        if child.and_then(|c| self.fs.nodes.get(c)).is_some() {
             return Err(hoardfs_origin::WireError::Exists.into());
         }
-        let path = self.components_of(parent);
+        let path = self.fs.components_of(parent);
         let (true, Some(mut path)) = (listed, path) else {
             return Err(FsError::Offline(why.into()));
         };
@@ -262,6 +176,7 @@ impl HoardFs {
     ) -> FsResult<Arc<Node>> {
         let handle = hoardfs_origin::Handle { epoch: 0, id: 0 };
         let node = self
+            .fs
             .nodes
             .remember(dir.ino, name, handle, attr, None, |_| false);
         if attr.kind == hoardfs_origin::FileKind::Dir {
@@ -269,7 +184,7 @@ impl HoardFs {
             node.state.lock().keep_listing(Arc::new(crate::Listing {
                 entries: Vec::new(),
                 fetched: std::time::Instant::now(),
-                since: self.callbacks.seq(),
+                since: self.fs.callbacks.seq(),
             }));
         }
         let entry = hoardfs_origin::DirEntry {
@@ -281,14 +196,14 @@ impl HoardFs {
             Ok(p) => p,
             Err(e) => {
                 dir.state.lock().remove_local_entry(name);
-                self.nodes.unbind_file_id(node.ino, attr.file_id);
+                self.fs.nodes.unbind_file_id(node.ino, attr.file_id);
                 node.state.lock().mark_deleted();
                 return Err(kept(e));
             }
         };
         let g = p.lock();
         if !g.is_gone() {
-            self.nodes.set_local(attr.file_id, Some(g.local()));
+            self.fs.nodes.set_local(attr.file_id, Some(g.local()));
         }
         drop(g);
         Ok(node)
@@ -299,7 +214,7 @@ impl HoardFs {
     /// `Create` record; the name is listed and looked up from now on, and the file is
     /// opened. An existing name opens that file instead (`EEXIST` if `exclusive`).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn create_offline(
+    pub(crate) fn create(
         &self,
         parent: crate::Ino,
         name: &[u8],
@@ -310,41 +225,42 @@ impl HoardFs {
         make_backing: &crate::MakeBacking,
         why: String,
     ) -> FsResult<(crate::NodeEntry, Opened)> {
-        let Some(off) = self.offline.as_ref().filter(|o| o.keeps_new()) else {
+        if !self.off.keeps_new() {
             return Err(FsError::Offline(why));
-        };
-        let existing = self.node(parent)?.state.lock().child(name);
-        if let Some(existing) = existing.filter(|e| self.nodes.get(*e).is_some()) {
+        }
+        let off = self.off;
+        let existing = self.fs.node(parent)?.state.lock().child(name);
+        if let Some(existing) = existing.filter(|e| self.fs.nodes.get(*e).is_some()) {
             if exclusive {
                 return Err(hoardfs_origin::WireError::Exists.into());
             }
-            let opened = self.open(existing, access, make_backing)?;
-            let st = self.node(existing)?;
+            let opened = self.fs.open(existing, access, make_backing)?;
+            let st = self.fs.node(existing)?;
             let attr = st.state.lock().attr();
             return Ok((
                 crate::NodeEntry {
                     ino: existing,
                     attr,
-                    ttl: self.config.attr_ttl,
+                    ttl: self.fs.config.attr_ttl,
                 },
                 opened,
             ));
         }
         let (dir, path) = self.free_name(parent, name, &why)?;
         let kind = hoardfs_origin::FileKind::File;
-        let attr = self.local_attr(parent, name, kind, (mode & 0o7777) as u16, owner, 0);
+        let attr = made_here(parent, name, kind, (mode & 0o7777) as u16, owner, 0);
         let node = self.add_made(&dir, name, attr, || off.log.stage_new(path, &attr))?;
         tracing::info!(
             ino = node.ino,
             "the server is unreachable: a file created here is kept locally until it is back"
         );
         let attr = node.state.lock().attr();
-        let opened = self.open_pending(node.clone(), access);
+        let opened = self.fs.open_pending(node.clone(), access);
         Ok((
             crate::NodeEntry {
                 ino: node.ino,
                 attr,
-                ttl: self.config.attr_ttl,
+                ttl: self.fs.config.attr_ttl,
             },
             opened,
         ))
@@ -353,7 +269,7 @@ impl HoardFs {
     /// Makes directory `parent/name` (or, with `target`, a symbolic link to it) while the
     /// origin is unreachable (it failed with `why`): a node with an id of this client's
     /// own (an empty directory, known to be empty) and a `Mkdir` or `Symlink` record.
-    pub(crate) fn make_offline(
+    pub(crate) fn make(
         &self,
         parent: crate::Ino,
         name: &[u8],
@@ -362,12 +278,13 @@ impl HoardFs {
         owner: hoardfs_origin::Owner,
         why: String,
     ) -> FsResult<crate::NodeEntry> {
-        let Some(off) = self.offline.as_ref().filter(|o| o.keeps_new()) else {
+        if !self.off.keeps_new() {
             return Err(FsError::Offline(why));
-        };
+        }
+        let off = self.off;
         let (dir, path) = self.free_name(parent, name, &why)?;
         let attr = match target {
-            Some(t) => self.local_attr(
+            Some(t) => made_here(
                 parent,
                 name,
                 hoardfs_origin::FileKind::Symlink,
@@ -375,7 +292,7 @@ impl HoardFs {
                 owner,
                 t.len() as u64,
             ),
-            None => self.local_attr(
+            None => made_here(
                 parent,
                 name,
                 hoardfs_origin::FileKind::Dir,
@@ -389,13 +306,13 @@ impl HoardFs {
         Ok(crate::NodeEntry {
             ino: node.ino,
             attr,
-            ttl: self.config.attr_ttl,
+            ttl: self.fs.config.attr_ttl,
         })
     }
 
     /// The target of symlink `node` if it was made offline and is not on the origin yet.
     pub(crate) fn local_target(&self, node: &Node) -> Option<Vec<u8>> {
-        let p = self.pending_of(node)?;
+        let p = self.fs.pending_of(node)?;
         let g = p.lock();
         (g.record().kind == crate::cml::Kind::Symlink && !g.is_gone())
             .then(|| g.record().target.clone())
@@ -407,7 +324,7 @@ impl HoardFs {
     /// `Remove` or `Rmdir` record (replacing a pending change of its content, name or
     /// attributes). Only an object this client knows can be removed, a file only if
     /// nobody has it open here, a directory only if this client knows it is empty.
-    pub(crate) fn remove_offline(
+    pub(crate) fn remove(
         &self,
         parent: crate::Ino,
         name: &[u8],
@@ -415,15 +332,13 @@ impl HoardFs {
         why: String,
     ) -> FsResult<()> {
         use hoardfs_origin::{FileKind, WireError};
-        let Some(off) = self.offline.as_ref() else {
-            return Err(FsError::Offline(why));
-        };
-        let dir = self.node(parent)?;
+        let off = self.off;
+        let dir = self.fs.node(parent)?;
         let (child, listed) = {
             let st = dir.state.lock();
             (st.child(name), st.last_listing().is_some())
         };
-        let Some(node) = child.and_then(|c| self.nodes.get(c)) else {
+        let Some(node) = child.and_then(|c| self.fs.nodes.get(c)) else {
             return Err(if listed && off.keeps_new() {
                 WireError::NotFound.into()
             } else {
@@ -447,7 +362,7 @@ impl HoardFs {
             return Err(FsError::Offline(why));
         }
         let base = node.state.lock().origin_attr();
-        let Some(mut path) = self.components_of(parent) else {
+        let Some(mut path) = self.fs.components_of(parent) else {
             return Err(FsError::Offline(why));
         };
         path.push(name.to_vec());
@@ -480,9 +395,9 @@ impl HoardFs {
             }
             None => return Err(FsError::Offline(why)),
         }
-        self.nodes.set_local(base.file_id, None);
+        self.fs.nodes.set_local(base.file_id, None);
         // The origin may give the id to a new object once this one is gone.
-        self.nodes.unbind_file_id(node.ino, base.file_id);
+        self.fs.nodes.unbind_file_id(node.ino, base.file_id);
         dir.state.lock().remove_local_entry(name);
         let mut st = node.state.lock();
         st.mark_deleted();
@@ -495,24 +410,25 @@ impl HoardFs {
     /// Changes permission bits and times of `node` while the origin is unreachable (it
     /// failed with `why`) or the log holds the object's change: kept in its change (a
     /// `Meta` one if it has none) and applied after its content.
-    pub(crate) fn setattr_offline(
+    pub(crate) fn setattr(
         &self,
         node: &Node,
         set: &hoardfs_origin::SetAttrs,
         why: String,
     ) -> FsResult<NodeAttr> {
-        retried(|| self.setattr_offline_once(node, set, why.clone()))
+        retried(|| self.setattr_once(node, set, why.clone()))
     }
 
-    fn setattr_offline_once(
+    fn setattr_once(
         &self,
         node: &Node,
         set: &hoardfs_origin::SetAttrs,
         why: String,
     ) -> FsResult<NodeAttr> {
-        let Some(off) = self.offline.as_ref().filter(|o| o.keeps_new()) else {
+        if !self.off.keeps_new() {
             return Err(FsError::Offline(why));
-        };
+        }
+        let off = self.off;
         if set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
             return Err(FsError::Offline(why));
         }
@@ -525,10 +441,10 @@ impl HoardFs {
             atime: set.atime.as_ref().map(at),
             mtime: set.mtime.as_ref().map(at),
         };
-        let p = match self.pending_of(node) {
+        let p = match self.fs.pending_of(node) {
             Some(p) => p,
             None => {
-                let Some(path) = self.components_of(node.ino) else {
+                let Some(path) = self.fs.components_of(node.ino) else {
                     return Err(FsError::Offline(why));
                 };
                 let base = node.state.lock().origin_attr();
@@ -545,12 +461,12 @@ impl HoardFs {
             return Err(FsError::Offline(SENT_MEANWHILE.into()));
         }
         g.set_attrs(change).map_err(kept)?;
-        self.nodes.set_local(p.file_id, Some(g.local()));
+        self.fs.nodes.set_local(p.file_id, Some(g.local()));
         drop(g);
         let st = node.state.lock();
         Ok(NodeAttr {
             attr: st.attr(),
-            ttl: self.config.attr_ttl,
+            ttl: self.fs.config.attr_ttl,
         })
     }
 
@@ -561,7 +477,7 @@ impl HoardFs {
     /// (logged as any removal), except that a file created offline renamed over a file of
     /// the origin (an editor's save) becomes that file's new content, from the version
     /// this client last saw. Exchanges need the origin.
-    pub(crate) fn rename_offline(
+    pub(crate) fn rename(
         &self,
         parent: crate::Ino,
         name: &[u8],
@@ -570,10 +486,10 @@ impl HoardFs {
         flags: u32,
         why: String,
     ) -> FsResult<()> {
-        retried(|| self.rename_offline_once(parent, name, new_parent, new_name, flags, why.clone()))
+        retried(|| self.rename_once(parent, name, new_parent, new_name, flags, why.clone()))
     }
 
-    fn rename_offline_once(
+    fn rename_once(
         &self,
         parent: crate::Ino,
         name: &[u8],
@@ -583,13 +499,14 @@ impl HoardFs {
         why: String,
     ) -> FsResult<()> {
         use hoardfs_origin::{FileKind, WireError};
-        let Some(off) = self.offline.as_ref().filter(|o| o.keeps_new()) else {
+        if !self.off.keeps_new() {
             return Err(FsError::Offline(why));
-        };
+        }
+        let off = self.off;
         if flags & hoardfs_origin::RENAME_EXCHANGE != 0 {
             return Err(FsError::Offline(why));
         }
-        let (dir, new_dir) = (self.node(parent)?, self.node(new_parent)?);
+        let (dir, new_dir) = (self.fs.node(parent)?, self.fs.node(new_parent)?);
         if new_dir.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
@@ -597,7 +514,7 @@ impl HoardFs {
             let st = dir.state.lock();
             (st.child(name), st.last_listing().is_some())
         };
-        let Some(src) = src.and_then(|c| self.nodes.get(c)) else {
+        let Some(src) = src.and_then(|c| self.fs.nodes.get(c)) else {
             return Err(if listed {
                 WireError::NotFound.into()
             } else {
@@ -608,7 +525,7 @@ impl HoardFs {
             let st = new_dir.state.lock();
             (st.child(new_name), st.last_listing().is_some())
         };
-        let dst = dst.and_then(|c| self.nodes.get(c));
+        let dst = dst.and_then(|c| self.fs.nodes.get(c));
         if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
             return Ok(());
         }
@@ -625,12 +542,13 @@ impl HoardFs {
                 if cur == src.ino {
                     return Err(WireError::Invalid.into());
                 }
-                cur = self.node(cur)?.state.lock().parent();
+                cur = self.fs.node(cur)?.state.lock().parent();
             }
         }
-        let (Some(mut old_path), Some(mut new_path)) =
-            (self.components_of(parent), self.components_of(new_parent))
-        else {
+        let (Some(mut old_path), Some(mut new_path)) = (
+            self.fs.components_of(parent),
+            self.fs.components_of(new_parent),
+        ) else {
             return Err(FsError::Offline(why));
         };
         old_path.push(name.to_vec());
@@ -677,7 +595,7 @@ impl HoardFs {
                     &why,
                 );
             }
-            self.remove_offline(new_parent, new_name, d.kind == FileKind::Dir, why.clone())?;
+            self.remove(new_parent, new_name, d.kind == FileKind::Dir, why.clone())?;
         }
         let p = match change {
             Some(p) => p,
@@ -700,9 +618,9 @@ impl HoardFs {
             if g.is_void() {
                 // Back at its name on the origin, nothing else changed.
                 off.log.finish(src_attr.file_id, &mut g);
-                self.nodes.set_local(src_attr.file_id, None);
+                self.fs.nodes.set_local(src_attr.file_id, None);
             } else {
-                self.nodes.set_local(src_attr.file_id, Some(g.local()));
+                self.fs.nodes.set_local(src_attr.file_id, Some(g.local()));
             }
         }
         if src.kind == FileKind::Dir {
@@ -737,7 +655,7 @@ impl HoardFs {
         path: Vec<Vec<u8>>,
         why: &str,
     ) -> FsResult<()> {
-        let off = self.offline.as_ref().expect("offline writes are on");
+        let off = self.off;
         let src_attr = src.state.lock().origin_attr();
         let (d_attr, d_handle) = {
             let st = d.state.lock();
@@ -775,15 +693,15 @@ impl HoardFs {
         drop(g);
         // The renamed node is the origin's file now (as the kernel sees it: the name leads
         // to the renamed inode); the replaced node is gone.
-        self.nodes.set_local(src_attr.file_id, None);
-        self.nodes.unbind_file_id(d.ino, d_attr.file_id);
+        self.fs.nodes.set_local(src_attr.file_id, None);
+        self.fs.nodes.unbind_file_id(d.ino, d_attr.file_id);
         d.state.lock().mark_deleted();
         let entry = hoardfs_origin::Entry {
             handle: d_handle,
             attr: d_attr,
         };
-        self.nodes.rebind(src.ino, src_attr.file_id, &entry);
-        self.nodes.set_local(d_attr.file_id, Some(local));
+        self.fs.nodes.rebind(src.ino, src_attr.file_id, &entry);
+        self.fs.nodes.set_local(d_attr.file_id, Some(local));
         src.state.lock().moved(new_dir.ino, new_name);
         dir.state.lock().remove_local_entry(name);
         let listed = hoardfs_origin::DirEntry {
@@ -797,139 +715,15 @@ impl HoardFs {
     /// Removes `dir/name` on the origin (an object whose pending change was sent back
     /// while its removal waited for the log).
     fn remove_sent(&self, dir: &Node, name: &[u8], is_dir: bool) -> FsResult<()> {
-        self.with_handle(dir, |h| {
+        self.fs.with_handle(dir, |h| {
             if is_dir {
-                self.origin.rmdir(h, name)
+                self.fs.origin.rmdir(h, name)
             } else {
-                self.origin.unlink(h, name)
+                self.fs.origin.unlink(h, name)
             }
         })?;
         dir.state.lock().remove_child(name);
-        self.dir_changed(dir);
+        self.fs.dir_changed(dir);
         Ok(())
-    }
-
-    /// Makes the names this client shows agree with the log of offline changes, after a
-    /// saved namespace was restored (it may predate the log's latest changes): objects
-    /// the log removes leave their names, moved ones go to their new ones, and objects
-    /// made offline that the saved namespace lacks are added (parents before children).
-    pub(crate) fn log_into_view(&self) {
-        use crate::cml::Kind;
-        use hoardfs_origin::FileKind;
-        let Some(off) = &self.offline else {
-            return;
-        };
-        let mut records: Vec<_> = off.log.records().into_iter().map(|(_, r)| r).collect();
-        // Objects made offline whose change is gone (cancelled, or turned into a
-        // document's content) are not anywhere.
-        let logged: std::collections::HashSet<u64> = records.iter().map(|r| r.file_id).collect();
-        for n in self.nodes.all() {
-            let (file_id, parent, name) = {
-                let st = n.state.lock();
-                (st.origin_attr().file_id, st.parent(), st.name().to_vec())
-            };
-            if file_id & LOCAL_ID != 0 && !logged.contains(&file_id) {
-                if let Some(p) = self.nodes.get(parent) {
-                    let mut st = p.state.lock();
-                    if st.child(&name) == Some(n.ino) {
-                        st.remove_local_entry(&name);
-                    }
-                }
-                self.nodes.unbind_file_id(n.ino, file_id);
-                n.state.lock().mark_deleted();
-            }
-        }
-        records.sort_by_key(|r| (!r.removes(), r.path.len()));
-        for r in records {
-            let node = self.nodes.by_file_id(r.file_id);
-            let detach = |n: &Node| {
-                let (parent, name) = {
-                    let st = n.state.lock();
-                    (st.parent(), st.name().to_vec())
-                };
-                if let Some(p) = self.nodes.get(parent) {
-                    let mut st = p.state.lock();
-                    // (Only its own name: another object may have it by now.)
-                    if st.child(&name) == Some(n.ino) {
-                        st.remove_local_entry(&name);
-                    }
-                }
-            };
-            if r.removes() {
-                if let Some(n) = node {
-                    detach(&n);
-                    self.nodes.unbind_file_id(n.ino, r.file_id);
-                    n.state.lock().mark_deleted();
-                }
-                continue;
-            }
-            let Some((name, dirs)) = r.path.split_last() else {
-                continue;
-            };
-            let mut parent = self.nodes.get(crate::ROOT_INO);
-            for d in dirs {
-                let child = parent.and_then(|p| p.state.lock().child(d));
-                parent = child.and_then(|c| self.nodes.get(c));
-            }
-            let Some(parent) = parent.filter(|p| p.kind == FileKind::Dir) else {
-                tracing::warn!(
-                    "an offline change's directory is not in the saved names: {} is not \
-                     shown until it is sent back",
-                    String::from_utf8_lossy(&r.path.join(&b'/'))
-                );
-                continue;
-            };
-            let (handle, attr, ino) = match node {
-                Some(n) => {
-                    let at = {
-                        let st = n.state.lock();
-                        (st.parent(), st.name().to_vec())
-                    };
-                    if at == (parent.ino, name.clone()) {
-                        continue;
-                    }
-                    detach(&n);
-                    n.state.lock().moved(parent.ino, name);
-                    let st = n.state.lock();
-                    (st.handle(), st.origin_attr(), n.ino)
-                }
-                None if r.creates() || r.kind == Kind::Create => {
-                    let kind = match r.kind {
-                        Kind::Mkdir => FileKind::Dir,
-                        Kind::Symlink => FileKind::Symlink,
-                        _ => FileKind::File,
-                    };
-                    let t = hoardfs_origin::Timestamp {
-                        secs: r.since as i64,
-                        nanos: 0,
-                    };
-                    let owner = hoardfs_origin::Owner {
-                        uid: r.uid,
-                        gid: r.gid,
-                    };
-                    let size = r.target.len() as u64;
-                    let attr = made_attr(r.file_id, kind, r.perm, owner, size, t);
-                    let handle = hoardfs_origin::Handle { epoch: 0, id: 0 };
-                    let Some(n) = self.nodes.restore(parent.ino, name, handle, attr) else {
-                        continue;
-                    };
-                    if kind == FileKind::Dir {
-                        n.state.lock().keep_listing(Arc::new(crate::Listing {
-                            entries: Vec::new(),
-                            fetched: std::time::Instant::now(),
-                            since: 0,
-                        }));
-                    }
-                    (handle, attr, n.ino)
-                }
-                // An object of the origin this client never looked up: nothing to show.
-                None => continue,
-            };
-            let entry = hoardfs_origin::DirEntry {
-                name: name.clone(),
-                entry: hoardfs_origin::Entry { handle, attr },
-            };
-            parent.state.lock().add_local_entry(entry, ino);
-        }
     }
 }

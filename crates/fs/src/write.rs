@@ -182,7 +182,9 @@ impl HoardFs {
             // file before the staged content reaches it, they would change its version
             // and turn this client's change into a conflict).
             if set.size.is_none() && set.uid.is_none() && set.gid.is_none() {
-                return self.setattr_offline(&node, set, "not on the server yet".into());
+                return self.names_offline("not on the server yet".into(), |n, why| {
+                    n.setattr(&node, set, why)
+                });
             }
             // Owners need the origin, and the change first (sent by the mount's keeper,
             // not from here: see `names_sent`).
@@ -211,7 +213,7 @@ impl HoardFs {
                     .ok_or_else(|| FsError::Offline("sent back meanwhile: try again".into()));
             }
             Err(FsError::Offline(why)) if set.size.is_none() => {
-                return self.setattr_offline(&node, set, why);
+                return self.names_offline(why, |n, why| n.setattr(&node, set, why));
             }
             r => r?,
         };

@@ -9,7 +9,7 @@
 //! content changed (`Store`, `Create`) the staging file holds its whole new content: it
 //! starts as a copy of the complete cached object of the base version; writes and
 //! truncations apply to it; reads of the file come from it while it is pending. Other
-//! kinds leave it empty. Reintegration (`crate::reintegrate`) sends the change back and
+//! kinds leave it empty. Reintegration (`crate::reintegrate`, each change by `crate::send_back`) sends the change back and
 //! removes both.
 //!
 //! On disk, in `CACHE_DIR/cml/`: `SEQ.data` (the staging file) and `SEQ.rec` (the
