@@ -192,6 +192,28 @@ impl NodeState {
         self.freshness = Freshness::fetched(callback);
     }
 
+    /// The node's object was found (by a lookup or listing, or as what a change sent back
+    /// became) with `handle` and `attr`, under a callback if `callback`.
+    fn found(&mut self, handle: Handle, attr: Attr, callback: bool) {
+        self.handle = handle;
+        self.install_attr(attr, callback);
+    }
+
+    /// The object's name was found leading to a link with attributes `attr`. A link's
+    /// content never changes, and its mtime only when it is made or set (a set through
+    /// this client is in the node already): a link with another mtime may be another one
+    /// given the same inode number, whose target the kept one is not.
+    fn drop_target_unless_same_link(&mut self, attr: &Attr) {
+        if attr.kind == FileKind::Symlink && attr.mtime != self.attr.mtime {
+            self.target = None;
+        }
+    }
+
+    /// The change made here that overrides the origin's attributes (`None`: none).
+    fn set_local(&mut self, change: Option<LocalChange>) {
+        self.local = change;
+    }
+
     /// A new handle (and the attributes that came with it) found by re-resolving the
     /// node's name: see [`Freshness::renew_without_callback`].
     pub(crate) fn resolved(&mut self, handle: Handle, attr: Attr) {
@@ -318,6 +340,11 @@ impl NodeState {
     /// The kernel learned of the node once more (a lookup, or an entry with attributes).
     pub(crate) fn count_lookup(&mut self) {
         self.lookups += 1;
+    }
+
+    /// The kernel forgot `n` of its lookups.
+    fn forget_lookups(&mut self, n: u64) {
+        self.lookups = self.lookups.saturating_sub(n);
     }
 
     /// Whether neither the kernel nor an open file references the node.
@@ -447,7 +474,8 @@ impl NodeTable {
             }),
         };
         let root = Self::make(ROOT_INO, root_handle, root_attr, ROOT_INO, Vec::new());
-        root.state.lock().lookups = 1;
+        // The kernel knows the root without a lookup.
+        root.state.lock().count_lookup();
         let mut inner = table.inner.write();
         inner.by_file_id.insert(root_attr.file_id, ROOT_INO);
         inner.nodes.insert(ROOT_INO, root);
@@ -484,7 +512,9 @@ impl NodeTable {
         let ino = inner.next_ino;
         inner.next_ino += 1;
         let n = Self::make(ino, handle, attr, parent, name.to_vec());
-        n.state.lock().local = inner.local.get(&attr.file_id).copied();
+        n.state
+            .lock()
+            .set_local(inner.local.get(&attr.file_id).copied());
         inner.by_file_id.insert(attr.file_id, ino);
         inner.nodes.insert(ino, n.clone());
         n
@@ -539,16 +569,11 @@ impl NodeTable {
         };
         {
             let mut st = node.state.lock();
-            // A link's content never changes, and its mtime only when it is made or set
-            // (a set through this client is in the node already): a name found leading to
-            // this id with another mtime may be another link given the same inode number,
-            // whose target the kept one is not.
-            if known && attr.kind == FileKind::Symlink && attr.mtime != st.attr.mtime {
-                st.target = None;
+            if known {
+                st.drop_target_unless_same_link(&attr);
             }
             if !known || as_of.is_none_or(|t| st.attr_at <= t) {
-                st.handle = handle;
-                st.install_attr(attr, grant(&attr));
+                st.found(handle, attr, grant(&attr));
             }
             // (A node moved here and not yet on the origin keeps this client's name.)
             if !known || !st.has_change() {
@@ -604,7 +629,7 @@ impl NodeTable {
                 .cloned()
         };
         if let Some(n) = node {
-            n.state.lock().local = change;
+            n.state.lock().set_local(change);
         }
     }
 
@@ -621,8 +646,7 @@ impl NodeTable {
         };
         if let Some(n) = node {
             let mut st = n.state.lock();
-            st.handle = entry.handle;
-            st.install_attr(entry.attr, false);
+            st.found(entry.handle, entry.attr, false);
         }
     }
 
@@ -648,7 +672,7 @@ impl NodeTable {
         };
         {
             let mut st = node.state.lock();
-            st.lookups = st.lookups.saturating_sub(n);
+            st.forget_lookups(n);
             if !st.is_idle() {
                 return false;
             }
