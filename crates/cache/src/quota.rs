@@ -104,15 +104,54 @@ pub fn unwatched_probe() -> SpaceProbe {
     Box::new(|| None)
 }
 
+/// Bytes and files (inodes) of the cache file system: what must be freed, or what an
+/// eviction freed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Amount {
+    pub(crate) bytes: u64,
+    pub(crate) files: u64,
+}
+
+impl Amount {
+    /// Nothing.
+    pub(crate) const ZERO: Amount = Amount { bytes: 0, files: 0 };
+
+    pub(crate) fn new(bytes: u64, files: u64) -> Amount {
+        Amount { bytes, files }
+    }
+
+    pub(crate) fn is_zero(self) -> bool {
+        self == Amount::ZERO
+    }
+
+    /// What is left to free of `self` once `freed` is.
+    pub(crate) fn less(self, freed: Amount) -> Amount {
+        Amount::new(
+            self.bytes.saturating_sub(freed.bytes),
+            self.files.saturating_sub(freed.files),
+        )
+    }
+
+    /// `self` and `more` together.
+    pub(crate) fn plus(self, more: Amount) -> Amount {
+        Amount::new(self.bytes + more.bytes, self.files + more.files)
+    }
+
+    /// Whether `self` is at least `need`, in bytes and in files.
+    pub(crate) fn covers(self, need: Amount) -> bool {
+        self.bytes >= need.bytes && self.files >= need.files
+    }
+}
+
 /// What must be freed before `incoming` more bytes (and `new_files` inodes) may be cached:
-/// `(bytes, inodes)`, zero when there is room. `used` counts reservations.
+/// zero when there is room. `used` counts reservations.
 pub(crate) fn shortfall(
     limits: &Limits,
     used: u64,
     incoming: u64,
     new_files: u64,
     space: Option<Space>,
-) -> (u64, u64) {
+) -> Amount {
     let mut bytes = limits
         .max_bytes
         .map_or(0, |m| used.saturating_add(incoming).saturating_sub(m));
@@ -125,7 +164,7 @@ pub(crate) fn shortfall(
             files = (fstop + new_files).saturating_sub(s.files_avail);
         }
     }
-    (bytes, files)
+    Amount::new(bytes, files)
 }
 
 /// `p` % of `total`, as every threshold is computed (rounded down).
@@ -134,8 +173,10 @@ pub(crate) fn pct(total: u64, p: u8) -> u64 {
 }
 
 /// What the background culler must free now: below `cull`, enough to get back to `run`.
-pub(crate) fn cull_target(limits: &Limits, space: Option<Space>) -> (u64, u64) {
-    let Some(s) = space else { return (0, 0) };
+pub(crate) fn cull_target(limits: &Limits, space: Option<Space>) -> Amount {
+    let Some(s) = space else {
+        return Amount::ZERO;
+    };
     let bytes = if s.bytes_avail < pct(s.bytes_total, limits.bcull) {
         pct(s.bytes_total, limits.brun) - s.bytes_avail
     } else {
@@ -146,7 +187,7 @@ pub(crate) fn cull_target(limits: &Limits, space: Option<Space>) -> (u64, u64) {
     } else {
         0
     };
-    (bytes, files)
+    Amount::new(bytes, files)
 }
 
 /// Event counters of the store.
@@ -229,20 +270,26 @@ mod tests {
             max_bytes: Some(10 * G),
             ..Limits::default()
         };
-        assert_eq!(shortfall(&l, 9 * G, G, 2, space(50, 50)), (0, 0));
-        assert_eq!(shortfall(&l, 10 * G, G, 2, space(50, 50)), (G, 0));
+        assert_eq!(shortfall(&l, 9 * G, G, 2, space(50, 50)), Amount::new(0, 0));
+        assert_eq!(
+            shortfall(&l, 10 * G, G, 2, space(50, 50)),
+            Amount::new(G, 0)
+        );
         // 3% stop line: 3 GiB must stay free.
-        assert_eq!(shortfall(&l, 0, G, 2, space(3, 50)), (G, 0));
-        assert_eq!(shortfall(&l, 0, 0, 2, space(50, 3)), (0, 2));
-        assert_eq!(shortfall(&Limits::default(), 500 * G, G, 2, None), (0, 0));
+        assert_eq!(shortfall(&l, 0, G, 2, space(3, 50)), Amount::new(G, 0));
+        assert_eq!(shortfall(&l, 0, 0, 2, space(50, 3)), Amount::new(0, 2));
+        assert_eq!(
+            shortfall(&Limits::default(), 500 * G, G, 2, None),
+            Amount::new(0, 0)
+        );
     }
 
     #[test]
     fn culling_starts_below_cull_and_runs_to_run() {
         let l = Limits::default();
-        assert_eq!(cull_target(&l, space(8, 50)), (0, 0));
-        assert_eq!(cull_target(&l, space(6, 50)), (4 * G, 0));
-        assert_eq!(cull_target(&l, space(50, 5)), (0, 50));
+        assert_eq!(cull_target(&l, space(8, 50)), Amount::new(0, 0));
+        assert_eq!(cull_target(&l, space(6, 50)), Amount::new(4 * G, 0));
+        assert_eq!(cull_target(&l, space(50, 5)), Amount::new(0, 50));
         assert!(l.validate().is_ok());
         let bad = Limits { bcull: 11, ..l };
         assert!(bad.validate().is_err());

@@ -22,7 +22,7 @@ use crate::index::{IndexFile, SlotRecord};
 use crate::meta::ObjectKey;
 use crate::object::CachedObject;
 use crate::policy::{Policy, Tracked};
-use crate::quota::{Counters, Limits, SpaceProbe, Usage, cull_target, shortfall};
+use crate::quota::{Amount, Counters, Limits, SpaceProbe, Usage, cull_target, shortfall};
 use crate::space_alarm::SpaceAlarm;
 use crate::warm::Warmer;
 use crate::{CacheError, EntryInfo, object_paths};
@@ -286,16 +286,16 @@ impl Store {
         // it only before refusing); evictions then count down the shortfall by what they
         // free.
         let space = (self.probe)();
-        if cull_target(&self.limits, space) != (0, 0) {
+        if !cull_target(&self.limits, space).is_zero() {
             self.wake_culler();
         }
         let mut q = self.lock_for_eviction();
         let used = q.policy.total_bytes() + q.reserved;
-        let (mut need, mut files) = shortfall(&self.limits, used, bytes, 0, space);
+        let mut need = shortfall(&self.limits, used, bytes, 0, space);
         let mut tries = q.policy.len() + 16;
         let mut looked_again = false;
         let ok = loop {
-            if need == 0 && files == 0 {
+            if need.is_zero() {
                 q.reserved += bytes;
                 break true;
             }
@@ -303,19 +303,16 @@ impl Store {
                 None
             } else {
                 tries -= 1;
-                self.evict_one(&mut q, need == 0)
+                self.evict_one(&mut q, need.bytes == 0)
             };
             match freed {
-                Some((b, f)) => {
-                    need = need.saturating_sub(b);
-                    files = files.saturating_sub(f);
-                }
+                Some(freed) => need = need.less(freed),
                 // Nothing left to evict. The look at the free space may predate what the
                 // culler freed meanwhile: before refusing, look again (under the lock).
                 None if !looked_again => {
                     looked_again = true;
                     let used = q.policy.total_bytes() + q.reserved;
-                    (need, files) = shortfall(&self.limits, used, bytes, 0, (self.probe)());
+                    need = shortfall(&self.limits, used, bytes, 0, (self.probe)());
                 }
                 None => break false,
             }
@@ -362,25 +359,25 @@ impl Store {
     /// Evicts the policy's next victim. Returns bytes and inodes freed; `None` if nothing
     /// can be evicted. With `files_only`, only inodes are wanted: an object in memory
     /// (emptied in place, which frees no inode) is passed over.
-    fn evict_one(&self, q: &mut QuotaGuard<'_>, files_only: bool) -> Option<(u64, u64)> {
+    fn evict_one(&self, q: &mut QuotaGuard<'_>, files_only: bool) -> Option<Amount> {
         let key = q.policy.victim(|t| !t.pinned && t.opens == 0)?;
         if files_only && q.live.get(&key).is_some_and(|w| w.strong_count() > 0) {
             q.policy.restart(&key);
-            return Some((0, 0));
+            return Some(Amount::ZERO);
         }
         match self.evict_key(q, &key) {
             Some(freed) => Some(freed),
             None => {
                 // Being opened right now: not a victim this time.
                 q.policy.restart(&key);
-                Some((0, 0))
+                Some(Amount::ZERO)
             }
         }
     }
 
     /// Evicts `key`: an object in memory (not open: the caller checked) is emptied in
     /// place, any other has its files removed. `None` if its files are busy (being opened).
-    fn evict_key(&self, q: &mut QuotaGuard<'_>, key: &ObjectKey) -> Option<(u64, u64)> {
+    fn evict_key(&self, q: &mut QuotaGuard<'_>, key: &ObjectKey) -> Option<Amount> {
         let live = q.live.get(key).and_then(Weak::upgrade);
         if let Some(obj) = live {
             let freed = obj.empty_in_place();
@@ -392,7 +389,7 @@ impl Store {
             q.keep_until_unlocked(obj);
             Counters::add(&self.counters.evictions, 1);
             Counters::add(&self.counters.evicted_bytes, freed);
-            return Some((freed, 0));
+            return Some(Amount::new(freed, 0));
         }
         let _files = self.shard(key).try_lock()?;
         let (data, meta) = object_paths(&self.root, key);
@@ -411,7 +408,7 @@ impl Store {
         }
         Counters::add(&self.counters.evictions, 1);
         Counters::add(&self.counters.evicted_bytes, e.bytes);
-        Some((e.bytes, 2))
+        Some(Amount::new(e.bytes, 2))
     }
 
     /// Evicts `key` now (`hoardfs cache evict`). Returns the bytes freed.
@@ -428,7 +425,7 @@ impl Store {
         }
         let r = self.evict_key(&mut q, key);
         drop(q);
-        r.map(|(b, _)| b).ok_or(EvictError::Busy)
+        r.map(|freed| freed.bytes).ok_or(EvictError::Busy)
     }
 
     /// An open file starts (`delta` 1) or stops (-1) holding `key`; opening counts as an
@@ -560,23 +557,22 @@ impl Store {
     fn cull_round(&self, batch: usize) -> (u64, bool) {
         let mut evicted = 0;
         loop {
-            let (bytes, files) = cull_target(&self.limits, (self.probe)());
-            if bytes == 0 && files == 0 {
+            let target = cull_target(&self.limits, (self.probe)());
+            if target.is_zero() {
                 return (evicted, false);
             }
             let mut q = self.lock_for_eviction();
-            let (mut fb, mut ff) = (0, 0);
+            let mut freed = Amount::ZERO;
             let mut n = 0;
             // Victims that freed nothing in a row (objects in memory while only inodes are
             // wanted, objects being opened): once every tracked object was one, stop, or
             // an unbounded batch (`cull_now`) would cycle through them forever.
             let mut idle = 0;
-            while (fb < bytes || ff < files) && n < batch && idle <= q.policy.len() {
-                match self.evict_one(&mut q, fb >= bytes) {
-                    Some((0, 0)) => idle += 1,
-                    Some((b, f)) => {
-                        fb += b;
-                        ff += f;
+            while !freed.covers(target) && n < batch && idle <= q.policy.len() {
+                match self.evict_one(&mut q, freed.bytes >= target.bytes) {
+                    Some(Amount::ZERO) => idle += 1,
+                    Some(f) => {
+                        freed = freed.plus(f);
                         n += 1;
                         idle = 0;
                     }
@@ -587,7 +583,7 @@ impl Store {
             evicted += n as u64;
             // A short batch: nothing more could be freed (or nothing more is needed).
             if n < batch {
-                return (evicted, fb < bytes || ff < files);
+                return (evicted, !freed.covers(target));
             }
         }
     }

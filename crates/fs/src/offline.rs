@@ -218,16 +218,22 @@ impl HoardFs {
         for c in dirs {
             dir = match self.origin.lookup(dir, c) {
                 Ok(e) if e.attr.kind == hoardfs_origin::FileKind::Dir => e.handle,
-                Ok(_) => return Ok((None, None)),
+                Ok(_) => return Ok(Found::NOWHERE),
                 Err(hoardfs_origin::OriginError::Fs(WireError::NotFound | WireError::NotDir)) => {
-                    return Ok((None, None));
+                    return Ok(Found::NOWHERE);
                 }
                 Err(e) => return Err(e.into()),
             };
         }
         match self.origin.lookup(dir, name) {
-            Ok(e) => Ok((Some(dir), Some(e))),
-            Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => Ok((Some(dir), None)),
+            Ok(e) => Ok(Found {
+                dir: Some(dir),
+                entry: Some(e),
+            }),
+            Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => Ok(Found {
+                dir: Some(dir),
+                entry: None,
+            }),
             Err(e) => Err(e.into()),
         }
     }

@@ -40,8 +40,31 @@ pub struct Reintegrated {
 /// Changes sent at once.
 const SENDERS: usize = 8;
 
-/// Where a path leads on the origin: its directory (if there) and its entry (if any).
-pub(crate) type Found = (Option<Handle>, Option<Entry>);
+/// Where a path leads on the origin.
+pub(crate) struct Found {
+    /// Its directory (`None` if a component is gone).
+    pub(crate) dir: Option<Handle>,
+    /// Its entry (`None` if absent).
+    pub(crate) entry: Option<Entry>,
+}
+
+impl Found {
+    /// A component of the path is gone.
+    pub(crate) const NOWHERE: Found = Found {
+        dir: None,
+        entry: None,
+    };
+}
+
+/// What one pass did.
+struct Pass {
+    /// Changes sent, conflicts written.
+    done: Reintegrated,
+    /// The nodes of the files sent (fetched again afterwards).
+    sent: Vec<Ino>,
+    /// The origin went away during the pass.
+    stopped: bool,
+}
 
 /// One reintegration: the file system and its change log, for the passes that send the
 /// changes back (each by a `ChangeSender`).
@@ -82,7 +105,11 @@ impl<'a> Reintegration<'a> {
                 );
                 break;
             }
-            let (r, inos, stopped) = self.send_pass(&now);
+            let Pass {
+                done: r,
+                sent: inos,
+                stopped,
+            } = self.send_pass(&now);
             total.sent += r.sent;
             total.conflicts += r.conflicts;
             sent.extend(inos);
@@ -106,7 +133,7 @@ impl<'a> Reintegration<'a> {
 
     /// Sends the changes `now` (independent of each other), [`SENDERS`] at a time; returns
     /// what was done, the nodes of files sent, and whether the origin went away.
-    fn send_pass(&self, now: &[Arc<Pending>]) -> (Reintegrated, Vec<Ino>, bool) {
+    fn send_pass(&self, now: &[Arc<Pending>]) -> Pass {
         let off = self.off;
         let sending: HashSet<u64> = now.iter().map(|p| p.seq).collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
@@ -169,8 +196,12 @@ impl<'a> Reintegration<'a> {
                 });
             }
         });
-        let (r, inos) = totals.into_inner();
-        (r, inos, stopped.load(Ordering::SeqCst))
+        let (done, sent) = totals.into_inner();
+        Pass {
+            done,
+            sent,
+            stopped: stopped.load(Ordering::SeqCst),
+        }
     }
 
     /// Every name of this client's view was sent back: directories are asked again

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::cml::{Kind, Pending, Record};
 use crate::offline::OfflineWrites;
+use crate::reintegrate::Found;
 use crate::{FsResult, HoardFs};
 
 /// Where [`CycleBreaker::break_cycle`] puts the object of change number `seq` on the origin
@@ -127,7 +128,10 @@ impl<'a> CycleBreaker<'a> {
         let root = self.fs.origin.info()?.root.handle;
         let temp = parking(r.seq);
         let here = match self.fs.find(root, r.origin_loc())? {
-            (Some(dir), Some(e)) if e.attr.file_id == r.origin_id() => {
+            Found {
+                dir: Some(dir),
+                entry: Some(e),
+            } if e.attr.file_id == r.origin_id() => {
                 let name = r.origin_loc().last().expect("a path has a name");
                 self.fs.origin.rename(
                     dir,
@@ -139,8 +143,8 @@ impl<'a> CycleBreaker<'a> {
                 true
             }
             _ => matches!(
-                self.fs.find(root, &temp)?,
-                (_, Some(e)) if e.attr.file_id == r.origin_id()
+                self.fs.find(root, &temp)?.entry,
+                Some(e) if e.attr.file_id == r.origin_id()
             ),
         };
         if !here {

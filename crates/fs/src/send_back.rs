@@ -38,6 +38,7 @@ use std::time::SystemTime;
 use crate::conflict_names::{conflict_candidate, conflict_name, utc_stamp};
 use crate::nodes::Ino;
 use crate::offline::OfflineWrites;
+use crate::reintegrate::Found;
 use crate::replay_order::parking;
 use crate::{FsError, FsResult, HoardFs};
 
@@ -70,6 +71,22 @@ fn shown(path: &[Vec<u8>]) -> String {
         s.push_str(&String::from_utf8_lossy(c));
     }
     s
+}
+
+/// An upload that failed: why, and the last version the origin reported for the file
+/// (the version it started from if nothing was written).
+struct UploadFailed {
+    error: FsError,
+    last_version: u64,
+}
+
+impl UploadFailed {
+    fn new(error: FsError, last_version: u64) -> Self {
+        UploadFailed {
+            error,
+            last_version,
+        }
+    }
 }
 
 /// Sends one change back: the file system and its change log, borrowed for one change.
@@ -130,8 +147,8 @@ impl<'a> ChangeSender<'a> {
         let outcome = match rec.kind {
             Kind::Mkdir | Kind::Symlink => self.send_made(&mut g, root, sending, &mut noted)?,
             Kind::Rmdir => self.send_rmdir(&rec, root)?,
-            Kind::Meta => match self.fs.find(root, &rec.path)? {
-                (_, Some(e)) if e.attr.file_id == rec.origin_id() => Outcome::Sent(e, None),
+            Kind::Meta => match self.fs.find(root, &rec.path)?.entry {
+                Some(e) if e.attr.file_id == rec.origin_id() => Outcome::Sent(e, None),
                 _ => Outcome::Conflict(Conflict {
                     at: now_secs(),
                     path: shown(&rec.path),
@@ -234,14 +251,17 @@ impl<'a> ChangeSender<'a> {
         let kept = crate::offline::kept;
         let rec = g.record().clone();
         let from = rec.origin_loc().to_vec();
-        let (src_dir, found) = self.fs.find(root, &from)?;
+        let Found {
+            dir: src_dir,
+            entry: found,
+        } = self.fs.find(root, &from)?;
         let src_dir = match (src_dir, found) {
             (Some(d), Some(e)) if e.attr.file_id == rec.origin_id() => d,
             _ => {
                 // Parked by `break_cycle`, by a client killed before it noted that?
                 let parked = parking(rec.seq);
                 if from != parked
-                    && let (_, Some(e)) = self.fs.find(root, &parked)?
+                    && let Some(e) = self.fs.find(root, &parked)?.entry
                     && e.attr.file_id == rec.origin_id()
                 {
                     if rec.is_dir {
@@ -254,7 +274,7 @@ impl<'a> ChangeSender<'a> {
                     return self.send_rename(g, root, sending);
                 }
                 // Sent already (a client killed before it noted that)?
-                if let (_, Some(e)) = self.fs.find(root, &rec.path)?
+                if let Some(e) = self.fs.find(root, &rec.path)?.entry
                     && e.attr.file_id == rec.origin_id()
                 {
                     if rec.is_dir {
@@ -268,7 +288,7 @@ impl<'a> ChangeSender<'a> {
                 return Ok(Moved::Lost);
             }
         };
-        let (dst_dir, _) = self.fs.find(root, &rec.path)?;
+        let dst_dir = self.fs.find(root, &rec.path)?.dir;
         let Some(dst_dir) = dst_dir else {
             // The directory it moved to is gone on the origin: it stays where it is.
             g.placed_at(from.clone()).map_err(kept)?;
@@ -362,7 +382,7 @@ impl<'a> ChangeSender<'a> {
         for n in 1..100 {
             let at = g.record().path.clone();
             let (name, parent) = at.split_last().expect("a path has a name");
-            let (dir, found) = self.fs.find(root, &at)?;
+            let Found { dir, entry: found } = self.fs.find(root, &at)?;
             let taken = match (dir, found) {
                 (Some(d), None) => {
                     let made = if is_dir {
@@ -428,7 +448,7 @@ impl<'a> ChangeSender<'a> {
 
     /// Removes the change's directory on the origin; one that gained entries there stays.
     fn send_rmdir(&self, rec: &Record, root: Handle) -> FsResult<Outcome> {
-        let (dir, found) = self.fs.find(root, rec.origin_loc())?;
+        let Found { dir, entry: found } = self.fs.find(root, rec.origin_loc())?;
         let (Some(d), Some(e)) = (dir, found) else {
             return Ok(Outcome::Removed);
         };
@@ -456,7 +476,7 @@ impl<'a> ChangeSender<'a> {
         let rec = g.record().clone();
         let loc = rec.origin_loc().to_vec();
         let name = loc.last().expect("a path has a name").clone();
-        let (dir, found) = self.fs.find(root, &loc)?;
+        let Found { dir, entry: found } = self.fs.find(root, &loc)?;
         // Whether the file holds what this change started from (or this change's own
         // half upload).
         let phase_allows = |e: &Entry| match rec.phase {
@@ -682,11 +702,11 @@ impl<'a> ChangeSender<'a> {
         at_start: u64,
     ) -> FsResult<hoardfs_origin::Attr> {
         g.start_upload().map_err(crate::offline::kept)?;
-        let attr = self.upload(handle, g, at_start).map_err(|(err, last)| {
-            if let Err(io) = g.upload_failed(last) {
+        let attr = self.upload(handle, g, at_start).map_err(|f| {
+            if let Err(io) = g.upload_failed(f.last_version) {
                 tracing::warn!("cannot record a failed upload: {io}");
             }
-            err
+            f.error
         })?;
         // Sent whole: should what follows (permissions, times) fail, the next attempt
         // goes on only over this very version, never over somebody else's change.
@@ -704,14 +724,14 @@ impl<'a> ChangeSender<'a> {
         handle: Handle,
         g: &Inner,
         at_start: u64,
-    ) -> Result<hoardfs_origin::Attr, (FsError, u64)> {
+    ) -> Result<hoardfs_origin::Attr, UploadFailed> {
         let mut last = at_start;
         let size = g.size();
         let mut at = 0u64;
         while at < size {
             let piece = g
                 .read(at, PIECE)
-                .map_err(|e| (crate::offline::kept(e), last))?;
+                .map_err(|e| UploadFailed::new(crate::offline::kept(e), last))?;
             if piece.is_empty() {
                 break;
             }
@@ -721,10 +741,10 @@ impl<'a> ChangeSender<'a> {
                     .fs
                     .origin
                     .write(handle, at + done as u64, &piece[done..], false)
-                    .map_err(|e| (e.into(), last))?;
+                    .map_err(|e| UploadFailed::new(e.into(), last))?;
                 last = w.attr.version;
                 if w.written == 0 {
-                    return Err((FsError::Origin(WireError::NoSpace), last));
+                    return Err(UploadFailed::new(FsError::Origin(WireError::NoSpace), last));
                 }
                 done += w.written as usize;
             }
@@ -738,17 +758,21 @@ impl<'a> ChangeSender<'a> {
             .fs
             .origin
             .setattr(handle, &set)
-            .map_err(|e| (e.into(), last))?;
+            .map_err(|e| UploadFailed::new(e.into(), last))?;
         last = attr.version;
         if self.fs.origin.publishes_on_close()
-            && let Some((_, a)) = self.fs.origin.flush(handle).map_err(|e| (e.into(), last))?
+            && let Some((_, a)) = self
+                .fs
+                .origin
+                .flush(handle)
+                .map_err(|e| UploadFailed::new(e.into(), last))?
         {
             attr = a;
         }
         self.fs
             .origin
             .fsync(handle, false)
-            .map_err(|e| (e.into(), attr.version))?;
+            .map_err(|e| UploadFailed::new(e.into(), attr.version))?;
         Ok(attr)
     }
 
@@ -765,7 +789,7 @@ impl<'a> ChangeSender<'a> {
                 .origin
                 .create(dir, n, u32::from(rec.perm), true, owner)
         })?;
-        self.upload(handle, g, attr.version).map_err(|(e, _)| e)?;
+        self.upload(handle, g, attr.version).map_err(|f| f.error)?;
         Ok(copy)
     }
 }
