@@ -225,8 +225,11 @@ fn adoption_removes_a_temporary_record_only_under_its_objects_lock() {
     // As `CachedObject::open` holds it between writing and renaming the record.
     let opening = c.store.shard(&key(3)).lock();
     let walk = std::thread::spawn(move || recover::adopt_orphans(&root, &store));
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    assert!(tmp.exists(), "removed while its object was being opened");
+    hoardfs_testutil::assert_stays(
+        "the temporary record stays while its object is being opened",
+        std::time::Duration::from_millis(100),
+        || tmp.exists(),
+    );
     drop(opening);
     assert_eq!(walk.join().unwrap(), Some(0));
     assert!(!tmp.exists(), "a leftover outlived the walk");

@@ -62,15 +62,13 @@ fn crash_child_worker() {
         .parse()
         .unwrap();
     // The parent's handle may still be closing (a background thread can hold it briefly).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let c = loop {
-        match CacheDir::open_with(dir.as_ref(), limits(), Some(unwatched_probe())) {
-            Err(hoardfs_cache::CacheError::Locked(_)) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            r => break r.unwrap(),
-        }
-    };
+    let open = || CacheDir::open_with(dir.as_ref(), limits(), Some(unwatched_probe()));
+    let c = hoardfs_testutil::wait_for(Duration::from_secs(10), || match open() {
+        Err(hoardfs_cache::CacheError::Locked(_)) => None,
+        r => Some(r),
+    })
+    .unwrap_or_else(open)
+    .unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     println!("ready");
     loop {

@@ -119,14 +119,19 @@ pub fn start(addr: &str, fs: Arc<HoardFs>, info: MountInfo) -> Result<(), String
     {
         tracing::warn!("metrics are served without authentication on {a}, beyond this machine");
     }
-    serve(l, move || render(&stats_json(&fs, &info)))
+    serve(l, move || render(&stats_json(&fs, &info))).map(drop)
 }
 
 /// Serves `body()` to every connection on `l`, each on its own thread (at most
-/// [`MAX_SCRAPES`] at once), so that a slow or stuck scraper holds up nobody else.
-fn serve(l: TcpListener, body: impl Fn() -> String + Send + Sync + 'static) -> Result<(), String> {
+/// [`MAX_SCRAPES`] at once), so that a slow or stuck scraper holds up nobody else. Returns
+/// the number of connections being answered.
+fn serve(
+    l: TcpListener,
+    body: impl Fn() -> String + Send + Sync + 'static,
+) -> Result<Arc<AtomicUsize>, String> {
     let body = Arc::new(body);
     let active = Arc::new(AtomicUsize::new(0));
+    let answering = active.clone();
     std::thread::Builder::new()
         .name("hoardfs-metrics".into())
         .spawn(move || {
@@ -147,7 +152,7 @@ fn serve(l: TcpListener, body: impl Fn() -> String + Send + Sync + 'static) -> R
             }
         })
         .map_err(|e| e.to_string())?;
-    Ok(())
+    Ok(answering)
 }
 
 /// One of the [`MAX_SCRAPES`] connection slots, given back when dropped.
@@ -198,10 +203,12 @@ mod tests {
     fn a_stuck_scraper_does_not_hold_up_another() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
-        serve(l, || "hoardfs_test 1\n".to_string()).unwrap();
+        let answering = serve(l, || "hoardfs_test 1\n".to_string()).unwrap();
         // Connects and sends nothing (nor reads).
         let _stuck = TcpStream::connect(addr).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
+        hoardfs_testutil::assert_eventually("the stuck scraper is being answered", || {
+            answering.load(Ordering::SeqCst) == 1
+        });
         let t = Instant::now();
         let reply = scrape(addr);
         assert!(reply.ends_with("\r\n\r\nhoardfs_test 1\n"), "{reply:?}");
@@ -212,11 +219,13 @@ mod tests {
     fn scrapes_beyond_the_limit_are_closed_and_the_rest_served() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
-        serve(l, || "x 1\n".to_string()).unwrap();
+        let answering = serve(l, || "x 1\n".to_string()).unwrap();
         let stuck: Vec<TcpStream> = (0..MAX_SCRAPES)
             .map(|_| TcpStream::connect(addr).unwrap())
             .collect();
-        std::thread::sleep(Duration::from_millis(100));
+        hoardfs_testutil::assert_eventually("every slot taken", || {
+            answering.load(Ordering::SeqCst) == MAX_SCRAPES
+        });
         let mut extra = TcpStream::connect(addr).unwrap();
         extra
             .set_read_timeout(Some(Duration::from_secs(1)))

@@ -292,10 +292,12 @@ fn listing_a_directory_after_a_remount_reads_its_cached_records_ahead() {
         3 => Ok(()),
         n => Err(format!("{n} warmed")),
     });
-    // And no more: a pause in which a wrongly warmed record would show (the point is the
-    // absence of an event, so there is no condition to wait for).
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    assert_eq!(warmed(), 3);
+    // And no more: watched for a while, in which a wrongly warmed record would show.
+    hoardfs_testutil::assert_stays(
+        "no other record warmed",
+        std::time::Duration::from_millis(200),
+        || warmed() == 3,
+    );
     for i in 0..5u64 {
         let got = std::fs::read(m.p(&format!("d/f{i}"))).unwrap();
         assert_bytes_eq(&format!("d/f{i}"), &got, &bytes(i, 100_000));

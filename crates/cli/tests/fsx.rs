@@ -258,18 +258,15 @@ impl Fsx {
         }
         self.write_model(soff as usize, &sdata);
         self.write_model(coff as usize, &cdata);
-        let deadline = std::time::Instant::now() + PROMPTLY;
-        loop {
-            let got = std::fs::read(&self.path)
+        let mut got = Vec::new();
+        let agreed = hoardfs_testutil::wait_until(PROMPTLY, || {
+            got = std::fs::read(&self.path)
                 .unwrap_or_else(|e| self.fail(format!("read after the race: {e}")));
-            if first_diff(&got, &self.model).is_none() && got.len() == self.model.len() {
-                break;
-            }
-            if std::time::Instant::now() > deadline {
-                self.compare("after the race, through a fresh open", 0, &got);
-                self.fail("after the race: the mount's size differs".into());
-            }
-            std::thread::sleep(std::time::Duration::from_millis(2));
+            first_diff(&got, &self.model).is_none() && got.len() == self.model.len()
+        });
+        if !agreed {
+            self.compare("after the race, through a fresh open", 0, &got);
+            self.fail("after the race: the mount's size differs".into());
         }
     }
 

@@ -79,10 +79,14 @@ fn a_client_that_never_reads_replies_costs_bounded_memory() {
         }
         sent += 1;
     }
-    // Give the server time to take in what it will of the pipelined reads: the RSS
-    // measured after it is the point (there is no event that says "all taken").
-    std::thread::sleep(Duration::from_millis(500));
-    let peak = rss_kib(srv.pid());
+    // The server takes in what it will of the pipelined reads (there is no event that says
+    // "all taken"): its RSS once that stopped changing for a while is the point.
+    let (peak, _) = hoardfs_testutil::settled(
+        Duration::from_millis(20),
+        Duration::from_millis(300),
+        Duration::from_secs(5),
+        || rss_kib(srv.pid()),
+    );
     eprintln!("pipelined {sent} reads; server RSS {base} KiB -> {peak} KiB");
     // The requests are small enough to sit in socket buffers; what matters is that the
     // server answers only as many as its budget allows (32 MiB = 4 reads of 8 MiB) plus

@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use hoardfs_testutil::poll;
+
 mod clients;
 mod util;
 
@@ -327,37 +329,35 @@ admin_token = "{admin_token}"
             format!("Admin API server listening on http://127.0.0.1:{admin}"),
             format!("S3 API server listening on http://127.0.0.1:{s3}"),
         ];
-        loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let outcome = poll(Duration::from_millis(20), left, || {
             let log = self.current_log(i);
             if log.contains("ddress already in use") {
-                return Err(StartError::PortTaken(format!(
+                return Some(Err(StartError::PortTaken(format!(
                     "node {i}: a port was taken; {}",
                     self.logs()
-                )));
+                ))));
             }
             if want.iter().all(|w| log.contains(w.as_str())) {
-                return Ok(());
+                return Some(Ok(()));
             }
             let node = &mut self.nodes[i];
-            if let Some(st) = node
+            let st = node
                 .child
                 .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                node.child = None;
-                return Err(StartError::Fatal(format!(
-                    "node {i} exited ({st}) while starting; {}",
-                    self.logs()
-                )));
-            }
-            if Instant::now() > deadline {
-                return Err(StartError::Fatal(format!(
-                    "node {i} did not listen on all of {want:?} within {START_TIMEOUT:?}; {}",
-                    self.logs()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+                .and_then(|c| c.try_wait().ok().flatten())?;
+            node.child = None;
+            Some(Err(StartError::Fatal(format!(
+                "node {i} exited ({st}) while starting; {}",
+                self.logs()
+            ))))
+        });
+        outcome.unwrap_or_else(|| {
+            Err(StartError::Fatal(format!(
+                "node {i} did not listen on all of {want:?} within {START_TIMEOUT:?}; {}",
+                self.logs()
+            )))
+        })
     }
 
     /// What node `i`'s current process has logged so far (escape sequences included).
@@ -378,49 +378,60 @@ admin_token = "{admin_token}"
         what: &str,
         mut f: impl FnMut() -> Result<String, String>,
     ) -> Result<(), StartError> {
-        loop {
-            match f() {
-                Ok(_) => return Ok(()),
-                Err(e) if Instant::now() > deadline => {
-                    return Err(StartError::Fatal(format!(
-                        "`garage {what}` kept failing: {e}; {}",
-                        self.logs()
-                    )));
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        let mut last = String::new();
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ok = poll(Duration::from_millis(100), left, || match f() {
+            Ok(_) => Some(()),
+            Err(e) => {
+                last = e;
+                None
             }
-        }
+        });
+        ok.ok_or_else(|| {
+            StartError::Fatal(format!(
+                "`garage {what}` kept failing: {last}; {}",
+                self.logs()
+            ))
+        })
     }
 
     /// `starting`: the cluster is being formed, so RPC from outside it means a port given
     /// twice (and the start goes over on new ports).
     fn wait_healthy_until(&self, deadline: Instant, starting: bool) -> Result<(), StartError> {
         let all_live = self.nodes.iter().all(|n| n.child.is_some());
-        let mut last;
+        let mut last = String::new();
         for (i, node) in self.nodes.iter().enumerate() {
             if node.child.is_none() {
                 continue;
             }
-            loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let outcome = poll(Duration::from_millis(50), left, || {
                 match http_get(node.admin, "/health") {
-                    Ok((200, body)) if !all_live || body.contains("fully operational") => break,
+                    Ok((200, body)) if !all_live || body.contains("fully operational") => {
+                        return Some(Ok(()));
+                    }
                     other => last = format!("node {i}: {other:?}"),
                 }
                 // RPC from a node that is not of this cluster, or not to an RPC port (a
                 // port given twice, e.g. by another test process): start over on new ports.
-                if starting && self.current_log(i).contains("failed verifing client hello") {
-                    return Err(StartError::PortTaken(format!(
-                        "node {i} hears from another cluster; {}",
-                        self.logs()
-                    )));
-                }
-                if Instant::now() > deadline {
+                (starting && self.current_log(i).contains("failed verifing client hello")).then(
+                    || {
+                        Err(StartError::PortTaken(format!(
+                            "node {i} hears from another cluster; {}",
+                            self.logs()
+                        )))
+                    },
+                )
+            });
+            match outcome {
+                Some(Ok(())) => {}
+                Some(Err(e)) => return Err(e),
+                None => {
                     return Err(StartError::Fatal(format!(
                         "cluster not healthy within {START_TIMEOUT:?}: last /health {last}; {}",
                         self.logs()
                     )));
                 }
-                std::thread::sleep(Duration::from_millis(50));
             }
         }
         Ok(())
@@ -532,9 +543,10 @@ admin_token = "{admin_token}"
         let deadline = Instant::now() + Duration::from_secs(10);
         for node in &mut self.nodes {
             if let Some(mut c) = node.child.take() {
-                while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                poll(Duration::from_millis(20), left, || {
+                    c.try_wait().ok().flatten()
+                });
                 let _ = c.kill();
                 let _ = c.wait();
             }

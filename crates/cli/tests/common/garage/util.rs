@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Sum of the samples of `name` in a Prometheus text exposition whose labels include
 /// every pair in `labels` (in any order, among others).
@@ -169,17 +169,14 @@ fn run_bounded(
         let _ = err.read_to_end(&mut v);
         v
     });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
-            break st;
-        }
-        if Instant::now() > deadline {
+    let status = hoardfs_testutil::wait_for(timeout, || child.try_wait().transpose());
+    let status = match status {
+        Some(st) => st.map_err(|e| e.to_string())?,
+        None => {
             let _ = child.kill();
             let _ = child.wait();
             return Err(format!("{cmd:?} did not finish within {timeout:?}"));
         }
-        std::thread::sleep(Duration::from_millis(5));
     };
     Ok(Output {
         status,
