@@ -54,7 +54,7 @@ pub struct SlotRecord {
     /// Kept from eviction.
     pub pinned: bool,
     /// Crash epoch at which its chunks were last written or verified.
-    pub epoch: u32,
+    pub crash_epoch: u32,
     /// Hoard priority (higher is fetched first).
     pub priority: u16,
 }
@@ -67,7 +67,7 @@ impl SlotRecord {
         b[24..32].copy_from_slice(&self.bytes.to_le_bytes());
         let flags = FLAG_USED | if self.pinned { FLAG_PINNED } else { 0 };
         b[32..36].copy_from_slice(&flags.to_le_bytes());
-        b[36..40].copy_from_slice(&self.epoch.to_le_bytes());
+        b[36..40].copy_from_slice(&self.crash_epoch.to_le_bytes());
         b[40..42].copy_from_slice(&self.priority.to_le_bytes());
         let crc = crc32c::crc32c(&b[..44]);
         b[44..48].copy_from_slice(&crc.to_le_bytes());
@@ -86,7 +86,7 @@ impl SlotRecord {
             },
             bytes: u64::from_le_bytes(b[24..32].try_into().expect("8")),
             pinned: u32_at(32) & FLAG_PINNED != 0,
-            epoch: u32_at(36),
+            crash_epoch: u32_at(36),
             priority: u16::from_le_bytes(b[40..42].try_into().expect("2")),
         })
     }
@@ -98,7 +98,7 @@ pub struct Loaded {
     /// The previous client shut down in order.
     pub clean: bool,
     /// Crash epoch stored in the header (before this start's increment).
-    pub epoch: u32,
+    pub crash_epoch: u32,
     /// Valid slots.
     pub records: Vec<(u32, SlotRecord)>,
     /// Slots that are free (never used, released, or torn).
@@ -136,17 +136,18 @@ impl IndexFile {
             idx.write_header(true, 0)?;
             let loaded = Loaded {
                 clean: true,
-                epoch: 0,
+                crash_epoch: 0,
                 records: Vec::new(),
                 free: Vec::new(),
                 slots: 0,
             };
             return Ok((idx, loaded));
         }
-        let (clean, epoch) = decode_header(&bytes).ok_or_else(|| CacheError::Incompatible {
-            path: path.to_path_buf(),
-            why: "index header is damaged or of an unknown format".into(),
-        })?;
+        let (clean, crash_epoch) =
+            decode_header(&bytes).ok_or_else(|| CacheError::Incompatible {
+                path: path.to_path_buf(),
+                why: "index header is damaged or of an unknown format".into(),
+            })?;
         let slots = ((bytes.len() as u64).saturating_sub(HEADER) / SLOT) as u32;
         let mut records = Vec::with_capacity(slots as usize);
         let mut free = Vec::new();
@@ -161,7 +162,7 @@ impl IndexFile {
         }
         let loaded = Loaded {
             clean,
-            epoch,
+            crash_epoch,
             records,
             free,
             slots,
@@ -170,13 +171,13 @@ impl IndexFile {
     }
 
     /// Writes the header.
-    pub fn write_header(&self, clean: bool, epoch: u32) -> Result<(), CacheError> {
+    pub fn write_header(&self, clean: bool, crash_epoch: u32) -> Result<(), CacheError> {
         let mut h = [0u8; HEADER as usize];
         h[0..8].copy_from_slice(&MAGIC);
         h[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         h[12..16].copy_from_slice(&(SLOT as u32).to_le_bytes());
         h[16..20].copy_from_slice(&u32::from(clean).to_le_bytes());
-        h[20..24].copy_from_slice(&epoch.to_le_bytes());
+        h[20..24].copy_from_slice(&crash_epoch.to_le_bytes());
         let crc = crc32c::crc32c(&h[..60]);
         h[60..64].copy_from_slice(&crc.to_le_bytes());
         self.file.write_all_at(&h, 0).map_err(io_at(&self.path))
@@ -228,7 +229,7 @@ mod tests {
             },
             bytes: 0x1_0000,
             pinned: true,
-            epoch: 3,
+            crash_epoch: 3,
             priority: 7,
         }
     }
@@ -275,7 +276,7 @@ mod tests {
         std::fs::write(&p, &b).unwrap();
         let (_, l) = IndexFile::open(&p).unwrap();
         assert!(!l.clean);
-        assert_eq!(l.epoch, 5);
+        assert_eq!(l.crash_epoch, 5);
         assert_eq!(l.slots, 4);
         assert_eq!(l.free, vec![1, 2]);
         assert_eq!(l.records, vec![(0, rec(0)), (3, rec(3))]);

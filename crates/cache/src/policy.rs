@@ -34,7 +34,7 @@ pub struct Tracked {
     /// Opens holding it (not evictable while non-zero).
     pub opens: u32,
     /// Crash epoch at which its chunks were last written or verified.
-    pub epoch: u32,
+    pub crash_epoch: u32,
     /// Hoard priority.
     pub priority: u16,
 }

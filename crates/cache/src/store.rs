@@ -76,7 +76,7 @@ impl std::ops::DerefMut for QuotaGuard<'_> {
 
 impl Quota {
     /// Starts tracking `key` in a free slot unless it is tracked; true if it was new.
-    fn track(&mut self, key: ObjectKey, bytes: u64, epoch: u32, warm: bool) -> bool {
+    fn track(&mut self, key: ObjectKey, bytes: u64, crash_epoch: u32, warm: bool) -> bool {
         if self.policy.get(&key).is_some() {
             return false;
         }
@@ -86,7 +86,7 @@ impl Quota {
         });
         let info = Tracked {
             slot,
-            epoch,
+            crash_epoch,
             ..Tracked::default()
         };
         self.policy.insert(key, bytes, info, warm);
@@ -103,7 +103,7 @@ pub(crate) struct Store {
     pub(crate) limits: Limits,
     probe: SpaceProbe,
     /// Crash epoch of this run: objects last verified in an older epoch are verified on load.
-    pub(crate) epoch: u32,
+    pub(crate) crash_epoch: u32,
     pub(crate) recovered: bool,
     shards: Vec<Mutex<()>>,
     pub(crate) counters: Counters,
@@ -138,13 +138,13 @@ impl Store {
         limits: Limits,
         probe: SpaceProbe,
     ) -> Result<Arc<Store>, CacheError> {
-        let epoch = if clean {
-            loaded.epoch
+        let crash_epoch = if clean {
+            loaded.crash_epoch
         } else {
-            loaded.epoch + 1
+            loaded.crash_epoch + 1
         };
         // From here on a crash is an unclean stop.
-        index.write_header(false, epoch)?;
+        index.write_header(false, crash_epoch)?;
         index.sync()?;
         let mut q = Quota {
             free_slots: loaded.free,
@@ -156,7 +156,7 @@ impl Store {
                 slot,
                 pinned: r.pinned,
                 opens: 0,
-                epoch: r.epoch,
+                crash_epoch: r.crash_epoch,
                 priority: r.priority,
             };
             if q.policy.get(&r.key).is_some() {
@@ -176,7 +176,7 @@ impl Store {
             quota: Mutex::new(q),
             limits,
             probe,
-            epoch,
+            crash_epoch,
             recovered: !clean,
             shards: (0..SHARDS).map(|_| Mutex::new(())).collect(),
             counters: Counters::default(),
@@ -202,7 +202,7 @@ impl Store {
             key: *key,
             bytes: e.bytes,
             pinned: e.info.pinned,
-            epoch: e.info.epoch,
+            crash_epoch: e.info.crash_epoch,
             priority: e.info.priority,
         };
         if let Err(e) = self.index.write_slot(e.info.slot, &r) {
@@ -216,7 +216,7 @@ impl Store {
             .lock()
             .policy
             .get(key)
-            .is_none_or(|e| e.info.epoch < self.epoch)
+            .is_none_or(|e| e.info.crash_epoch < self.crash_epoch)
     }
 
     /// Records a freshly opened object as in memory, tracked at its size and verified in
@@ -225,11 +225,11 @@ impl Store {
         let (key, bytes) = (obj.key, obj.allocated());
         let mut q = self.quota.lock();
         q.live.insert(key, Arc::downgrade(obj));
-        let changed = q.track(key, bytes, self.epoch, false) || {
+        let changed = q.track(key, bytes, self.crash_epoch, false) || {
             let e = q.policy.get(&key).expect("tracked");
-            let stale = e.bytes != bytes || e.info.epoch != self.epoch;
+            let stale = e.bytes != bytes || e.info.crash_epoch != self.crash_epoch;
             q.policy.resize(&key, bytes);
-            q.policy.info_mut(&key).expect("tracked").epoch = self.epoch;
+            q.policy.info_mut(&key).expect("tracked").crash_epoch = self.crash_epoch;
             stale
         };
         if changed {
@@ -249,7 +249,7 @@ impl Store {
     pub(crate) fn mark_verified(&self, key: &ObjectKey) {
         let mut q = self.quota.lock();
         if let Some(t) = q.policy.info_mut(key) {
-            t.epoch = self.epoch;
+            t.crash_epoch = self.crash_epoch;
             self.persist(&q, key);
         }
     }
@@ -459,7 +459,7 @@ impl Store {
         if !pinned && q.policy.get(&key).is_none() {
             return;
         }
-        q.track(key, 0, self.epoch, false);
+        q.track(key, 0, self.crash_epoch, false);
         let t = q.policy.info_mut(&key).expect("tracked");
         t.pinned = pinned;
         t.priority = if pinned { priority } else { 0 };
@@ -630,7 +630,7 @@ impl Store {
         // An unfinished adoption leaves orphans the index does not know: stay unclean, so
         // the next start adopts (and verifies) them.
         let clean = self.adopted.load(Ordering::SeqCst);
-        self.index.write_header(clean, self.epoch)?;
+        self.index.write_header(clean, self.crash_epoch)?;
         self.index.sync()
     }
 

@@ -118,7 +118,7 @@ pub fn start_keeper(
                 if let Some(r) = remote.as_ref() {
                     // (Read before the connection is looked at: a reconnect in between
                     // then makes the connection live, not the save skip its loss.)
-                    let lost = r.generation();
+                    let lost = r.handshakes();
                     if lost != loss_saved && !r.is_connected() {
                         if let Some(p) = &path {
                             // (Written even if unchanged: the file's time then tells

@@ -41,6 +41,10 @@ pub enum FsError {
     /// staging file of `--offline-writes`: out of space, I/O error).
     #[error("cannot keep the offline change: {0}")]
     OfflineChange(#[source] Shared<std::io::Error>),
+    /// A change of `--offline-writes` was sent back to the origin while this operation
+    /// was adding to it; the operation, tried again, goes to the origin.
+    #[error("the file's offline change was sent back meanwhile: try again")]
+    SentMeanwhile,
     /// Writes the server acknowledged may have been lost before they became durable.
     #[error(transparent)]
     WritesLost(#[from] crate::durability::WritesMayBeLost),

@@ -27,15 +27,13 @@ use crate::offline::{closed, kept};
 use crate::read::Opened;
 use crate::{Access, FsError, FsResult, HoardFs, NodeAttr};
 
-/// An object's change was sent back while an operation was adding to it: the operation
-/// starts over (with a change of its own).
-const SENT_MEANWHILE: &str = "its change was sent back meanwhile";
-
 /// Runs `op` again (twice at most) while it finds the change it adds to sent back.
 fn retried<T>(mut op: impl FnMut() -> FsResult<T>) -> FsResult<T> {
     for _ in 0..2 {
         match op() {
-            Err(FsError::Offline(why)) if why == SENT_MEANWHILE => continue,
+            // The object's change was sent back while the operation was adding to it: it
+            // starts over (with a change of its own).
+            Err(FsError::SentMeanwhile) => continue,
             r => return r,
         }
     }
@@ -458,7 +456,7 @@ impl<'a> OfflineNames<'a> {
         };
         let mut g = p.lock();
         if g.is_gone() {
-            return Err(FsError::Offline(SENT_MEANWHILE.into()));
+            return Err(FsError::SentMeanwhile);
         }
         g.set_attrs(change).map_err(kept)?;
         self.fs.nodes.set_local(p.file_id, Some(g.local()));
@@ -612,7 +610,7 @@ impl<'a> OfflineNames<'a> {
         {
             let mut g = p.lock();
             if g.is_gone() {
-                return Err(FsError::Offline(SENT_MEANWHILE.into()));
+                return Err(FsError::SentMeanwhile);
             }
             g.moved_to(new_path.clone(), &vacated).map_err(kept)?;
             if g.is_void() {

@@ -50,7 +50,7 @@ impl HoardFs {
                 let p = self.stage(node, why)?;
                 return match self.write_pending(&of, &p, offset, data)? {
                     Some(n) => Ok(n),
-                    None => Err(FsError::Offline("sent back meanwhile: try again".into())),
+                    None => Err(FsError::SentMeanwhile),
                 };
             }
             r => r?,
@@ -210,7 +210,7 @@ impl HoardFs {
                 let p = self.stage(&node, why)?;
                 return self
                     .truncate_pending(&node, &p, set.size.unwrap_or(0))?
-                    .ok_or_else(|| FsError::Offline("sent back meanwhile: try again".into()));
+                    .ok_or(FsError::SentMeanwhile);
             }
             Err(FsError::Offline(why)) if set.size.is_none() => {
                 return self.names_offline(why, |n, why| n.setattr(&node, set, why));

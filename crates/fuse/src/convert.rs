@@ -44,7 +44,7 @@ fn errno_of(e: &FsError) -> Errno {
             WireError::InUse => Errno::EBUSY,
             WireError::TooManyLinks => Errno::EMLINK,
         },
-        FsError::Offline(_) => Errno::EIO,
+        FsError::Offline(_) | FsError::SentMeanwhile => Errno::EIO,
         FsError::Protocol(_) | FsError::Cache(_) => Errno::EIO,
         FsError::ReadOnly => Errno::EROFS,
         FsError::BadHandle => Errno::EBADF,

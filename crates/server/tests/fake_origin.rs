@@ -386,6 +386,6 @@ fn restart_fails_pending_and_reconnects() {
     let srv2 = Running::start(hoardfs_server::ServerConfig::new(addr), fake(), None);
     assert!(eventually(|| o.getattr(FILE).is_ok()));
     assert!(o.is_connected());
-    assert_eq!(o.generation(), 2);
+    assert_eq!(o.handshakes(), 2);
     assert_eq!(srv2.stats.snapshot().connections, 1);
 }

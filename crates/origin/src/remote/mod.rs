@@ -86,7 +86,7 @@ struct State {
     /// What the latest successful handshake said.
     info: OriginInfo,
     /// Number of successful handshakes so far.
-    generation: u64,
+    handshakes: u64,
     /// Whether the server publishes written files only at `Flush` (its `Hello` says).
     publishes_on_close: bool,
     /// The protocol version the connection speaks (0 before the first handshake).
@@ -139,7 +139,7 @@ impl RemoteOrigin {
             state: Mutex::new(State {
                 conn: Some(Arc::new(conn)),
                 info,
-                generation: 1,
+                handshakes: 1,
                 publishes_on_close,
                 version,
                 last_failure: None,
@@ -170,7 +170,7 @@ impl RemoteOrigin {
             state: Mutex::new(State {
                 conn: None,
                 info,
-                generation: 0,
+                handshakes: 0,
                 publishes_on_close,
                 version: 0,
                 last_failure: Some((Instant::now(), why)),
@@ -209,8 +209,8 @@ impl RemoteOrigin {
     /// Number of successful handshakes (1 after [`RemoteOrigin::connect`], +1 per
     /// reconnect). A change means the server may have restarted: compare
     /// `info().root.handle.epoch` to see whether old handles went stale.
-    pub fn generation(&self) -> u64 {
-        self.state.lock().generation
+    pub fn handshakes(&self) -> u64 {
+        self.state.lock().handshakes
     }
 
     /// The server's counters (its own plus its origin's).
@@ -277,9 +277,9 @@ impl RemoteOrigin {
                 }
                 st.conn = Some(Arc::clone(&conn));
                 st.info = info;
-                st.generation += 1;
+                st.handshakes += 1;
                 st.last_failure = None;
-                tracing::debug!(addr = %self.addr, generation = st.generation, "reconnected");
+                tracing::debug!(addr = %self.addr, handshakes = st.handshakes, "reconnected");
                 Ok(conn)
             }
             Err(e) => {

@@ -251,11 +251,11 @@ fn broken_connection_wakes_callers_and_next_call_reconnects() {
     assert!(matches!(res, Err(OriginError::Unreachable(_))), "{res:?}");
     assert!(waited < Duration::from_secs(5), "waited {waited:?}");
     assert!(!o.is_connected());
-    assert_eq!(o.generation(), 1);
+    assert_eq!(o.handshakes(), 1);
     // The next call reconnects by itself.
     assert_eq!(o.getattr(root().handle).unwrap().file_id, 3);
     assert!(o.is_connected());
-    assert_eq!(o.generation(), 2);
+    assert_eq!(o.handshakes(), 2);
     fake.stop();
 }
 
