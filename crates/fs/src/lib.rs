@@ -55,6 +55,7 @@ pub use namespace::NodeEntry;
 pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO};
 pub use read::{Access, FileHandle, OpenMode, Opened, ReadData};
 pub use reintegrate::Reintegrated;
+pub use sealed::Unsealed;
 pub use snapshot::{NamespaceSnapshot, SnapshotError};
 pub use stats::{Stats, StatsSnapshot};
 

@@ -207,7 +207,7 @@ pub(crate) fn encode(rec: &Record) -> Vec<u8> {
     crate::sealed::seal(MAGIC, rec)
 }
 
-pub(crate) fn decode(bytes: &[u8]) -> Result<Record, String> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<Record, crate::sealed::Unsealed> {
     if bytes.starts_with(MAGIC_V2) {
         let old: RecordV2 = crate::sealed::unseal(MAGIC_V2, bytes)?;
         return Ok(Record {

@@ -75,7 +75,16 @@ pub enum SnapshotError {
         /// The file.
         path: String,
         /// What did not check out.
-        why: String,
+        #[source]
+        why: crate::sealed::Unsealed,
+    },
+    /// The file is larger than any snapshot this version writes.
+    #[error("{path} is too large for a snapshot ({len} bytes)")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// Its length.
+        len: u64,
     },
 }
 
@@ -122,7 +131,7 @@ impl NamespaceSnapshot {
             path: shown.clone(),
             source,
         };
-        let damaged = |why: String| SnapshotError::Damaged {
+        let damaged = |why| SnapshotError::Damaged {
             path: shown.clone(),
             why,
         };
@@ -132,7 +141,7 @@ impl NamespaceSnapshot {
             Err(e) => return Err(io(e)),
         };
         if len > MAX_FILE {
-            return Err(damaged(format!("{len} bytes")));
+            return Err(SnapshotError::TooLarge { path: shown, len });
         }
         let bytes = std::fs::read(path).map_err(io)?;
         let snap: NamespaceSnapshot = crate::sealed::unseal(MAGIC, &bytes).map_err(damaged)?;

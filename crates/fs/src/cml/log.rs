@@ -16,6 +16,20 @@ use super::conflicts::{conflict_line, parse_conflict};
 use super::{Conflict, Inner, Kind, LocalChange, Pending, Record, is_under, now_secs};
 use crate::record::{decode, encode};
 
+/// Why a change left by an earlier mount cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+enum Unloadable {
+    #[error("cannot read the record: {0}")]
+    Record(#[source] std::io::Error),
+    #[error("the record is damaged: {0}")]
+    Damaged(#[source] crate::sealed::Unsealed),
+    #[error("cannot open its staging file {}: {source}", path.display())]
+    Staging {
+        source: std::io::Error,
+        path: PathBuf,
+    },
+}
+
 /// The log's counters for `stats`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LogStats {
@@ -76,15 +90,18 @@ impl ChangeLog {
             };
             let data_path = dir.join(format!("{seq:016}.data"));
             let loaded = std::fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|b| decode(&b))
+                .map_err(Unloadable::Record)
+                .and_then(|b| decode(&b).map_err(Unloadable::Damaged))
                 .and_then(|rec| {
                     let staging = OpenOptions::new()
                         .read(true)
                         .write(true)
                         .open(&data_path)
-                        .map_err(|e| format!("{}: {e}", data_path.display()))?;
-                    let md = staging.metadata().map_err(|e| e.to_string())?;
+                        .and_then(|f| f.metadata().map(|md| (f, md)));
+                    let (staging, md) = staging.map_err(|source| Unloadable::Staging {
+                        source,
+                        path: data_path.clone(),
+                    })?;
                     Ok((rec, staging, md))
                 });
             match loaded {
