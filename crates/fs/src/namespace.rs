@@ -321,7 +321,9 @@ impl HoardFs {
         if child_pending || self.names_logged() {
             let why = "the change is not on the server yet".to_string();
             match self.names_offline(why, |n, why| n.remove(parent, name, dir_wanted, why)) {
-                Err(FsError::Offline(_)) if !child_pending => self.names_sent()?,
+                Err(FsError::Offline(_) | FsError::SentMeanwhile) if !child_pending => {
+                    self.names_sent()?
+                }
                 r => return r,
             }
         }
@@ -417,7 +419,9 @@ impl HoardFs {
             let rename =
                 |n: OfflineNames<'_>, why| n.rename(parent, name, new_parent, new_name, flags, why);
             match self.names_offline(why, rename) {
-                Err(FsError::Offline(_)) if !pending => self.names_sent()?,
+                Err(FsError::Offline(_) | FsError::SentMeanwhile) if !pending => {
+                    self.names_sent()?
+                }
                 r => return r,
             }
         }

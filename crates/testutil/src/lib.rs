@@ -4,9 +4,9 @@
 //! fixed time and hope: what waits for an event polls for it ([`wait_until`],
 //! [`wait_for`], [`poll`]), what checks that something does *not* happen watches for the
 //! whole period ([`assert_stays`]), and what waits for activity to end waits for a value
-//! to stop changing ([`settled`]). (The sleeps left in the suites wait for a timeout of the
-//! code under test to expire, which is what they test.) Used by the `cache`, `origin`,
-//! `fs`, `server` and `cli` test suites.
+//! to stop changing ([`settled`]). (The sleeps left in the suites let a timeout of the
+//! code under test expire, or make one side of a race late on purpose: that is what they
+//! test.) Used by the `cache`, `origin`, `fs`, `server` and `cli` test suites.
 
 use std::time::{Duration, Instant};
 
@@ -183,8 +183,8 @@ mod tests {
         let mut m = 0u32;
         let (_, calm) = settled(
             Duration::from_millis(1),
-            Duration::from_millis(50),
-            Duration::from_millis(30),
+            Duration::from_millis(20),
+            Duration::from_millis(100),
             || {
                 m += 1;
                 m

@@ -23,7 +23,7 @@ enum Unloadable {
     Record(#[source] std::io::Error),
     #[error("the record is damaged: {0}")]
     Damaged(#[source] crate::sealed::Unsealed),
-    #[error("cannot open its staging file {}: {source}", path.display())]
+    #[error("cannot open or stat its staging file {}: {source}", path.display())]
     Staging {
         source: std::io::Error,
         path: PathBuf,
