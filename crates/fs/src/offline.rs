@@ -444,16 +444,16 @@ impl HoardFs {
     }
 }
 
-/// Whether nothing has `node` open, waiting up to 0.2 s for that: the kernel sends the
-/// RELEASE of a closed descriptor without waiting for it, so a file closed just before
-/// may still count as open for a moment.
+/// Whether nothing has `node` open, waiting up to 0.2 s (on the node's releases) for
+/// that: the kernel sends the RELEASE of a closed descriptor without waiting for it, so
+/// a file closed just before may still count as open for a moment.
 pub(crate) fn closed(node: &Node) -> bool {
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
-    while node.state.lock().is_open() {
-        if std::time::Instant::now() > deadline {
-            return false;
+    let mut st = node.state.lock();
+    while st.is_open() {
+        if node.released.wait_until(&mut st, deadline).timed_out() {
+            return !st.is_open();
         }
-        std::thread::sleep(std::time::Duration::from_millis(2));
     }
     true
 }

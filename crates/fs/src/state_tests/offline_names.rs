@@ -532,3 +532,32 @@ fn while_names_wait_a_break_of_a_name_made_here_does_not_remove_it() {
     // ... and applied once the names are sent back: the kernel drops the name.
     assert!(told_f());
 }
+
+#[test]
+fn a_removal_of_a_logged_file_waits_briefly_for_a_release_on_its_way() {
+    let (r, reg, _) = offline_rig(b"f");
+    r.fs.listing(ROOT_INO).unwrap();
+    offline(&r, true);
+    // Made offline: its removal is the log's, which needs it closed.
+    let g = create(&r, &reg, ROOT_INO, "g", b"made here");
+    assert_eq!(r.fs.pending_changes(), 1);
+    // Open, its close not reported: not removable.
+    let fh = r.fs.open(g, READ, &|file| reg.register(file)).unwrap().fh;
+    let refused = r.fs.unlink(ROOT_INO, b"g");
+    assert!(matches!(refused, Err(FsError::Offline(_))), "{refused:?}");
+    assert_eq!(r.fs.pending_changes(), 1);
+    // Its RELEASE arrives while the removal waits: the removal goes ahead (the file made
+    // offline just goes, with its change).
+    let fs = r.fs.clone();
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        fs.release(fh);
+    });
+    r.fs.unlink(ROOT_INO, b"g").unwrap();
+    late.join().unwrap();
+    assert_eq!(r.fs.pending_changes(), 0);
+    assert!(matches!(
+        r.fs.lookup(ROOT_INO, b"g"),
+        Err(FsError::Origin(hoardfs_origin::WireError::NotFound))
+    ));
+}
