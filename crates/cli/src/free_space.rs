@@ -49,8 +49,11 @@ impl FreeSpaceArgs {
         Ok(l)
     }
 
-    /// Sets the threshold named `key` (`brun`, …, `fstop`) to `pct`; false if `key` is
-    /// not one (for `-o key=value` mount options).
+    /// The thresholds' names, as flags (`--NAME`) and mount options (`NAME=PCT`).
+    pub const NAMES: [&'static str; 6] = ["brun", "bcull", "bstop", "frun", "fcull", "fstop"];
+
+    /// Sets the threshold named `key` (one of [`Self::NAMES`]) to `pct`; false if `key`
+    /// is not one (for `-o key=value` mount options).
     pub fn set(&mut self, key: &str, pct: u8) -> bool {
         let slot = match key {
             "brun" => &mut self.brun,

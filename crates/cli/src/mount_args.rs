@@ -284,7 +284,7 @@ impl MountArgs {
                 "metadata_ttl" => a.metadata_ttl = Some(num()?),
                 "immutable" => a.immutable = true,
                 "cache_size" => a.cache_size = Some(parse_size(need()?)?),
-                "brun" | "bcull" | "bstop" | "frun" | "fcull" | "fstop" => {
+                k if crate::free_space::FreeSpaceArgs::NAMES.contains(&k) => {
                     let p = pct()?;
                     a.free_space.set(k, p);
                 }
