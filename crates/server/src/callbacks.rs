@@ -19,7 +19,7 @@
 //! its sequence number are sent again (see [`Callbacks::changes_since`]).
 //!
 //! Bounds: a connection holds at most [`MAX_CALLBACKS_PER_CONN`] callbacks and at most
-//! [`MAX_PENDING_BREAKS`] unsent break frames; beyond either it gets one [`Break::All`] and its
+//! [`MAX_PENDING_BREAK_BYTES`] of unsent break frames; beyond either it gets one [`Break::All`] and its
 //! registrations are dropped (the client then revalidates everything it caches).
 
 use std::collections::{HashMap, HashSet};
@@ -34,8 +34,9 @@ use crate::conn::Outgoing;
 
 /// Most objects one connection may hold callbacks on.
 pub(crate) const MAX_CALLBACKS_PER_CONN: usize = 1 << 20;
-/// Most break frames queued for one connection before it is told to revalidate everything.
-pub(crate) const MAX_PENDING_BREAKS: usize = 4096;
+/// Most bytes of break frames queued for one connection before it is told to revalidate
+/// everything (a frame carries the breaks of one change report: up to about 70 KB).
+pub(crate) const MAX_PENDING_BREAK_BYTES: usize = 1 << 20;
 
 /// Change reports kept for settling subtree listings precisely (a listing that started
 /// before the oldest gets the conservative break).
@@ -47,7 +48,7 @@ pub(crate) type ConnId = u64;
 struct ConnCallbacks {
     tx: UnboundedSender<Outgoing>,
     files: HashSet<u64>,
-    /// Break frames queued but not yet written (decremented by the writer).
+    /// Bytes of break frames queued but not yet written (decremented by the writer).
     pending: Arc<AtomicUsize>,
 }
 
@@ -74,7 +75,8 @@ impl std::fmt::Debug for Callbacks {
 }
 
 impl Callbacks {
-    /// Adds a connection whose frames go to `tx`; `pending` counts its queued break frames.
+    /// Adds a connection whose frames go to `tx`; `pending` counts the bytes of its queued
+    /// break frames.
     pub(crate) fn add_conn(
         &self,
         tx: UnboundedSender<Outgoing>,
@@ -183,16 +185,18 @@ impl Callbacks {
         }
     }
 
-    fn send(&self, c: &mut ConnCallbacks, mut breaks: Vec<Break>) {
-        if c.pending.load(Ordering::Relaxed) >= MAX_PENDING_BREAKS {
+    fn send(&self, c: &mut ConnCallbacks, breaks: Vec<Break>) {
+        let mut sent = breaks.len();
+        let mut out = Outgoing::message(&ServerMessage::Breaks(breaks), true);
+        if c.pending.load(Ordering::Relaxed) + out.body_len() > MAX_PENDING_BREAK_BYTES {
             // The client does not keep up: make it revalidate everything instead.
             c.files.clear();
-            breaks = vec![Break::All];
+            sent = 1;
+            out = Outgoing::message(&ServerMessage::Breaks(vec![Break::All]), true);
         }
-        c.pending.fetch_add(1, Ordering::Relaxed);
-        self.sent.fetch_add(breaks.len() as u64, Ordering::Relaxed);
-        let _ =
-            c.tx.send(Outgoing::message(&ServerMessage::Breaks(breaks), true));
+        c.pending.fetch_add(out.body_len(), Ordering::Relaxed);
+        self.sent.fetch_add(sent as u64, Ordering::Relaxed);
+        let _ = c.tx.send(out);
     }
 }
 
@@ -228,5 +232,35 @@ mod tests {
         }
         assert_eq!(since(before), None);
         assert_eq!(since(c.seq() - 1).map(|v| v.len()), Some(1));
+    }
+
+    #[test]
+    fn a_connection_that_does_not_read_its_breaks_holds_a_bounded_queue_then_breaks_all() {
+        let c = Callbacks::default();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let conn = c.add_conn(tx, pending.clone());
+        // Callbacks on many files, each change reporting a large batch of them.
+        let files: Vec<u64> = (0..4096).collect();
+        c.register(conn, &files, c.seq());
+        let batch: Vec<Break> = files.iter().map(|&f| attr(f)).collect();
+        for _ in 0..200 {
+            c.changed(batch.clone());
+        }
+        let queued = pending.load(Ordering::Relaxed);
+        assert!(
+            queued <= MAX_PENDING_BREAK_BYTES + 16,
+            "{queued} bytes queued"
+        );
+        let mut frames = Vec::new();
+        while let Ok(out) = rx.try_recv() {
+            frames.push(out);
+        }
+        let total: usize = frames.iter().map(|o| o.body_len()).sum();
+        assert_eq!(total, queued, "the count is of the bytes queued");
+        // The client was told to revalidate everything, and its callbacks were dropped.
+        let all = Outgoing::message(&ServerMessage::Breaks(vec![Break::All]), true);
+        assert_eq!(frames.last().unwrap().body_len(), all.body_len());
+        assert!(c.conns.lock()[&conn].files.is_empty());
     }
 }

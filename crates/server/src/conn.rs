@@ -100,6 +100,11 @@ impl Outgoing {
         }
     }
 
+    /// Bytes of the frame's body.
+    pub(crate) fn body_len(&self) -> usize {
+        self.body.len()
+    }
+
     /// Keeps `held` until this reply has been written.
     fn holding(mut self, held: Held) -> Outgoing {
         self.held = Some(held);
@@ -254,7 +259,7 @@ async fn serve_on<R, W>(
     let mut rd = BufReader::with_capacity(IO_BUF, rd);
     // Unbounded, but every reply holds its request's slot (and memory charge) until it
     // is written, and break frames are bounded by the callback registry's per-connection
-    // limit.
+    // limits (see `callbacks`).
     let (tx, rx) = mpsc::unbounded_channel();
     let pending_breaks = Arc::new(AtomicUsize::new(0));
     // Aborted if this task is (server shutdown), so the socket closes with it.
@@ -524,7 +529,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
         };
         Stats::bump(&shared.stats.requests);
         // Memory this request may hold until its reply is written: its payload, the
-        // bytes it asks to read, or the listings of a subtree it asks for.
+        // bytes it asks to read, or the listing of a directory page or a subtree.
         let cost = match &decoded {
             Decoded::Run(Request {
                 op: Op::Read { len, .. },
@@ -534,6 +539,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 op: Op::ReadTree { max_entries, .. },
                 ..
             }) => crate::handle::tree_reply_bound(*max_entries),
+            Decoded::Run(Request {
+                op: Op::ReadDir { max_entries, .. },
+                ..
+            }) => crate::handle::dir_page_bound(*max_entries),
             _ => data.len(),
         };
         let units =
@@ -656,7 +665,7 @@ async fn write_one<W: ReplySink>(
     pending_breaks: &AtomicUsize,
 ) -> io::Result<()> {
     if out.is_break {
-        pending_breaks.fetch_sub(1, Ordering::Relaxed);
+        pending_breaks.fetch_sub(out.body.len(), Ordering::Relaxed);
     }
     let data_len = out.file.as_ref().map_or(out.data.len(), |f| f.len as usize);
     w.write_all(&FrameHeader::encode(out.body.len(), data_len))

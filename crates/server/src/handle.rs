@@ -103,16 +103,29 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
 }
 
 /// Encoded bytes per directory entry at most in a reply: a 255-byte name, its handle and
-/// attributes (postcard varints) and the listing's own few bytes.
-const ENTRY_BOUND: usize = 384;
+/// attributes at their widest (postcard varints: 396 bytes in all), and in a subtree
+/// reply the header of the directory it may be (each listed directory is an entry of its
+/// parent's listing). Checked by `a_directory_page_is_charged_at_least_what_its_reply_can_hold`.
+const ENTRY_BOUND: usize = 416;
 
 /// Entries a `ReadTree` asking for `max_entries` gets at most.
 fn tree_entries(max_entries: u32) -> u32 {
     max_entries.clamp(1, MAX_TREE_ENTRIES as u32)
 }
 
+/// Entries one `ReadDir` page asking for `max_entries` gets at most.
+fn dir_page_entries(max_entries: u32) -> u32 {
+    max_entries.clamp(1, MAX_DIR_PAGE)
+}
+
+/// Bytes the reply to a `ReadDir` asking for `max_entries` holds at most (its memory
+/// charge: about 3 MiB for a full page of long names).
+pub(crate) fn dir_page_bound(max_entries: u32) -> usize {
+    dir_page_entries(max_entries) as usize * ENTRY_BOUND
+}
+
 /// Bytes the reply to a `ReadTree` asking for `max_entries` holds at most (its memory
-/// charge: about 6 MiB for the 16 Ki entries a client asks for at most).
+/// charge: about 6.5 MiB for the 16 Ki entries a client asks for at most).
 pub(crate) fn tree_reply_bound(max_entries: u32) -> usize {
     tree_entries(max_entries) as usize * ENTRY_BOUND
 }
@@ -214,7 +227,7 @@ fn run(
             cookie,
             max_entries,
         } => {
-            let page = origin.readdir(dir, cookie, max_entries.clamp(1, MAX_DIR_PAGE));
+            let page = origin.readdir(dir, cookie, dir_page_entries(max_entries));
             let reply = page.map(|p| Reply::DirPage {
                 entries: p.entries,
                 next: p.next,
@@ -405,5 +418,64 @@ pub(crate) fn wire_error(e: OriginError) -> WireError {
             tracing::warn!("origin failure: {other}");
             WireError::Io
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hoardfs_proto::{Attr, DirEntry, Entry, FileKind, Response, ServerMessage, Timestamp};
+
+    /// The largest entry a directory page can carry: a 255-byte name, every number at its
+    /// widest encoding.
+    fn widest_entry() -> DirEntry {
+        let t = Timestamp {
+            secs: i64::MIN,
+            nanos: u32::MAX,
+        };
+        DirEntry {
+            name: vec![b'x'; 255],
+            entry: Entry {
+                handle: Handle {
+                    epoch: u64::MAX,
+                    id: u64::MAX,
+                },
+                attr: Attr {
+                    file_id: u64::MAX,
+                    version: u64::MAX,
+                    kind: FileKind::Symlink,
+                    perm: u16::MAX,
+                    nlink: u32::MAX,
+                    uid: u32::MAX,
+                    gid: u32::MAX,
+                    size: u64::MAX,
+                    blocks: u64::MAX,
+                    rdev: u64::MAX,
+                    blksize: u32::MAX,
+                    atime: t,
+                    mtime: t,
+                    ctime: t,
+                },
+            },
+        }
+    }
+
+    #[test]
+    fn a_directory_page_is_charged_at_least_what_its_reply_can_hold() {
+        let n = dir_page_entries(u32::MAX) as usize;
+        let reply = ServerMessage::Response(Response {
+            id: u64::MAX,
+            result: Ok(Reply::DirPage {
+                entries: vec![widest_entry(); n],
+                next: Some(u64::MAX),
+            }),
+        });
+        let encoded = hoardfs_proto::frame::encode_body(&reply).len();
+        assert!(
+            encoded <= dir_page_bound(u32::MAX),
+            "{encoded} > {}",
+            dir_page_bound(u32::MAX)
+        );
+        assert!(dir_page_bound(0) >= ENTRY_BOUND);
     }
 }

@@ -155,6 +155,12 @@ impl HandleTable {
         inner.by_inode.insert((node.dev, node.ino), id);
         inner.by_id.insert(id, node.clone());
         inner.order.push_back(id);
+        // Ids whose handles were removed (`remove_inode`) stay queued until popped: a
+        // create/unlink loop that never fills the table would grow the queue for ever.
+        if inner.order.len() > 2 * inner.by_id.len() + 64 {
+            let Inner { order, by_id, .. } = &mut *inner;
+            order.retain(|id| by_id.contains_key(id));
+        }
         while inner.by_id.len() > self.cap {
             let Some(old) = inner.order.pop_front() else {
                 break;
@@ -205,5 +211,30 @@ impl HandleTable {
             .filter(|n| n.kind == FileKind::Dir)
             .cloned()
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node_for(ino: u64) -> Node {
+        let fd = OwnedFd::from(std::fs::File::open("/").unwrap());
+        Node::new(fd, FileKind::File, 1, ino)
+    }
+
+    #[test]
+    fn handles_removed_after_use_do_not_pile_up_in_the_eviction_queue() {
+        let t = HandleTable::new(7, 1000, node_for(1));
+        for ino in 2..20_000u64 {
+            t.insert(node_for(ino));
+            assert!(t.remove_inode(1, ino).is_some());
+        }
+        let inner = t.inner.lock();
+        assert!(
+            inner.order.len() <= 2 * inner.by_id.len() + 65,
+            "{}",
+            inner.order.len()
+        );
     }
 }
