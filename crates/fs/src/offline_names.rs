@@ -427,7 +427,13 @@ impl<'a> OfflineNames<'a> {
             return Err(FsError::Offline(why));
         }
         let off = self.off;
-        if set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
+        // A change is sent back to its path, and the root has none: its attributes need
+        // the origin.
+        if node.ino == crate::ROOT_INO
+            || set.uid.is_some()
+            || set.gid.is_some()
+            || set.size.is_some()
+        {
             return Err(FsError::Offline(why));
         }
         let at = |t: &hoardfs_origin::TimeSet| match t {
@@ -679,13 +685,18 @@ impl<'a> OfflineNames<'a> {
             set.perm = Some(src_attr.perm);
         }
         let target = off.log.adopt(path, origin, &d_attr, &from).map_err(kept)?;
-        // Permission bits and times given to the new file go with its content.
+        // Permission bits and times given to the new file go with its content (unless a
+        // sender took the new change meanwhile: its record is gone).
         let local = {
             let mut t = target.lock();
-            if !set.is_empty() {
-                t.set_attrs(set).map_err(kept)?;
+            if t.is_gone() {
+                None
+            } else {
+                if !set.is_empty() {
+                    t.set_attrs(set).map_err(kept)?;
+                }
+                Some(t.local())
             }
-            t.local()
         };
         off.log.finish(src_attr.file_id, &mut g);
         drop(g);
@@ -699,7 +710,7 @@ impl<'a> OfflineNames<'a> {
             attr: d_attr,
         };
         self.fs.nodes.rebind(src.ino, src_attr.file_id, &entry);
-        self.fs.nodes.set_local(d_attr.file_id, Some(local));
+        self.fs.nodes.set_local(d_attr.file_id, local);
         src.state.lock().moved(new_dir.ino, new_name);
         dir.state.lock().remove_local_entry(name);
         let listed = hoardfs_origin::DirEntry {

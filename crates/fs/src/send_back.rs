@@ -23,18 +23,18 @@
 //! before the first byte goes out, and a change found `Uploading` is sent again whole
 //! over the same object whatever its version, since that version may be its own half
 //! upload. (A change made on the origin to that file between the crash and the next
-//! attempt is then overwritten.) An upload that fails without a crash (the origin went
-//! away again, or refused) records the version the origin reported after its last write
-//! (`Resume`), and the next attempt goes on only if the file is still at that version;
-//! otherwise somebody else changed it, and this client's version becomes a conflict copy.
+//! attempt is then overwritten.) So is an upload cut short by the connection: its last
+//! write may have been applied without a reply. An upload the origin refused records the
+//! version the origin reported after its last write (`Resume`), and the next attempt goes
+//! on only if the file is still at that version; otherwise somebody else changed it, and
+//! this client's version becomes a conflict copy.
 
 use std::collections::HashSet;
+use std::time::SystemTime;
 
 use hoardfs_origin::{Entry, Handle, Owner, SetAttrs, WireError};
 
 use crate::cml::{Conflict, Inner, Kind, Pending, Phase, Record, now_secs};
-use std::time::SystemTime;
-
 use crate::conflict_names::{conflict_candidate, conflict_name, utc_stamp};
 use crate::nodes::Ino;
 use crate::offline::OfflineWrites;
@@ -703,7 +703,13 @@ impl<'a> ChangeSender<'a> {
     ) -> FsResult<hoardfs_origin::Attr> {
         g.start_upload().map_err(crate::offline::kept)?;
         let attr = self.upload(handle, g, at_start).map_err(|f| {
-            if let Err(io) = g.upload_failed(f.last_version) {
+            // Cut short by the connection, the last write may have been applied without
+            // its reply: the origin's version is not known, and the change stays
+            // `Uploading` (sent whole again over the same object, as after a crash).
+            // Only a refusal leaves a version to go on from.
+            if !matches!(f.error, FsError::Offline(_))
+                && let Err(io) = g.upload_failed(f.last_version)
+            {
                 tracing::warn!("cannot record a failed upload: {io}");
             }
             f.error

@@ -30,6 +30,18 @@ enum Unloadable {
     },
 }
 
+impl Unloadable {
+    /// Whether the change itself is damaged (its record does not check out, or its
+    /// staging file is gone), as opposed to unreadable for now.
+    fn is_damage(&self) -> bool {
+        match self {
+            Unloadable::Damaged(_) => true,
+            Unloadable::Staging { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            Unloadable::Record(_) => false,
+        }
+    }
+}
+
 /// The log's counters for `stats`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LogStats {
@@ -113,6 +125,14 @@ impl ChangeLog {
                         .then(|| md.modified().unwrap_or_else(|_| SystemTime::now()));
                     let p = Pending::new(record, path.clone(), data_path, md.len(), mtime, &names);
                     pending.insert(file_id, Arc::new(p));
+                }
+                // A record that cannot be read now (an I/O error, out of descriptors) may
+                // be sound: the log does not open, rather than set a change aside.
+                Err(why) if !why.is_damage() => {
+                    return Err(std::io::Error::other(format!(
+                        "offline change record {}: {why}",
+                        path.display()
+                    )));
                 }
                 Err(why) => {
                     tracing::error!(
@@ -559,5 +579,23 @@ mod tests {
         );
         assert!(!d.path().join("0000000000000009.data.tmp").exists());
         assert_eq!(*log.next_seq.lock(), 10);
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_read_now_stops_the_log_instead_of_being_set_aside() {
+        let d = tempfile::tempdir().unwrap();
+        // Not readable as a file (as an I/O error would leave it): not known to be damaged.
+        std::fs::create_dir(d.path().join("0000000000000005.rec")).unwrap();
+        std::fs::write(d.path().join("0000000000000005.data"), b"precious").unwrap();
+        let err = ChangeLog::open(d.path())
+            .err()
+            .expect("the log must not open");
+        assert!(err.to_string().contains("0000000000000005.rec"), "{err}");
+        assert!(d.path().join("0000000000000005.rec").is_dir());
+        assert!(!d.path().join("0000000000000005.rec.damaged").exists());
+        assert_eq!(
+            std::fs::read(d.path().join("0000000000000005.data")).unwrap(),
+            b"precious"
+        );
     }
 }

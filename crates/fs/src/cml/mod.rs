@@ -333,10 +333,17 @@ impl Inner {
     /// directory): the change becomes its removal (from the same base version, where
     /// the origin has it), and the staged bytes go.
     pub fn become_removal(&mut self, dir: bool) -> std::io::Result<()> {
+        // The record first: a crash between the two leaves a removal with the staged
+        // content still beside it (unused), never a `Store` of an emptied file.
+        let was = self.record.kind;
+        self.record.kind = if dir { Kind::Rmdir } else { Kind::Remove };
+        if let Err(e) = self.persist() {
+            self.record.kind = was;
+            return Err(e);
+        }
         self.staging()?.set_len(0)?;
         self.size = 0;
-        self.record.kind = if dir { Kind::Rmdir } else { Kind::Remove };
-        self.persist()
+        Ok(())
     }
 
     /// A `Create` reached the origin as file `server_id` (at version `version`): a

@@ -50,6 +50,9 @@ struct Scripted {
     /// Run after a getattr is answered and before the reply is returned (to make a break
     /// overtake it).
     after_getattr: Mutex<Option<Box<dyn Fn() + Send>>>,
+    /// Writes left until one is applied and its reply lost (the origin then goes away);
+    /// 0: none.
+    lose_write_reply: AtomicUsize,
 }
 
 impl Scripted {
@@ -70,6 +73,7 @@ impl Scripted {
             tree_tops: Mutex::new(Vec::new()),
             tree_refused: Mutex::new(None),
             after_getattr: Mutex::new(None),
+            lose_write_reply: AtomicUsize::new(0),
         }
     }
 
@@ -182,7 +186,16 @@ impl Origin for Scripted {
     }
     fn write(&self, handle: Handle, offset: u64, data: &[u8], append: bool) -> Result<WriteReply> {
         self.reachable()?;
-        self.inner.write(handle, offset, data, append)
+        let reply = self.inner.write(handle, offset, data, append);
+        let left = self.lose_write_reply.load(Ordering::SeqCst);
+        if left > 0 {
+            self.lose_write_reply.store(left - 1, Ordering::SeqCst);
+            if left == 1 {
+                self.offline.store(true, Ordering::SeqCst);
+                return Err(OriginError::Unreachable("the reply was lost".into()));
+            }
+        }
+        reply
     }
     fn setattr(&self, handle: Handle, set: &hoardfs_origin::SetAttrs) -> Result<Attr> {
         self.reachable()?;

@@ -197,6 +197,32 @@ fn offline_writes_are_staged_read_back_and_sent_back_once_the_origin_returns() {
 }
 
 #[test]
+fn an_upload_whose_write_reply_was_lost_is_sent_again_whole_not_taken_for_a_conflict() {
+    let base = content(6, 3 * MIB);
+    let (r, reg, f) = offline_rig(&base);
+    r.origin.offline.store(true, Ordering::SeqCst);
+    let o = r.fs.open(f, WRITE, &|f| reg.register(f)).unwrap();
+    let ours = content(7, 3 * MIB);
+    for (i, piece) in ours.chunks(MIB).enumerate() {
+        r.fs.write(o.fh, (i * MIB) as u64, piece, 1).unwrap();
+    }
+    r.fs.release(o.fh);
+    // Back, but the reply to the upload's second piece is lost (the piece is applied)
+    // and the server goes away again.
+    r.origin.offline.store(false, Ordering::SeqCst);
+    r.origin.lose_write_reply.store(2, Ordering::SeqCst);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (0, 0, 1));
+    // Back for good: the whole file is sent over the same object, no conflict copy is
+    // made of this client's own half upload, and the server ends with this client's bytes.
+    r.origin.offline.store(false, Ordering::SeqCst);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (1, 0, 0));
+    assert!(r.fs.conflicts().is_empty(), "{:?}", r.fs.conflicts());
+    assert!(std::fs::read(r.export.join("f")).unwrap() == ours);
+}
+
+#[test]
 fn an_offline_change_meeting_a_change_on_the_origin_becomes_a_conflict_copy() {
     let base = content(4, 50_000);
     let (r, reg, f) = offline_rig(&base);

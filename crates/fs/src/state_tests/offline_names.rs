@@ -561,3 +561,18 @@ fn a_removal_of_a_logged_file_waits_briefly_for_a_release_on_its_way() {
         Err(FsError::Origin(hoardfs_origin::WireError::NotFound))
     ));
 }
+
+#[test]
+fn the_roots_attributes_are_not_changed_offline() {
+    let (r, _reg, _) = offline_rig(b"f");
+    r.fs.listing(ROOT_INO).unwrap();
+    offline(&r, true);
+    // (A change is sent back to its path; the root has none.)
+    let chmod = SetAttrs {
+        mode: Some(0o700),
+        ..Default::default()
+    };
+    let refused = r.fs.setattr(ROOT_INO, &chmod);
+    assert!(matches!(refused, Err(FsError::Offline(_))), "{refused:?}");
+    assert_eq!(r.fs.pending_changes(), 0);
+}
