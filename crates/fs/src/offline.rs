@@ -312,14 +312,24 @@ impl HoardFs {
         };
         // (Where the origin has it matters only for a new change: one is recorded with
         // no move in between, see `ChangeLog::at_origin`; an existing change is not
-        // locked under that.)
+        // locked under that, nor is one that appeared meanwhile, a move or attributes,
+        // given the content there.)
         let p = if off.log.get(attr.file_id).is_some() {
             off.log.stage(path, None, &attr, object)
         } else {
-            off.log.at_origin(
-                || OfflineNames::new(self, off).origin_components_of(node.ino),
-                |origin| off.log.stage(path, origin, &attr, object),
-            )
+            off.log
+                .at_origin(
+                    || OfflineNames::new(self, off).origin_components_of(node.ino),
+                    |origin| off.log.stage_if_new(path.clone(), origin, &attr, object),
+                )
+                .and_then(|p| {
+                    let meta = p.lock().record().kind == crate::cml::Kind::Meta;
+                    if meta {
+                        off.log.stage(path, None, &attr, object)
+                    } else {
+                        Ok(p)
+                    }
+                })
         }
         .map_err(kept)?;
         {

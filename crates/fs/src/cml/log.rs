@@ -62,8 +62,8 @@ pub struct ChangeLog {
     /// names is its own: see `HoardFs::names_pending`).
     names: Arc<std::sync::atomic::AtomicUsize>,
     pending: Mutex<BTreeMap<u64, Arc<Pending>>>,
-    /// Held across [`ChangeLog::stage`], so one file is staged once (taken before the
-    /// table's lock).
+    /// Held while a new change is staged, so one file is staged once. Taken after
+    /// `moves` and before the table's lock, never while taking a change's lock.
     next_seq: Mutex<u64>,
     /// Counts the moves made on the origin (held while one is made and its changes
     /// follow it): a change recorded with where the origin has its object is recorded
@@ -331,22 +331,86 @@ impl ChangeLog {
         object: &CachedObject,
     ) -> std::io::Result<Arc<Pending>> {
         let file_id = base.file_id;
-        let mut next = self.next_seq.lock();
-        // A file renamed or with attributes changed offline gets its content staged too.
-        let meta = match self.get(file_id) {
-            Some(p) if p.lock().record.kind == Kind::Meta => Some(p),
-            Some(p) => return Ok(p),
-            None => None,
-        };
-        // (A `Meta` sent back meanwhile is finished: a new change starts.)
-        let meta = meta.filter(|p| !p.lock().gone);
-        let seq = match &meta {
-            Some(p) => p.seq,
-            None => {
-                *next += 1;
-                *next - 1
+        // (A `Meta` sent back meanwhile is finished, and leaves the table at once: a new
+        // change starts.)
+        for _ in 0..64 {
+            let next = self.next_seq.lock();
+            let Some(p) = self.get(file_id) else {
+                return self.stage_store(next, path, origin, base, object);
+            };
+            // An existing change: locked with no other lock of the log held (a sender
+            // holds a change's lock while it takes `moves`, and a recorder holds `moves`
+            // while it takes `next_seq`).
+            drop(next);
+            let mut g = p.lock();
+            if g.record.kind != Kind::Meta {
+                drop(g);
+                return Ok(p);
             }
-        };
+            if g.gone {
+                continue;
+            }
+            // A file renamed or with attributes changed offline gets its content staged
+            // too, under its change's lock (as every change's staging I/O is). A crash
+            // before the record says `Store` leaves a `Meta` record with data nobody
+            // reads: the content is the origin's again, as before this write.
+            let size = self.copy_to_staging(p.seq, object)?;
+            g.record.kind = Kind::Store;
+            // (The content staged is of this version, whatever the move started from.)
+            g.record.base_version = base.version;
+            g.size = size;
+            g.mtime = Some(SystemTime::now());
+            g.persist()?;
+            p.note_size(&g);
+            drop(g);
+            return Ok(p);
+        }
+        Err(std::io::Error::other(
+            "its change was sent back meanwhile: try again",
+        ))
+    }
+
+    /// A new `Store` change of `base`, as [`ChangeLog::stage`] makes; but if the file has
+    /// a change already, that change, untouched (for use under [`ChangeLog::at_origin`],
+    /// where no change's lock may be taken: the caller stages onto a `Meta` one after).
+    pub fn stage_if_new(
+        &self,
+        path: Vec<Vec<u8>>,
+        origin: Option<Vec<Vec<u8>>>,
+        base: &hoardfs_origin::Attr,
+        object: &CachedObject,
+    ) -> std::io::Result<Arc<Pending>> {
+        let next = self.next_seq.lock();
+        if let Some(p) = self.get(base.file_id) {
+            return Ok(p);
+        }
+        self.stage_store(next, path, origin, base, object)
+    }
+
+    /// A new `Store` change of `base` (see [`ChangeLog::stage`]), `next` held throughout so
+    /// that the file is staged once.
+    fn stage_store(
+        &self,
+        next: MutexGuard<'_, u64>,
+        path: Vec<Vec<u8>>,
+        origin: Option<Vec<Vec<u8>>>,
+        base: &hoardfs_origin::Attr,
+        object: &CachedObject,
+    ) -> std::io::Result<Arc<Pending>> {
+        let mut next = next;
+        let seq = *next;
+        *next += 1;
+        let size = self.copy_to_staging(seq, object)?;
+        let mut record = Record::new(seq, path, base, Kind::Store);
+        record.origin_path = origin.filter(|o| *o != record.path);
+        let p = self.insert(record, size)?;
+        drop(next);
+        Ok(p)
+    }
+
+    /// Copies complete `object` into change `seq`'s staging file (through a temporary
+    /// file, synced, then renamed into place); returns its size.
+    fn copy_to_staging(&self, seq: u64, object: &CachedObject) -> std::io::Result<u64> {
         let data_path = self.dir.join(format!("{seq:016}.data"));
         let tmp = data_path.with_extension("data.tmp");
         let staging = OpenOptions::new()
@@ -374,33 +438,7 @@ impl ChangeLog {
         }
         staging.sync_all()?;
         std::fs::rename(&tmp, &data_path)?;
-        drop(staging);
-        if let Some(p) = meta {
-            // (A crash before the record says `Store` leaves a `Meta` record with data
-            // nobody reads: the content is the origin's again, as before this write.)
-            let mut g = p.lock();
-            if g.gone {
-                drop(g);
-                let _ = std::fs::remove_file(&data_path);
-                return Err(std::io::Error::other(
-                    "its change was sent back meanwhile: try again",
-                ));
-            }
-            g.record.kind = Kind::Store;
-            // (The content staged is of this version, whatever the move started from.)
-            g.record.base_version = base.version;
-            g.size = size;
-            g.mtime = Some(SystemTime::now());
-            g.persist()?;
-            p.note_size(&g);
-            drop(g);
-            return Ok(p);
-        }
-        let mut record = Record::new(seq, path, base, Kind::Store);
-        record.origin_path = origin.filter(|o| *o != record.path);
-        let p = self.insert(record, size)?;
-        drop(next);
-        Ok(p)
+        Ok(size)
     }
 
     /// Starts a pending creation of a new file at `path` with attributes `attr` (its file

@@ -30,6 +30,11 @@
 //! changes inside it follow its move ([`ChangeLog::moved_under`], which skips the changes
 //! being sent), and a created file's while the document it is saved over gets its new
 //! change ([`ChangeLog::adopt`], only for a document with no change of its own).
+//! The order: a change's lock → `moves` (a sender making a move, [`ChangeLog::moving`])
+//! → `next_seq` (a new change recorded under [`ChangeLog::at_origin`]) → the table. So
+//! nothing takes a change's lock while holding `moves` or `next_seq`: under `at_origin`
+//! a file is staged with [`ChangeLog::stage_if_new`], and [`ChangeLog::stage`] locks an
+//! existing change only after letting `next_seq` go.
 //!
 //! This module owns one change ([`Pending`], its locked state [`Inner`]); `log` owns the
 //! table of them ([`ChangeLog`]) and `conflicts` the conflict records.
