@@ -373,12 +373,13 @@ impl<'a> OfflineNames<'a> {
                     return self.remove_sent(&dir, name, dir_wanted);
                 }
                 let rec = g.record();
-                if rec.creates() {
-                    off.log.finish(base.file_id, &mut g);
-                } else if rec.kind == crate::cml::Kind::Create {
-                    // Created on the origin already, and not all of it sent: the log
-                    // must finish sending it first.
+                if rec.create_in_flight() {
+                    // Created on the origin already (or perhaps: its create's answer
+                    // never came), and not all of it sent: the log must finish sending
+                    // it first.
                     return Err(FsError::Offline(why));
+                } else if rec.creates() {
+                    off.log.finish(base.file_id, &mut g);
                 } else if !rec.removes() {
                     g.become_removal(is_dir).map_err(kept)?;
                 }
@@ -566,12 +567,12 @@ impl<'a> OfflineNames<'a> {
             let g = p.lock();
             let r = g.record();
             (
-                r.kind == crate::cml::Kind::Create && r.creates(),
-                r.kind == crate::cml::Kind::Create && !r.creates(),
+                r.kind == crate::cml::Kind::Create && r.creates() && !r.create_in_flight(),
+                r.create_in_flight(),
             )
         });
         if half_sent {
-            // Created on the origin already, and not all of it sent.
+            // Created on the origin already (or perhaps), and not all of it sent.
             return Err(FsError::Offline(why));
         }
         if let Some(d) = &dst {

@@ -162,6 +162,12 @@ impl Record {
         matches!(self.kind, Kind::Create | Kind::Mkdir | Kind::Symlink) && self.created.is_none()
     }
 
+    /// Whether a `Create` may have reached the origin, with its content not all sent: made
+    /// there, or its create sent with no answer recorded (the upload began).
+    pub fn create_in_flight(&self) -> bool {
+        self.kind == Kind::Create && (self.created.is_some() || self.phase == Phase::Uploading)
+    }
+
     /// The origin's id of the object (this client's own id until it was made there).
     pub fn origin_id(&self) -> u64 {
         self.created.unwrap_or(self.file_id)

@@ -139,15 +139,7 @@ impl<'a> Reintegration<'a> {
         let next = std::sync::atomic::AtomicUsize::new(0);
         let stopped = std::sync::atomic::AtomicBool::new(false);
         let totals = parking_lot::Mutex::new((Reintegrated::default(), Vec::new()));
-        let record = |c: &Conflict| {
-            tracing::warn!(
-                "conflict: {} ({}); this client's version is at {}",
-                c.path,
-                c.reason,
-                c.copy
-            );
-            off.log.record_conflict(c);
-        };
+        let record = |c: &Conflict| off.log.record_conflict(c);
         // Changes of different objects are independent: a few are sent at once (each
         // costs round trips and a server fsync), oldest first.
         std::thread::scope(|scope| {

@@ -167,6 +167,11 @@ impl<'a> ChangeSender<'a> {
             && !rec.set.is_empty()
             && matches!(outcome, Outcome::Sent(..) | Outcome::Created(..))
         {
+            // Placed now, perhaps under a conflict name: that is recorded now, as the
+            // next pass finds it placed already and notes nothing.
+            if let Some(c) = noted {
+                self.off.log.record_conflict(&c);
+            }
             return Ok(None);
         }
         let outcome = match outcome {
@@ -553,6 +558,13 @@ impl<'a> ChangeSender<'a> {
                         g.not_started().map_err(crate::offline::kept)?;
                         return Ok(None);
                     }
+                    // Refused: not created, and tried afresh next time (a file made there
+                    // by somebody else meanwhile is then a conflict, not taken for ours).
+                    Err(hoardfs_origin::OriginError::Fs(w)) => {
+                        g.not_started().map_err(crate::offline::kept)?;
+                        return Err(w.into());
+                    }
+                    // No answer: it may have been made; the record says so (`Uploading`).
                     Err(e) => return Err(e.into()),
                 }
             }

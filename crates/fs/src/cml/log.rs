@@ -557,8 +557,14 @@ impl ChangeLog {
         self.pending.lock().remove(&file_id);
     }
 
-    /// Records a conflict (appended to `conflicts`, fsynced).
+    /// Records a conflict (appended to `conflicts`, fsynced) and logs it.
     pub fn record_conflict(&self, c: &Conflict) {
+        tracing::warn!(
+            "conflict: {} ({}); this client's version is at {}",
+            c.path,
+            c.reason,
+            c.copy
+        );
         let path = self.dir.join("conflicts");
         let line = conflict_line(c);
         let r = OpenOptions::new()

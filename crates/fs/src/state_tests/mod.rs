@@ -53,6 +53,8 @@ struct Scripted {
     /// Writes left until one is applied and its reply lost (the origin then goes away);
     /// 0: none.
     lose_write_reply: AtomicUsize,
+    /// The next create is applied and its reply lost (the origin then goes away).
+    lose_create_reply: AtomicBool,
 }
 
 impl Scripted {
@@ -74,6 +76,7 @@ impl Scripted {
             tree_refused: Mutex::new(None),
             after_getattr: Mutex::new(None),
             lose_write_reply: AtomicUsize::new(0),
+            lose_create_reply: AtomicBool::new(false),
         }
     }
 
@@ -214,7 +217,12 @@ impl Origin for Scripted {
         owner: hoardfs_origin::Owner,
     ) -> Result<Entry> {
         self.reachable()?;
-        self.inner.create(parent, name, mode, exclusive, owner)
+        let reply = self.inner.create(parent, name, mode, exclusive, owner);
+        if self.lose_create_reply.swap(false, Ordering::SeqCst) {
+            self.offline.store(true, Ordering::SeqCst);
+            return Err(OriginError::Unreachable("the reply was lost".into()));
+        }
+        reply
     }
 }
 

@@ -576,3 +576,65 @@ fn the_roots_attributes_are_not_changed_offline() {
     assert!(matches!(refused, Err(FsError::Offline(_))), "{refused:?}");
     assert_eq!(r.fs.pending_changes(), 0);
 }
+
+#[test]
+fn a_directory_made_offline_with_its_mode_set_lists_its_conflict_name() {
+    let (r, _reg, _) = offline_rig(b"f");
+    r.fs.listing(ROOT_INO).unwrap();
+    offline(&r, true);
+    let d = r.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap().ino;
+    let chmod = SetAttrs {
+        mode: Some(0o700),
+        ..Default::default()
+    };
+    r.fs.setattr(d, &chmod).unwrap();
+    // Meanwhile on the server: the name is taken.
+    std::fs::write(r.export.join("d"), b"their d").unwrap();
+    offline(&r, false);
+    // (Its mode waits a pass for what goes inside it.)
+    let mut left = r.fs.reintegrate().left;
+    for _ in 0..3 {
+        if left == 0 {
+            break;
+        }
+        left = r.fs.reintegrate().left;
+    }
+    assert_eq!(left, 0);
+    assert_eq!(std::fs::read(r.export.join("d")).unwrap(), b"their d");
+    let conflicts = r.fs.conflicts();
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    assert_eq!(conflicts[0].path, "/d");
+    let copy = conflicts[0].copy.trim_start_matches('/');
+    let md = std::fs::metadata(r.export.join(copy)).unwrap();
+    assert!(md.is_dir());
+    assert_eq!(md.permissions().mode() & 0o777, 0o700);
+}
+
+#[test]
+fn a_file_whose_create_got_no_answer_is_neither_removed_nor_renamed_until_sent() {
+    let (r, reg, _) = offline_rig(b"f");
+    r.fs.listing(ROOT_INO).unwrap();
+    offline(&r, true);
+    create(&r, &reg, ROOT_INO, "n", b"made here");
+    // Back, but the create's reply is lost (the file is made) and the server goes away.
+    offline(&r, false);
+    r.origin.lose_create_reply.store(true, Ordering::SeqCst);
+    assert_eq!(r.fs.reintegrate().left, 1);
+    assert!(r.export.join("n").exists(), "the create was applied");
+    // It may be on the server: neither cancelled nor made again elsewhere.
+    assert!(matches!(
+        r.fs.unlink(ROOT_INO, b"n"),
+        Err(FsError::Offline(_))
+    ));
+    assert!(matches!(
+        r.fs.rename(ROOT_INO, b"n", ROOT_INO, b"m", 0),
+        Err(FsError::Offline(_))
+    ));
+    assert_eq!(r.fs.pending_changes(), 1);
+    offline(&r, false);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (1, 0, 0));
+    assert_eq!(std::fs::read(r.export.join("n")).unwrap(), b"made here");
+    assert!(!r.export.join("m").exists());
+    assert_eq!(dir_of(&r, ""), ["f", "n"]);
+}
