@@ -125,6 +125,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         read_only: a.read_only,
         max_open_files: limits.open_files,
         max_handles: limits.handles,
+        max_watches: limits.watches,
         ..Default::default()
     };
     let origin = Arc::new(
@@ -289,6 +290,8 @@ pub struct FdBudget {
     pub open_files: usize,
     /// Most handles remembered.
     pub handles: usize,
+    /// Most directories watched for callbacks (each holds its directory open).
+    pub watches: usize,
 }
 
 impl FdBudget {
@@ -327,13 +330,15 @@ impl FdBudget {
                 "keeping fewer files open than the default, to fit the open-file limit"
             );
         }
-        let handles = total
-            .saturating_sub(connections_fit + 2 * open_fit)
-            .clamp(16, Self::MAX_HANDLES);
+        // The rest: a quarter for watched directories, the remainder for handles.
+        let rest = total.saturating_sub(connections_fit + 2 * open_fit);
+        let watches = (rest / 4).clamp(16, Self::MAX_HANDLES / 4);
+        let handles = rest.saturating_sub(watches).clamp(16, Self::MAX_HANDLES);
         FdBudget {
             connections: connections_fit,
             open_files: open_fit,
             handles,
+            watches,
         }
     }
 }
@@ -404,15 +409,16 @@ mod tests {
     fn descriptors_are_shared_without_overcommitting() {
         let b = FdBudget::split(1 << 20, 1024, None);
         assert_eq!(
-            (b.connections, b.open_files, b.handles),
-            (1024, 4096, 500_000)
+            (b.connections, b.open_files, b.handles, b.watches),
+            (1024, 4096, 500_000, 125_000)
         );
         // The common default soft limit: a quarter and two eighths of what is left after
-        // the reserve, and handles share the rest.
+        // the reserve, and handles and watched directories share the rest.
         let b = FdBudget::split(1024, 1024, Some(4096));
         let usable = 1024 - FdBudget::RESERVE;
-        assert!(b.connections + 2 * b.open_files + b.handles <= usable);
+        assert!(b.connections + 2 * b.open_files + b.handles + b.watches <= usable);
         assert_eq!((b.connections, b.open_files), (usable / 4, usable / 8));
         assert!(b.handles >= usable / 4);
+        assert!(b.watches >= usable / 16);
     }
 }

@@ -47,6 +47,9 @@ pub struct LocalOptions {
     pub read_only: bool,
     /// Most handles remembered at once.
     pub max_handles: usize,
+    /// Most directories watched for callbacks at once (each watch keeps its directory
+    /// open); beyond, clients are told to revalidate everything (`Break::All`).
+    pub max_watches: usize,
     /// Most files kept open for reading (and, separately, as many for writing).
     pub max_open_files: usize,
     /// Close a cached open file after this long without reads or writes.
@@ -58,6 +61,7 @@ impl Default for LocalOptions {
         LocalOptions {
             read_only: true,
             max_handles: 500_000,
+            max_watches: 100_000,
             max_open_files: 4096,
             open_file_idle: Duration::from_secs(60),
         }

@@ -12,7 +12,9 @@
 //! at, or made on another machine sharing the exported file system, are not seen.
 //!
 //! The thread keeps each watched directory's handle-table node (and so its descriptor)
-//! alive until the directory is deleted. It exits when the [`Subscription`] is dropped
+//! alive until the directory is deleted; so at most `LocalOptions::max_watches`
+//! directories are watched (beyond, as when the kernel's watch limit is reached, every
+//! client is told to revalidate everything). It exits when the [`Subscription`] is dropped
 //! (with its `LocalOrigin`), woken through an eventfd. Locks: `state` and `sink` are
 //! leaves, never held across `inotify_add_watch`, `fstatat` or a sink call.
 
@@ -60,6 +62,8 @@ pub struct Subscription {
 
 struct Watcher {
     inotify: OwnedFd,
+    /// Most directories watched at once (`LocalOptions::max_watches`).
+    max_watches: usize,
     wake: OwnedFd,
     root_dev: u64,
     sink: Mutex<BreakSink>,
@@ -100,13 +104,14 @@ fn owned(fd: libc::c_int) -> io::Result<OwnedFd> {
 
 impl Subscription {
     /// Creates the inotify instance and starts the reader thread.
-    fn start(root_dev: u64, sink: BreakSink) -> io::Result<Subscription> {
+    fn start(root_dev: u64, max_watches: usize, sink: BreakSink) -> io::Result<Subscription> {
         // SAFETY: plain system calls; results checked by `owned`.
         let inotify = owned(unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) })?;
         // SAFETY: as above.
         let wake = owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
         let watcher = Arc::new(Watcher {
             inotify,
+            max_watches,
             wake,
             root_dev,
             sink: Mutex::new(sink),
@@ -125,28 +130,34 @@ impl Subscription {
         })
     }
 
-    /// Watches directory `node` unless its inode is watched already. On failure (e.g. the
-    /// watch limit) callbacks can no longer be promised: warns once and breaks everything.
+    /// Watches directory `node` unless its inode is watched already. On failure (the
+    /// kernel's watch limit, or `max_watches`: each watch keeps its directory open, so
+    /// they are bounded like the handles) callbacks can no longer be promised: warns once
+    /// and breaks everything.
     pub fn watch_dir(&self, node: &Arc<Node>) {
         let w = &self.watcher;
         let key = (node.dev, node.ino);
-        if w.state.lock().by_inode.contains_key(&key) {
-            return;
+        {
+            let state = w.state.lock();
+            if state.by_inode.contains_key(&key) {
+                return;
+            }
+            if state.by_wd.len() >= w.max_watches {
+                drop(state);
+                w.cannot_watch(&format!(
+                    "{} directories are watched already (--max-open-files and the \
+                     open-file limit bound them)",
+                    w.max_watches
+                ));
+                return;
+            }
         }
         let path = sys::fd_path(node.fd.as_raw_fd());
         // SAFETY: valid C string; the kernel validates the descriptor.
         let wd = unsafe { libc::inotify_add_watch(w.inotify.as_raw_fd(), path.as_ptr(), MASK) };
         if wd < 0 {
             let e = io::Error::last_os_error();
-            if !w.warned.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    error = %e,
-                    "cannot watch a directory (raise fs.inotify.max_user_watches?); \
-                     clients are told to revalidate everything"
-                );
-            }
-            w.all_pending.store(true, Ordering::Release);
-            w.wake();
+            w.cannot_watch(&format!("{e} (raise fs.inotify.max_user_watches?)"));
             return;
         }
         let watched = Watched {
@@ -156,6 +167,12 @@ impl Subscription {
         let mut state = w.state.lock();
         state.by_wd.insert(wd, watched);
         state.by_inode.insert(key, wd);
+    }
+
+    /// Directories watched now.
+    #[cfg(test)]
+    pub(crate) fn watched(&self) -> usize {
+        self.watcher.state.lock().by_wd.len()
     }
 
     /// Replaces the sink.
@@ -223,6 +240,18 @@ impl Batch {
 }
 
 impl Watcher {
+    /// A directory cannot be watched (`why`): callbacks can no longer be promised, so
+    /// clients are told to revalidate everything (at most once a second); warns once.
+    fn cannot_watch(&self, why: &str) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "cannot watch a directory: {why}; clients are told to revalidate everything"
+            );
+        }
+        self.all_pending.store(true, Ordering::Release);
+        self.wake();
+    }
+
     fn wake(&self) {
         let one = 1u64;
         // SAFETY: writes 8 bytes from a valid u64 to our eventfd; failure (counter full)
@@ -378,7 +407,7 @@ impl LocalOrigin {
             sub.set_sink(sink);
             return true;
         }
-        let sub = match Subscription::start(self.root_dev, sink.clone()) {
+        let sub = match Subscription::start(self.root_dev, self.opts.max_watches, sink.clone()) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "inotify unavailable: no callbacks from this export");

@@ -214,3 +214,28 @@ fn failed_watches_break_everything_at_most_once_a_second() {
         "one All for both"
     );
 }
+
+#[test]
+fn directories_beyond_the_watch_bound_break_everything_instead_of_holding_descriptors() {
+    let d = tempfile::tempdir().unwrap();
+    for n in ["d1", "d2", "d3"] {
+        std::fs::create_dir(d.path().join(n)).unwrap();
+    }
+    // The root and d1 fit; d2 does not.
+    let opts = LocalOptions {
+        read_only: false,
+        max_watches: 2,
+        ..Default::default()
+    };
+    let o = LocalOrigin::new(d.path(), opts).unwrap();
+    let root = o.info().unwrap().root.handle;
+    let rx = subscribe(&o);
+    o.lookup(root, b"d1").unwrap();
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "within the bound nothing is broken"
+    );
+    o.lookup(root, b"d2").unwrap();
+    expect(&rx, "a directory beyond the bound", |b| *b == Break::All);
+    assert_eq!(o.watch.get().unwrap().watched(), 2);
+}
