@@ -136,6 +136,14 @@ impl OpenFiles {
         self.files.read().get(&fh).cloned()
     }
 
+    /// Whether node `ino` is open for writing (until the open's release).
+    pub(crate) fn writing(&self, ino: crate::Ino) -> bool {
+        self.files
+            .read()
+            .values()
+            .any(|of| of.node.ino == ino && of.access.write)
+    }
+
     /// Removes handle `fh`, marking its open file closed.
     pub(crate) fn remove(&self, fh: FileHandle) -> Option<Arc<OpenFile>> {
         let of = self.files.write().remove(&fh)?;

@@ -479,6 +479,15 @@ impl<'a> ChangeSender<'a> {
     fn send_file(&self, g: &mut Inner, root: Handle) -> FsResult<Option<Outcome>> {
         let off = self.off;
         let rec = g.record().clone();
+        // A file open for writing here waits for its writer to close it: sent now, its
+        // later writes would go to the server's file, which may turn out to be somebody
+        // else's version (a conflict), not this client's.
+        if rec.has_content()
+            && let Some(node) = self.fs.nodes.by_file_id(rec.file_id)
+            && self.fs.files.writing(node.ino)
+        {
+            return Ok(None);
+        }
         let loc = rec.origin_loc().to_vec();
         let name = loc.last().expect("a path has a name").clone();
         let Found { dir, entry: found } = self.fs.find(root, &loc)?;

@@ -223,6 +223,31 @@ fn an_upload_whose_write_reply_was_lost_is_sent_again_whole_not_taken_for_a_conf
 }
 
 #[test]
+fn a_file_open_for_writing_is_sent_back_once_its_writer_closes_it() {
+    let base = content(8, 60_000);
+    let (r, reg, f) = offline_rig(&base);
+    r.origin.offline.store(true, Ordering::SeqCst);
+    let o = r.fs.open(f, WRITE, &|f| reg.register(f)).unwrap();
+    r.fs.write(o.fh, 0, b"ours", 1).unwrap();
+    // Meanwhile on the server: a change of its own.
+    std::fs::write(r.export.join("f"), b"theirs").unwrap();
+    r.origin.offline.store(false, Ordering::SeqCst);
+    // Still open for writing: not sent, so later writes cannot land in their version.
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (0, 0, 1));
+    r.fs.write(o.fh, 4, b" too", 1).unwrap();
+    r.fs.flush(f, o.fh, 1).unwrap();
+    r.fs.release(o.fh);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (0, 1, 0));
+    assert_eq!(std::fs::read(r.export.join("f")).unwrap(), b"theirs");
+    let copy = &r.fs.conflicts()[0].copy;
+    let mut ours = base.clone();
+    ours[..8].copy_from_slice(b"ours too");
+    assert!(std::fs::read(r.export.join(copy.trim_start_matches('/'))).unwrap() == ours);
+}
+
+#[test]
 fn an_offline_change_meeting_a_change_on_the_origin_becomes_a_conflict_copy() {
     let base = content(4, 50_000);
     let (r, reg, f) = offline_rig(&base);
