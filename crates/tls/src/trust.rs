@@ -100,15 +100,35 @@ impl ClientTls {
         (expected != presented).then_some((expected, presented))
     }
 
-    /// The name to send and (in CA mode) verify, from `HOST:PORT`.
+    /// The name to send and (in CA mode) verify, from `HOST:PORT`: its host, or
+    /// `hoardfs` when that is not a host name or IP address (fine where the certificate
+    /// is pinned or trusted on first use, which do not look at names).
     pub fn server_name(addr: &str) -> ServerName<'static> {
+        Self::host_name(addr)
+            .unwrap_or_else(|| ServerName::try_from("hoardfs".to_owned()).expect("valid name"))
+    }
+
+    /// [`ClientTls::server_name`], except that in CA mode, where the certificate is
+    /// checked against it, a host that is not a name or an address is refused.
+    pub fn checked_server_name(&self, addr: &str) -> Result<ServerName<'static>, String> {
+        match (&self.verifier.mode, Self::host_name(addr)) {
+            (_, Some(name)) => Ok(name),
+            (Mode::Ca(_), None) => Err(format!(
+                "{addr} has no host name or IP address to check the server's certificate \
+                 against (give HOST:PORT, [IPV6]:PORT)"
+            )),
+            (_, None) => Ok(Self::server_name(addr)),
+        }
+    }
+
+    /// The host of `HOST:PORT` (or `[V6]:PORT`) as a server name, if it is one.
+    fn host_name(addr: &str) -> Option<ServerName<'static>> {
         let host = match addr.rsplit_once(':') {
             Some((h, _)) => h,
             None => addr,
         };
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        ServerName::try_from(host.to_owned())
-            .unwrap_or_else(|_| ServerName::try_from("hoardfs".to_owned()).expect("valid name"))
+        ServerName::try_from(host.to_owned()).ok()
     }
 }
 
@@ -226,5 +246,27 @@ impl ServerCertVerifier for Verifier {
         self.provider
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ca_mode_refuses_an_address_with_no_host_to_check_the_certificate_against() {
+        let d = tempfile::tempdir().unwrap();
+        let ck = rcgen::generate_simple_self_signed(vec!["example.test".to_owned()]).unwrap();
+        let pem = d.path().join("ca.pem");
+        std::fs::write(&pem, ck.cert.pem()).unwrap();
+        let ca = ClientTls::new(Trust::Ca(pem)).unwrap();
+        assert!(ca.checked_server_name("example.test:7070").is_ok());
+        assert!(ca.checked_server_name("[::1]:7070").is_ok());
+        // A bare IPv6 address reads as host ":" and port "1": not a name.
+        let err = ca.checked_server_name("::1").unwrap_err();
+        assert!(err.contains("HOST:PORT"), "{err}");
+        // Pinned and first-use trust do not look at names.
+        let tofu = ClientTls::new(Trust::FirstUse).unwrap();
+        assert!(tofu.checked_server_name("::1").is_ok());
     }
 }

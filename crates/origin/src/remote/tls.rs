@@ -39,8 +39,8 @@ pub(crate) fn handshake(
         };
         OriginError::Security(format!("TLS handshake with {addr} failed: {what}{hint}"))
     };
-    let mut conn = ClientConnection::new(tls.config(), ClientTls::server_name(addr))
-        .map_err(|e| fail(e.to_string()))?;
+    let name = tls.checked_server_name(addr).map_err(fail)?;
+    let mut conn = ClientConnection::new(tls.config(), name).map_err(|e| fail(e.to_string()))?;
     sock.set_read_timeout(Some(timeout.max(Duration::from_millis(1))))
         .map_err(|e| OriginError::Unreachable(e.to_string()))?;
     while conn.is_handshaking() {
