@@ -294,7 +294,8 @@ pub fn sync(a: SyncArgs) -> Result<(), String> {
         Some(0) => Ok(()),
         Some(n) => Err(format!(
             "{n} file(s) changed offline are not on the server yet after {} s (is it \
-             reachable? `hoardfs stats {}`)",
+             reachable? or is one that conflicts there still open for writing here? \
+             see `hoardfs stats {}`)",
             a.timeout,
             mp.display()
         )),

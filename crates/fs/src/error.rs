@@ -54,7 +54,7 @@ impl From<OriginError> for FsError {
     fn from(e: OriginError) -> Self {
         match e {
             OriginError::Fs(w) => FsError::Origin(w),
-            OriginError::Unreachable(m) => FsError::Offline(m),
+            OriginError::Unreachable(m) | OriginError::Lost(m) => FsError::Offline(m),
             OriginError::Timeout(d) => FsError::Offline(format!("no answer within {d:?}")),
             OriginError::Protocol(m) => FsError::Protocol(m),
             OriginError::Security(m) => FsError::Offline(m),

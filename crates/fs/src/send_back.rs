@@ -73,11 +73,13 @@ fn shown(path: &[Vec<u8>]) -> String {
     s
 }
 
-/// An upload that failed: why, and the last version the origin reported for the file
-/// (the version it started from if nothing was written).
+/// An upload that failed: why, the last version the origin reported for the file (the
+/// version it started from if nothing was written), and whether its last request may
+/// have been carried out without an answer (so that the origin's version is not known).
 struct UploadFailed {
     error: FsError,
     last_version: u64,
+    maybe_applied: bool,
 }
 
 impl UploadFailed {
@@ -85,8 +87,27 @@ impl UploadFailed {
         UploadFailed {
             error,
             last_version,
+            maybe_applied: false,
         }
     }
+
+    /// A request to the origin failed with `e`.
+    fn origin(e: hoardfs_origin::OriginError, last_version: u64) -> Self {
+        UploadFailed {
+            maybe_applied: may_have_been_carried_out(&e),
+            error: e.into(),
+            last_version,
+        }
+    }
+}
+
+/// Whether a request that failed with `e` may have been carried out by the origin (it
+/// was sent, and no answer came).
+fn may_have_been_carried_out(e: &hoardfs_origin::OriginError) -> bool {
+    matches!(
+        e,
+        hoardfs_origin::OriginError::Lost(_) | hoardfs_origin::OriginError::Timeout(_)
+    )
 }
 
 /// Sends one change back: the file system and its change log, borrowed for one change.
@@ -479,15 +500,6 @@ impl<'a> ChangeSender<'a> {
     fn send_file(&self, g: &mut Inner, root: Handle) -> FsResult<Option<Outcome>> {
         let off = self.off;
         let rec = g.record().clone();
-        // A file open for writing here waits for its writer to close it: sent now, its
-        // later writes would go to the server's file, which may turn out to be somebody
-        // else's version (a conflict), not this client's.
-        if rec.has_content()
-            && let Some(node) = self.fs.nodes.by_file_id(rec.file_id)
-            && self.fs.files.writing(node.ino)
-        {
-            return Ok(None);
-        }
         let loc = rec.origin_loc().to_vec();
         let name = loc.last().expect("a path has a name").clone();
         let Found { dir, entry: found } = self.fs.find(root, &loc)?;
@@ -573,10 +585,20 @@ impl<'a> ChangeSender<'a> {
                         g.not_started().map_err(crate::offline::kept)?;
                         return Err(w.into());
                     }
-                    // No answer: it may have been made; the record says so (`Uploading`).
-                    Err(e) => return Err(e.into()),
+                    // Sent with no answer: it may have been made; the record says so
+                    // (`Uploading`). Not sent: not made.
+                    Err(e) => {
+                        if !may_have_been_carried_out(&e) {
+                            g.not_started().map_err(crate::offline::kept)?;
+                        }
+                        return Err(e.into());
+                    }
                 }
             }
+            // A conflict copy of a file still open for writing here waits for its
+            // writer to close it: made now, the later writes would go through to the
+            // server's file, which is somebody else's version.
+            (_, Some(_), _) | (_, None, _) if self.writing(&rec) => return Ok(None),
             (_, Some(d), found) => {
                 let reason = match (rec.kind, found) {
                     (Kind::Create, _) => "a file of that name was created on the server",
@@ -724,11 +746,11 @@ impl<'a> ChangeSender<'a> {
     ) -> FsResult<hoardfs_origin::Attr> {
         g.start_upload().map_err(crate::offline::kept)?;
         let attr = self.upload(handle, g, at_start).map_err(|f| {
-            // Cut short by the connection, the last write may have been applied without
-            // its reply: the origin's version is not known, and the change stays
-            // `Uploading` (sent whole again over the same object, as after a crash).
-            // Only a refusal leaves a version to go on from.
-            if !matches!(f.error, FsError::Offline(_))
+            // Cut short after a request was sent, that request may have been carried
+            // out without an answer: the origin's version is not known, and the change
+            // stays `Uploading` (sent whole again over the same object, as after a
+            // crash). Otherwise the version last reported is the one to go on from.
+            if !f.maybe_applied
                 && let Err(io) = g.upload_failed(f.last_version)
             {
                 tracing::warn!("cannot record a failed upload: {io}");
@@ -768,7 +790,7 @@ impl<'a> ChangeSender<'a> {
                     .fs
                     .origin
                     .write(handle, at + done as u64, &piece[done..], false)
-                    .map_err(|e| UploadFailed::new(e.into(), last))?;
+                    .map_err(|e| UploadFailed::origin(e, last))?;
                 last = w.attr.version;
                 if w.written == 0 {
                     return Err(UploadFailed::new(FsError::Origin(WireError::NoSpace), last));
@@ -785,22 +807,30 @@ impl<'a> ChangeSender<'a> {
             .fs
             .origin
             .setattr(handle, &set)
-            .map_err(|e| UploadFailed::new(e.into(), last))?;
+            .map_err(|e| UploadFailed::origin(e, last))?;
         last = attr.version;
         if self.fs.origin.publishes_on_close()
             && let Some((_, a)) = self
                 .fs
                 .origin
                 .flush(handle)
-                .map_err(|e| UploadFailed::new(e.into(), last))?
+                .map_err(|e| UploadFailed::origin(e, last))?
         {
             attr = a;
         }
         self.fs
             .origin
             .fsync(handle, false)
-            .map_err(|e| UploadFailed::new(e.into(), attr.version))?;
+            .map_err(|e| UploadFailed::origin(e, attr.version))?;
         Ok(attr)
+    }
+
+    /// Whether the file of change `rec` is open for writing here.
+    fn writing(&self, rec: &Record) -> bool {
+        self.fs
+            .nodes
+            .by_file_id(rec.file_id)
+            .is_some_and(|node| self.fs.files.writing(node.ino))
     }
 
     /// Creates a conflict copy of `name` in `dir` (see [`conflict_name`]) with the

@@ -32,7 +32,11 @@ pub enum OriginError {
     /// The origin could not be reached (connection refused, reset, not yet reconnected).
     #[error("origin unreachable: {0}")]
     Unreachable(String),
-    /// The origin did not answer in time.
+    /// The connection was lost after the request was sent, before its answer came: the
+    /// origin may have carried it out.
+    #[error("origin unreachable: {0} (the request may have been carried out)")]
+    Lost(String),
+    /// The origin did not answer in time (the request may have been carried out).
     #[error("origin did not answer within {0:?}")]
     Timeout(Duration),
     /// The origin sent something that violates the protocol.
@@ -50,7 +54,10 @@ impl OriginError {
     pub fn is_offline(&self) -> bool {
         matches!(
             self,
-            OriginError::Unreachable(_) | OriginError::Timeout(_) | OriginError::Security(_)
+            OriginError::Unreachable(_)
+                | OriginError::Lost(_)
+                | OriginError::Timeout(_)
+                | OriginError::Security(_)
         )
     }
 }

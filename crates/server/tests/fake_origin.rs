@@ -374,7 +374,8 @@ fn restart_fails_pending_and_reconnects() {
     assert!(eventually(|| origin.reads.load(Ordering::Relaxed) == 1));
     srv.stop();
     let (res, waited) = pending.join().unwrap();
-    assert!(matches!(res, Err(OriginError::Unreachable(_))), "{res:?}");
+    // Sent, and no answer came: it may have been carried out.
+    assert!(matches!(res, Err(OriginError::Lost(_))), "{res:?}");
     assert!(waited < SLOW_READ * 2, "{waited:?}");
     assert!(eventually(|| !o.is_connected()));
     // Down: fails (fast), never hangs.

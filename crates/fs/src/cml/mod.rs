@@ -31,8 +31,11 @@
 //! being sent), and a created file's while the document it is saved over gets its new
 //! change ([`ChangeLog::adopt`], only for a document with no change of its own).
 //! The order: a change's lock → `moves` (a sender making a move, [`ChangeLog::moving`])
-//! → `next_seq` (a new change recorded under [`ChangeLog::at_origin`]) → the table. So
-//! nothing takes a change's lock while holding `moves` or `next_seq`: under `at_origin`
+//! → the locks of the changes inside the moved directory (`moved_under`, skipping the
+//! changes of the pass); and `moves` (a change recorded under [`ChangeLog::at_origin`], by
+//! a thread holding no change's lock) → `next_seq` → the table. So only a sender takes a
+//! change's lock while holding `moves`, and only of changes no other sender holds;
+//! nothing takes a change's lock or `moves` while holding `next_seq`: under `at_origin`
 //! a file is staged with [`ChangeLog::stage_if_new`], and [`ChangeLog::stage`] locks an
 //! existing change only after letting `next_seq` go.
 //!
@@ -346,7 +349,11 @@ impl Inner {
             self.record.kind = was;
             return Err(e);
         }
-        self.staging()?.set_len(0)?;
+        // The removal is recorded: the staged bytes are unused from here on, and failing
+        // to free them is no reason to fail it.
+        if let Err(e) = self.staging().and_then(|f| f.set_len(0)) {
+            tracing::warn!("cannot empty {}: {e}", self.data_path.display());
+        }
         self.size = 0;
         Ok(())
     }

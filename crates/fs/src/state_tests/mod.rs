@@ -55,6 +55,8 @@ struct Scripted {
     lose_write_reply: AtomicUsize,
     /// The next create is applied and its reply lost (the origin then goes away).
     lose_create_reply: AtomicBool,
+    /// The next write fails before it is sent (the origin then goes away).
+    unsent_write: AtomicBool,
 }
 
 impl Scripted {
@@ -77,6 +79,7 @@ impl Scripted {
             after_getattr: Mutex::new(None),
             lose_write_reply: AtomicUsize::new(0),
             lose_create_reply: AtomicBool::new(false),
+            unsent_write: AtomicBool::new(false),
         }
     }
 
@@ -189,13 +192,18 @@ impl Origin for Scripted {
     }
     fn write(&self, handle: Handle, offset: u64, data: &[u8], append: bool) -> Result<WriteReply> {
         self.reachable()?;
+        if self.unsent_write.swap(false, Ordering::SeqCst) {
+            // The connection is gone before the request leaves.
+            self.offline.store(true, Ordering::SeqCst);
+            return Err(OriginError::Unreachable("not sent".into()));
+        }
         let reply = self.inner.write(handle, offset, data, append);
         let left = self.lose_write_reply.load(Ordering::SeqCst);
         if left > 0 {
             self.lose_write_reply.store(left - 1, Ordering::SeqCst);
             if left == 1 {
                 self.offline.store(true, Ordering::SeqCst);
-                return Err(OriginError::Unreachable("the reply was lost".into()));
+                return Err(OriginError::Lost("the reply was lost".into()));
             }
         }
         reply
@@ -220,7 +228,7 @@ impl Origin for Scripted {
         let reply = self.inner.create(parent, name, mode, exclusive, owner);
         if self.lose_create_reply.swap(false, Ordering::SeqCst) {
             self.offline.store(true, Ordering::SeqCst);
-            return Err(OriginError::Unreachable("the reply was lost".into()));
+            return Err(OriginError::Lost("the reply was lost".into()));
         }
         reply
     }

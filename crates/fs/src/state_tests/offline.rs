@@ -248,6 +248,30 @@ fn a_file_open_for_writing_is_sent_back_once_its_writer_closes_it() {
 }
 
 #[test]
+fn an_upload_whose_first_write_was_never_sent_still_meets_a_change_made_meanwhile() {
+    let base = content(9, 100_000);
+    let (r, reg, f) = offline_rig(&base);
+    r.origin.offline.store(true, Ordering::SeqCst);
+    let o = r.fs.open(f, WRITE, &|f| reg.register(f)).unwrap();
+    r.fs.write(o.fh, 0, b"ours", 1).unwrap();
+    r.fs.release(o.fh);
+    // Back, but the connection is gone before the upload's first write leaves.
+    r.origin.offline.store(false, Ordering::SeqCst);
+    r.origin.unsent_write.store(true, Ordering::SeqCst);
+    assert_eq!(r.fs.reintegrate().left, 1);
+    assert!(
+        std::fs::read(r.export.join("f")).unwrap() == base,
+        "nothing was written"
+    );
+    // Meanwhile on the server: a change of somebody else's, which must not be overwritten.
+    std::fs::write(r.export.join("f"), b"theirs").unwrap();
+    r.origin.offline.store(false, Ordering::SeqCst);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (0, 1, 0));
+    assert_eq!(std::fs::read(r.export.join("f")).unwrap(), b"theirs");
+}
+
+#[test]
 fn an_offline_change_meeting_a_change_on_the_origin_becomes_a_conflict_copy() {
     let base = content(4, 50_000);
     let (r, reg, f) = offline_rig(&base);

@@ -54,7 +54,8 @@ struct Shared {
 }
 
 impl Shared {
-    /// Marks the connection dead and wakes every waiting caller with `Unreachable`.
+    /// Marks the connection dead and wakes every waiting caller with `Lost` (their
+    /// requests were sent, or their sending fails and says so).
     fn kill(&self, reason: &str) {
         let was_alive = self.alive.swap(false, Ordering::SeqCst);
         let waiters = self.pending.lock().take();
@@ -64,7 +65,7 @@ impl Shared {
             self.deliver(vec![Break::All]);
         }
         for (_, w) in waiters.into_iter().flatten() {
-            let _ = w.try_send(Err(OriginError::Unreachable(format!(
+            let _ = w.try_send(Err(OriginError::Lost(format!(
                 "connection to {} lost: {reason}",
                 self.peer
             ))));
@@ -256,7 +257,11 @@ impl Conn {
                 }
                 Err(OriginError::Timeout(timeout))
             }
-            Err(RecvTimeoutError::Disconnected) => Err(self.dead_error()),
+            // Sent, and the connection died before the answer.
+            Err(RecvTimeoutError::Disconnected) => Err(OriginError::Lost(format!(
+                "connection to {} lost",
+                self.shared.peer
+            ))),
         }
     }
 
