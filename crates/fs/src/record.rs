@@ -162,10 +162,15 @@ impl Record {
         matches!(self.kind, Kind::Create | Kind::Mkdir | Kind::Symlink) && self.created.is_none()
     }
 
-    /// Whether a `Create` may have reached the origin, with its content not all sent: made
-    /// there, or its create sent with no answer recorded (the upload began).
+    /// Whether an object made here may have reached the origin without being done: a
+    /// `Create` made there with its content not all sent, or any creation sent with no
+    /// answer recorded (it began: `Uploading`).
     pub fn create_in_flight(&self) -> bool {
-        self.kind == Kind::Create && (self.created.is_some() || self.phase == Phase::Uploading)
+        match self.kind {
+            Kind::Create => self.created.is_some() || self.phase == Phase::Uploading,
+            Kind::Mkdir | Kind::Symlink => self.created.is_none() && self.phase == Phase::Uploading,
+            _ => false,
+        }
     }
 
     /// The origin's id of the object (this client's own id until it was made there).

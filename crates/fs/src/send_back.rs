@@ -411,6 +411,9 @@ impl<'a> ChangeSender<'a> {
             let Found { dir, entry: found } = self.fs.find(root, &at)?;
             let taken = match (dir, found) {
                 (Some(d), None) => {
+                    // Recorded as on its way first: an answer lost leaves it perhaps
+                    // made, neither cancelled nor made elsewhere meanwhile.
+                    g.start_upload().map_err(kept)?;
                     let made = if is_dir {
                         self.fs.origin.mkdir(d, name, u32::from(rec.perm), owner)
                     } else {
@@ -421,8 +424,16 @@ impl<'a> ChangeSender<'a> {
                             g.made(e.attr.file_id).map_err(kept)?;
                             return Ok(Outcome::Created(e, None));
                         }
-                        Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => true,
-                        Err(e) => return Err(e.into()),
+                        Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => {
+                            g.not_started().map_err(kept)?;
+                            true
+                        }
+                        Err(e) => {
+                            if !may_have_been_carried_out(&e) {
+                                g.not_started().map_err(kept)?;
+                            }
+                            return Err(e.into());
+                        }
                     }
                 }
                 // The same made on the server too (or by this client before a crash).

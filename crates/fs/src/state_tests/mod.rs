@@ -53,7 +53,7 @@ struct Scripted {
     /// Writes left until one is applied and its reply lost (the origin then goes away);
     /// 0: none.
     lose_write_reply: AtomicUsize,
-    /// The next create is applied and its reply lost (the origin then goes away).
+    /// The next create or mkdir is applied and its reply lost (the origin then goes away).
     lose_create_reply: AtomicBool,
     /// The next write fails before it is sent (the origin then goes away).
     unsent_write: AtomicBool,
@@ -152,7 +152,12 @@ impl Origin for Scripted {
         owner: hoardfs_origin::Owner,
     ) -> Result<Entry> {
         self.reachable()?;
-        self.inner.mkdir(parent, name, mode, owner)
+        let reply = self.inner.mkdir(parent, name, mode, owner);
+        if self.lose_create_reply.swap(false, Ordering::SeqCst) {
+            self.offline.store(true, Ordering::SeqCst);
+            return Err(OriginError::Lost("the reply was lost".into()));
+        }
+        reply
     }
     fn symlink(
         &self,

@@ -638,3 +638,28 @@ fn a_file_whose_create_got_no_answer_is_neither_removed_nor_renamed_until_sent()
     assert!(!r.export.join("m").exists());
     assert_eq!(dir_of(&r, ""), ["f", "n"]);
 }
+
+#[test]
+fn a_directory_whose_mkdir_got_no_answer_leaves_no_orphan_on_the_server() {
+    // (The removal and the rename are refused here for other reasons too, such as the
+    // directory's listing being unknown after the cut pass: this checks the outcome,
+    // not which rule gives it.)
+    let (r, _reg, _) = offline_rig(b"f");
+    r.fs.listing(ROOT_INO).unwrap();
+    offline(&r, true);
+    r.fs.mkdir(ROOT_INO, b"d", 0o755, ME).unwrap();
+    offline(&r, false);
+    r.origin.lose_create_reply.store(true, Ordering::SeqCst);
+    assert_eq!(r.fs.reintegrate().left, 1);
+    assert!(r.export.join("d").is_dir(), "the mkdir was applied");
+    let refused = r.fs.rmdir(ROOT_INO, b"d");
+    assert!(matches!(refused, Err(FsError::Offline(_))), "{refused:?}");
+    assert!(matches!(
+        r.fs.rename(ROOT_INO, b"d", ROOT_INO, b"e", 0),
+        Err(FsError::Offline(_))
+    ));
+    offline(&r, false);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (1, 0, 0));
+    assert_eq!(dir_of(&r, ""), ["d", "f"]);
+}
