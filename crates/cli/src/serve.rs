@@ -330,9 +330,9 @@ impl FdBudget {
                 "keeping fewer files open than the default, to fit the open-file limit"
             );
         }
-        // The rest: a quarter for watched directories, the remainder for handles.
+        // The rest: half for watched directories, half for handles.
         let rest = total.saturating_sub(connections_fit + 2 * open_fit);
-        let watches = (rest / 4).clamp(16, Self::MAX_HANDLES / 4);
+        let watches = (rest / 2).clamp(16, Self::MAX_HANDLES / 2);
         let handles = rest.saturating_sub(watches).clamp(16, Self::MAX_HANDLES);
         FdBudget {
             connections: connections_fit,
@@ -410,7 +410,7 @@ mod tests {
         let b = FdBudget::split(1 << 20, 1024, None);
         assert_eq!(
             (b.connections, b.open_files, b.handles, b.watches),
-            (1024, 4096, 500_000, 125_000)
+            (1024, 4096, 500_000, 250_000)
         );
         // The common default soft limit: a quarter and two eighths of what is left after
         // the reserve, and handles and watched directories share the rest.

@@ -256,6 +256,17 @@ impl LocalOrigin {
         Ok(self.register(fd, &st))
     }
 
+    /// A directory used again: watched if it is not (a directory refused a watch, over
+    /// the bound, is refused again at each use, so that clients keep being told to
+    /// revalidate while they use it, rather than trust a callback nobody keeps).
+    fn keep_watching(&self, node: &Arc<Node>) {
+        if node.kind == FileKind::Dir
+            && let Some(sub) = self.watch.get()
+        {
+            sub.watch_dir(node);
+        }
+    }
+
     /// Registers the object open (`O_PATH`) at `fd`, whose `stat` is `st`, in the handle
     /// table; a directory also gets an inotify watch once [`Origin::subscribe`] was called.
     fn register(&self, fd: OwnedFd, st: &libc::stat) -> Entry {
@@ -312,6 +323,7 @@ impl Origin for LocalOrigin {
 
     fn getattr(&self, handle: Handle) -> Result<Attr> {
         let node = self.handles.get(handle)?;
+        self.keep_watching(&node);
         let st = sys::fstat(node.fd.as_raw_fd()).map_err(werr)?;
         Ok(sys::attr_of(&st, self.file_id(&st)))
     }
@@ -321,6 +333,7 @@ impl Origin for LocalOrigin {
         if node.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
+        self.keep_watching(&node);
         self.live_stat(&node)?;
         let mut stream = sys::DirStream::open(node.fd.as_raw_fd()).map_err(werr)?;
         if cookie != 0 {

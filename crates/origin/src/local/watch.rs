@@ -436,8 +436,15 @@ impl LocalOrigin {
             }
         });
         // Directories registered from now on are watched by `register`; these are the
-        // ones registered before.
-        for node in self.handles.dirs() {
+        // ones registered before, the root first (within the bound whatever happens).
+        let root = self
+            .handles
+            .get(self.root_handle())
+            .ok()
+            .map(|n| (n.dev, n.ino));
+        let mut dirs = self.handles.dirs();
+        dirs.sort_by_key(|n| Some((n.dev, n.ino)) != root);
+        for node in dirs {
             sub.watch_dir(&node);
             if let Some(o) = outside {
                 o.watch_dir(&node);

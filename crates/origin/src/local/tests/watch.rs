@@ -235,7 +235,23 @@ fn directories_beyond_the_watch_bound_break_everything_instead_of_holding_descri
         rx.recv_timeout(Duration::from_millis(200)).is_err(),
         "within the bound nothing is broken"
     );
-    o.lookup(root, b"d2").unwrap();
+    let d2 = o.lookup(root, b"d2").unwrap();
     expect(&rx, "a directory beyond the bound", |b| *b == Break::All);
     assert_eq!(o.watch.get().unwrap().watched(), 2);
+    // Used again (a client revalidating it), it is refused again: clients keep being
+    // told, rather than trust a callback on it that nobody keeps.
+    while rx.try_recv().is_ok() {}
+    o.getattr(d2.handle).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut again = false;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        if let Ok(Break::All) = rx.recv_timeout(left) {
+            again = true;
+            break;
+        }
+    }
+    assert!(
+        again,
+        "no Break::All for the unwatched directory used again"
+    );
 }
