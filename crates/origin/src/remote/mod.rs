@@ -683,9 +683,15 @@ fn handshake(
                 "{addr} is serving as many clients as it allows (its --max-connections); \
                  try again later"
             )),
-            OriginError::Unreachable(_) if security.tls.is_none() => OriginError::Unreachable(
-                format!("{addr} closed the connection at the handshake (a TLS server? drop --insecure-plaintext)"),
-            ),
+            OriginError::Unreachable(_) | OriginError::Lost(_) if security.tls.is_none() => {
+                OriginError::Unreachable(format!(
+                    "{addr} closed the connection at the handshake (a TLS server? drop \
+                     --insecure-plaintext)"
+                ))
+            }
+            // (A hello changes nothing on the server: one lost on the way is no more than
+            // a connection that could not be made.)
+            OriginError::Lost(m) => OriginError::Unreachable(m),
             e => e,
         })?;
     match validate::answer(&validate::Expect::Hello, answer)? {
