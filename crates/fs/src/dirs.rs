@@ -16,7 +16,7 @@ use hoardfs_origin::{DirEntry, FileKind, OriginError, WireError};
 
 use crate::nodes::{Ino, Node};
 use crate::trees::{DirStamp, Kept};
-use crate::{FsError, FsResult, HoardFs, ListedNode, MAX_LISTING};
+use crate::{FsError, FsResult, HoardFs, ListedNode, MAX_LISTING, MAX_LISTING_NAME_BYTES};
 
 /// A directory listing snapshot.
 #[derive(Debug)]
@@ -247,12 +247,20 @@ impl HoardFs {
             let mut entries = Vec::new();
             let mut cookie = 0;
             let mut pages = 0;
+            let mut name_bytes = 0;
             loop {
                 let page = self.origin.readdir(h, cookie, 1024)?;
                 pages += 1;
                 if entries.len() + page.entries.len() + pages > MAX_LISTING {
                     return Err(OriginError::Protocol(format!(
                         "directory listing longer than {MAX_LISTING} entries"
+                    )));
+                }
+                name_bytes += page.entries.iter().map(|e| e.name.len()).sum::<usize>();
+                if name_bytes > MAX_LISTING_NAME_BYTES {
+                    return Err(OriginError::Protocol(format!(
+                        "directory listing with more than {} MiB of names",
+                        MAX_LISTING_NAME_BYTES >> 20
                     )));
                 }
                 entries.extend(page.entries);

@@ -24,6 +24,8 @@ struct Odd {
     write_extra: u32,
     /// Directory pages never end: each is empty and names the next cookie.
     endless: bool,
+    /// Directory pages never end: each holds 1024 entries with 255-byte names.
+    endless_long_names: bool,
     /// Reads return this many bytes more than asked.
     read_extra: usize,
 }
@@ -73,6 +75,27 @@ impl Origin for Odd {
         if self.endless {
             return Ok(DirPage {
                 entries: Vec::new(),
+                next: Some(cookie + 1),
+            });
+        }
+        if self.endless_long_names {
+            let root = self.inner.getattr(dir)?;
+            let entry = hoardfs_origin::Entry {
+                handle: dir,
+                attr: root,
+            };
+            let entries = (0..1024u64)
+                .map(|i| {
+                    let mut name = format!("{cookie}-{i}-").into_bytes();
+                    name.resize(255, b'x');
+                    hoardfs_origin::DirEntry {
+                        name,
+                        entry: entry.clone(),
+                    }
+                })
+                .collect();
+            return Ok(DirPage {
+                entries,
                 next: Some(cookie + 1),
             });
         }
@@ -143,6 +166,7 @@ fn odd(export: &std::path::Path, size: Option<u64>) -> Odd {
         write_offset: None,
         write_extra: 0,
         endless: false,
+        endless_long_names: false,
         read_extra: 0,
     }
 }
@@ -229,6 +253,19 @@ fn a_listing_that_never_ends_is_an_error() {
     o.endless = true;
     let fs = fs_over(o, None);
     assert!(matches!(fs.listing(ROOT_INO), Err(FsError::Protocol(_))));
+}
+
+#[test]
+fn a_listing_of_endless_long_names_is_an_error_before_its_entry_bound() {
+    let t = tempfile::tempdir().unwrap();
+    let mut o = odd(t.path(), None);
+    o.endless_long_names = true;
+    let fs = fs_over(o, None);
+    let err = fs.listing(ROOT_INO).unwrap_err();
+    assert!(
+        matches!(&err, FsError::Protocol(m) if m.contains("MiB of names")),
+        "{err:?}"
+    );
 }
 
 #[test]

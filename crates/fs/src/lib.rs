@@ -71,6 +71,10 @@ pub(crate) const WARM_PER_LISTING: usize = 1024;
 /// with further pages (each with a new cookie) cannot make a listing grow without bound.
 pub(crate) const MAX_LISTING: usize = 1 << 22;
 
+/// Bytes of names in one directory listing at most (a server answering with long names
+/// would otherwise make the entry bound hold about a gibibyte).
+pub(crate) const MAX_LISTING_NAME_BYTES: usize = 128 << 20;
+
 /// Tunables of a mount.
 #[derive(Debug, Clone)]
 pub struct FsConfig {

@@ -134,6 +134,19 @@ impl<'a> ChangeSender<'a> {
         if g.is_gone() {
             return Ok(None);
         }
+        // A change of the export root's own attributes (logged by an earlier build) has
+        // no path to be sent to: it is dropped, and listed.
+        if g.record().path.is_empty() {
+            let c = Conflict {
+                at: now_secs(),
+                path: "/".into(),
+                copy: "/".into(),
+                reason: "permissions or times of the export's root changed offline: not \
+                         applied (they need the server)"
+                    .into(),
+            };
+            return self.finish_change(p, g, Outcome::Conflict(c), None);
+        }
         let root = self.fs.origin.info()?.root.handle;
         let mut noted = None;
         let before = g.record().path.clone();

@@ -663,3 +663,16 @@ fn a_directory_whose_mkdir_got_no_answer_leaves_no_orphan_on_the_server() {
     assert_eq!((done.sent, done.conflicts, done.left), (1, 0, 0));
     assert_eq!(dir_of(&r, ""), ["d", "f"]);
 }
+
+#[test]
+fn a_logged_change_of_the_roots_attributes_is_dropped_and_listed_not_retried() {
+    // (Logged by an earlier build, which took the root's attributes offline.)
+    let (r, _reg, _) = offline_rig(b"f");
+    let root = r.fs.getattr(ROOT_INO).unwrap().attr;
+    let off = r.fs.offline.as_ref().unwrap();
+    off.log.stage_meta(Vec::new(), None, &root).unwrap();
+    assert_eq!(r.fs.pending_changes(), 1);
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (0, 1, 0));
+    assert_eq!(r.fs.conflicts()[0].path, "/");
+}
