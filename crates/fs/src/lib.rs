@@ -39,6 +39,7 @@ mod snapshot;
 mod stats;
 mod trees;
 mod unlinked;
+mod upload;
 mod write;
 
 use std::sync::{Arc, OnceLock};

@@ -40,10 +40,8 @@ use crate::nodes::Ino;
 use crate::offline::OfflineWrites;
 use crate::reintegrate::Found;
 use crate::replay_order::parking;
+use crate::upload::upload;
 use crate::{FsError, FsResult, HoardFs};
-
-/// Bytes per write when sending a staged file back.
-const PIECE: usize = 1 << 20;
 
 /// How a change went back.
 pub(crate) enum Outcome {
@@ -71,43 +69,6 @@ fn shown(path: &[Vec<u8>]) -> String {
         s.push_str(&String::from_utf8_lossy(c));
     }
     s
-}
-
-/// An upload that failed: why, the last version the origin reported for the file (the
-/// version it started from if nothing was written), and whether its last request may
-/// have been carried out without an answer (so that the origin's version is not known).
-struct UploadFailed {
-    error: FsError,
-    last_version: u64,
-    maybe_applied: bool,
-}
-
-impl UploadFailed {
-    fn new(error: FsError, last_version: u64) -> Self {
-        UploadFailed {
-            error,
-            last_version,
-            maybe_applied: false,
-        }
-    }
-
-    /// A request to the origin failed with `e`.
-    fn origin(e: hoardfs_origin::OriginError, last_version: u64) -> Self {
-        UploadFailed {
-            maybe_applied: may_have_been_carried_out(&e),
-            error: e.into(),
-            last_version,
-        }
-    }
-}
-
-/// Whether a request that failed with `e` may have been carried out by the origin (it
-/// was sent, and no answer came).
-fn may_have_been_carried_out(e: &hoardfs_origin::OriginError) -> bool {
-    matches!(
-        e,
-        hoardfs_origin::OriginError::Lost(_) | hoardfs_origin::OriginError::Timeout(_)
-    )
 }
 
 /// Sends one change back: the file system and its change log, borrowed for one change.
@@ -442,7 +403,7 @@ impl<'a> ChangeSender<'a> {
                             true
                         }
                         Err(e) => {
-                            if !may_have_been_carried_out(&e) {
+                            if !e.maybe_carried_out() {
                                 g.not_started().map_err(kept)?;
                             }
                             return Err(e.into());
@@ -612,7 +573,7 @@ impl<'a> ChangeSender<'a> {
                     // Sent with no answer: it may have been made; the record says so
                     // (`Uploading`). Not sent: not made.
                     Err(e) => {
-                        if !may_have_been_carried_out(&e) {
+                        if !e.maybe_carried_out() {
                             g.not_started().map_err(crate::offline::kept)?;
                         }
                         return Err(e.into());
@@ -769,7 +730,7 @@ impl<'a> ChangeSender<'a> {
         at_start: u64,
     ) -> FsResult<hoardfs_origin::Attr> {
         g.start_upload().map_err(crate::offline::kept)?;
-        let attr = self.upload(handle, g, at_start).map_err(|f| {
+        let attr = upload(&*self.fs.origin, handle, g, at_start).map_err(|f| {
             // Cut short after a request was sent, that request may have been carried
             // out without an answer: the origin's version is not known, and the change
             // stays `Uploading` (sent whole again over the same object, as after a
@@ -785,67 +746,6 @@ impl<'a> ChangeSender<'a> {
         // goes on only over this very version, never over somebody else's change.
         g.upload_failed(attr.version)
             .map_err(crate::offline::kept)?;
-        Ok(attr)
-    }
-
-    /// Writes the staged content over the object at `handle` (at version `at_start`):
-    /// every byte, then the size, then publishes (origins that publish at close) and
-    /// fsyncs; returns the file's attributes after. On failure, also the last version the
-    /// origin reported for it (`at_start` if nothing was written).
-    fn upload(
-        &self,
-        handle: Handle,
-        g: &Inner,
-        at_start: u64,
-    ) -> Result<hoardfs_origin::Attr, UploadFailed> {
-        let mut last = at_start;
-        let size = g.size();
-        let mut at = 0u64;
-        while at < size {
-            let piece = g
-                .read(at, PIECE)
-                .map_err(|e| UploadFailed::new(crate::offline::kept(e), last))?;
-            if piece.is_empty() {
-                break;
-            }
-            let mut done = 0;
-            while done < piece.len() {
-                let w = self
-                    .fs
-                    .origin
-                    .write(handle, at + done as u64, &piece[done..], false)
-                    .map_err(|e| UploadFailed::origin(e, last))?;
-                last = w.attr.version;
-                if w.written == 0 {
-                    return Err(UploadFailed::new(FsError::Origin(WireError::NoSpace), last));
-                }
-                done += w.written as usize;
-            }
-            at += piece.len() as u64;
-        }
-        let set = SetAttrs {
-            size: Some(size),
-            ..Default::default()
-        };
-        let mut attr = self
-            .fs
-            .origin
-            .setattr(handle, &set)
-            .map_err(|e| UploadFailed::origin(e, last))?;
-        last = attr.version;
-        if self.fs.origin.publishes_on_close()
-            && let Some((_, a)) = self
-                .fs
-                .origin
-                .flush(handle)
-                .map_err(|e| UploadFailed::origin(e, last))?
-        {
-            attr = a;
-        }
-        self.fs
-            .origin
-            .fsync(handle, false)
-            .map_err(|e| UploadFailed::origin(e, attr.version))?;
         Ok(attr)
     }
 
@@ -870,7 +770,7 @@ impl<'a> ChangeSender<'a> {
                 .origin
                 .create(dir, n, u32::from(rec.perm), true, owner)
         })?;
-        self.upload(handle, g, attr.version).map_err(|f| f.error)?;
+        upload(&*self.fs.origin, handle, g, attr.version).map_err(|f| f.error)?;
         Ok(copy)
     }
 }

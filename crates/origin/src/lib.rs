@@ -60,6 +60,12 @@ impl OriginError {
                 | OriginError::Security(_)
         )
     }
+
+    /// True when the request was sent and no answer came (the connection was lost, or
+    /// the answer was late): the origin may have carried it out.
+    pub fn maybe_carried_out(&self) -> bool {
+        matches!(self, OriginError::Lost(_) | OriginError::Timeout(_))
+    }
 }
 
 /// What the origin says about itself at connection time.

@@ -16,6 +16,12 @@ use super::conflicts::{conflict_line, parse_conflict};
 use super::{Conflict, Inner, Kind, LocalChange, Pending, Record, is_under, now_secs};
 use crate::record::{decode, encode};
 
+/// The next change number (numbers are never reused), taken from `next_seq`'s value.
+fn take_seq(next: &mut u64) -> u64 {
+    *next += 1;
+    *next - 1
+}
+
 /// Why a change left by an earlier mount cannot be loaded.
 #[derive(Debug, thiserror::Error)]
 enum Unloadable {
@@ -398,8 +404,7 @@ impl ChangeLog {
         object: &CachedObject,
     ) -> std::io::Result<Arc<Pending>> {
         let mut next = next;
-        let seq = *next;
-        *next += 1;
+        let seq = take_seq(&mut next);
         let size = self.copy_to_staging(seq, object)?;
         let mut record = Record::new(seq, path, base, Kind::Store);
         record.origin_path = origin.filter(|o| *o != record.path);
@@ -463,8 +468,7 @@ impl ChangeLog {
         from: &Path,
     ) -> std::io::Result<Arc<Pending>> {
         let mut next = self.next_seq.lock();
-        let seq = *next;
-        *next += 1;
+        let seq = take_seq(&mut next);
         let data_path = self.dir.join(format!("{seq:016}.data"));
         let mut record = Record::new(seq, path, base, Kind::Store);
         record.origin_path = origin.filter(|o| *o != record.path);
@@ -509,8 +513,7 @@ impl ChangeLog {
         if let Some(p) = self.get(attr.file_id) {
             return Ok(p);
         }
-        let seq = *next;
-        *next += 1;
+        let seq = take_seq(&mut next);
         let data_path = self.dir.join(format!("{seq:016}.data"));
         let f = File::create(&data_path)?;
         f.sync_all()?;
