@@ -27,7 +27,6 @@ use std::io;
 use std::io::IoSlice;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
-use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::AtomicUsize;
@@ -44,14 +43,20 @@ use log::warn;
 
 use crate::Filesystem;
 use crate::channel::Channel;
-use crate::channel::ChannelSender;
 use crate::ll::Operation;
 use crate::ll::fuse_abi::fuse_in_header;
-use crate::passthrough::BackingId;
 use crate::reply::ReplyEmpty;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
 use crate::session::SessionEventLoop;
+
+mod slot;
+
+use slot::EntInOut;
+use slot::EntryBufs;
+use slot::ReqHeader;
+pub(crate) use slot::RingReply;
+pub(crate) use slot::RingSlot;
 
 /// `enum fuse_uring_cmd` (include/uapi/linux/fuse.h, 7.42).
 const CMD_REGISTER: u32 = 1;
@@ -92,145 +97,6 @@ impl Default for RingConfig {
         RingConfig {
             threads_per_queue: 4,
         }
-    }
-}
-
-/// `struct fuse_uring_ent_in_out`.
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-struct EntInOut {
-    flags: u64,
-    commit_id: u64,
-    payload_sz: u32,
-    padding: u32,
-    reserved: u64,
-}
-
-/// `struct fuse_uring_req_header`: the entry's first buffer.
-#[repr(C)]
-#[derive(Debug)]
-struct ReqHeader {
-    in_out: [u8; IN_OUT_HEADER_SZ],
-    op_in: [u8; OP_IN_OUT_SZ],
-    ent: EntInOut,
-}
-
-/// One ring entry's buffers. The kernel writes a request into them (through the addresses
-/// registered with `CMD_REGISTER`, which never move: both are boxed) while the entry is
-/// with it, that is from a commit until the next completion; the daemon reads the request
-/// and writes the reply between a completion and the next commit.
-#[derive(Debug)]
-struct EntryBufs {
-    header: Box<ReqHeader>,
-    payload: Box<[u8]>,
-    /// Set once the reply for the request now in the buffers is written.
-    replied: bool,
-    /// Counts the requests the entry received, so that a reply is taken only for the
-    /// request it was made for (a late reply to an earlier one is refused).
-    seq: u64,
-}
-
-/// The reply slot of one ring entry, shared between its ring thread and whatever thread
-/// sends the reply.
-#[derive(Debug)]
-pub(crate) struct RingSlot {
-    bufs: Mutex<EntryBufs>,
-    replied: Condvar,
-}
-
-impl RingSlot {
-    fn wait_for_reply(&self) {
-        let mut bufs = self.bufs.lock();
-        while !bufs.replied {
-            self.replied.wait(&mut bufs);
-        }
-    }
-}
-
-/// Sends one request's reply into its ring entry (a [`ReplySender`] variant). Passthrough
-/// backing files are opened on `/dev/fuse`, as those ioctls do not go through the ring.
-#[derive(Debug, Clone)]
-pub(crate) struct RingReply {
-    slot: Arc<RingSlot>,
-    /// The entry's request this reply answers (`EntryBufs::seq`).
-    seq: u64,
-    ch: ChannelSender,
-}
-
-impl RingReply {
-    pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
-        let mut guard = self.slot.bufs.lock();
-        let bufs = &mut *guard;
-        if bufs.seq != self.seq {
-            return Err(io::Error::other(
-                "reply to a ring request already answered (EIO after a panic)",
-            ));
-        }
-        if bufs.replied {
-            return Err(io::Error::other("second reply to one ring request"));
-        }
-        // The reply is a `fuse_out_header` followed by its arguments; the header goes to the
-        // entry's header area, the arguments to its payload.
-        let mut header = [0u8; OUT_HEADER_SZ];
-        let mut at = 0usize;
-        let mut payload_sz = 0usize;
-        let mut too_long = false;
-        for slice in data {
-            let mut s: &[u8] = slice;
-            if at < OUT_HEADER_SZ {
-                let n = s.len().min(OUT_HEADER_SZ - at);
-                header[at..at + n].copy_from_slice(&s[..n]);
-                at += n;
-                s = &s[n..];
-            }
-            if s.is_empty() {
-                continue;
-            }
-            match bufs.payload.get_mut(payload_sz..payload_sz + s.len()) {
-                Some(dst) => dst.copy_from_slice(s),
-                None => too_long = true,
-            }
-            payload_sz += s.len();
-        }
-        let short = at < OUT_HEADER_SZ;
-        if short {
-            // Not a reply: the request (whose header is still in the entry) is answered
-            // EIO all the same, as its entry waits for an answer to be committed.
-            error!("ring reply of {at} bytes is shorter than its header");
-            header = [0u8; OUT_HEADER_SZ];
-            header[8..16].copy_from_slice(&bufs.header.in_out[8..16]);
-        }
-        if short || too_long {
-            // Too long cannot happen for replies the kernel sized (a READ's reply is at most
-            // its size, which is at most max_pages); answer EIO rather than truncate.
-            if too_long {
-                error!("ring reply of {payload_sz} bytes exceeds the entry's payload buffer");
-            }
-            header[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
-            payload_sz = 0;
-        }
-        let len = (OUT_HEADER_SZ + payload_sz) as u32;
-        header[0..4].copy_from_slice(&len.to_ne_bytes());
-        bufs.header.in_out = [0; IN_OUT_HEADER_SZ];
-        bufs.header.in_out[..OUT_HEADER_SZ].copy_from_slice(&header);
-        bufs.header.ent.payload_sz = payload_sz as u32;
-        bufs.replied = true;
-        drop(guard);
-        // (Only the entry's ring thread waits. parking_lot's condvar makes no system call
-        // when nobody waits, std's always wakes the futex: one call per request.)
-        self.slot.replied.notify_one();
-        if short {
-            return Err(io::Error::other("reply shorter than its header"));
-        }
-        Ok(())
-    }
-
-    pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> io::Result<BackingId> {
-        self.ch.open_backing(fd)
-    }
-
-    pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
-        unsafe { self.ch.wrap_backing(id) }
     }
 }
 
