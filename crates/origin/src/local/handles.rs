@@ -32,6 +32,9 @@ pub struct Node {
     /// The mtime (nanoseconds since the epoch) this server last moved the file to
     /// (`outside`); 0: never.
     bumped_to: AtomicI64,
+    /// A directory known to have an inotify watch (see `watch`), so that using it again
+    /// costs no look at the watcher's table.
+    watched: std::sync::atomic::AtomicBool,
 }
 
 /// The origin of [`Node`]'s I/O times.
@@ -47,7 +50,18 @@ impl Node {
             ino,
             last_io: AtomicU64::new(0),
             bumped_to: AtomicI64::new(0),
+            watched: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether this directory is known to be watched.
+    pub fn is_watched(&self) -> bool {
+        self.watched.load(Ordering::Relaxed)
+    }
+
+    /// Records that this directory is watched.
+    pub fn set_watched(&self) {
+        self.watched.store(true, Ordering::Relaxed);
     }
 
     /// The mtime this server last moved the file to (nanoseconds since the epoch; 0:

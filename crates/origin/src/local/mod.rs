@@ -261,6 +261,7 @@ impl LocalOrigin {
     /// revalidate while they use it, rather than trust a callback nobody keeps).
     fn keep_watching(&self, node: &Arc<Node>) {
         if node.kind == FileKind::Dir
+            && !node.is_watched()
             && let Some(sub) = self.watch.get()
         {
             sub.watch_dir(node);

@@ -140,15 +140,19 @@ impl Subscription {
         {
             let state = w.state.lock();
             if state.by_inode.contains_key(&key) {
+                node.set_watched();
                 return;
             }
             if state.by_wd.len() >= w.max_watches {
                 drop(state);
-                w.cannot_watch(&format!(
-                    "{} directories are watched already (--max-open-files and the \
-                     open-file limit bound them)",
-                    w.max_watches
-                ));
+                w.cannot_watch(|| {
+                    format!(
+                        "{} directories are watched already (each holds a descriptor: the \
+                         bound is half of what the open-file limit leaves after connections \
+                         and open files)",
+                        w.max_watches
+                    )
+                });
                 return;
             }
         }
@@ -157,13 +161,14 @@ impl Subscription {
         let wd = unsafe { libc::inotify_add_watch(w.inotify.as_raw_fd(), path.as_ptr(), MASK) };
         if wd < 0 {
             let e = io::Error::last_os_error();
-            w.cannot_watch(&format!("{e} (raise fs.inotify.max_user_watches?)"));
+            w.cannot_watch(|| format!("{e} (raise fs.inotify.max_user_watches?)"));
             return;
         }
         let watched = Watched {
             dir_id: file_id_of(w.root_dev, node.dev, node.ino),
             node: node.clone(),
         };
+        node.set_watched();
         let mut state = w.state.lock();
         state.by_wd.insert(wd, watched);
         state.by_inode.insert(key, wd);
@@ -242,14 +247,16 @@ impl Batch {
 impl Watcher {
     /// A directory cannot be watched (`why`): callbacks can no longer be promised, so
     /// clients are told to revalidate everything (at most once a second); warns once.
-    fn cannot_watch(&self, why: &str) {
+    fn cannot_watch(&self, why: impl FnOnce() -> String) {
         if !self.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
-                "cannot watch a directory: {why}; clients are told to revalidate everything"
+                "cannot watch a directory: {}; clients are told to revalidate everything",
+                why()
             );
         }
-        self.all_pending.store(true, Ordering::Release);
-        self.wake();
+        if !self.all_pending.swap(true, Ordering::AcqRel) {
+            self.wake();
+        }
     }
 
     fn wake(&self) {
