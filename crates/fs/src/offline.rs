@@ -454,16 +454,16 @@ impl HoardFs {
     }
 }
 
-/// Whether nothing has `node` open, waiting up to 0.2 s (on the node's releases) for
-/// that: the kernel sends the RELEASE of a closed descriptor without waiting for it, so
-/// a file closed just before may still count as open for a moment.
+/// Offline removals waiting for a release on its way: at most two at once (the others
+/// do not wait, so that waiting FUSE threads cannot starve the releases), each 0.2 s.
+static CLOSING: crate::nodes::ReleaseWaits =
+    crate::nodes::ReleaseWaits::new(2, std::time::Duration::from_millis(200));
+
+/// Whether nothing has `node` open, waiting a little (on the node's releases) for that:
+/// the kernel sends the RELEASE of a closed descriptor without waiting for it, so a file
+/// closed just before may still count as open for a moment.
 pub(crate) fn closed(node: &Node) -> bool {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
     let mut st = node.state.lock();
-    while st.is_open() {
-        if node.released.wait_until(&mut st, deadline).timed_out() {
-            return !st.is_open();
-        }
-    }
-    true
+    CLOSING.wait(node, &mut st, |st| st.is_open());
+    !st.is_open()
 }

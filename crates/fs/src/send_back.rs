@@ -125,15 +125,14 @@ impl<'a> ChangeSender<'a> {
                 }
                 Moved::Lost => {
                     let rec = g.record();
-                    noted = Some(Conflict {
+                    let c = Conflict {
                         at: now_secs(),
                         path: shown(rec.origin_loc()),
                         copy: shown(&rec.path),
                         reason: "renamed here, but removed or replaced on the server: not \
                                  renamed"
                             .into(),
-                    });
-                    let c = noted.take().expect("just set");
+                    };
                     return self.finish_change(p, g, Outcome::Conflict(c), None);
                 }
             }
@@ -583,7 +582,7 @@ impl<'a> ChangeSender<'a> {
             // A conflict copy of a file still open for writing here waits for its
             // writer to close it: made now, the later writes would go through to the
             // server's file, which is somebody else's version.
-            (_, Some(_), _) | (_, None, _) if self.writing(&rec) => return Ok(None),
+            _ if self.writing(&rec) => return Ok(None),
             (_, Some(d), found) => {
                 let reason = match (rec.kind, found) {
                     (Kind::Create, _) => "a file of that name was created on the server",
@@ -630,7 +629,6 @@ impl<'a> ChangeSender<'a> {
     ) -> FsResult<Option<(Outcome, Option<Conflict>)>> {
         let off = self.off;
         let rec = g.record().clone();
-        let name = rec.path.last().cloned().unwrap_or_default();
         self.fs.nodes.set_local(p.file_id, None);
         let node = self.fs.nodes.by_file_id(p.file_id);
         let (mut stale_entry, mut stale_dir) = (None, None);
@@ -686,7 +684,6 @@ impl<'a> ChangeSender<'a> {
         self.fs.trees.forget_all();
         off.log.finish(p.file_id, &mut g);
         drop(g);
-        let _ = name;
         // The kernel is told only now: an operation it holds a directory locked for may be
         // waiting for this change's lock.
         if let Some(n) = self.fs.notifier.get() {

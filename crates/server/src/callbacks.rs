@@ -186,14 +186,21 @@ impl Callbacks {
     }
 
     fn send(&self, c: &mut ConnCallbacks, breaks: Vec<Break>) {
-        let mut sent = breaks.len();
-        let mut out = Outgoing::message(&ServerMessage::Breaks(breaks), true);
-        if c.pending.load(Ordering::Relaxed) + out.body_len() > MAX_PENDING_BREAK_BYTES {
-            // The client does not keep up: make it revalidate everything instead.
-            c.files.clear();
-            sent = 1;
-            out = Outgoing::message(&ServerMessage::Breaks(vec![Break::All]), true);
-        }
+        let pending = c.pending.load(Ordering::Relaxed);
+        let sent = breaks.len();
+        // (Over the bound already, the frame is not even encoded.)
+        let fits = (pending < MAX_PENDING_BREAK_BYTES)
+            .then(|| Outgoing::message(&ServerMessage::Breaks(breaks), true))
+            .filter(|o| pending + o.body_len() <= MAX_PENDING_BREAK_BYTES);
+        let (out, sent) = match fits {
+            Some(o) => (o, sent),
+            None => {
+                // The client does not keep up: make it revalidate everything instead.
+                c.files.clear();
+                let all = Outgoing::message(&ServerMessage::Breaks(vec![Break::All]), true);
+                (all, 1)
+            }
+        };
         c.pending.fetch_add(out.body_len(), Ordering::Relaxed);
         self.sent.fetch_add(sent as u64, Ordering::Relaxed);
         let _ = c.tx.send(out);
