@@ -203,10 +203,11 @@ impl Fetcher {
 impl HoardFs {
     /// Fetches every missing chunk of file `ino` (current version) into the disk cache.
     pub fn prefetch(&self, ino: Ino) -> FsResult<Prefetched> {
-        self.objects.dir()?;
-        let node = self.file_node(ino)?;
-        let attr = self.validated_attr(&node)?.now;
+        self.sb.objects.dir()?;
+        let node = self.sb.file_node(ino)?;
+        let attr = self.sb.validated_attr(&node)?.now;
         let object = self
+            .sb
             .objects
             .object_for(&node, attr.file_id, attr.version, attr.size);
         let Some(object) = object else {
@@ -300,7 +301,9 @@ impl HoardFs {
         while (data.len() as u64) < end - start {
             let pos = start + data.len() as u64;
             let len = (end - pos).min(PIECE) as u32;
-            let mut r = self.with_handle(node, |h| self.origin.read(h, pos, len))?;
+            let mut r = self
+                .sb
+                .with_handle(node, |h| self.sb.origin.read(h, pos, len))?;
             r.data.truncate(len as usize);
             cacheable &= r.version == view.version;
             let short = (r.data.len() as u32) < len;
@@ -320,16 +323,16 @@ impl HoardFs {
                 break;
             }
         }
-        Stats::add(&self.stats.chunk_fetches, 1);
-        Stats::add(&self.stats.bytes_from_network, data.len() as u64);
+        Stats::add(&self.sb.stats.chunk_fetches, 1);
+        Stats::add(&self.sb.stats.bytes_from_network, data.len() as u64);
         match &view.object {
             Some(obj) if cacheable => {
                 if let Err(e) = obj.write_chunk(c, &data, view.version) {
                     tracing::warn!("cache write failed, serving uncached: {e}");
-                    Stats::add(&self.stats.cache_errors, 1);
+                    Stats::add(&self.sb.stats.cache_errors, 1);
                 }
             }
-            Some(_) => Stats::add(&self.stats.uncacheable_fetches, 1),
+            Some(_) => Stats::add(&self.sb.stats.uncacheable_fetches, 1),
             None => {}
         }
         Ok(data)

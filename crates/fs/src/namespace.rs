@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use hoardfs_origin::{Attr, Entry, FileKind, Owner, RENAME_EXCHANGE, SetAttrs, WireError};
 
-use crate::nodes::{Ino, Node};
-use crate::offline_names::OfflineNames;
+use crate::nodes::Ino;
+use crate::offline_names::{Created, OfflineNames};
 use crate::read::{Access, Opened};
-use crate::{FsError, FsResult, HoardFs, ListedNode, NodeAttr, ROOT_INO};
+use crate::{FsError, FsResult, HoardFs, ListedNode, NodeAttr};
 
 /// A name the kernel learns of (by lookup or creation): its node, the node's attributes
 /// and how long the kernel may cache both.
@@ -29,15 +29,6 @@ pub struct NodeEntry {
 }
 
 impl HoardFs {
-    /// The directory node `parent` (`ENOTDIR` if it is not one).
-    fn dir(&self, parent: Ino) -> FsResult<Arc<Node>> {
-        let dir = self.node(parent)?;
-        if dir.kind != FileKind::Dir {
-            return Err(WireError::NotDir.into());
-        }
-        Ok(dir)
-    }
-
     /// Runs a creating operation in `parent` and records the new name.
     fn make(
         &self,
@@ -45,19 +36,19 @@ impl HoardFs {
         name: &[u8],
         op: impl FnMut(hoardfs_origin::Handle) -> Result<Entry, hoardfs_origin::OriginError>,
     ) -> FsResult<NodeEntry> {
-        self.check_writable()?;
-        let dir = self.dir(parent)?;
+        self.sb.check_writable()?;
+        let dir = self.sb.dir(parent)?;
         let dir_id = dir.state.lock().attr().file_id;
-        let since = self.callbacks.seq();
-        let e = self.with_handle(&dir, op)?;
-        let ListedNode { ino, ttl, attr } = self.remember(parent, name, &e, dir_id, since, None);
+        let since = self.sb.callbacks.seq();
+        let e = self.sb.with_handle(&dir, op)?;
+        let ListedNode { ino, ttl, attr } = self.sb.remember(parent, name, &e, dir_id, since, None);
         let listed = hoardfs_origin::DirEntry {
             name: name.to_vec(),
             entry: e,
         };
         dir.state.lock().add_local_entry(listed, ino);
         if attr.kind == FileKind::Dir
-            && let Some(made) = self.nodes.get(ino)
+            && let Some(made) = self.sb.nodes.get(ino)
         {
             // Empty when made: listed without asking (and served while the origin is
             // unreachable).
@@ -67,19 +58,8 @@ impl HoardFs {
                 since,
             }));
         }
-        self.dir_changed(&dir);
+        self.sb.dir_changed(&dir);
         Ok(NodeEntry { ino, attr, ttl })
-    }
-
-    /// A directory's content changed through this client (its kept listing has the
-    /// change, but is out of date: asked for again while the origin is reachable).
-    pub(crate) fn dir_changed(&self, dir: &Node) {
-        let dir_id = {
-            let mut st = dir.state.lock();
-            st.contents_changed();
-            st.attr().file_id
-        };
-        self.trees.forget(dir_id);
     }
 
     /// Creates (or with `!exclusive` opens an existing) regular file and opens it.
@@ -96,21 +76,15 @@ impl HoardFs {
         make_backing: &crate::MakeBacking,
     ) -> FsResult<(NodeEntry, Opened)> {
         let offline = |names: OfflineNames<'_>, why: String| {
-            names.create(
-                parent,
-                name,
-                mode,
-                exclusive,
-                access,
-                owner,
-                make_backing,
-                why,
-            )
+            names.create(parent, name, mode, exclusive, owner, why)
         };
-        let made = match self.logged(offline) {
-            Some(r) => return self.truncated_offline(r?, truncate),
+        let made = match self.sb.logged(offline) {
+            Some(r) => {
+                let opened = self.open_created(r?, access, make_backing)?;
+                return self.truncated_offline(opened, truncate);
+            }
             None => self.make(parent, name, |h| {
-                self.origin.create(h, name, mode, exclusive, owner)
+                self.sb.origin.create(h, name, mode, exclusive, owner)
             }),
         };
         let NodeEntry {
@@ -119,7 +93,9 @@ impl HoardFs {
             mut ttl,
         } = match made {
             Err(FsError::Offline(why)) => {
-                return self.truncated_offline(self.names_offline(why, offline)?, truncate);
+                let created = self.sb.names_offline(why, offline)?;
+                let opened = self.open_created(created, access, make_backing)?;
+                return self.truncated_offline(opened, truncate);
             }
             r => r?,
         };
@@ -130,8 +106,24 @@ impl HoardFs {
             };
             NodeAttr { attr, ttl } = self.setattr(ino, &set)?;
         }
-        let node = self.node(ino)?;
+        let node = self.sb.node(ino)?;
         let opened = self.open_node(node, attr, access, false, make_backing);
+        Ok((NodeEntry { ino, attr, ttl }, opened))
+    }
+
+    /// Opens what an offline create found or made.
+    fn open_created(
+        &self,
+        created: Created,
+        access: Access,
+        make_backing: &crate::MakeBacking,
+    ) -> FsResult<(NodeEntry, Opened)> {
+        let (ino, opened) = match created {
+            Created::Existing(ino) => (ino, self.open(ino, access, make_backing)?),
+            Created::Made(node) => (node.ino, self.open_pending(node, access)),
+        };
+        let attr = self.sb.node(ino)?.state.lock().attr();
+        let ttl = self.sb.config.attr_ttl;
         Ok((NodeEntry { ino, attr, ttl }, opened))
     }
 
@@ -165,7 +157,7 @@ impl HoardFs {
     /// holds directories locked for this operation, and sending them back tells it to drop
     /// names, which takes those locks. The mount's keeper sends them within a second.)
     fn names_sent(&self) -> FsResult<()> {
-        if self.names_logged() {
+        if self.sb.names_logged() {
             return Err(FsError::Offline(
                 "earlier changes to names are not on the server yet".into(),
             ));
@@ -184,7 +176,7 @@ impl HoardFs {
     ) -> FsResult<NodeEntry> {
         self.names_sent()?;
         self.make(parent, name, |h| {
-            self.origin.mknod(h, name, mode, rdev, owner)
+            self.sb.origin.mknod(h, name, mode, rdev, owner)
         })
     }
 
@@ -192,11 +184,11 @@ impl HoardFs {
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> FsResult<NodeEntry> {
         let offline =
             |names: OfflineNames<'_>, why| names.make(parent, name, mode, None, owner, why);
-        if let Some(r) = self.logged(offline) {
+        if let Some(r) = self.sb.logged(offline) {
             return r;
         }
-        match self.make(parent, name, |h| self.origin.mkdir(h, name, mode, owner)) {
-            Err(FsError::Offline(why)) => self.names_offline(why, offline),
+        match self.make(parent, name, |h| self.sb.origin.mkdir(h, name, mode, owner)) {
+            Err(FsError::Offline(why)) => self.sb.names_offline(why, offline),
             r => r,
         }
     }
@@ -211,16 +203,16 @@ impl HoardFs {
     ) -> FsResult<NodeEntry> {
         let offline =
             |names: OfflineNames<'_>, why| names.make(parent, name, 0, Some(target), owner, why);
-        if let Some(r) = self.logged(offline) {
+        if let Some(r) = self.sb.logged(offline) {
             return r;
         }
         match self.make(parent, name, |h| {
-            self.origin.symlink(h, name, target, owner)
+            self.sb.origin.symlink(h, name, target, owner)
         }) {
-            Err(FsError::Offline(why)) => self.names_offline(why, offline),
+            Err(FsError::Offline(why)) => self.sb.names_offline(why, offline),
             Ok(e) => {
                 // Known without a readlink (served while the origin is unreachable).
-                if let Some(n) = self.nodes.get(e.ino) {
+                if let Some(n) = self.sb.nodes.get(e.ino) {
                     n.state.lock().keep_target(target);
                 }
                 Ok(e)
@@ -232,36 +224,19 @@ impl HoardFs {
     /// Creates hard link `parent/name` to `ino`.
     pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<NodeEntry> {
         self.names_sent()?;
-        let node = self.node(ino)?;
-        if self.pending_of(&node).is_some() {
+        let node = self.sb.node(ino)?;
+        if self.sb.pending_of(&node).is_some() {
             return Err(FsError::Offline(
                 "the file's change is not on the server yet".into(),
             ));
         }
         let target = node.handle();
-        self.make(parent, name, |h| self.origin.link(target, h, name))
+        self.make(parent, name, |h| self.sb.origin.link(target, h, name))
     }
 
     /// Removes a non-directory name.
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
         self.remove(parent, name, false)
-    }
-
-    /// The names leading from the root to directory `ino`, as this client last saw them.
-    pub(crate) fn components_of(&self, ino: Ino) -> Option<Vec<Vec<u8>>> {
-        let mut parts = Vec::new();
-        let mut cur = ino;
-        for _ in 0..4096 {
-            if cur == ROOT_INO {
-                parts.reverse();
-                return Some(parts);
-            }
-            let n = self.nodes.get(cur)?;
-            let st = n.state.lock();
-            parts.push(st.name().to_vec());
-            cur = st.parent();
-        }
-        None
     }
 
     /// At mount: removes the hidden names a previous run of this client journaled and
@@ -273,7 +248,7 @@ impl HoardFs {
             let Some((name, dirs)) = path.split_last() else {
                 continue;
             };
-            let root = match self.origin.info() {
+            let root = match self.sb.origin.info() {
                 Ok(i) => i.root.handle,
                 Err(_) => {
                     left.push(path);
@@ -282,9 +257,9 @@ impl HoardFs {
             };
             let mut h = Ok(root);
             for d in dirs {
-                h = h.and_then(|h| self.origin.lookup(h, d).map(|e| e.handle));
+                h = h.and_then(|h| self.sb.origin.lookup(h, d).map(|e| e.handle));
             }
-            let r = h.and_then(|h| self.origin.unlink(h, name));
+            let r = h.and_then(|h| self.sb.origin.unlink(h, name));
             match r.map_err(FsError::from) {
                 Ok(()) => tracing::info!(
                     name = %String::from_utf8_lossy(name),
@@ -306,8 +281,8 @@ impl HoardFs {
     }
 
     fn remove(&self, parent: Ino, name: &[u8], dir_wanted: bool) -> FsResult<()> {
-        self.check_writable()?;
-        let dir = self.dir(parent)?;
+        self.sb.check_writable()?;
+        let dir = self.sb.dir(parent)?;
         // Looked up before the round trip: the break for this very change may be handled
         // (and drop the name) before the reply is.
         let child = dir.state.lock().child(name);
@@ -316,11 +291,14 @@ impl HoardFs {
         // holds changes to names: the removal is logged too, in order (`crate::offline_names`).
         // (An open file is not hidden then: that would rename it behind the log's back.)
         let child_pending = child
-            .and_then(|c| self.nodes.get(c))
-            .is_some_and(|n| self.pending_of(&n).is_some());
-        if child_pending || self.names_logged() {
+            .and_then(|c| self.sb.nodes.get(c))
+            .is_some_and(|n| self.sb.pending_of(&n).is_some());
+        if child_pending || self.sb.names_logged() {
             let why = "the change is not on the server yet".to_string();
-            match self.names_offline(why, |n, why| n.remove(parent, name, dir_wanted, why)) {
+            match self
+                .sb
+                .names_offline(why, |n, why| n.remove(parent, name, dir_wanted, why))
+            {
                 Err(FsError::Offline(_) | FsError::SentMeanwhile) if !child_pending => {
                     self.names_sent()?
                 }
@@ -333,7 +311,7 @@ impl HoardFs {
         // first (`Unlinked::wait_for_releases`).
         let open_last_name = child
             .filter(|_| !dir_wanted)
-            .and_then(|c| self.nodes.get(c))
+            .and_then(|c| self.sb.nodes.get(c))
             .filter(|n| n.kind == FileKind::File)
             .and_then(|n| {
                 let mut st = n.state.lock();
@@ -345,7 +323,7 @@ impl HoardFs {
             });
         if let Some((ino, file_id)) = open_last_name {
             let hidden = self.unlinked.name_for(file_id);
-            let mut path = self.components_of(parent).unwrap_or_default();
+            let mut path = self.sb.components_of(parent).unwrap_or_default();
             path.push(hidden.clone());
             // Journaled first: a crash after the rename leaves a name the next run removes.
             self.unlinked.hiding(ino, parent, path);
@@ -361,32 +339,34 @@ impl HoardFs {
             }
             return Ok(());
         }
-        let removed = self.with_handle(&dir, |h| {
+        let removed = self.sb.with_handle(&dir, |h| {
             if dir_wanted {
-                self.origin.rmdir(h, name)
+                self.sb.origin.rmdir(h, name)
             } else {
-                self.origin.unlink(h, name)
+                self.sb.origin.unlink(h, name)
             }
         });
         match removed {
             Err(FsError::Offline(why)) => {
-                return self.names_offline(why, |n, why| n.remove(parent, name, dir_wanted, why));
+                return self
+                    .sb
+                    .names_offline(why, |n, why| n.remove(parent, name, dir_wanted, why));
             }
             r => r?,
         }
         dir.state.lock().remove_local_entry(name);
-        if let Some(child) = child.and_then(|c| self.nodes.get(c)) {
+        if let Some(child) = child.and_then(|c| self.sb.nodes.get(c)) {
             // Its link count changed.
-            self.expire_attr(&child);
+            self.sb.expire_attr(&child);
             // A symbolic link's last name is gone, and with it the object: its id (an
             // inode number, reused) must not lead a new object to this node and its
             // kept target.
             let (kind, attr) = (child.kind, child.state.lock().attr());
             if kind == FileKind::Symlink && attr.nlink <= 1 {
-                self.nodes.unbind_file_id(child.ino, attr.file_id);
+                self.sb.nodes.unbind_file_id(child.ino, attr.file_id);
             }
         }
-        self.dir_changed(&dir);
+        self.sb.dir_changed(&dir);
         Ok(())
     }
 
@@ -399,9 +379,9 @@ impl HoardFs {
         new_name: &[u8],
         flags: u32,
     ) -> FsResult<()> {
-        self.check_writable()?;
-        let dir = self.dir(parent)?;
-        let new_dir = self.dir(new_parent)?;
+        self.sb.check_writable()?;
+        let dir = self.sb.dir(parent)?;
+        let new_dir = self.sb.dir(new_parent)?;
         let target = new_dir.handle();
         // Looked up before the round trip (see `remove`).
         let moved = dir.state.lock().child(name);
@@ -411,26 +391,26 @@ impl HoardFs {
         let pending = [moved, replaced]
             .into_iter()
             .flatten()
-            .filter_map(|i| self.nodes.get(i))
-            .any(|n| self.pending_of(&n).is_some())
-            || moved.is_some_and(|m| self.offline_names().is_some_and(|n| n.changes_inside(m)));
-        if pending || self.names_logged() {
+            .filter_map(|i| self.sb.nodes.get(i))
+            .any(|n| self.sb.pending_of(&n).is_some())
+            || moved.is_some_and(|m| self.sb.offline_names().is_some_and(|n| n.changes_inside(m)));
+        if pending || self.sb.names_logged() {
             let why = "the change is not on the server yet".to_string();
             let rename =
                 |n: OfflineNames<'_>, why| n.rename(parent, name, new_parent, new_name, flags, why);
-            match self.names_offline(why, rename) {
+            match self.sb.names_offline(why, rename) {
                 Err(FsError::Offline(_) | FsError::SentMeanwhile) if !pending => {
                     self.names_sent()?
                 }
                 r => return r,
             }
         }
-        let renamed = self.with_handle(&dir, |h| {
-            self.origin.rename(h, name, target, new_name, flags)
+        let renamed = self.sb.with_handle(&dir, |h| {
+            self.sb.origin.rename(h, name, target, new_name, flags)
         });
         match renamed {
             Err(FsError::Offline(why)) => {
-                return self.names_offline(why, |n, why| {
+                return self.sb.names_offline(why, |n, why| {
                     n.rename(parent, name, new_parent, new_name, flags, why)
                 });
             }
@@ -438,7 +418,7 @@ impl HoardFs {
         }
         // The kept listings follow (for use while the origin is unreachable).
         let entry_of = |ino: Ino, name: &[u8]| {
-            self.nodes.get(ino).map(|n| {
+            self.sb.nodes.get(ino).map(|n| {
                 let st = n.state.lock();
                 hoardfs_origin::DirEntry {
                     name: name.to_vec(),
@@ -456,7 +436,7 @@ impl HoardFs {
                 Some(e) => new_dir.state.lock().add_local_entry(e, m),
                 None => new_dir.state.lock().add_child(new_name, m),
             }
-            if let Some(n) = self.nodes.get(m) {
+            if let Some(n) = self.sb.nodes.get(m) {
                 n.state.lock().moved(new_parent, new_name);
             }
         }
@@ -466,19 +446,19 @@ impl HoardFs {
                     Some(e) => dir.state.lock().add_local_entry(e, r),
                     None => dir.state.lock().add_child(name, r),
                 }
-                if let Some(n) = self.nodes.get(r) {
+                if let Some(n) = self.sb.nodes.get(r) {
                     n.state.lock().moved(parent, name);
                 }
             }
-            if let Some(n) = self.nodes.get(r) {
-                self.expire_attr(&n);
+            if let Some(n) = self.sb.nodes.get(r) {
+                self.sb.expire_attr(&n);
             }
         }
-        if let Some(n) = moved.and_then(|m| self.nodes.get(m)) {
-            self.expire_attr(&n);
+        if let Some(n) = moved.and_then(|m| self.sb.nodes.get(m)) {
+            self.sb.expire_attr(&n);
         }
-        self.dir_changed(&dir);
-        self.dir_changed(&new_dir);
+        self.sb.dir_changed(&dir);
+        self.sb.dir_changed(&new_dir);
         Ok(())
     }
 }

@@ -22,14 +22,12 @@ use std::sync::Arc;
 
 use hoardfs_proto::buffers::Recycled;
 
-use hoardfs_origin::{Handle, WireError};
-
 use crate::cml::{ChangeLog, Pending};
 use crate::nodes::Node;
 use crate::offline_names::OfflineNames;
 use crate::open_files::OpenFile;
 use crate::read::{ModeKind, OpenMode, Opened};
-use crate::reintegrate::{Found, Reintegrated, Reintegration};
+use crate::reintegrate::{Reintegrated, Reintegration};
 use crate::stats::Stats;
 use crate::{Access, FsError, FsResult, HoardFs, NodeAttr, Shared};
 
@@ -55,7 +53,7 @@ struct SkippedBreaks {
 }
 
 /// Why a change is logged although the origin may be reachable.
-const NAMES_WAIT: &str = "earlier changes to names are not on the server yet";
+pub(crate) const NAMES_WAIT: &str = "earlier changes to names are not on the server yet";
 
 /// Name breaks kept while names wait, at most.
 const MAX_SKIPPED: usize = 4096;
@@ -125,61 +123,12 @@ pub(crate) fn kept(e: std::io::Error) -> FsError {
 }
 
 impl HoardFs {
-    /// Whether new changes to names go to the log: offline writes are on and the log
-    /// still holds changes to names (they reach the origin first, in order).
-    pub(crate) fn names_logged(&self) -> bool {
-        self.offline
-            .as_ref()
-            .is_some_and(|o| o.keeps_new() && o.log.names_pending())
-    }
-
-    /// Whether the log holds changes to names (until they reach the origin, this
-    /// client's view of names is its own: lookups and listings are answered from it).
-    pub(crate) fn names_pending(&self) -> bool {
-        self.offline.as_ref().is_some_and(|o| o.log.names_pending())
-    }
-
-    /// Runs `op` (an offline variant of a namespace operation) instead of the origin's
-    /// when the log holds changes to names, so that the new change follows them (if the
-    /// log cannot take it, it fails: see `names_sent`); `None`: go to the origin.
-    pub(crate) fn logged<T>(
-        &self,
-        op: impl FnOnce(OfflineNames<'_>, String) -> FsResult<T>,
-    ) -> Option<FsResult<T>> {
-        let names = self.offline_names().filter(|_| self.names_logged())?;
-        Some(op(names, NAMES_WAIT.into()))
-    }
-
-    /// The changes to names of the change log (`None` when no log is open). A log is open
-    /// also on a mount without `--offline-writes` that still sends back an earlier
-    /// mount's changes: its operations then refuse new changes (`keeps_new`), except that
-    /// a removal may cancel or replace a logged one.
-    pub(crate) fn offline_names(&self) -> Option<OfflineNames<'_>> {
-        self.offline
-            .as_ref()
-            .map(|off| OfflineNames::new(self, off))
-    }
-
-    /// Runs `op` over the changes to names of the change log, for an operation the origin
-    /// failed with `why` or that must follow the log (`why` says which); with no log open
-    /// it fails with `Offline(why)`, as the origin did.
-    pub(crate) fn names_offline<T>(
-        &self,
-        why: String,
-        op: impl FnOnce(OfflineNames<'_>, String) -> FsResult<T>,
-    ) -> FsResult<T> {
-        match self.offline_names() {
-            Some(names) => op(names, why),
-            None => Err(FsError::Offline(why)),
-        }
-    }
-
     /// Once names no longer wait to be sent back (sent, or their changes cancelled), the
     /// name breaks put off meanwhile are applied (they only take away: applied late, a
     /// break of a name since sent back finds this client agreeing, and changes nothing).
     /// Called after reintegration and by the mount's keeper every second.
     pub fn settle_names(&self) {
-        let Some(off) = &self.offline else { return };
+        let Some(off) = &self.sb.offline else { return };
         if off.log.names_pending() {
             return;
         }
@@ -194,7 +143,7 @@ impl HoardFs {
     /// is unreachable, or refuses). Safe to call at any time and from any thread (one pass
     /// at a time).
     pub fn reintegrate(&self) -> Reintegrated {
-        let Some(off) = &self.offline else {
+        let Some(off) = &self.sb.offline else {
             return Reintegrated::default();
         };
         let _one_pass = self.reintegrating.lock();
@@ -205,89 +154,28 @@ impl HoardFs {
 
     /// Number of changes waiting to be sent back.
     pub fn pending_changes(&self) -> u64 {
-        self.offline.as_ref().map_or(0, |o| o.log.count() as u64)
-    }
-
-    /// Walks `path` from `root` on the origin: its directory's handle (`None` if a
-    /// component is gone) and its entry (`None` if absent).
-    pub(crate) fn find(&self, root: Handle, path: &[Vec<u8>]) -> FsResult<Found> {
-        let Some((name, dirs)) = path.split_last() else {
-            return Err(FsError::Origin(WireError::Invalid));
-        };
-        let mut dir = root;
-        for c in dirs {
-            dir = match self.origin.lookup(dir, c) {
-                Ok(e) if e.attr.kind == hoardfs_origin::FileKind::Dir => e.handle,
-                Ok(_) => return Ok(Found::NOWHERE),
-                Err(hoardfs_origin::OriginError::Fs(WireError::NotFound | WireError::NotDir)) => {
-                    return Ok(Found::NOWHERE);
-                }
-                Err(e) => return Err(e.into()),
-            };
-        }
-        match self.origin.lookup(dir, name) {
-            Ok(e) => Ok(Found {
-                dir: Some(dir),
-                entry: Some(e),
-            }),
-            Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => Ok(Found {
-                dir: Some(dir),
-                entry: None,
-            }),
-            Err(e) => Err(e.into()),
-        }
+        self.sb.offline.as_ref().map_or(0, |o| o.log.count() as u64)
     }
 
     /// The offline change log's counters; `None` without `--offline-writes`.
     pub fn offline_stats(&self) -> Option<crate::LogStats> {
-        self.offline.as_ref().map(|o| o.log.stats())
+        self.sb.offline.as_ref().map(|o| o.log.stats())
     }
 
     /// The conflicts recorded in this cache directory, oldest first.
     pub fn conflicts(&self) -> Vec<crate::Conflict> {
-        self.offline
+        self.sb
+            .offline
             .as_ref()
             .map(|o| o.log.conflicts())
             .unwrap_or_default()
-    }
-
-    /// The pending change of `node`'s object (content, name or attributes), if offline
-    /// writes are on and it has one.
-    pub(crate) fn pending_of(&self, node: &Node) -> Option<Arc<Pending>> {
-        self.change_of(node, false)
-    }
-
-    /// The pending change of `node`'s file whose content is staged here (reads, writes,
-    /// opens and syncs go to the staging file), if any.
-    pub(crate) fn staged_of(&self, node: &Node) -> Option<Arc<Pending>> {
-        self.change_of(node, true)
-    }
-
-    fn change_of(&self, node: &Node, content: bool) -> Option<Arc<Pending>> {
-        let off = self.offline.as_ref()?;
-        // Every object with a change in the log carries it as its local change (a
-        // removal's node is gone from the names): the log is looked at only for those,
-        // not on every read and write.
-        let file_id = {
-            let st = node.state.lock();
-            let marked = if content {
-                st.is_local()
-            } else {
-                st.has_change()
-            };
-            if !marked {
-                return None;
-            }
-            st.attr().file_id
-        };
-        off.log.get(file_id)
     }
 
     /// Starts a pending change of `node`'s file (the origin just failed with `why`):
     /// the file's complete cached copy becomes its staging file. Without offline writes,
     /// or without a complete copy, the change fails as the origin did.
     pub(crate) fn stage(&self, node: &Node, why: String) -> FsResult<Arc<Pending>> {
-        let Some(off) = self.offline.as_ref().filter(|o| o.keep_new) else {
+        let Some(off) = self.sb.offline.as_ref().filter(|o| o.keep_new) else {
             return Err(FsError::Offline(why));
         };
         let (attr, object) = {
@@ -297,7 +185,7 @@ impl HoardFs {
         let complete = object
             .as_ref()
             .filter(|o| o.is_complete() && o.shape().version == attr.version);
-        let (Some(object), Some(path)) = (complete, self.components_of(node.ino)) else {
+        let (Some(object), Some(path)) = (complete, self.sb.components_of(node.ino)) else {
             tracing::warn!(
                 ino = node.ino,
                 object = object.is_some(),
@@ -319,7 +207,7 @@ impl HoardFs {
         } else {
             off.log
                 .at_origin(
-                    || OfflineNames::new(self, off).origin_components_of(node.ino),
+                    || OfflineNames::new(&self.sb, off).origin_components_of(node.ino),
                     |origin| off.log.stage_if_new(path.clone(), origin, &attr, object),
                 )
                 .and_then(|p| {
@@ -336,12 +224,12 @@ impl HoardFs {
             // (Under the change's lock: a sender finishing it meanwhile clears it after.)
             let g = p.lock();
             if !g.is_gone() {
-                self.nodes.set_local(attr.file_id, Some(g.local()));
+                self.sb.nodes.set_local(attr.file_id, Some(g.local()));
             }
         }
         // Pages cached from the origin's version are the staged content's too, but its
         // size and times change from here on.
-        if let Some(n) = self.notifier.get() {
+        if let Some(n) = self.sb.notifier.get() {
             n.inval_attr(node.ino);
         }
         tracing::info!(
@@ -368,12 +256,12 @@ impl HoardFs {
         let offset = if of.access.append { g.size() } else { offset };
         g.write(offset, data).map_err(kept)?;
         p.note_size(&g);
-        self.nodes.set_local(p.file_id, Some(g.local()));
+        self.sb.nodes.set_local(p.file_id, Some(g.local()));
         drop(g);
-        Stats::add(&self.stats.writes, 1);
-        Stats::add(&self.stats.bytes_written, data.len() as u64);
+        Stats::add(&self.sb.stats.writes, 1);
+        Stats::add(&self.sb.stats.bytes_written, data.len() as u64);
         if of.access.append
-            && let Some(n) = self.notifier.get()
+            && let Some(n) = self.sb.notifier.get()
         {
             n.inval_attr(of.node.ino);
         }
@@ -394,12 +282,12 @@ impl HoardFs {
         }
         g.truncate(size).map_err(kept)?;
         p.note_size(&g);
-        self.nodes.set_local(p.file_id, Some(g.local()));
+        self.sb.nodes.set_local(p.file_id, Some(g.local()));
         drop(g);
         let st = node.state.lock();
         Ok(Some(NodeAttr {
             attr: st.attr(),
-            ttl: st.kernel_ttl(&self.config),
+            ttl: st.kernel_ttl(&self.sb.config),
         }))
     }
 
@@ -449,7 +337,7 @@ impl HoardFs {
             return Ok(None);
         }
         let data = g.read(offset, size as usize).map_err(kept)?;
-        Stats::add(&self.stats.bytes_from_cache, data.len() as u64);
+        Stats::add(&self.sb.stats.bytes_from_cache, data.len() as u64);
         Ok(Some(Recycled::from(data)))
     }
 }

@@ -24,8 +24,16 @@ use crate::made::{LOCAL_ID, made_here, now_stamp};
 use crate::nodes::Node;
 use crate::offline::OfflineWrites;
 use crate::offline::{closed, kept};
-use crate::read::Opened;
-use crate::{Access, FsError, FsResult, HoardFs, NodeAttr};
+use crate::superblock::Superblock;
+use crate::{FsError, FsResult, Ino, NodeAttr};
+
+/// What an offline create found or made, for its caller to open.
+pub(crate) enum Created {
+    /// The name was taken (the create was not exclusive): that file.
+    Existing(Ino),
+    /// A file made here, with its staging file.
+    Made(Arc<Node>),
+}
 
 /// Runs `op` again (twice at most) while it finds the change it adds to sent back.
 fn retried<T>(mut op: impl FnMut() -> FsResult<T>) -> FsResult<T> {
@@ -44,13 +52,13 @@ fn retried<T>(mut op: impl FnMut() -> FsResult<T>) -> FsResult<T> {
 /// one operation (`HoardFs::offline_names`). Each operation that makes a new change
 /// refuses unless the log takes new ones (`OfflineWrites::keeps_new`).
 pub(crate) struct OfflineNames<'a> {
-    fs: &'a HoardFs,
+    sb: &'a Superblock,
     off: &'a OfflineWrites,
 }
 
 impl<'a> OfflineNames<'a> {
-    pub(crate) fn new(fs: &'a HoardFs, off: &'a OfflineWrites) -> Self {
-        OfflineNames { fs, off }
+    pub(crate) fn new(sb: &'a Superblock, off: &'a OfflineWrites) -> Self {
+        OfflineNames { sb, off }
     }
 
     /// Where the origin has node `ino` (an object of the origin): its names from the
@@ -65,7 +73,7 @@ impl<'a> OfflineNames<'a> {
                 parts.reverse();
                 return Some(parts);
             }
-            let n = self.fs.nodes.get(cur)?;
+            let n = self.sb.nodes.get(cur)?;
             let (changed, file_id, name, parent) = {
                 let st = n.state.lock();
                 (
@@ -103,7 +111,7 @@ impl<'a> OfflineNames<'a> {
         if !self.off.log.names_pending() {
             return false;
         }
-        let Some(n) = self.fs.nodes.by_file_id(e.attr.file_id) else {
+        let Some(n) = self.sb.nodes.by_file_id(e.attr.file_id) else {
             return false;
         };
         let st = n.state.lock();
@@ -120,11 +128,11 @@ impl<'a> OfflineNames<'a> {
             return false;
         }
         let is_dir = self
-            .fs
+            .sb
             .nodes
             .get(ino)
             .is_some_and(|n| n.kind == hoardfs_origin::FileKind::Dir);
-        let Some(path) = self.fs.components_of(ino).filter(|_| is_dir) else {
+        let Some(path) = self.sb.components_of(ino).filter(|_| is_dir) else {
             return false;
         };
         off.log
@@ -142,7 +150,7 @@ impl<'a> OfflineNames<'a> {
         name: &[u8],
         why: &str,
     ) -> FsResult<(Arc<Node>, Vec<Vec<u8>>)> {
-        let dir = self.fs.node(parent)?;
+        let dir = self.sb.node(parent)?;
         if dir.kind != hoardfs_origin::FileKind::Dir {
             return Err(hoardfs_origin::WireError::NotDir.into());
         }
@@ -150,10 +158,10 @@ impl<'a> OfflineNames<'a> {
             let st = dir.state.lock();
             (st.child(name), st.last_listing().is_some())
         };
-        if child.and_then(|c| self.fs.nodes.get(c)).is_some() {
+        if child.and_then(|c| self.sb.nodes.get(c)).is_some() {
             return Err(hoardfs_origin::WireError::Exists.into());
         }
-        let path = self.fs.components_of(parent);
+        let path = self.sb.components_of(parent);
         let (true, Some(mut path)) = (listed, path) else {
             return Err(FsError::Offline(why.into()));
         };
@@ -174,7 +182,7 @@ impl<'a> OfflineNames<'a> {
     ) -> FsResult<Arc<Node>> {
         let handle = hoardfs_origin::Handle { epoch: 0, id: 0 };
         let node = self
-            .fs
+            .sb
             .nodes
             .remember(dir.ino, name, handle, attr, None, |_| false);
         if attr.kind == hoardfs_origin::FileKind::Dir {
@@ -182,7 +190,7 @@ impl<'a> OfflineNames<'a> {
             node.state.lock().keep_listing(Arc::new(crate::Listing {
                 entries: Vec::new(),
                 fetched: std::time::Instant::now(),
-                since: self.fs.callbacks.seq(),
+                since: self.sb.callbacks.seq(),
             }));
         }
         let entry = hoardfs_origin::DirEntry {
@@ -194,14 +202,14 @@ impl<'a> OfflineNames<'a> {
             Ok(p) => p,
             Err(e) => {
                 dir.state.lock().remove_local_entry(name);
-                self.fs.nodes.unbind_file_id(node.ino, attr.file_id);
+                self.sb.nodes.unbind_file_id(node.ino, attr.file_id);
                 node.state.lock().mark_deleted();
                 return Err(kept(e));
             }
         };
         let g = p.lock();
         if !g.is_gone() {
-            self.fs.nodes.set_local(attr.file_id, Some(g.local()));
+            self.sb.nodes.set_local(attr.file_id, Some(g.local()));
         }
         drop(g);
         Ok(node)
@@ -209,40 +217,27 @@ impl<'a> OfflineNames<'a> {
 
     /// Creates regular file `parent/name` while the origin is unreachable (it failed
     /// with `why`): a node with an id of this client's own, an empty staging file and a
-    /// `Create` record; the name is listed and looked up from now on, and the file is
-    /// opened. An existing name opens that file instead (`EEXIST` if `exclusive`).
-    #[allow(clippy::too_many_arguments)]
+    /// `Create` record; the name is listed and looked up from now on. An existing name is
+    /// that file's (`EEXIST` if `exclusive`). The caller opens what this returns.
     pub(crate) fn create(
         &self,
-        parent: crate::Ino,
+        parent: Ino,
         name: &[u8],
         mode: u32,
         exclusive: bool,
-        access: Access,
         owner: hoardfs_origin::Owner,
-        make_backing: &crate::MakeBacking,
         why: String,
-    ) -> FsResult<(crate::NodeEntry, Opened)> {
+    ) -> FsResult<Created> {
         if !self.off.keeps_new() {
             return Err(FsError::Offline(why));
         }
         let off = self.off;
-        let existing = self.fs.node(parent)?.state.lock().child(name);
-        if let Some(existing) = existing.filter(|e| self.fs.nodes.get(*e).is_some()) {
+        let existing = self.sb.node(parent)?.state.lock().child(name);
+        if let Some(existing) = existing.filter(|e| self.sb.nodes.get(*e).is_some()) {
             if exclusive {
                 return Err(hoardfs_origin::WireError::Exists.into());
             }
-            let opened = self.fs.open(existing, access, make_backing)?;
-            let st = self.fs.node(existing)?;
-            let attr = st.state.lock().attr();
-            return Ok((
-                crate::NodeEntry {
-                    ino: existing,
-                    attr,
-                    ttl: self.fs.config.attr_ttl,
-                },
-                opened,
-            ));
+            return Ok(Created::Existing(existing));
         }
         let (dir, path) = self.free_name(parent, name, &why)?;
         let kind = hoardfs_origin::FileKind::File;
@@ -252,16 +247,7 @@ impl<'a> OfflineNames<'a> {
             ino = node.ino,
             "the server is unreachable: a file created here is kept locally until it is back"
         );
-        let attr = node.state.lock().attr();
-        let opened = self.fs.open_pending(node.clone(), access);
-        Ok((
-            crate::NodeEntry {
-                ino: node.ino,
-                attr,
-                ttl: self.fs.config.attr_ttl,
-            },
-            opened,
-        ))
+        Ok(Created::Made(node))
     }
 
     /// Makes directory `parent/name` (or, with `target`, a symbolic link to it) while the
@@ -304,13 +290,13 @@ impl<'a> OfflineNames<'a> {
         Ok(crate::NodeEntry {
             ino: node.ino,
             attr,
-            ttl: self.fs.config.attr_ttl,
+            ttl: self.sb.config.attr_ttl,
         })
     }
 
     /// The target of symlink `node` if it was made offline and is not on the origin yet.
     pub(crate) fn local_target(&self, node: &Node) -> Option<Vec<u8>> {
-        let p = self.fs.pending_of(node)?;
+        let p = self.sb.pending_of(node)?;
         let g = p.lock();
         (g.record().kind == crate::cml::Kind::Symlink && !g.is_gone())
             .then(|| g.record().target.clone())
@@ -331,12 +317,12 @@ impl<'a> OfflineNames<'a> {
     ) -> FsResult<()> {
         use hoardfs_origin::{FileKind, WireError};
         let off = self.off;
-        let dir = self.fs.node(parent)?;
+        let dir = self.sb.node(parent)?;
         let (child, listed) = {
             let st = dir.state.lock();
             (st.child(name), st.last_listing().is_some())
         };
-        let Some(node) = child.and_then(|c| self.fs.nodes.get(c)) else {
+        let Some(node) = child.and_then(|c| self.sb.nodes.get(c)) else {
             return Err(if listed && off.keeps_new() {
                 WireError::NotFound.into()
             } else {
@@ -360,7 +346,7 @@ impl<'a> OfflineNames<'a> {
             return Err(FsError::Offline(why));
         }
         let base = node.state.lock().origin_attr();
-        let Some(mut path) = self.fs.components_of(parent) else {
+        let Some(mut path) = self.sb.components_of(parent) else {
             return Err(FsError::Offline(why));
         };
         path.push(name.to_vec());
@@ -394,9 +380,9 @@ impl<'a> OfflineNames<'a> {
             }
             None => return Err(FsError::Offline(why)),
         }
-        self.fs.nodes.set_local(base.file_id, None);
+        self.sb.nodes.set_local(base.file_id, None);
         // The origin may give the id to a new object once this one is gone.
-        self.fs.nodes.unbind_file_id(node.ino, base.file_id);
+        self.sb.nodes.unbind_file_id(node.ino, base.file_id);
         dir.state.lock().remove_local_entry(name);
         let mut st = node.state.lock();
         st.mark_deleted();
@@ -446,10 +432,10 @@ impl<'a> OfflineNames<'a> {
             atime: set.atime.as_ref().map(at),
             mtime: set.mtime.as_ref().map(at),
         };
-        let p = match self.fs.pending_of(node) {
+        let p = match self.sb.pending_of(node) {
             Some(p) => p,
             None => {
-                let Some(path) = self.fs.components_of(node.ino) else {
+                let Some(path) = self.sb.components_of(node.ino) else {
                     return Err(FsError::Offline(why));
                 };
                 let base = node.state.lock().origin_attr();
@@ -466,12 +452,12 @@ impl<'a> OfflineNames<'a> {
             return Err(FsError::SentMeanwhile);
         }
         g.set_attrs(change).map_err(kept)?;
-        self.fs.nodes.set_local(p.file_id, Some(g.local()));
+        self.sb.nodes.set_local(p.file_id, Some(g.local()));
         drop(g);
         let st = node.state.lock();
         Ok(NodeAttr {
             attr: st.attr(),
-            ttl: self.fs.config.attr_ttl,
+            ttl: self.sb.config.attr_ttl,
         })
     }
 
@@ -511,7 +497,7 @@ impl<'a> OfflineNames<'a> {
         if flags & hoardfs_origin::RENAME_EXCHANGE != 0 {
             return Err(FsError::Offline(why));
         }
-        let (dir, new_dir) = (self.fs.node(parent)?, self.fs.node(new_parent)?);
+        let (dir, new_dir) = (self.sb.node(parent)?, self.sb.node(new_parent)?);
         if new_dir.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
@@ -519,7 +505,7 @@ impl<'a> OfflineNames<'a> {
             let st = dir.state.lock();
             (st.child(name), st.last_listing().is_some())
         };
-        let Some(src) = src.and_then(|c| self.fs.nodes.get(c)) else {
+        let Some(src) = src.and_then(|c| self.sb.nodes.get(c)) else {
             return Err(if listed {
                 WireError::NotFound.into()
             } else {
@@ -530,7 +516,7 @@ impl<'a> OfflineNames<'a> {
             let st = new_dir.state.lock();
             (st.child(new_name), st.last_listing().is_some())
         };
-        let dst = dst.and_then(|c| self.fs.nodes.get(c));
+        let dst = dst.and_then(|c| self.sb.nodes.get(c));
         if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
             return Ok(());
         }
@@ -547,12 +533,12 @@ impl<'a> OfflineNames<'a> {
                 if cur == src.ino {
                     return Err(WireError::Invalid.into());
                 }
-                cur = self.fs.node(cur)?.state.lock().parent();
+                cur = self.sb.node(cur)?.state.lock().parent();
             }
         }
         let (Some(mut old_path), Some(mut new_path)) = (
-            self.fs.components_of(parent),
-            self.fs.components_of(new_parent),
+            self.sb.components_of(parent),
+            self.sb.components_of(new_parent),
         ) else {
             return Err(FsError::Offline(why));
         };
@@ -623,9 +609,9 @@ impl<'a> OfflineNames<'a> {
             if g.is_void() {
                 // Back at its name on the origin, nothing else changed.
                 off.log.finish(src_attr.file_id, &mut g);
-                self.fs.nodes.set_local(src_attr.file_id, None);
+                self.sb.nodes.set_local(src_attr.file_id, None);
             } else {
-                self.fs.nodes.set_local(src_attr.file_id, Some(g.local()));
+                self.sb.nodes.set_local(src_attr.file_id, Some(g.local()));
             }
         }
         if src.kind == FileKind::Dir {
@@ -703,15 +689,15 @@ impl<'a> OfflineNames<'a> {
         drop(g);
         // The renamed node is the origin's file now (as the kernel sees it: the name leads
         // to the renamed inode); the replaced node is gone.
-        self.fs.nodes.set_local(src_attr.file_id, None);
-        self.fs.nodes.unbind_file_id(d.ino, d_attr.file_id);
+        self.sb.nodes.set_local(src_attr.file_id, None);
+        self.sb.nodes.unbind_file_id(d.ino, d_attr.file_id);
         d.state.lock().mark_deleted();
         let entry = hoardfs_origin::Entry {
             handle: d_handle,
             attr: d_attr,
         };
-        self.fs.nodes.rebind(src.ino, src_attr.file_id, &entry);
-        self.fs.nodes.set_local(d_attr.file_id, local);
+        self.sb.nodes.rebind(src.ino, src_attr.file_id, &entry);
+        self.sb.nodes.set_local(d_attr.file_id, local);
         src.state.lock().moved(new_dir.ino, new_name);
         dir.state.lock().remove_local_entry(name);
         let listed = hoardfs_origin::DirEntry {
@@ -725,15 +711,15 @@ impl<'a> OfflineNames<'a> {
     /// Removes `dir/name` on the origin (an object whose pending change was sent back
     /// while its removal waited for the log).
     fn remove_sent(&self, dir: &Node, name: &[u8], is_dir: bool) -> FsResult<()> {
-        self.fs.with_handle(dir, |h| {
+        self.sb.with_handle(dir, |h| {
             if is_dir {
-                self.fs.origin.rmdir(h, name)
+                self.sb.origin.rmdir(h, name)
             } else {
-                self.fs.origin.unlink(h, name)
+                self.sb.origin.unlink(h, name)
             }
         })?;
         dir.state.lock().remove_child(name);
-        self.fs.dir_changed(dir);
+        self.sb.dir_changed(dir);
         Ok(())
     }
 }

@@ -205,37 +205,22 @@ impl HoardFs {
     /// changed since the kernel last saw its attributes (which are then invalidated).
     pub fn open(&self, ino: Ino, access: Access, make_backing: &MakeBacking) -> FsResult<Opened> {
         if access.write {
-            self.check_writable()?;
+            self.sb.check_writable()?;
         }
-        let node = self.file_node(ino)?;
-        if self.staged_of(&node).is_some() {
+        let node = self.sb.file_node(ino)?;
+        if self.sb.staged_of(&node).is_some() {
             return Ok(self.open_pending(node, access));
         }
-        let attrs = self.validated_attr(&node)?;
+        let attrs = self.sb.validated_attr(&node)?;
         // The kernel may still hold the old size (close-to-open: a file that changed must
         // show its new size to the reader that just opened it), so its copy of the
         // attributes is invalidated before the open is answered. Attributes only: what
         // happens to the page cache is the open reply's to say.
         let (attr, changed) = (attrs.now, attrs.changed());
-        if changed && let Some(n) = self.notifier.get() {
+        if changed && let Some(n) = self.sb.notifier.get() {
             n.inval_attr(ino);
         }
         Ok(self.open_node(node, attr, access, changed, make_backing))
-    }
-
-    /// Close-to-open: the attributes the node had, and its current ones, checked with the
-    /// origin unless it holds a callback for them.
-    pub(crate) fn validated_attr(&self, node: &Node) -> FsResult<Revalidated> {
-        let (before, valid) = {
-            let st = node.state.lock();
-            (st.attr(), st.has_callback() && st.attr_fresh(&self.config))
-        };
-        let now = if valid {
-            before
-        } else {
-            self.refresh_attr(node)?.attr
-        };
-        Ok(Revalidated { before, now })
     }
 
     /// Opens `node` at `attr`'s version (the second half of `open`, shared with `create`).
@@ -248,6 +233,7 @@ impl HoardFs {
         make_backing: &MakeBacking,
     ) -> Opened {
         let object = self
+            .sb
             .objects
             .object_for(&node, attr.file_id, attr.version, attr.size);
         // Held before anything looks at its chunks: from here on it cannot be evicted, so
@@ -302,7 +288,7 @@ impl HoardFs {
         object: &Arc<CachedObject>,
         make_backing: &MakeBacking,
     ) -> Option<OpenMode> {
-        if !self.config.passthrough
+        if !self.sb.config.passthrough
             || self.kernel_opens()
             || self.passthrough.refused()
             || st.opens.has_daemon_opens()
@@ -319,7 +305,7 @@ impl HoardFs {
             None if st.opens.may_register() => {
                 match object.open_backing().map(|f| make_backing(&f)) {
                     Ok(Ok(id)) => {
-                        Stats::add(&self.stats.passthrough_registrations, 1);
+                        Stats::add(&self.sb.stats.passthrough_registrations, 1);
                         st.opens
                             .admit_registered_passthrough(object.clone(), id.clone());
                         id
@@ -343,7 +329,7 @@ impl HoardFs {
             }
             None => return None,
         };
-        Stats::add(&self.stats.passthrough_opens, 1);
+        Stats::add(&self.sb.stats.passthrough_opens, 1);
         Some(OpenMode::Passthrough(id))
     }
 
@@ -356,7 +342,7 @@ impl HoardFs {
         attr: &hoardfs_origin::Attr,
         access: Access,
     ) -> OpenMode {
-        Stats::add(&self.stats.daemon_opens, 1);
+        Stats::add(&self.sb.stats.daemon_opens, 1);
         if st.opens.passthrough_opens() > 0 {
             // The kernel refuses any non-passthrough open of an inode open in passthrough
             // (EIO): neither a write open nor one of a newer version can succeed on this
@@ -395,8 +381,8 @@ impl HoardFs {
         offset: u64,
         size: u32,
     ) -> FsResult<ReadData> {
-        Stats::add(&self.stats.reads, 1);
-        if let Some(p) = self.staged_of(&of.node)
+        Stats::add(&self.sb.stats.reads, 1);
+        if let Some(p) = self.sb.staged_of(&of.node)
             && let Some(data) = self.read_pending(&p, offset, size)?
         {
             return Ok(data);
@@ -456,11 +442,13 @@ impl HoardFs {
     /// open at 256 readers, and a copy for every reply that spanned two chunks.)
     fn read_uncached(&self, node: &Node, offset: u64, end: u64) -> FsResult<ReadData> {
         let len = (end - offset) as u32;
-        let mut r = self.with_handle(node, |h| self.origin.read(h, offset, len))?;
+        let mut r = self
+            .sb
+            .with_handle(node, |h| self.sb.origin.read(h, offset, len))?;
         // Never more than asked (a remote origin's replies are checked for that already).
         r.data.truncate(len as usize);
-        Stats::add(&self.stats.chunk_fetches, 1);
-        Stats::add(&self.stats.bytes_from_network, r.data.len() as u64);
+        Stats::add(&self.sb.stats.chunk_fetches, 1);
+        Stats::add(&self.sb.stats.bytes_from_network, r.data.len() as u64);
         Ok(Recycled::from(r.data))
     }
 
@@ -480,8 +468,8 @@ impl HoardFs {
             if let Some(obj) = &view.object
                 && obj.read_chunk_at(c, dst, from)?
             {
-                Stats::add(&self.stats.chunk_hits, 1);
-                Stats::add(&self.stats.bytes_from_cache, dst.len() as u64);
+                Stats::add(&self.sb.stats.chunk_hits, 1);
+                Stats::add(&self.sb.stats.bytes_from_cache, dst.len() as u64);
                 return Ok(None);
             }
             if let Some(bytes) = self.ensure_chunk(&of.node, view, c)? {
@@ -526,19 +514,19 @@ impl HoardFs {
             self.unlinked.removed(hidden.path, gone);
         }
         if idle {
-            self.nodes.forget(of.node.ino, 0);
+            self.sb.nodes.forget(of.node.ino, 0);
         } else if !still_open {
-            self.objects.closed(&of.node);
+            self.sb.objects.closed(&of.node);
         }
         drop(of);
         if !still_open
             && let Some(file_id) = deleted
-            && let Some(cache) = self.objects.dir_if_any()
+            && let Some(cache) = self.sb.objects.dir_if_any()
         {
             // A file deleted on the origin, closed for good (its open file's hold on the
             // object is dropped): its cached bytes, with this client's writes that the
             // origin never saw, must not outlive it.
-            match cache.evict(&self.objects.key(file_id)) {
+            match cache.evict(&self.sb.objects.key(file_id)) {
                 Ok(b) => tracing::debug!(file_id, b, "cached object of a deleted file evicted"),
                 Err(e) => tracing::debug!(file_id, "cached object of a deleted file kept: {e}"),
             }
@@ -549,14 +537,14 @@ impl HoardFs {
     pub fn shutdown(&self) {
         self.fetcher.stop();
         self.release_implicit_opens();
-        self.objects.close();
+        self.sb.objects.close();
     }
 
     /// Whether the kernel opens files itself (see the module docs): asked for, and the
     /// mount is read-only and has a disk cache (the mode is made for warm reads of cached
     /// trees; `hoardfs mount` refuses it with `--no-cache`).
     pub fn kernel_opens(&self) -> bool {
-        self.config.kernel_opens && self.read_only && self.objects.enabled()
+        self.sb.config.kernel_opens && self.sb.read_only && self.sb.objects.enabled()
     }
 
     /// Reads up to `size` bytes at `offset` of file `ino`, which the kernel opened without
@@ -574,8 +562,8 @@ impl HoardFs {
 
     /// The implicit open of `ino` at its current version, opened if needed.
     fn implicit_open(&self, ino: Ino) -> FsResult<Arc<OpenFile>> {
-        let node = self.file_node(ino)?;
-        let attr = self.attr_of(&node)?.attr;
+        let node = self.sb.file_node(ino)?;
+        let attr = self.sb.attr_of(&node)?.attr;
         let known = self.implicit.current(ino);
         if let Some(open) = known
             && open.version == attr.version

@@ -125,15 +125,15 @@ impl<'a> CycleBreaker<'a> {
         // (The change's lock, then the moves' guard, as a sender takes them.)
         let mut g = p.lock();
         let _moving = off.log.moving();
-        let root = self.fs.origin.info()?.root.handle;
+        let root = self.fs.sb.origin.info()?.root.handle;
         let temp = parking(r.seq);
-        let here = match self.fs.find(root, r.origin_loc())? {
+        let here = match self.fs.sb.find(root, r.origin_loc())? {
             Found {
                 dir: Some(dir),
                 entry: Some(e),
             } if e.attr.file_id == r.origin_id() => {
                 let name = r.origin_loc().last().expect("a path has a name");
-                self.fs.origin.rename(
+                self.fs.sb.origin.rename(
                     dir,
                     name,
                     root,
@@ -143,7 +143,7 @@ impl<'a> CycleBreaker<'a> {
                 true
             }
             _ => matches!(
-                self.fs.find(root, &temp)?.entry,
+                self.fs.sb.find(root, &temp)?.entry,
                 Some(e) if e.attr.file_id == r.origin_id()
             ),
         };

@@ -26,7 +26,7 @@ impl HoardFs {
     /// written. (The writer's pid decides which close publishes the file: see
     /// [`HoardFs::flush`].)
     pub fn write(&self, fh: FileHandle, offset: u64, data: &[u8], pid: u32) -> FsResult<u32> {
-        self.check_writable()?;
+        self.sb.check_writable()?;
         let of = self.open_file(fh)?;
         if !of.access.write {
             return Err(FsError::BadHandle);
@@ -34,18 +34,21 @@ impl HoardFs {
         of.wrote_from(pid);
         let node = &of.node;
         // A file changed offline stays local until reintegration sent it back.
-        if let Some(p) = self.staged_of(node)
+        if let Some(p) = self.sb.staged_of(node)
             && let Some(n) = self.write_pending(&of, &p, offset, data)?
         {
             return Ok(n);
         }
-        let since = self.callbacks.seq();
+        let since = self.sb.callbacks.seq();
         let append = of.access.append;
-        let verifier = self.verifier();
+        let verifier = self.sb.verifier();
         // A file removed elsewhere while open here answers `Stale` (ESTALE, as on NFS):
         // this client cannot tell it from one renamed elsewhere and then forgotten by a
         // restarted server, so it must not accept bytes that would go nowhere.
-        let w = match self.with_handle(node, |h| self.origin.write(h, offset, data, append)) {
+        let w = match self
+            .sb
+            .with_handle(node, |h| self.sb.origin.write(h, offset, data, append))
+        {
             Err(FsError::Offline(why)) => {
                 let p = self.stage(node, why)?;
                 return match self.write_pending(&of, &p, offset, data)? {
@@ -64,12 +67,13 @@ impl HoardFs {
                 data.len()
             )));
         };
-        self.durability.wrote(node.ino, verifier, self.verifier());
-        Stats::add(&self.stats.writes, 1);
-        Stats::add(&self.stats.bytes_written, w.written as u64);
+        self.durability
+            .wrote(node.ino, verifier, self.sb.verifier());
+        Stats::add(&self.sb.stats.writes, 1);
+        Stats::add(&self.sb.stats.bytes_written, w.written as u64);
         self.follow_write(node, &w, written);
-        self.install_attr(node, w.attr, since);
-        if append && let Some(n) = self.notifier.get() {
+        self.sb.install_attr(node, w.attr, since);
+        if append && let Some(n) = self.sb.notifier.get() {
             // The kernel guessed the offset from a size that may be stale.
             n.inval_attr(node.ino);
         }
@@ -78,7 +82,7 @@ impl HoardFs {
 
     /// Moves the node's cached object along with a write made through this client.
     fn follow_write(&self, node: &Node, w: &hoardfs_origin::WriteReply, data: &[u8]) {
-        if !self.objects.enabled() {
+        if !self.sb.objects.enabled() {
             return;
         }
         let mut st = node.state.lock();
@@ -88,8 +92,12 @@ impl HoardFs {
             // that a complete copy stays complete.
             let before = st.origin_attr();
             if before.version == w.pre_version && before.file_id == w.attr.file_id {
-                self.objects
-                    .replace_object(&mut st, before.file_id, before.version, before.size);
+                self.sb.objects.replace_object(
+                    &mut st,
+                    before.file_id,
+                    before.version,
+                    before.size,
+                );
             }
         }
         let was_whole = st.opens.object().is_some_and(|o| o.is_complete());
@@ -100,7 +108,7 @@ impl HoardFs {
         if !matches!(followed, Ok(true))
             && was_whole
             && w.attr.size <= REFETCH_AFTER_TRUNCATE
-            && !self.origin.publishes_on_close()
+            && !self.sb.origin.publishes_on_close()
         {
             // A copy held whole could not follow (the file grew past a chunk size, or
             // somebody else changed it too): fetched again when the writer closes it, so
@@ -112,13 +120,13 @@ impl HoardFs {
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!("cache update after a write failed: {e}");
-                Stats::add(&self.stats.cache_errors, 1);
+                Stats::add(&self.sb.stats.cache_errors, 1);
             }
         }
         // Somebody else changed the file too (or there was no object): start an empty
         // object for the new version, holding at least what we just wrote.
         let (file_id, v, size) = (w.attr.file_id, w.attr.version, w.attr.size);
-        if let Some(fresh) = self.objects.replace_object(&mut st, file_id, v, size)
+        if let Some(fresh) = self.sb.objects.replace_object(&mut st, file_id, v, size)
             && let Err(e) = fresh.apply_write(v, w.offset, data, v, size)
         {
             tracing::warn!("cache update after a write failed: {e}");
@@ -127,13 +135,16 @@ impl HoardFs {
 
     /// Has an origin that publishes whole files (S3) publish `node`'s writes.
     pub(crate) fn publish(&self, node: &Node) -> FsResult<()> {
-        if !self.origin.publishes_on_close() || self.read_only || self.staged_of(node).is_some() {
+        if !self.sb.origin.publishes_on_close()
+            || self.sb.read_only
+            || self.sb.staged_of(node).is_some()
+        {
             return Ok(());
         }
-        let since = self.callbacks.seq();
-        if let Some((pre, attr)) = self.with_handle(node, |h| self.origin.flush(h))? {
+        let since = self.sb.callbacks.seq();
+        if let Some((pre, attr)) = self.sb.with_handle(node, |h| self.sb.origin.flush(h))? {
             self.follow_publish(node, pre, &attr);
-            self.install_attr(node, attr, since);
+            self.sb.install_attr(node, attr, since);
         }
         Ok(())
     }
@@ -153,7 +164,8 @@ impl HoardFs {
     /// whose effect on the content this client cannot reproduce (e.g. a truncate).
     fn reset_object(&self, node: &Node, attr: &Attr) {
         if node.state.lock().opens.object().is_some() {
-            self.objects
+            self.sb
+                .objects
                 .object_for(node, attr.file_id, attr.version, attr.size);
         }
     }
@@ -161,16 +173,16 @@ impl HoardFs {
     /// Changes attributes of `ino` (chmod, chown, truncate, utimens); returns the new ones
     /// and how long the kernel may cache them.
     pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<NodeAttr> {
-        self.check_writable()?;
-        let node = self.node(ino)?;
+        self.sb.check_writable()?;
+        let node = self.sb.node(ino)?;
         // A truncation (times, which the kernel may send along, follow from it).
         let truncation = set.mode.is_none() && set.uid.is_none() && set.gid.is_none();
         // An object with a change not yet sent back is the log's until then.
-        if self.pending_of(&node).is_some() {
+        if self.sb.pending_of(&node).is_some() {
             if let Some(size) = set.size.filter(|_| truncation)
                 && node.kind == hoardfs_origin::FileKind::File
             {
-                let p = match self.staged_of(&node) {
+                let p = match self.sb.staged_of(&node) {
                     Some(p) => p,
                     None => self.stage(&node, "its change is not on the server yet".into())?,
                 };
@@ -182,9 +194,11 @@ impl HoardFs {
             // file before the staged content reaches it, they would change its version
             // and turn this client's change into a conflict).
             if set.size.is_none() && set.uid.is_none() && set.gid.is_none() {
-                return self.names_offline("not on the server yet".into(), |n, why| {
-                    n.setattr(&node, set, why)
-                });
+                return self
+                    .sb
+                    .names_offline("not on the server yet".into(), |n, why| {
+                        n.setattr(&node, set, why)
+                    });
             }
             // Owners need the origin, and the change first (sent by the mount's keeper,
             // not from here: see `names_sent`).
@@ -197,10 +211,13 @@ impl HoardFs {
         // between), so that it can still be read and changed offline; up to a bound.
         let keep_whole = set.size.is_some_and(|s| s <= REFETCH_AFTER_TRUNCATE)
             && node.kind == hoardfs_origin::FileKind::File
-            && !self.origin.publishes_on_close()
+            && !self.sb.origin.publishes_on_close()
             && self.cached_whole(&node);
-        let since = self.callbacks.seq();
-        let attr = match self.with_handle(&node, |h| self.origin.setattr(h, set)) {
+        let since = self.sb.callbacks.seq();
+        let attr = match self
+            .sb
+            .with_handle(&node, |h| self.sb.origin.setattr(h, set))
+        {
             // A truncation while the origin is unreachable is an offline change too.
             Err(FsError::Offline(why))
                 if truncation
@@ -213,14 +230,16 @@ impl HoardFs {
                     .ok_or(FsError::SentMeanwhile);
             }
             Err(FsError::Offline(why)) if set.size.is_none() => {
-                return self.names_offline(why, |n, why| n.setattr(&node, set, why));
+                return self
+                    .sb
+                    .names_offline(why, |n, why| n.setattr(&node, set, why));
             }
             r => r?,
         };
         if node.kind == hoardfs_origin::FileKind::File {
             self.reset_object(&node, &attr);
         }
-        let installed = self.install_attr(&node, attr, since);
+        let installed = self.sb.install_attr(&node, attr, since);
         if keep_whole && let Err(e) = self.prefetch(node.ino) {
             tracing::debug!(ino, "refetching a truncated file failed: {e}");
         }
@@ -236,9 +255,10 @@ impl HoardFs {
         if let Some(o) = object {
             return o.is_complete() && o.shape().version == attr.version;
         }
-        self.objects
+        self.sb
+            .objects
             .dir_if_any()
-            .and_then(|c| c.peek(&self.objects.key(attr.file_id)))
+            .and_then(|c| c.peek(&self.sb.objects.key(attr.file_id)))
             .is_some_and(|m| m.version == attr.version && m.is_complete())
     }
 
@@ -246,13 +266,16 @@ impl HoardFs {
     /// (once) if writes to it were acknowledged by a server instance that may have lost
     /// them (module `durability`).
     pub fn fsync(&self, ino: Ino, datasync: bool) -> FsResult<()> {
-        let node = self.node(ino)?;
-        if let Some(p) = self.staged_of(&node) {
+        let node = self.sb.node(ino)?;
+        if let Some(p) = self.sb.staged_of(&node) {
             // Durable on this client's disk; it reaches the origin at reintegration.
             return self.sync_pending(&p);
         }
-        let verifier = self.verifier();
-        match self.with_handle(&node, |h| self.origin.fsync(h, datasync)) {
+        let verifier = self.sb.verifier();
+        match self
+            .sb
+            .with_handle(&node, |h| self.sb.origin.fsync(h, datasync))
+        {
             // Deleted on the origin: nothing of it can ever be read back after a crash, as
             // with a local file without a name, so there is nothing to make durable.
             Err(FsError::Origin(WireError::Stale)) if node.state.lock().is_deleted() => {
@@ -261,7 +284,7 @@ impl HoardFs {
             r => r?,
         }
         self.durability
-            .synced(ino, verifier, self.verifier())
+            .synced(ino, verifier, self.sb.verifier())
             .inspect_err(|e| tracing::error!(ino, "fsync fails: {e}"))?;
         Ok(())
     }
@@ -281,7 +304,7 @@ impl HoardFs {
             }
         }
         if let Some(of) = of.filter(|of| of.access.write) {
-            if let Some(p) = self.staged_of(&of.node) {
+            if let Some(p) = self.sb.staged_of(&of.node) {
                 // As a local file system would not, but as close-to-open promises:
                 // what was written is durable (here) once close returns.
                 return self.sync_pending(&p);
@@ -295,43 +318,41 @@ impl HoardFs {
             }
         }
         self.durability
-            .closed(ino, self.verifier())
+            .closed(ino, self.sb.verifier())
             .inspect_err(|e| tracing::error!(ino, "close fails: {e}"))?;
         Ok(())
     }
 
     /// Value of extended attribute `name`.
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
-        let node = self.node(ino)?;
-        self.with_handle(&node, |h| self.origin.getxattr(h, name))
+        let node = self.sb.node(ino)?;
+        self.sb
+            .with_handle(&node, |h| self.sb.origin.getxattr(h, name))
     }
 
     /// Extended attribute names, each NUL-terminated.
     pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        let node = self.node(ino)?;
-        self.with_handle(&node, |h| self.origin.listxattr(h))
+        let node = self.sb.node(ino)?;
+        self.sb.with_handle(&node, |h| self.sb.origin.listxattr(h))
     }
 
     /// Sets extended attribute `name` (`flags`: 1 create only, 2 replace only).
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> FsResult<()> {
-        self.check_writable()?;
-        let node = self.node(ino)?;
-        self.with_handle(&node, |h| self.origin.setxattr(h, name, value, flags))?;
-        self.expire_attr(&node);
+        self.sb.check_writable()?;
+        let node = self.sb.node(ino)?;
+        self.sb
+            .with_handle(&node, |h| self.sb.origin.setxattr(h, name, value, flags))?;
+        self.sb.expire_attr(&node);
         Ok(())
     }
 
     /// Removes extended attribute `name`.
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
-        self.check_writable()?;
-        let node = self.node(ino)?;
-        self.with_handle(&node, |h| self.origin.removexattr(h, name))?;
-        self.expire_attr(&node);
+        self.sb.check_writable()?;
+        let node = self.sb.node(ino)?;
+        self.sb
+            .with_handle(&node, |h| self.sb.origin.removexattr(h, name))?;
+        self.sb.expire_attr(&node);
         Ok(())
-    }
-
-    /// Forgets a node's attributes (the next getattr asks the origin).
-    pub(crate) fn expire_attr(&self, node: &Node) {
-        node.state.lock().expire();
     }
 }

@@ -337,7 +337,8 @@ fn closed_files_keep_their_objects_only_up_to_a_bound() {
         inos.push(ino);
     }
     let holding = |ino: &Ino| {
-        r.fs.nodes
+        r.fs.sb
+            .nodes
             .get(*ino)
             .is_some_and(|n| n.state.lock().opens.object().is_some())
     };
@@ -386,7 +387,8 @@ fn a_file_reopened_over_and_over_keeps_its_object_and_registration() {
         "one registration per file, reused by every open"
     );
     let holding = |ino: Ino| {
-        r.fs.nodes
+        r.fs.sb
+            .nodes
             .get(ino)
             .is_some_and(|n| n.state.lock().opens.object().is_some())
     };

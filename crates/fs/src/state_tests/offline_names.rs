@@ -381,7 +381,7 @@ fn names_reused_after_removals_and_moves_are_sent_back_in_an_order_that_works() 
     assert!(dir_of(&r, "z/w").is_empty());
     assert_eq!(std::fs::read(r.export.join("z/y")).unwrap(), b"y");
     assert_eq!(std::fs::read(r.export.join("a")).unwrap(), b"f");
-    assert!(!r.fs.names_pending());
+    assert!(!r.fs.sb.names_pending());
 }
 
 #[test]
@@ -669,7 +669,7 @@ fn a_logged_change_of_the_roots_attributes_is_dropped_and_listed_not_retried() {
     // (Logged by an earlier build, which took the root's attributes offline.)
     let (r, _reg, _) = offline_rig(b"f");
     let root = r.fs.getattr(ROOT_INO).unwrap().attr;
-    let off = r.fs.offline.as_ref().unwrap();
+    let off = r.fs.sb.offline.as_ref().unwrap();
     off.log.stage_meta(Vec::new(), None, &root).unwrap();
     assert_eq!(r.fs.pending_changes(), 1);
     let done = r.fs.reintegrate();

@@ -235,7 +235,7 @@ fn without_callbacks_a_listing_read_ahead_needs_its_directory_unchanged() {
     r.fs.listing(dirs[1].0).unwrap();
     assert_eq!(r.fs.stats().listings_read_ahead, 1);
     std::fs::write(r.export.join("d2/new"), b"n").unwrap();
-    r.fs.expire_attr(&r.fs.node(dirs[2].0).unwrap());
+    r.fs.sb.expire_attr(&r.fs.sb.node(dirs[2].0).unwrap());
     r.fs.getattr(dirs[2].0).unwrap();
     let l = r.fs.listing(dirs[2].0).unwrap();
     assert!(l.entries.iter().any(|e| e.name == b"new"), "fetched again");

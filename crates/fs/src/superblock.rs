@@ -1,0 +1,710 @@
+//! The superblock: what this client knows of the export's objects, and the rules that
+//! keep it true. It owns the origin, the node table (names, attributes, listings and
+//! their freshness), the disk cache's objects, the callbacks and their breaks, the
+//! kernel notifier, the listings read ahead of a walk and the offline change log; it
+//! answers lookups, attributes, symbolic links and listings, finds fresh handles when the
+//! origin calls one stale, and records what the origin answers (`remember`,
+//! `install_attr`). The operation families ([`crate::read::Reads`],
+//! [`crate::write::Writes`], [`crate::namespace::Names`]) own their own state and work
+//! over a borrowed `Superblock`; [`crate::HoardFs`] orders them.
+//!
+//! Lock ordering: a node's `state` lock is never held across origin I/O; the node table's
+//! lock is not taken while a node's lock is held (`crate::nodes`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, WireError};
+
+use crate::callbacks::{Callbacks, KernelNotifier};
+use crate::cml::Pending;
+use crate::manage::CacheManager;
+use crate::nodes::{Ino, Node, NodeTable, ROOT_INO};
+use crate::offline::{NAMES_WAIT, OfflineWrites};
+use crate::offline_names::OfflineNames;
+use crate::read::Revalidated;
+use crate::reintegrate::Found;
+use crate::stats::Stats;
+use crate::trees::{DirStamp, Kept, TreeAhead};
+use crate::{
+    FsConfig, FsError, FsResult, ListedNode, Listing, MAX_LISTING, MAX_LISTING_NAME_BYTES,
+    NodeAttr, NodeEntry, objects::Objects,
+};
+
+/// Shared state of a mount, borrowed by every operation family.
+pub(crate) struct Superblock {
+    pub(crate) origin: Arc<dyn Origin>,
+    /// The disk cache (if any) and which object belongs to which file.
+    pub(crate) objects: Objects,
+    pub(crate) config: FsConfig,
+    pub(crate) nodes: NodeTable,
+    pub(crate) stats: Arc<Stats>,
+    /// The origin's change reports (callbacks) and the breaks received.
+    pub(crate) callbacks: Callbacks,
+    /// Where kernel invalidations go (set once the FUSE session exists).
+    pub(crate) notifier: OnceLock<Arc<dyn KernelNotifier>>,
+    /// The mount refuses modifications.
+    pub(crate) read_only: bool,
+    /// The client modify log of `--offline-writes`.
+    pub(crate) offline: Option<OfflineWrites>,
+    /// Listings read ahead of a walk.
+    pub(crate) trees: TreeAhead,
+}
+
+impl Superblock {
+    /// The origin's current write verifier (see `durability`).
+    pub(crate) fn verifier(&self) -> u64 {
+        self.origin.info().map(|i| i.verifier).unwrap_or(0)
+    }
+
+    pub(crate) fn check_writable(&self) -> FsResult<()> {
+        if self.read_only {
+            Err(FsError::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether attributes fetched after break number `since` come with a callback.
+    pub(crate) fn grant(&self, file_id: u64, since: u64) -> bool {
+        self.callbacks.grants(file_id, since)
+    }
+
+    /// Stores fresh attributes of `node` (fetched after break number `since`).
+    pub(crate) fn install_attr(&self, node: &Node, attr: Attr, since: u64) -> NodeAttr {
+        let mut st = node.state.lock();
+        st.install_attr(attr, self.grant(attr.file_id, since));
+        NodeAttr {
+            attr,
+            ttl: st.kernel_ttl(&self.config),
+        }
+    }
+
+    pub(crate) fn node(&self, ino: Ino) -> FsResult<Arc<Node>> {
+        self.nodes.get(ino).ok_or(FsError::BadHandle)
+    }
+
+    /// The node of regular file `ino` (anything else is an error).
+    pub(crate) fn file_node(&self, ino: Ino) -> FsResult<Arc<Node>> {
+        let node = self.node(ino)?;
+        match node.kind {
+            FileKind::File => Ok(node),
+            FileKind::Dir => Err(WireError::IsDir.into()),
+            _ => Err(WireError::Invalid.into()),
+        }
+    }
+
+    /// Cache management (`crate::manage`) over this mount's nodes and objects.
+    pub(crate) fn manager(&self) -> CacheManager<'_> {
+        CacheManager::new(&self.nodes, &self.objects)
+    }
+
+    /// Runs `op` with the node's handle; if the origin says the handle is stale (server
+    /// restarted or handle forgotten), resolves the node's name again and retries once.
+    pub(crate) fn with_handle<T>(
+        &self,
+        node: &Node,
+        mut op: impl FnMut(Handle) -> Result<T, OriginError>,
+    ) -> FsResult<T> {
+        if node.state.lock().is_deleted() {
+            return Err(WireError::Stale.into());
+        }
+        match op(node.handle()) {
+            Err(OriginError::Fs(WireError::Stale)) => {
+                let h = match self.resolve(node.ino, 0) {
+                    Ok(h) => h,
+                    Err(e) => return Err(self.lost(node, e)),
+                };
+                Ok(op(h)?)
+            }
+            r => Ok(r?),
+        }
+    }
+
+    /// `node`'s handle is stale and resolving its name failed with `e`. A regular file
+    /// open here whose name is gone (or names another object) was deleted on the origin
+    /// while open: it becomes a deleted node (`NodeState::mark_deleted`), which keeps
+    /// serving `fstat`, cached reads and local writes to its descriptors, as a local file
+    /// system would; what needs the origin fails with `ESTALE`.
+    pub(crate) fn lost(&self, node: &Node, e: FsError) -> FsError {
+        let gone = matches!(e, FsError::Origin(WireError::NotFound | WireError::Stale));
+        if !gone || node.kind != FileKind::File {
+            return e;
+        }
+        let file_id = {
+            let mut st = node.state.lock();
+            if !st.is_open() {
+                return e;
+            }
+            st.mark_deleted();
+            st.attr().file_id
+        };
+        self.nodes.unbind_file_id(node.ino, file_id);
+        tracing::debug!(ino = node.ino, "an open file was deleted on the origin");
+        if let Some(n) = self.notifier.get() {
+            n.inval_attr(node.ino);
+        }
+        FsError::Origin(WireError::Stale)
+    }
+
+    /// Finds a fresh handle for `ino` by walking its names from the root.
+    pub(crate) fn resolve(&self, ino: Ino, depth: u32) -> FsResult<Handle> {
+        if depth > 256 {
+            return Err(FsError::Origin(WireError::Stale));
+        }
+        let node = self.node(ino)?;
+        if ino == ROOT_INO {
+            let root = self.origin.info()?.root;
+            node.state.lock().set_handle(root.handle);
+            return Ok(root.handle);
+        }
+        let (parent, name, file_id) = {
+            let st = node.state.lock();
+            (st.parent(), st.name().to_vec(), st.attr().file_id)
+        };
+        let ph = self.resolve(parent, depth + 1)?;
+        let e = self.origin.lookup(ph, &name)?;
+        if e.attr.file_id != file_id {
+            // The name now refers to another object: ours is gone.
+            return Err(FsError::Origin(WireError::Stale));
+        }
+        node.state.lock().resolved(e.handle, e.attr);
+        Ok(e.handle)
+    }
+
+    /// Resolves `name` in directory `parent`; counts one kernel lookup on success. Returns
+    /// the node, its attributes and how long the kernel may cache them.
+    pub(crate) fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<NodeEntry> {
+        let dir = self.node(parent)?;
+        if dir.kind != FileKind::Dir {
+            return Err(WireError::NotDir.into());
+        }
+        // A file with a change not yet sent back (perhaps not even created on the origin)
+        // is the log's: answered here.
+        let (child, listed) = {
+            let st = dir.state.lock();
+            (st.child(name), st.last_listing().is_some())
+        };
+        let child = child.and_then(|c| self.nodes.get(c));
+        // So are all names while the log holds changes to names (this client's view of
+        // them is its own until they are sent back).
+        if self.names_pending() && child.is_none() && listed {
+            return Err(WireError::NotFound.into());
+        }
+        if let Some(node) = child
+            && (self.names_pending() || self.pending_of(&node).is_some())
+        {
+            let mut st = node.state.lock();
+            if !st.is_deleted() {
+                st.count_lookup();
+                return Ok(NodeEntry {
+                    ino: node.ino,
+                    attr: st.attr(),
+                    ttl: self.config.attr_ttl,
+                });
+            }
+        }
+        let since = self.callbacks.seq();
+        let dir_id = dir.state.lock().attr().file_id;
+        match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
+            // An object moved here and not yet on the origin has this client's name only.
+            Ok(e)
+                if self
+                    .offline_names()
+                    .is_some_and(|n| n.moved_elsewhere(&e, parent, name)) =>
+            {
+                Err(WireError::NotFound.into())
+            }
+            Ok(e) => {
+                let ListedNode { ino, ttl, attr } =
+                    self.remember(parent, name, &e, dir_id, since, None);
+                Ok(NodeEntry { ino, attr, ttl })
+            }
+            Err(FsError::Offline(why)) => {
+                // Serve the name from what we saw while connected.
+                let (child, listed) = {
+                    let st = dir.state.lock();
+                    (st.child(name), st.last_listing().is_some())
+                };
+                // With offline writes, a name missing from the directory's kept listing
+                // is absent (as the listing shows), so that it can be created.
+                if child.is_none() && listed && self.offline.as_ref().is_some_and(|o| o.keeps_new())
+                {
+                    return Err(WireError::NotFound.into());
+                }
+                let node = child
+                    .and_then(|c| self.nodes.get(c))
+                    .ok_or(FsError::Offline(why))?;
+                let mut st = node.state.lock();
+                st.count_lookup();
+                Ok(NodeEntry {
+                    ino: node.ino,
+                    attr: st.attr(),
+                    ttl: self.config.attr_ttl,
+                })
+            }
+            Err(e) => {
+                if e == FsError::Origin(WireError::NotFound) {
+                    dir.state.lock().remove_child(name);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Records (`parent`, `name`) → `e` learned after break number `since`; the callback
+    /// needs both the entry's object and the directory (`dir_id`) unbroken since then.
+    pub(crate) fn remember(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        e: &hoardfs_origin::Entry,
+        dir_id: u64,
+        since: u64,
+        as_of: Option<std::time::Instant>,
+    ) -> ListedNode {
+        let grant = |a: &Attr| self.grant(a.file_id, since) && self.grant(dir_id, since);
+        let n = self
+            .nodes
+            .remember(parent, name, e.handle, e.attr, as_of, grant);
+        let st = n.state.lock();
+        ListedNode {
+            ino: n.ino,
+            ttl: st.kernel_ttl(&self.config),
+            attr: st.attr(),
+        }
+    }
+
+    /// [`HoardFs::getattr`] of a node already looked up.
+    pub(crate) fn attr_of(&self, node: &Node) -> FsResult<NodeAttr> {
+        {
+            let st = node.state.lock();
+            if st.is_deleted() {
+                // Nothing to ask the origin: only this client changes it now.
+                return Ok(NodeAttr {
+                    attr: st.attr(),
+                    ttl: Duration::ZERO,
+                });
+            }
+            if st.attr_fresh(&self.config) {
+                return Ok(NodeAttr {
+                    attr: st.attr(),
+                    ttl: st.kernel_ttl(&self.config),
+                });
+            }
+            if st.has_change() {
+                // The log's until sent back (a node made offline has no origin object).
+                return Ok(NodeAttr {
+                    attr: st.attr(),
+                    ttl: self.config.attr_ttl,
+                });
+            }
+        }
+        self.refresh_attr(node)
+    }
+
+    /// Fresh attributes from the origin (cached ones if it is unreachable).
+    pub(crate) fn refresh_attr(&self, node: &Node) -> FsResult<NodeAttr> {
+        self.stats.count_version_check();
+        let since = self.callbacks.seq();
+        match self.with_handle(node, |h| self.origin.getattr(h)) {
+            Ok(a) => Ok(self.install_attr(node, a, since)),
+            Err(FsError::Origin(WireError::Stale)) if node.state.lock().is_deleted() => {
+                Ok(NodeAttr {
+                    attr: node.state.lock().attr(),
+                    ttl: Duration::ZERO,
+                })
+            }
+            Err(FsError::Offline(_)) => Ok(NodeAttr {
+                attr: node.state.lock().attr(),
+                ttl: self.config.attr_ttl,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Target of symlink `ino`.
+    pub(crate) fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        let node = self.node(ino)?;
+        if let Some(t) = self.offline_names().and_then(|n| n.local_target(&node)) {
+            return Ok(t);
+        }
+        match self.with_handle(&node, |h| self.origin.readlink(h)) {
+            Ok(t) => {
+                node.state.lock().keep_target(&t);
+                Ok(t)
+            }
+            // Served from what was read while connected.
+            Err(FsError::Offline(why)) => {
+                node.state.lock().kept_target().ok_or(FsError::Offline(why))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Close-to-open: the attributes the node had, and its current ones, checked with the
+    /// origin unless it holds a callback for them.
+    pub(crate) fn validated_attr(&self, node: &Node) -> FsResult<Revalidated> {
+        let (before, valid) = {
+            let st = node.state.lock();
+            (st.attr(), st.has_callback() && st.attr_fresh(&self.config))
+        };
+        let now = if valid {
+            before
+        } else {
+            self.refresh_attr(node)?.attr
+        };
+        Ok(Revalidated { before, now })
+    }
+
+    /// Forgets a node's attributes (the next getattr asks the origin).
+    pub(crate) fn expire_attr(&self, node: &Node) {
+        node.state.lock().expire();
+    }
+
+    /// The directory node `parent` (`ENOTDIR` if it is not one).
+    pub(crate) fn dir(&self, parent: Ino) -> FsResult<Arc<Node>> {
+        let dir = self.node(parent)?;
+        if dir.kind != FileKind::Dir {
+            return Err(WireError::NotDir.into());
+        }
+        Ok(dir)
+    }
+
+    /// A directory's content changed through this client (its kept listing has the
+    /// change, but is out of date: asked for again while the origin is reachable).
+    pub(crate) fn dir_changed(&self, dir: &Node) {
+        let dir_id = {
+            let mut st = dir.state.lock();
+            st.contents_changed();
+            st.attr().file_id
+        };
+        self.trees.forget(dir_id);
+    }
+
+    /// The names leading from the root to directory `ino`, as this client last saw them.
+    pub(crate) fn components_of(&self, ino: Ino) -> Option<Vec<Vec<u8>>> {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        for _ in 0..4096 {
+            if cur == ROOT_INO {
+                parts.reverse();
+                return Some(parts);
+            }
+            let n = self.nodes.get(cur)?;
+            let st = n.state.lock();
+            parts.push(st.name().to_vec());
+            cur = st.parent();
+        }
+        None
+    }
+
+    /// Whether new changes to names go to the log: offline writes are on and the log
+    /// still holds changes to names (they reach the origin first, in order).
+    pub(crate) fn names_logged(&self) -> bool {
+        self.offline
+            .as_ref()
+            .is_some_and(|o| o.keeps_new() && o.log.names_pending())
+    }
+
+    /// Whether the log holds changes to names (until they reach the origin, this
+    /// client's view of names is its own: lookups and listings are answered from it).
+    pub(crate) fn names_pending(&self) -> bool {
+        self.offline.as_ref().is_some_and(|o| o.log.names_pending())
+    }
+
+    /// Runs `op` (an offline variant of a namespace operation) instead of the origin's
+    /// when the log holds changes to names, so that the new change follows them (if the
+    /// log cannot take it, it fails: see `names_sent`); `None`: go to the origin.
+    pub(crate) fn logged<T>(
+        &self,
+        op: impl FnOnce(OfflineNames<'_>, String) -> FsResult<T>,
+    ) -> Option<FsResult<T>> {
+        let names = self.offline_names().filter(|_| self.names_logged())?;
+        Some(op(names, NAMES_WAIT.into()))
+    }
+
+    /// The changes to names of the change log (`None` when no log is open). A log is open
+    /// also on a mount without `--offline-writes` that still sends back an earlier
+    /// mount's changes: its operations then refuse new changes (`keeps_new`), except that
+    /// a removal may cancel or replace a logged one.
+    pub(crate) fn offline_names(&self) -> Option<OfflineNames<'_>> {
+        self.offline
+            .as_ref()
+            .map(|off| OfflineNames::new(self, off))
+    }
+
+    /// Runs `op` over the changes to names of the change log, for an operation the origin
+    /// failed with `why` or that must follow the log (`why` says which); with no log open
+    /// it fails with `Offline(why)`, as the origin did.
+    pub(crate) fn names_offline<T>(
+        &self,
+        why: String,
+        op: impl FnOnce(OfflineNames<'_>, String) -> FsResult<T>,
+    ) -> FsResult<T> {
+        match self.offline_names() {
+            Some(names) => op(names, why),
+            None => Err(FsError::Offline(why)),
+        }
+    }
+
+    /// Walks `path` from `root` on the origin: its directory's handle (`None` if a
+    /// component is gone) and its entry (`None` if absent).
+    pub(crate) fn find(&self, root: Handle, path: &[Vec<u8>]) -> FsResult<Found> {
+        let Some((name, dirs)) = path.split_last() else {
+            return Err(FsError::Origin(WireError::Invalid));
+        };
+        let mut dir = root;
+        for c in dirs {
+            dir = match self.origin.lookup(dir, c) {
+                Ok(e) if e.attr.kind == hoardfs_origin::FileKind::Dir => e.handle,
+                Ok(_) => return Ok(Found::NOWHERE),
+                Err(hoardfs_origin::OriginError::Fs(WireError::NotFound | WireError::NotDir)) => {
+                    return Ok(Found::NOWHERE);
+                }
+                Err(e) => return Err(e.into()),
+            };
+        }
+        match self.origin.lookup(dir, name) {
+            Ok(e) => Ok(Found {
+                dir: Some(dir),
+                entry: Some(e),
+            }),
+            Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => Ok(Found {
+                dir: Some(dir),
+                entry: None,
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The pending change of `node`'s object (content, name or attributes), if offline
+    /// writes are on and it has one.
+    pub(crate) fn pending_of(&self, node: &Node) -> Option<Arc<Pending>> {
+        self.change_of(node, false)
+    }
+
+    /// The pending change of `node`'s file whose content is staged here (reads, writes,
+    /// opens and syncs go to the staging file), if any.
+    pub(crate) fn staged_of(&self, node: &Node) -> Option<Arc<Pending>> {
+        self.change_of(node, true)
+    }
+
+    pub(crate) fn change_of(&self, node: &Node, content: bool) -> Option<Arc<Pending>> {
+        let off = self.offline.as_ref()?;
+        // Every object with a change in the log carries it as its local change (a
+        // removal's node is gone from the names): the log is looked at only for those,
+        // not on every read and write.
+        let file_id = {
+            let st = node.state.lock();
+            let marked = if content {
+                st.is_local()
+            } else {
+                st.has_change()
+            };
+            if !marked {
+                return None;
+            }
+            st.attr().file_id
+        };
+        off.log.get(file_id)
+    }
+
+    /// The full listing of directory `ino` (reused within the directory TTL). When it is
+    /// fetched, the disk cache reads the records of the listed files it holds ahead of
+    /// their opens.
+    pub(crate) fn listing(&self, ino: Ino) -> FsResult<Arc<Listing>> {
+        let node = self.node(ino)?;
+        if node.kind != FileKind::Dir {
+            return Err(WireError::NotDir.into());
+        }
+        if let Some(l) = node.state.lock().fresh_listing(&self.config) {
+            return Ok(l);
+        }
+        // While the log holds changes to names, this client's view of them is its own.
+        if self.names_pending()
+            && let Some(l) = node.state.lock().last_listing()
+        {
+            return Ok(l);
+        }
+        let dir_id = node.state.lock().attr().file_id;
+        let listing = match self.listing_read_ahead(&node, dir_id) {
+            Some(l) => l,
+            None => match self.fetch_listing_or_tree(&node, dir_id) {
+                Ok(l) => l,
+                Err(FsError::Offline(why)) => {
+                    return node
+                        .state
+                        .lock()
+                        .last_listing()
+                        .ok_or(FsError::Offline(why));
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        self.objects.warm_listed(&listing);
+        let since = listing.since;
+        let names: std::collections::HashSet<&[u8]> =
+            listing.entries.iter().map(|e| e.name.as_slice()).collect();
+        let mut st = node.state.lock();
+        // Names made here since the check above (the log took them) are not in it.
+        if self.names_pending()
+            && let Some(l) = st.last_listing()
+        {
+            return Ok(l);
+        }
+        st.retain_children(&names);
+        // Kept only if no break for the directory overtook it (checked under the lock the
+        // break handler takes to drop listings).
+        if self.grant(st.attr().file_id, since) || !self.callbacks.held() {
+            st.keep_listing(listing.clone());
+        }
+        Ok(listing)
+    }
+
+    /// The listing of directory `node` (file id `dir_id`) read ahead by a walk, if it is
+    /// still as good as a fresh one (`crate::trees`): no break of the directory since the
+    /// request (within the callback TTL), or without callbacks within the directory TTL;
+    /// and in both cases the directory's version and size still those of the reply.
+    pub(crate) fn listing_read_ahead(&self, node: &Node, dir_id: u64) -> Option<Arc<Listing>> {
+        let k = self.trees.take(dir_id)?;
+        let age = k.listing.fetched.elapsed();
+        let fresh = if self.callbacks.held() {
+            self.grant(dir_id, k.listing.since)
+                && age < self.config.callback_ttl.max(self.config.dir_ttl)
+        } else {
+            age < self.config.dir_ttl
+        };
+        let attr = node.state.lock().attr();
+        let same = k.seen == Some(DirStamp::of(&attr));
+        if !(fresh && same) {
+            return None;
+        }
+        self.stats.count_listing_read_ahead();
+        Some(k.listing)
+    }
+
+    /// Fetches the listing of directory `node` (file id `dir_id`): on its own, or, when
+    /// directories are being walked and the origin lists subtrees in one request, with
+    /// the listings around it (`crate::trees`), which are kept for the walk.
+    pub(crate) fn fetch_listing_or_tree(&self, node: &Node, dir_id: u64) -> FsResult<Arc<Listing>> {
+        let since = self.callbacks.seq();
+        let fetched = |entries| {
+            Arc::new(Listing {
+                entries,
+                fetched: Instant::now(),
+                since,
+            })
+        };
+        // Without callbacks, listings read ahead are good for the directory TTL only.
+        let usable = self.callbacks.held() || !self.config.dir_ttl.is_zero();
+        let ask = match self.trees.missed(Instant::now()) {
+            Some(ask) if usable && self.origin.lists_trees() => ask,
+            _ => return Ok(fetched(self.fetch_listing(node)?)),
+        };
+        // From the parent: a walker that lists one directory goes on to its siblings. But
+        // not from a parent whose listing is unknown or would take much of the request
+        // (it would come again with every request of the walk): then from the directory.
+        // (The node's lock is let go before the table's is taken.)
+        let parent_ino = node.state.lock().parent();
+        let parent = self.nodes.get(parent_ino);
+        let small = |p: &Node| {
+            let entries = p.state.lock().last_listing().map(|l| l.entries.len());
+            entries.is_some_and(|n| n <= ask as usize / 4)
+        };
+        let top = match parent {
+            Some(p) if p.ino != node.ino && p.kind == FileKind::Dir && small(&p) => p,
+            _ => self.node(node.ino)?,
+        };
+        let top_attr = top.state.lock().attr();
+        let sent_at = self.trees.name_changes();
+        let dirs = match self.with_handle(&top, |h| self.origin.read_tree(h, top_attr.file_id, ask))
+        {
+            Ok(dirs) => dirs,
+            // The parent cannot be listed (no permission, gone): the directory still can.
+            Err(e) if top.ino != node.ino && !matches!(e, FsError::Offline(_)) => {
+                tracing::debug!(dir = dir_id, "subtree request from the parent failed: {e}");
+                return Ok(fetched(self.fetch_listing(node)?));
+            }
+            Err(e) => return Err(e),
+        };
+        self.stats.count_tree_request();
+        // Each directory's version and size as the reply shows them (the top's: as this
+        // client knew it when asking).
+        let mut seen: HashMap<u64, DirStamp> = HashMap::new();
+        seen.insert(top_attr.file_id, DirStamp::of(&top_attr));
+        for e in dirs.iter().flat_map(|d| &d.entries) {
+            if e.entry.attr.kind == FileKind::Dir {
+                seen.insert(e.entry.attr.file_id, DirStamp::of(&e.entry.attr));
+            }
+        }
+        let mut own = None;
+        let mut others = Vec::with_capacity(dirs.len());
+        for d in dirs {
+            let l = fetched(d.entries);
+            if d.file_id == dir_id {
+                own = Some(l);
+            } else {
+                others.push((d.file_id, Kept::new(l, seen.get(&d.file_id).copied())));
+            }
+        }
+        let max_age = self.config.callback_ttl.max(self.config.dir_ttl);
+        self.trees.keep(others, max_age, sent_at);
+        match own {
+            Some(l) => Ok(l),
+            // Beyond what the subtree request covered (or too large for it).
+            None => Ok(fetched(self.fetch_listing(node)?)),
+        }
+    }
+
+    /// Every entry of directory `node`, page by page from the origin (at most
+    /// [`MAX_LISTING`] entries and pages).
+    pub(crate) fn fetch_listing(&self, node: &Node) -> FsResult<Vec<DirEntry>> {
+        self.stats.count_listing_fetch();
+        self.with_handle(node, |h| {
+            let mut entries = Vec::new();
+            let mut cookie = 0;
+            let mut pages = 0;
+            let mut name_bytes = 0;
+            loop {
+                let page = self.origin.readdir(h, cookie, 1024)?;
+                pages += 1;
+                if entries.len() + page.entries.len() + pages > MAX_LISTING {
+                    return Err(OriginError::Protocol(format!(
+                        "directory listing longer than {MAX_LISTING} entries"
+                    )));
+                }
+                name_bytes += page.entries.iter().map(|e| e.name.len()).sum::<usize>();
+                if name_bytes > MAX_LISTING_NAME_BYTES {
+                    return Err(OriginError::Protocol(format!(
+                        "directory listing with more than {} MiB of names",
+                        MAX_LISTING_NAME_BYTES >> 20
+                    )));
+                }
+                entries.extend(page.entries);
+                match page.next {
+                    Some(c) => cookie = c,
+                    None => return Ok(entries),
+                }
+            }
+        })
+    }
+
+    /// Records that a listing entry was handed to the kernel with its attributes
+    /// (readdirplus), counting one kernel lookup; returns its node and kernel TTL.
+    pub(crate) fn remember_entry(&self, dir: Ino, listing: &Listing, e: &DirEntry) -> ListedNode {
+        let dir_id = self
+            .nodes
+            .get(dir)
+            .map_or(0, |d| d.state.lock().attr().file_id);
+        self.remember(
+            dir,
+            &e.name,
+            &e.entry,
+            dir_id,
+            listing.since,
+            Some(listing.fetched),
+        )
+    }
+}
