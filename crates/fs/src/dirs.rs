@@ -14,7 +14,6 @@ use std::time::Instant;
 
 use hoardfs_origin::DirEntry;
 
-use crate::HoardFs;
 use crate::nodes::Ino;
 
 /// A directory listing snapshot.
@@ -89,5 +88,3 @@ impl DirState {
         self.children.retain(|n, _| listed.contains(n.as_slice()));
     }
 }
-
-impl HoardFs {}

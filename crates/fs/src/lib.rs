@@ -36,6 +36,7 @@ mod replay_order;
 mod sealed;
 mod send_back;
 mod snapshot;
+mod staged;
 mod stats;
 mod superblock;
 mod trees;
@@ -391,6 +392,54 @@ impl HoardFs {
     /// Statistics of the exported file system.
     pub fn statfs(&self) -> FsResult<StatFs> {
         Ok(self.sb.origin.statfs()?)
+    }
+
+    /// Once names no longer wait to be sent back (sent, or their changes cancelled), the
+    /// name breaks put off meanwhile are applied (they only take away: applied late, a
+    /// break of a name since sent back finds this client agreeing, and changes nothing).
+    /// Called after reintegration and by the mount's keeper every second.
+    pub fn settle_names(&self) {
+        let Some(off) = &self.sb.offline else { return };
+        if off.log.names_pending() {
+            return;
+        }
+        let breaks = off.take_skipped();
+        if !breaks.is_empty() {
+            self.apply_breaks(breaks);
+        }
+    }
+
+    /// Sends pending offline changes back, in an order that respects their dependencies
+    /// (see `replay_order::ready`), until none is left or none can be sent now (the origin
+    /// is unreachable, or refuses). Safe to call at any time and from any thread (one pass
+    /// at a time).
+    pub fn reintegrate(&self) -> Reintegrated {
+        let Some(off) = &self.sb.offline else {
+            return Reintegrated::default();
+        };
+        let _one_pass = self.reintegrating.lock();
+        let r = reintegrate::Reintegration::new(self, off).run();
+        self.settle_names();
+        r
+    }
+
+    /// Number of changes waiting to be sent back.
+    pub fn pending_changes(&self) -> u64 {
+        self.sb.offline.as_ref().map_or(0, |o| o.log.count() as u64)
+    }
+
+    /// The offline change log's counters; `None` without `--offline-writes`.
+    pub fn offline_stats(&self) -> Option<crate::LogStats> {
+        self.sb.offline.as_ref().map(|o| o.log.stats())
+    }
+
+    /// The conflicts recorded in this cache directory, oldest first.
+    pub fn conflicts(&self) -> Vec<crate::Conflict> {
+        self.sb
+            .offline
+            .as_ref()
+            .map(|o| o.log.conflicts())
+            .unwrap_or_default()
     }
 }
 

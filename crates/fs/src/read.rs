@@ -256,6 +256,29 @@ impl HoardFs {
         Opened { fh, mode, changed }
     }
 
+    /// Opens a file with a pending change: daemon reads without the page cache, served
+    /// from the staging file (no cached object is involved).
+    pub(crate) fn open_pending(&self, node: Arc<Node>, access: Access) -> Opened {
+        {
+            // The kernel refuses a non-passthrough open of an inode open in passthrough:
+            // wait a little for those opens to end, as any other daemon open does.
+            let mut st = node.state.lock();
+            self.drain_passthrough(&node, &mut st, None);
+            st.opens.admit_direct();
+            if !access.write {
+                st.opens.closing();
+            }
+        }
+        let fh = self
+            .files
+            .insert(OpenFile::new(node, ModeKind::Direct, access, None));
+        Opened {
+            fh,
+            mode: OpenMode::Direct,
+            changed: true,
+        }
+    }
+
     /// While the inode is open in passthrough, the kernel fails every open that is not a
     /// passthrough open of the same cache file with EIO (a write open, a newer version).
     /// Such overlaps are often momentary (a descriptor inherited by a child until it
@@ -383,7 +406,7 @@ impl HoardFs {
     ) -> FsResult<ReadData> {
         Stats::add(&self.sb.stats.reads, 1);
         if let Some(p) = self.sb.staged_of(&of.node)
-            && let Some(data) = self.read_pending(&p, offset, size)?
+            && let Some(data) = p.read(offset, size)?
         {
             return Ok(data);
         }

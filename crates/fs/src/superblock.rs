@@ -25,6 +25,7 @@ use crate::offline::{NAMES_WAIT, OfflineWrites};
 use crate::offline_names::OfflineNames;
 use crate::read::Revalidated;
 use crate::reintegrate::Found;
+use crate::staged::Staged;
 use crate::stats::Stats;
 use crate::trees::{DirStamp, Kept, TreeAhead};
 use crate::{
@@ -487,8 +488,8 @@ impl Superblock {
 
     /// The pending change of `node`'s file whose content is staged here (reads, writes,
     /// opens and syncs go to the staging file), if any.
-    pub(crate) fn staged_of(&self, node: &Node) -> Option<Arc<Pending>> {
-        self.change_of(node, true)
+    pub(crate) fn staged_of(&self, node: &Node) -> Option<Staged<'_>> {
+        self.change_of(node, true).map(|p| Staged::new(self, p))
     }
 
     pub(crate) fn change_of(&self, node: &Node, content: bool) -> Option<Arc<Pending>> {

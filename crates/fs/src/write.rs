@@ -14,6 +14,7 @@ use hoardfs_origin::{Attr, SetAttrs, WireError};
 
 use crate::nodes::{Ino, Node};
 use crate::read::FileHandle;
+use crate::staged::Staged;
 use crate::stats::Stats;
 use crate::{FsError, FsResult, HoardFs, NodeAttr};
 
@@ -35,7 +36,7 @@ impl HoardFs {
         let node = &of.node;
         // A file changed offline stays local until reintegration sent it back.
         if let Some(p) = self.sb.staged_of(node)
-            && let Some(n) = self.write_pending(&of, &p, offset, data)?
+            && let Some(n) = p.write(&of, offset, data)?
         {
             return Ok(n);
         }
@@ -50,8 +51,8 @@ impl HoardFs {
             .with_handle(node, |h| self.sb.origin.write(h, offset, data, append))
         {
             Err(FsError::Offline(why)) => {
-                let p = self.stage(node, why)?;
-                return match self.write_pending(&of, &p, offset, data)? {
+                let p = Staged::start(&self.sb, node, why)?;
+                return match p.write(&of, offset, data)? {
                     Some(n) => Ok(n),
                     None => Err(FsError::SentMeanwhile),
                 };
@@ -184,9 +185,13 @@ impl HoardFs {
             {
                 let p = match self.sb.staged_of(&node) {
                     Some(p) => p,
-                    None => self.stage(&node, "its change is not on the server yet".into())?,
+                    None => Staged::start(
+                        &self.sb,
+                        &node,
+                        "its change is not on the server yet".into(),
+                    )?,
                 };
-                if let Some(a) = self.truncate_pending(&node, &p, size)? {
+                if let Some(a) = p.truncate(&node, size)? {
                     return Ok(a);
                 }
             }
@@ -224,9 +229,9 @@ impl HoardFs {
                     && set.size.is_some()
                     && node.kind == hoardfs_origin::FileKind::File =>
             {
-                let p = self.stage(&node, why)?;
-                return self
-                    .truncate_pending(&node, &p, set.size.unwrap_or(0))?
+                let p = Staged::start(&self.sb, &node, why)?;
+                return p
+                    .truncate(&node, set.size.unwrap_or(0))?
                     .ok_or(FsError::SentMeanwhile);
             }
             Err(FsError::Offline(why)) if set.size.is_none() => {
@@ -269,7 +274,7 @@ impl HoardFs {
         let node = self.sb.node(ino)?;
         if let Some(p) = self.sb.staged_of(&node) {
             // Durable on this client's disk; it reaches the origin at reintegration.
-            return self.sync_pending(&p);
+            return p.sync();
         }
         let verifier = self.sb.verifier();
         match self
@@ -307,7 +312,7 @@ impl HoardFs {
             if let Some(p) = self.sb.staged_of(&of.node) {
                 // As a local file system would not, but as close-to-open promises:
                 // what was written is durable (here) once close returns.
-                return self.sync_pending(&p);
+                return p.sync();
             }
             if of.closed_by_writer(pid) {
                 self.publish(&of.node)?;
