@@ -18,6 +18,7 @@ use crate::manage::Prefetched;
 use crate::nodes::{Ino, Node};
 use crate::read::{ModeKind, OpenFile, View};
 use crate::stats::Stats;
+use crate::superblock::Superblock;
 use crate::{CacheFault, FsConfig, FsResult, HoardFs};
 
 /// A chunk of a version of a file: what one fetch is shared for.
@@ -200,14 +201,13 @@ impl Fetcher {
     }
 }
 
-impl HoardFs {
+impl Fetcher {
     /// Fetches every missing chunk of file `ino` (current version) into the disk cache.
-    pub fn prefetch(&self, ino: Ino) -> FsResult<Prefetched> {
-        self.sb.objects.dir()?;
-        let node = self.sb.file_node(ino)?;
-        let attr = self.sb.validated_attr(&node)?.now;
-        let object = self
-            .sb
+    pub(crate) fn prefetch(&self, sb: &Superblock, ino: Ino) -> FsResult<Prefetched> {
+        sb.objects.dir()?;
+        let node = sb.file_node(ino)?;
+        let attr = sb.validated_attr(&node)?.now;
+        let object = sb
             .objects
             .object_for(&node, attr.file_id, attr.version, attr.size);
         let Some(object) = object else {
@@ -232,7 +232,7 @@ impl HoardFs {
             if object.cache_below_stop() {
                 break;
             }
-            if let Some(bytes) = self.ensure_chunk(&node, &view, c)? {
+            if let Some(bytes) = self.ensure_chunk(sb, &node, &view, c)? {
                 done.fetched += bytes.len() as u64;
                 if !object.has_chunk(c) {
                     break;
@@ -255,7 +255,7 @@ impl HoardFs {
     /// A queued readahead job: fetches chunk `c` for `of` into the disk cache unless the
     /// open was released, the file has no cached object any more, shrank below the chunk,
     /// or the reader already asked for all of it.
-    pub(crate) fn read_ahead(&self, of: &Arc<OpenFile>, c: u64) {
+    pub(crate) fn read_ahead(&self, sb: &Superblock, of: &Arc<OpenFile>, c: u64) {
         if of.is_closed() {
             return;
         }
@@ -268,7 +268,7 @@ impl HoardFs {
         {
             return;
         }
-        if let Err(e) = self.ensure_chunk(&of.node, &view, c) {
+        if let Err(e) = self.ensure_chunk(sb, &of.node, &view, c) {
             tracing::debug!("readahead of chunk {c} failed: {e}");
         }
     }
@@ -277,6 +277,7 @@ impl HoardFs {
     /// (fetched now, or by a concurrent fetch of the same chunk that we wait for).
     pub(crate) fn ensure_chunk(
         &self,
+        sb: &Superblock,
         node: &Node,
         view: &View,
         c: u64,
@@ -284,15 +285,15 @@ impl HoardFs {
         if view.object.as_ref().is_some_and(|o| o.has_chunk(c)) {
             return Ok(None);
         }
-        let result = self.fetcher.shared(node.ino, view.version, c, || {
-            self.fetch_chunk(node, view, c)
+        let result = self.shared(node.ino, view.version, c, || {
+            self.fetch_chunk(sb, node, view, c)
         });
         result.map(Some)
     }
 
     /// Fetches chunk `c` from the origin and stores it in the cache if it is exactly the
     /// version this open is for.
-    fn fetch_chunk(&self, node: &Node, view: &View, c: u64) -> FsResult<Vec<u8>> {
+    fn fetch_chunk(&self, sb: &Superblock, node: &Node, view: &View, c: u64) -> FsResult<Vec<u8>> {
         const PIECE: u64 = 4 << 20;
         const MAX_RESERVE: u64 = 64 << 20;
         let (start, end) = view.chunk_range(c);
@@ -301,9 +302,7 @@ impl HoardFs {
         while (data.len() as u64) < end - start {
             let pos = start + data.len() as u64;
             let len = (end - pos).min(PIECE) as u32;
-            let mut r = self
-                .sb
-                .with_handle(node, |h| self.sb.origin.read(h, pos, len))?;
+            let mut r = sb.with_handle(node, |h| sb.origin.read(h, pos, len))?;
             r.data.truncate(len as usize);
             cacheable &= r.version == view.version;
             let short = (r.data.len() as u32) < len;
@@ -323,16 +322,16 @@ impl HoardFs {
                 break;
             }
         }
-        Stats::add(&self.sb.stats.chunk_fetches, 1);
-        Stats::add(&self.sb.stats.bytes_from_network, data.len() as u64);
+        Stats::add(&sb.stats.chunk_fetches, 1);
+        Stats::add(&sb.stats.bytes_from_network, data.len() as u64);
         match &view.object {
             Some(obj) if cacheable => {
                 if let Err(e) = obj.write_chunk(c, &data, view.version) {
                     tracing::warn!("cache write failed, serving uncached: {e}");
-                    Stats::add(&self.sb.stats.cache_errors, 1);
+                    Stats::add(&sb.stats.cache_errors, 1);
                 }
             }
-            Some(_) => Stats::add(&self.sb.stats.uncacheable_fetches, 1),
+            Some(_) => Stats::add(&sb.stats.uncacheable_fetches, 1),
             None => {}
         }
         Ok(data)

@@ -166,14 +166,8 @@ pub struct ListedNode {
 pub struct HoardFs {
     /// What this client knows of the export, and the origin it asks.
     sb: superblock::Superblock,
-    /// The open files, by kernel handle.
-    files: open_files::OpenFiles,
-    /// Mount-wide passthrough admission.
-    passthrough: read::PassthroughGate,
-    /// Chunk fetches shared between readers, and readahead.
-    fetcher: fetch::Fetcher,
-    /// Opens of reads that came without one (`crate::kernel_opens`).
-    implicit: kernel_opens::ImplicitOpens,
+    /// Open files and reads.
+    reads: read::Reads,
     /// Writes acknowledged but not yet durable on the server.
     durability: durability::Durability,
     /// Open files whose last name was replaced by a hidden one.
@@ -196,10 +190,7 @@ impl HoardFs {
             unlinked::Unlinked::new(config.client_id.clone(), config.unlinked_journal.clone());
         let offline = offline::OfflineWrites::open(&config, info.export_id)?;
         let fs = Arc::new_cyclic(|weak| HoardFs {
-            files: open_files::OpenFiles::default(),
-            passthrough: read::PassthroughGate::default(),
-            fetcher: fetch::Fetcher::new(weak.clone(), &config, cache.is_some()),
-            implicit: kernel_opens::ImplicitOpens::default(),
+            reads: read::Reads::new(fetch::Fetcher::new(weak.clone(), &config, cache.is_some())),
             durability: durability::Durability::default(),
             unlinked,
             reintegrating: parking_lot::Mutex::new(()),
@@ -348,6 +339,94 @@ impl HoardFs {
     pub fn getattr(&self, ino: Ino) -> FsResult<NodeAttr> {
         let node = self.sb.node(ino)?;
         self.sb.attr_of(&node)
+    }
+
+    /// Opens `ino`. `make_backing` registers a cache file with the kernel for passthrough
+    /// (called once per cached object: the registration outlives the opens and is
+    /// released when the node lets go of the object). `Opened::changed` says the file
+    /// changed since the kernel last saw its attributes (which are then invalidated).
+    pub fn open(&self, ino: Ino, access: Access, make_backing: &MakeBacking) -> FsResult<Opened> {
+        self.reads.open(&self.sb, ino, access, make_backing)
+    }
+
+    /// Reads up to `size` bytes at `offset` through open file `fh`.
+    pub fn read(&self, fh: FileHandle, offset: u64, size: u32) -> FsResult<ReadData> {
+        self.reads.read(&self.sb, fh, offset, size)
+    }
+
+    /// Closes open file `fh`.
+    pub fn release(&self, fh: FileHandle) {
+        let Some(of) = self.reads.files.remove(fh) else {
+            return;
+        };
+        if of.access.write
+            && let Err(e) = self.publish(&of.node)
+        {
+            // Published at the writer's close normally; this is the last chance (the
+            // writer's descriptor was closed by another process), with nobody to tell.
+            tracing::error!(
+                ino = of.node.ino,
+                "publishing a written file at release failed: {e}"
+            );
+        }
+        let closed = self.reads.close(of);
+        if closed.last()
+            && let Some(hidden) = self.unlinked.closed(closed.ino())
+        {
+            // The last descriptor of a file unlinked while open: its hidden name goes now.
+            let gone = match self.unlink(hidden.dir, hidden.name()) {
+                Ok(()) | Err(FsError::Origin(hoardfs_origin::WireError::NotFound)) => true,
+                Err(e) => {
+                    tracing::warn!("cannot remove the hidden name of an unlinked file: {e}");
+                    false
+                }
+            };
+            self.unlinked.removed(hidden.path, gone);
+        }
+        self.reads.let_go(&self.sb, closed);
+    }
+
+    /// Stops the readahead threads and closes the disk cache in order (at unmount).
+    pub fn shutdown(&self) {
+        self.reads.fetcher.stop();
+        self.reads.release_implicit_opens(&self.sb);
+        self.sb.objects.close();
+    }
+
+    /// Whether the kernel opens files itself (see `crate::kernel_opens`): asked for, and
+    /// the mount is read-only and has a disk cache (the mode is made for warm reads of
+    /// cached trees; `hoardfs mount` refuses it with `--no-cache`).
+    pub fn kernel_opens(&self) -> bool {
+        self.sb.kernel_opens()
+    }
+
+    /// Reads up to `size` bytes at `offset` of file `ino`, which the kernel opened without
+    /// the daemon. The file's version is checked with the origin as `getattr` would (not
+    /// while a callback holds or within the attribute TTL).
+    pub fn read_unopened(&self, ino: Ino, offset: u64, size: u32) -> FsResult<ReadData> {
+        self.reads.read_unopened(&self.sb, ino, offset, size)
+    }
+
+    /// Fetches every missing chunk of file `ino` (current version) into the disk cache.
+    pub fn prefetch(&self, ino: Ino) -> FsResult<Prefetched> {
+        self.reads.fetcher.prefetch(&self.sb, ino)
+    }
+
+    /// A queued readahead job (run by the fetcher's threads, see `Fetcher::read_ahead`).
+    pub(crate) fn read_ahead(&self, of: &Arc<read::OpenFile>, c: u64) {
+        self.reads.fetcher.read_ahead(&self.sb, of, c);
+    }
+
+    /// Releases every implicit open (at unmount, and in tests).
+    #[cfg(test)]
+    pub(crate) fn release_implicit_opens(&self) {
+        self.reads.release_implicit_opens(&self.sb);
+    }
+
+    /// Implicit opens currently held.
+    #[cfg(test)]
+    pub(crate) fn implicit_opens(&self) -> usize {
+        self.reads.implicit_opens()
     }
 
     /// Resolves `name` in directory `parent`; counts one kernel lookup on success. Returns

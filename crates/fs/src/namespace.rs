@@ -107,7 +107,9 @@ impl HoardFs {
             NodeAttr { attr, ttl } = self.setattr(ino, &set)?;
         }
         let node = self.sb.node(ino)?;
-        let opened = self.open_node(node, attr, access, false, make_backing);
+        let opened = self
+            .reads
+            .open_node(&self.sb, node, attr, access, false, make_backing);
         Ok((NodeEntry { ino, attr, ttl }, opened))
     }
 
@@ -120,7 +122,7 @@ impl HoardFs {
     ) -> FsResult<(NodeEntry, Opened)> {
         let (ino, opened) = match created {
             Created::Existing(ino) => (ino, self.open(ino, access, make_backing)?),
-            Created::Made(node) => (node.ino, self.open_pending(node, access)),
+            Created::Made(node) => (node.ino, self.reads.open_pending(node, access)),
         };
         let attr = self.sb.node(ino)?.state.lock().attr();
         let ttl = self.sb.config.attr_ttl;

@@ -34,7 +34,8 @@ use crate::nodes::{Backing, BackingError, Ino, MakeBacking, Node, NodeState, Rel
 pub(crate) use crate::open_files::OpenFile;
 pub(crate) use crate::opens::ModeKind;
 use crate::stats::Stats;
-use crate::{FsError, FsResult, HoardFs};
+use crate::superblock::Superblock;
+use crate::{FsError, FsResult};
 
 /// How long an open that the kernel would refuse while the file is open in passthrough
 /// waits for those opens to be released.
@@ -157,6 +158,43 @@ impl View {
     }
 }
 
+/// The reading side of a mount: its open files, passthrough admission, the fetcher of
+/// chunks and readahead, and the implicit opens of `--kernel-opens`.
+pub(crate) struct Reads {
+    /// The open files, by kernel handle.
+    pub(crate) files: crate::open_files::OpenFiles,
+    /// Mount-wide passthrough admission.
+    passthrough: PassthroughGate,
+    /// Chunk fetches shared between readers, and readahead.
+    pub(crate) fetcher: crate::fetch::Fetcher,
+    /// Opens of reads that came without one (`crate::kernel_opens`).
+    implicit: crate::kernel_opens::ImplicitOpens,
+}
+
+/// What a release leaves to do once the open file is out of the table and its node's
+/// open state (`Reads::close`, then `Reads::let_go`).
+pub(crate) struct Closed {
+    of: Arc<OpenFile>,
+    /// Nothing refers to the node any more (no open, no kernel lookup).
+    idle: bool,
+    /// Other opens of the node remain.
+    still_open: bool,
+    /// The file was deleted on the origin (its id).
+    deleted: Option<u64>,
+}
+
+impl Closed {
+    /// The node of the file closed.
+    pub(crate) fn ino(&self) -> Ino {
+        self.of.node.ino
+    }
+
+    /// Whether that was its last open.
+    pub(crate) fn last(&self) -> bool {
+        !self.still_open
+    }
+}
+
 /// Mount-wide passthrough admission: whether the kernel refused a backing registration
 /// (daemon reads for the rest of the mount), and the opens waiting for passthrough opens
 /// to be released.
@@ -198,42 +236,58 @@ impl PassthroughGate {
     }
 }
 
-impl HoardFs {
+impl Reads {
+    /// No open file yet; `fetcher` fetches the chunks.
+    pub(crate) fn new(fetcher: crate::fetch::Fetcher) -> Self {
+        Reads {
+            files: Default::default(),
+            passthrough: PassthroughGate::default(),
+            fetcher,
+            implicit: Default::default(),
+        }
+    }
+
     /// Opens `ino`. `make_backing` registers a cache file with the kernel for passthrough
     /// (called once per cached object: the registration outlives the opens and is
     /// released when the node lets go of the object). `Opened::changed` says the file
     /// changed since the kernel last saw its attributes (which are then invalidated).
-    pub fn open(&self, ino: Ino, access: Access, make_backing: &MakeBacking) -> FsResult<Opened> {
+    pub(crate) fn open(
+        &self,
+        sb: &Superblock,
+        ino: Ino,
+        access: Access,
+        make_backing: &MakeBacking,
+    ) -> FsResult<Opened> {
         if access.write {
-            self.sb.check_writable()?;
+            sb.check_writable()?;
         }
-        let node = self.sb.file_node(ino)?;
-        if self.sb.staged_of(&node).is_some() {
+        let node = sb.file_node(ino)?;
+        if sb.staged_of(&node).is_some() {
             return Ok(self.open_pending(node, access));
         }
-        let attrs = self.sb.validated_attr(&node)?;
+        let attrs = sb.validated_attr(&node)?;
         // The kernel may still hold the old size (close-to-open: a file that changed must
         // show its new size to the reader that just opened it), so its copy of the
         // attributes is invalidated before the open is answered. Attributes only: what
         // happens to the page cache is the open reply's to say.
         let (attr, changed) = (attrs.now, attrs.changed());
-        if changed && let Some(n) = self.sb.notifier.get() {
+        if changed && let Some(n) = sb.notifier.get() {
             n.inval_attr(ino);
         }
-        Ok(self.open_node(node, attr, access, changed, make_backing))
+        Ok(self.open_node(sb, node, attr, access, changed, make_backing))
     }
 
     /// Opens `node` at `attr`'s version (the second half of `open`, shared with `create`).
     pub(crate) fn open_node(
         &self,
+        sb: &Superblock,
         node: Arc<Node>,
         attr: hoardfs_origin::Attr,
         access: Access,
         changed: bool,
         make_backing: &MakeBacking,
     ) -> Opened {
-        let object = self
-            .sb
+        let object = sb
             .objects
             .object_for(&node, attr.file_id, attr.version, attr.size);
         // Held before anything looks at its chunks: from here on it cannot be evicted, so
@@ -244,8 +298,8 @@ impl HoardFs {
         let mut st = node.state.lock();
         self.drain_passthrough(&node, &mut st, passthrough_object);
         let mode = passthrough_object
-            .and_then(|o| self.admit_passthrough(&mut st, o, make_backing))
-            .unwrap_or_else(|| self.admit_daemon(&mut st, &attr, access));
+            .and_then(|o| self.admit_passthrough(sb, &mut st, o, make_backing))
+            .unwrap_or_else(|| self.admit_daemon(sb, &mut st, &attr, access));
         if !access.write {
             st.opens.closing();
         }
@@ -307,12 +361,13 @@ impl HoardFs {
     /// refusal turns passthrough off for the mount; a passing failure costs this open).
     fn admit_passthrough(
         &self,
+        sb: &Superblock,
         st: &mut NodeState,
         object: &Arc<CachedObject>,
         make_backing: &MakeBacking,
     ) -> Option<OpenMode> {
-        if !self.sb.config.passthrough
-            || self.kernel_opens()
+        if !sb.config.passthrough
+            || sb.kernel_opens()
             || self.passthrough.refused()
             || st.opens.has_daemon_opens()
         {
@@ -328,7 +383,7 @@ impl HoardFs {
             None if st.opens.may_register() => {
                 match object.open_backing().map(|f| make_backing(&f)) {
                     Ok(Ok(id)) => {
-                        Stats::add(&self.sb.stats.passthrough_registrations, 1);
+                        Stats::add(&sb.stats.passthrough_registrations, 1);
                         st.opens
                             .admit_registered_passthrough(object.clone(), id.clone());
                         id
@@ -352,7 +407,7 @@ impl HoardFs {
             }
             None => return None,
         };
-        Stats::add(&self.sb.stats.passthrough_opens, 1);
+        Stats::add(&sb.stats.passthrough_opens, 1);
         Some(OpenMode::Passthrough(id))
     }
 
@@ -361,11 +416,12 @@ impl HoardFs {
     /// remain (the kernel then refuses it), `Cached` otherwise.
     fn admit_daemon(
         &self,
+        sb: &Superblock,
         st: &mut NodeState,
         attr: &hoardfs_origin::Attr,
         access: Access,
     ) -> OpenMode {
-        Stats::add(&self.sb.stats.daemon_opens, 1);
+        Stats::add(&sb.stats.daemon_opens, 1);
         if st.opens.passthrough_opens() > 0 {
             // The kernel refuses any non-passthrough open of an inode open in passthrough
             // (EIO): neither a write open nor one of a newer version can succeed on this
@@ -393,19 +449,26 @@ impl HoardFs {
     }
 
     /// Reads up to `size` bytes at `offset` through open file `fh`.
-    pub fn read(&self, fh: FileHandle, offset: u64, size: u32) -> FsResult<ReadData> {
-        self.read_open(&self.open_file(fh)?, offset, size)
+    pub(crate) fn read(
+        &self,
+        sb: &Superblock,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<ReadData> {
+        self.read_open(sb, &self.open_file(fh)?, offset, size)
     }
 
     /// Reads up to `size` bytes at `offset` through open file `of`.
     pub(crate) fn read_open(
         &self,
+        sb: &Superblock,
         of: &Arc<OpenFile>,
         offset: u64,
         size: u32,
     ) -> FsResult<ReadData> {
-        Stats::add(&self.sb.stats.reads, 1);
-        if let Some(p) = self.sb.staged_of(&of.node)
+        Stats::add(&sb.stats.reads, 1);
+        if let Some(p) = sb.staged_of(&of.node)
             && let Some(data) = p.read(offset, size)?
         {
             return Ok(data);
@@ -426,7 +489,7 @@ impl HoardFs {
         };
         of.read_up_to(end);
         if uncached {
-            return self.read_uncached(&of.node, offset, end);
+            return self.read_uncached(sb, &of.node, offset, end);
         }
         self.fetcher
             .schedule(of, &view, offset, end, last, refusing);
@@ -438,7 +501,8 @@ impl HoardFs {
             let (from, to) = (offset.max(cs), end.min(ce));
             let (at, want) = (out.len(), (to - from) as usize);
             out.resize(at + want, 0);
-            let Some(bytes) = self.cached_or_fetched(of, &view, c, &mut out[at..], from)? else {
+            let Some(bytes) = self.cached_or_fetched(sb, of, &view, c, &mut out[at..], from)?
+            else {
                 continue;
             };
             // (The chunk may have come back shorter than the read's start in it: the file
@@ -463,15 +527,19 @@ impl HoardFs {
     /// requests in progress however many files are open, and stays in the CPU caches.
     /// (Fetching whole chunks and keeping them for the next reads cost a cold chunk per
     /// open at 256 readers, and a copy for every reply that spanned two chunks.)
-    fn read_uncached(&self, node: &Node, offset: u64, end: u64) -> FsResult<ReadData> {
+    fn read_uncached(
+        &self,
+        sb: &Superblock,
+        node: &Node,
+        offset: u64,
+        end: u64,
+    ) -> FsResult<ReadData> {
         let len = (end - offset) as u32;
-        let mut r = self
-            .sb
-            .with_handle(node, |h| self.sb.origin.read(h, offset, len))?;
+        let mut r = sb.with_handle(node, |h| sb.origin.read(h, offset, len))?;
         // Never more than asked (a remote origin's replies are checked for that already).
         r.data.truncate(len as usize);
-        Stats::add(&self.sb.stats.chunk_fetches, 1);
-        Stats::add(&self.sb.stats.bytes_from_network, r.data.len() as u64);
+        Stats::add(&sb.stats.chunk_fetches, 1);
+        Stats::add(&sb.stats.bytes_from_network, r.data.len() as u64);
         Ok(Recycled::from(r.data))
     }
 
@@ -481,6 +549,7 @@ impl HoardFs {
     /// that keeps disappearing between fetch and read is an error, not a loop.
     fn cached_or_fetched(
         &self,
+        sb: &Superblock,
         of: &OpenFile,
         view: &View,
         c: u64,
@@ -491,32 +560,20 @@ impl HoardFs {
             if let Some(obj) = &view.object
                 && obj.read_chunk_at(c, dst, from)?
             {
-                Stats::add(&self.sb.stats.chunk_hits, 1);
-                Stats::add(&self.sb.stats.bytes_from_cache, dst.len() as u64);
+                Stats::add(&sb.stats.chunk_hits, 1);
+                Stats::add(&sb.stats.bytes_from_cache, dst.len() as u64);
                 return Ok(None);
             }
-            if let Some(bytes) = self.ensure_chunk(&of.node, view, c)? {
+            if let Some(bytes) = self.fetcher.ensure_chunk(sb, &of.node, view, c)? {
                 return Ok(Some(bytes));
             }
         }
         Err(crate::CacheFault::ChunkVanishing.into())
     }
 
-    /// Closes open file `fh`.
-    pub fn release(&self, fh: FileHandle) {
-        let Some(of) = self.files.remove(fh) else {
-            return;
-        };
-        if of.access.write
-            && let Err(e) = self.publish(&of.node)
-        {
-            // Published at the writer's close normally; this is the last chance (the
-            // writer's descriptor was closed by another process), with nobody to tell.
-            tracing::error!(
-                ino = of.node.ino,
-                "publishing a written file at release failed: {e}"
-            );
-        }
+    /// Ends open file `of`, taken from the table, in its node's open state (the origin
+    /// has what it wrote: see `HoardFs::release`).
+    pub(crate) fn close(&self, of: Arc<OpenFile>) -> Closed {
         let mut st = of.node.state.lock();
         st.opens.release(of.mode, of.was_flushed());
         // (Waiting opens and removals check what they wait for.)
@@ -525,68 +582,76 @@ impl HoardFs {
         let still_open = st.is_open();
         let deleted = st.is_deleted().then(|| st.attr().file_id);
         drop(st);
-        if !still_open && let Some(hidden) = self.unlinked.closed(of.node.ino) {
-            // The last descriptor of a file unlinked while open: its hidden name goes now.
-            let gone = match self.unlink(hidden.dir, hidden.name()) {
-                Ok(()) | Err(FsError::Origin(hoardfs_origin::WireError::NotFound)) => true,
-                Err(e) => {
-                    tracing::warn!("cannot remove the hidden name of an unlinked file: {e}");
-                    false
-                }
-            };
-            self.unlinked.removed(hidden.path, gone);
+        Closed {
+            of,
+            idle,
+            still_open,
+            deleted,
         }
+    }
+
+    /// Lets go of what a closed file held: a node nobody knows any more is forgotten, the
+    /// cached object of a file nobody has open is let go of, and that of a file deleted on
+    /// the origin and now closed for good is evicted.
+    pub(crate) fn let_go(&self, sb: &Superblock, closed: Closed) {
+        let Closed {
+            of,
+            idle,
+            still_open,
+            deleted,
+        } = closed;
         if idle {
-            self.sb.nodes.forget(of.node.ino, 0);
+            sb.nodes.forget(of.node.ino, 0);
         } else if !still_open {
-            self.sb.objects.closed(&of.node);
+            sb.objects.closed(&of.node);
         }
         drop(of);
         if !still_open
             && let Some(file_id) = deleted
-            && let Some(cache) = self.sb.objects.dir_if_any()
+            && let Some(cache) = sb.objects.dir_if_any()
         {
             // A file deleted on the origin, closed for good (its open file's hold on the
             // object is dropped): its cached bytes, with this client's writes that the
             // origin never saw, must not outlive it.
-            match cache.evict(&self.sb.objects.key(file_id)) {
+            match cache.evict(&sb.objects.key(file_id)) {
                 Ok(b) => tracing::debug!(file_id, b, "cached object of a deleted file evicted"),
                 Err(e) => tracing::debug!(file_id, "cached object of a deleted file kept: {e}"),
             }
         }
     }
 
-    /// Stops the readahead threads and closes the disk cache in order (at unmount).
-    pub fn shutdown(&self) {
-        self.fetcher.stop();
-        self.release_implicit_opens();
-        self.sb.objects.close();
-    }
-
-    /// Whether the kernel opens files itself (see the module docs): asked for, and the
-    /// mount is read-only and has a disk cache (the mode is made for warm reads of cached
-    /// trees; `hoardfs mount` refuses it with `--no-cache`).
-    pub fn kernel_opens(&self) -> bool {
-        self.sb.config.kernel_opens && self.sb.read_only && self.sb.objects.enabled()
+    /// Closes `fh`, an open that wrote nothing and whose file was not unlinked through
+    /// this client (an implicit open: kernel opens are for read-only mounts).
+    fn release_unwritten(&self, sb: &Superblock, fh: FileHandle) {
+        if let Some(of) = self.files.remove(fh) {
+            let closed = self.close(of);
+            self.let_go(sb, closed);
+        }
     }
 
     /// Reads up to `size` bytes at `offset` of file `ino`, which the kernel opened without
     /// the daemon. The file's version is checked with the origin as `getattr` would (not
     /// while a callback holds or within the attribute TTL).
-    pub fn read_unopened(&self, ino: Ino, offset: u64, size: u32) -> FsResult<ReadData> {
-        let of = self.implicit_open(ino)?;
+    pub(crate) fn read_unopened(
+        &self,
+        sb: &Superblock,
+        ino: Ino,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<ReadData> {
+        let of = self.implicit_open(sb, ino)?;
         if offset == 0 {
             // Most likely a new open by the kernel, which the daemon does not see: start
             // sequential detection (and readahead) over, as a fresh open would.
             of.restart();
         }
-        self.read_open(&of, offset, size)
+        self.read_open(sb, &of, offset, size)
     }
 
     /// The implicit open of `ino` at its current version, opened if needed.
-    fn implicit_open(&self, ino: Ino) -> FsResult<Arc<OpenFile>> {
-        let node = self.sb.file_node(ino)?;
-        let attr = self.sb.attr_of(&node)?.attr;
+    fn implicit_open(&self, sb: &Superblock, ino: Ino) -> FsResult<Arc<OpenFile>> {
+        let node = sb.file_node(ino)?;
+        let attr = sb.attr_of(&node)?.attr;
         let known = self.implicit.current(ino);
         if let Some(open) = known
             && open.version == attr.version
@@ -599,28 +664,28 @@ impl HoardFs {
         let no_backing =
             |_: &std::fs::File| Err(BackingError::Failed(std::io::Error::other("kernel opens")));
         let fh = self
-            .open_node(node, attr, Access::default(), false, &no_backing)
+            .open_node(sb, node, attr, Access::default(), false, &no_backing)
             .fh;
         // The kernel sends several reads of a file at once, so another thread may have
         // opened the same version meanwhile: one open is kept, the other released.
         match self.implicit.record(ino, fh, attr.version) {
             Ok(gone) => {
                 for old in gone {
-                    self.release(old);
+                    self.release_unwritten(sb, old);
                 }
                 self.open_file(fh)
             }
             Err(first) => {
-                self.release(fh);
+                self.release_unwritten(sb, fh);
                 self.open_file(first)
             }
         }
     }
 
     /// Releases every implicit open (at unmount, and in tests).
-    pub(crate) fn release_implicit_opens(&self) {
+    pub(crate) fn release_implicit_opens(&self, sb: &Superblock) {
         for fh in self.implicit.take_all() {
-            self.release(fh);
+            self.release_unwritten(sb, fh);
         }
     }
 

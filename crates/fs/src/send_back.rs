@@ -753,7 +753,7 @@ impl<'a> ChangeSender<'a> {
             .sb
             .nodes
             .by_file_id(rec.file_id)
-            .is_some_and(|node| self.fs.files.writing(node.ino))
+            .is_some_and(|node| self.fs.reads.files.writing(node.ino))
     }
 
     /// Creates a conflict copy of `name` in `dir` (see [`conflict_name`]) with the

@@ -364,6 +364,13 @@ impl Superblock {
         node.state.lock().expire();
     }
 
+    /// Whether the kernel opens files itself (see the module docs): asked for, and the
+    /// mount is read-only and has a disk cache (the mode is made for warm reads of cached
+    /// trees; `hoardfs mount` refuses it with `--no-cache`).
+    pub(crate) fn kernel_opens(&self) -> bool {
+        self.config.kernel_opens && self.read_only && self.objects.enabled()
+    }
+
     /// The directory node `parent` (`ENOTDIR` if it is not one).
     pub(crate) fn dir(&self, parent: Ino) -> FsResult<Arc<Node>> {
         let dir = self.node(parent)?;

@@ -28,7 +28,7 @@ impl HoardFs {
     /// [`HoardFs::flush`].)
     pub fn write(&self, fh: FileHandle, offset: u64, data: &[u8], pid: u32) -> FsResult<u32> {
         self.sb.check_writable()?;
-        let of = self.open_file(fh)?;
+        let of = self.reads.open_file(fh)?;
         if !of.access.write {
             return Err(FsError::BadHandle);
         }
@@ -300,7 +300,7 @@ impl HoardFs {
     /// that wrote through `fh` (not a child that inherited the descriptor), and a failed
     /// upload fails the `close()`.
     pub fn flush(&self, ino: Ino, fh: FileHandle, pid: u32) -> FsResult<()> {
-        let of = self.open_file(fh).ok();
+        let of = self.reads.open_file(fh).ok();
         if let Some(of) = &of {
             // (Marked under the node's lock, as the release reads it.)
             let mut st = of.node.state.lock();
