@@ -48,7 +48,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use hoardfs_cache::{CacheDir, Usage, VerifyReport};
-use hoardfs_origin::{Attr, Break, Origin, StatFs};
+use hoardfs_origin::{Attr, Break, Origin, SetAttrs, StatFs};
 
 pub use callbacks::KernelNotifier;
 pub use cml::{Conflict, LogStats};
@@ -168,8 +168,8 @@ pub struct HoardFs {
     sb: superblock::Superblock,
     /// Open files and reads.
     reads: read::Reads,
-    /// Writes acknowledged but not yet durable on the server.
-    durability: durability::Durability,
+    /// Writes, attribute changes and syncs.
+    writes: write::Writes,
     /// Open files whose last name was replaced by a hidden one.
     unlinked: unlinked::Unlinked,
     /// One reintegration pass at a time (taken before any change's lock).
@@ -191,7 +191,7 @@ impl HoardFs {
         let offline = offline::OfflineWrites::open(&config, info.export_id)?;
         let fs = Arc::new_cyclic(|weak| HoardFs {
             reads: read::Reads::new(fetch::Fetcher::new(weak.clone(), &config, cache.is_some())),
-            durability: durability::Durability::default(),
+            writes: write::Writes::default(),
             unlinked,
             reintegrating: parking_lot::Mutex::new(()),
             sb: superblock::Superblock {
@@ -330,7 +330,7 @@ impl HoardFs {
     pub fn forget(&self, ino: Ino, n: u64) {
         if self.sb.nodes.forget(ino, n) {
             // No descriptor of it is left to fsync or close.
-            self.durability.forget(ino);
+            self.writes.forget(ino);
         }
     }
 
@@ -360,7 +360,7 @@ impl HoardFs {
             return;
         };
         if of.access.write
-            && let Err(e) = self.publish(&of.node)
+            && let Err(e) = self.writes.publish(&self.sb, &of.node)
         {
             // Published at the writer's close normally; this is the last chance (the
             // writer's descriptor was closed by another process), with nobody to tell.
@@ -427,6 +427,60 @@ impl HoardFs {
     #[cfg(test)]
     pub(crate) fn implicit_opens(&self) -> usize {
         self.reads.implicit_opens()
+    }
+
+    /// Process `pid` writes `data` at `offset` through open file `fh`; returns the bytes
+    /// written. (The writer's pid decides which close publishes the file: see
+    /// [`HoardFs::flush`].)
+    pub fn write(&self, fh: FileHandle, offset: u64, data: &[u8], pid: u32) -> FsResult<u32> {
+        self.sb.check_writable()?;
+        let of = self.reads.open_file(fh)?;
+        self.writes.write(&self.sb, &of, offset, data, pid)
+    }
+
+    /// Changes attributes of `ino` (chmod, chown, truncate, utimens); returns the new ones
+    /// and how long the kernel may cache them.
+    pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<NodeAttr> {
+        self.writes
+            .setattr(&self.sb, ino, set, &|ino| self.prefetch(ino))
+    }
+
+    /// Makes `ino`'s data (and with `!datasync` its metadata) durable on the origin. Fails
+    /// (once) if writes to it were acknowledged by a server instance that may have lost
+    /// them (module `durability`).
+    pub fn fsync(&self, ino: Ino, datasync: bool) -> FsResult<()> {
+        self.writes.fsync(&self.sb, ino, datasync)
+    }
+
+    /// A file descriptor of `ino` is closed: fails if writes to it may have been lost
+    /// (they are not synced here; close-to-open needs only that they reached the server).
+    /// Origins that publish whole files (S3) upload here when process `pid` is the one
+    /// that wrote through `fh` (not a child that inherited the descriptor), and a failed
+    /// upload fails the `close()`.
+    pub fn flush(&self, ino: Ino, fh: FileHandle, pid: u32) -> FsResult<()> {
+        let of = self.reads.open_file(fh).ok();
+        self.writes
+            .flush(&self.sb, ino, of, pid, &|ino| self.prefetch(ino))
+    }
+
+    /// Value of extended attribute `name`.
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
+        self.writes.getxattr(&self.sb, ino, name)
+    }
+
+    /// Extended attribute names, each NUL-terminated.
+    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        self.writes.listxattr(&self.sb, ino)
+    }
+
+    /// Sets extended attribute `name` (`flags`: 1 create only, 2 replace only).
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> FsResult<()> {
+        self.writes.setxattr(&self.sb, ino, name, value, flags)
+    }
+
+    /// Removes extended attribute `name`.
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
+        self.writes.removexattr(&self.sb, ino, name)
     }
 
     /// Resolves `name` in directory `parent`; counts one kernel lookup on success. Returns

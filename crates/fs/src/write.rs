@@ -13,46 +13,71 @@
 use hoardfs_origin::{Attr, SetAttrs, WireError};
 
 use crate::nodes::{Ino, Node};
-use crate::read::FileHandle;
 use crate::staged::Staged;
 use crate::stats::Stats;
-use crate::{FsError, FsResult, HoardFs, NodeAttr};
+use std::sync::Arc;
+
+use crate::durability::Durability;
+use crate::manage::Prefetched;
+use crate::open_files::OpenFile;
+use crate::superblock::Superblock;
+use crate::{FsError, FsResult, NodeAttr};
 
 /// Largest size a file held whole is fetched again at after a truncation, or after writes
 /// its cached copy could not follow.
 const REFETCH_AFTER_TRUNCATE: u64 = 64 << 20;
 
-impl HoardFs {
+/// Fetches a file again so that the cache holds it whole (`HoardFs::prefetch`), for a
+/// file held whole before a truncation or writes its copy could not follow.
+pub(crate) type Refetch<'a> = dyn Fn(Ino) -> FsResult<Prefetched> + 'a;
+
+/// The writing side of a mount: writes through to the origin, attribute changes, syncs
+/// and extended attributes; it owns what must be known of writes after they returned
+/// (their durability on the server).
+#[derive(Default)]
+pub(crate) struct Writes {
+    /// Writes acknowledged but not yet durable on the server.
+    durability: Durability,
+}
+
+impl Writes {
+    /// The kernel forgot node `ino`: no descriptor of it is left to fsync or close.
+    pub(crate) fn forget(&self, ino: Ino) {
+        self.durability.forget(ino);
+    }
+
     /// Process `pid` writes `data` at `offset` through open file `fh`; returns the bytes
     /// written. (The writer's pid decides which close publishes the file: see
-    /// [`HoardFs::flush`].)
-    pub fn write(&self, fh: FileHandle, offset: u64, data: &[u8], pid: u32) -> FsResult<u32> {
-        self.sb.check_writable()?;
-        let of = self.reads.open_file(fh)?;
+    /// [`Writes::flush`].)
+    pub(crate) fn write(
+        &self,
+        sb: &Superblock,
+        of: &OpenFile,
+        offset: u64,
+        data: &[u8],
+        pid: u32,
+    ) -> FsResult<u32> {
         if !of.access.write {
             return Err(FsError::BadHandle);
         }
         of.wrote_from(pid);
         let node = &of.node;
         // A file changed offline stays local until reintegration sent it back.
-        if let Some(p) = self.sb.staged_of(node)
-            && let Some(n) = p.write(&of, offset, data)?
+        if let Some(p) = sb.staged_of(node)
+            && let Some(n) = p.write(of, offset, data)?
         {
             return Ok(n);
         }
-        let since = self.sb.callbacks.seq();
+        let since = sb.callbacks.seq();
         let append = of.access.append;
-        let verifier = self.sb.verifier();
+        let verifier = sb.verifier();
         // A file removed elsewhere while open here answers `Stale` (ESTALE, as on NFS):
         // this client cannot tell it from one renamed elsewhere and then forgotten by a
         // restarted server, so it must not accept bytes that would go nowhere.
-        let w = match self
-            .sb
-            .with_handle(node, |h| self.sb.origin.write(h, offset, data, append))
-        {
+        let w = match sb.with_handle(node, |h| sb.origin.write(h, offset, data, append)) {
             Err(FsError::Offline(why)) => {
-                let p = Staged::start(&self.sb, node, why)?;
-                return match p.write(&of, offset, data)? {
+                let p = Staged::start(sb, node, why)?;
+                return match p.write(of, offset, data)? {
                     Some(n) => Ok(n),
                     None => Err(FsError::SentMeanwhile),
                 };
@@ -68,13 +93,12 @@ impl HoardFs {
                 data.len()
             )));
         };
-        self.durability
-            .wrote(node.ino, verifier, self.sb.verifier());
-        Stats::add(&self.sb.stats.writes, 1);
-        Stats::add(&self.sb.stats.bytes_written, w.written as u64);
-        self.follow_write(node, &w, written);
-        self.sb.install_attr(node, w.attr, since);
-        if append && let Some(n) = self.sb.notifier.get() {
+        self.durability.wrote(node.ino, verifier, sb.verifier());
+        Stats::add(&sb.stats.writes, 1);
+        Stats::add(&sb.stats.bytes_written, w.written as u64);
+        self.follow_write(sb, node, &w, written);
+        sb.install_attr(node, w.attr, since);
+        if append && let Some(n) = sb.notifier.get() {
             // The kernel guessed the offset from a size that may be stale.
             n.inval_attr(node.ino);
         }
@@ -82,8 +106,14 @@ impl HoardFs {
     }
 
     /// Moves the node's cached object along with a write made through this client.
-    fn follow_write(&self, node: &Node, w: &hoardfs_origin::WriteReply, data: &[u8]) {
-        if !self.sb.objects.enabled() {
+    fn follow_write(
+        &self,
+        sb: &Superblock,
+        node: &Node,
+        w: &hoardfs_origin::WriteReply,
+        data: &[u8],
+    ) {
+        if !sb.objects.enabled() {
             return;
         }
         let mut st = node.state.lock();
@@ -93,12 +123,8 @@ impl HoardFs {
             // that a complete copy stays complete.
             let before = st.origin_attr();
             if before.version == w.pre_version && before.file_id == w.attr.file_id {
-                self.sb.objects.replace_object(
-                    &mut st,
-                    before.file_id,
-                    before.version,
-                    before.size,
-                );
+                sb.objects
+                    .replace_object(&mut st, before.file_id, before.version, before.size);
             }
         }
         let was_whole = st.opens.object().is_some_and(|o| o.is_complete());
@@ -109,7 +135,7 @@ impl HoardFs {
         if !matches!(followed, Ok(true))
             && was_whole
             && w.attr.size <= REFETCH_AFTER_TRUNCATE
-            && !self.sb.origin.publishes_on_close()
+            && !sb.origin.publishes_on_close()
         {
             // A copy held whole could not follow (the file grew past a chunk size, or
             // somebody else changed it too): fetched again when the writer closes it, so
@@ -121,13 +147,13 @@ impl HoardFs {
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!("cache update after a write failed: {e}");
-                Stats::add(&self.sb.stats.cache_errors, 1);
+                Stats::add(&sb.stats.cache_errors, 1);
             }
         }
         // Somebody else changed the file too (or there was no object): start an empty
         // object for the new version, holding at least what we just wrote.
         let (file_id, v, size) = (w.attr.file_id, w.attr.version, w.attr.size);
-        if let Some(fresh) = self.sb.objects.replace_object(&mut st, file_id, v, size)
+        if let Some(fresh) = sb.objects.replace_object(&mut st, file_id, v, size)
             && let Err(e) = fresh.apply_write(v, w.offset, data, v, size)
         {
             tracing::warn!("cache update after a write failed: {e}");
@@ -135,17 +161,14 @@ impl HoardFs {
     }
 
     /// Has an origin that publishes whole files (S3) publish `node`'s writes.
-    pub(crate) fn publish(&self, node: &Node) -> FsResult<()> {
-        if !self.sb.origin.publishes_on_close()
-            || self.sb.read_only
-            || self.sb.staged_of(node).is_some()
-        {
+    pub(crate) fn publish(&self, sb: &Superblock, node: &Node) -> FsResult<()> {
+        if !sb.origin.publishes_on_close() || sb.read_only || sb.staged_of(node).is_some() {
             return Ok(());
         }
-        let since = self.sb.callbacks.seq();
-        if let Some((pre, attr)) = self.sb.with_handle(node, |h| self.sb.origin.flush(h))? {
+        let since = sb.callbacks.seq();
+        if let Some((pre, attr)) = sb.with_handle(node, |h| sb.origin.flush(h))? {
             self.follow_publish(node, pre, &attr);
-            self.sb.install_attr(node, attr, since);
+            sb.install_attr(node, attr, since);
         }
         Ok(())
     }
@@ -163,33 +186,34 @@ impl HoardFs {
 
     /// Moves the node's cached object (if it has one) to `attr`'s version, after a change
     /// whose effect on the content this client cannot reproduce (e.g. a truncate).
-    fn reset_object(&self, node: &Node, attr: &Attr) {
+    fn reset_object(&self, sb: &Superblock, node: &Node, attr: &Attr) {
         if node.state.lock().opens.object().is_some() {
-            self.sb
-                .objects
+            sb.objects
                 .object_for(node, attr.file_id, attr.version, attr.size);
         }
     }
 
     /// Changes attributes of `ino` (chmod, chown, truncate, utimens); returns the new ones
     /// and how long the kernel may cache them.
-    pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<NodeAttr> {
-        self.sb.check_writable()?;
-        let node = self.sb.node(ino)?;
+    pub(crate) fn setattr(
+        &self,
+        sb: &Superblock,
+        ino: Ino,
+        set: &SetAttrs,
+        refetch: &Refetch,
+    ) -> FsResult<NodeAttr> {
+        sb.check_writable()?;
+        let node = sb.node(ino)?;
         // A truncation (times, which the kernel may send along, follow from it).
         let truncation = set.mode.is_none() && set.uid.is_none() && set.gid.is_none();
         // An object with a change not yet sent back is the log's until then.
-        if self.sb.pending_of(&node).is_some() {
+        if sb.pending_of(&node).is_some() {
             if let Some(size) = set.size.filter(|_| truncation)
                 && node.kind == hoardfs_origin::FileKind::File
             {
-                let p = match self.sb.staged_of(&node) {
+                let p = match sb.staged_of(&node) {
                     Some(p) => p,
-                    None => Staged::start(
-                        &self.sb,
-                        &node,
-                        "its change is not on the server yet".into(),
-                    )?,
+                    None => Staged::start(sb, &node, "its change is not on the server yet".into())?,
                 };
                 if let Some(a) = p.truncate(&node, size)? {
                     return Ok(a);
@@ -199,11 +223,9 @@ impl HoardFs {
             // file before the staged content reaches it, they would change its version
             // and turn this client's change into a conflict).
             if set.size.is_none() && set.uid.is_none() && set.gid.is_none() {
-                return self
-                    .sb
-                    .names_offline("not on the server yet".into(), |n, why| {
-                        n.setattr(&node, set, why)
-                    });
+                return sb.names_offline("not on the server yet".into(), |n, why| {
+                    n.setattr(&node, set, why)
+                });
             }
             // Owners need the origin, and the change first (sent by the mount's keeper,
             // not from here: see `names_sent`).
@@ -216,43 +238,38 @@ impl HoardFs {
         // between), so that it can still be read and changed offline; up to a bound.
         let keep_whole = set.size.is_some_and(|s| s <= REFETCH_AFTER_TRUNCATE)
             && node.kind == hoardfs_origin::FileKind::File
-            && !self.sb.origin.publishes_on_close()
-            && self.cached_whole(&node);
-        let since = self.sb.callbacks.seq();
-        let attr = match self
-            .sb
-            .with_handle(&node, |h| self.sb.origin.setattr(h, set))
-        {
+            && !sb.origin.publishes_on_close()
+            && self.cached_whole(sb, &node);
+        let since = sb.callbacks.seq();
+        let attr = match sb.with_handle(&node, |h| sb.origin.setattr(h, set)) {
             // A truncation while the origin is unreachable is an offline change too.
             Err(FsError::Offline(why))
                 if truncation
                     && set.size.is_some()
                     && node.kind == hoardfs_origin::FileKind::File =>
             {
-                let p = Staged::start(&self.sb, &node, why)?;
+                let p = Staged::start(sb, &node, why)?;
                 return p
                     .truncate(&node, set.size.unwrap_or(0))?
                     .ok_or(FsError::SentMeanwhile);
             }
             Err(FsError::Offline(why)) if set.size.is_none() => {
-                return self
-                    .sb
-                    .names_offline(why, |n, why| n.setattr(&node, set, why));
+                return sb.names_offline(why, |n, why| n.setattr(&node, set, why));
             }
             r => r?,
         };
         if node.kind == hoardfs_origin::FileKind::File {
-            self.reset_object(&node, &attr);
+            self.reset_object(sb, &node, &attr);
         }
-        let installed = self.sb.install_attr(&node, attr, since);
-        if keep_whole && let Err(e) = self.prefetch(node.ino) {
+        let installed = sb.install_attr(&node, attr, since);
+        if keep_whole && let Err(e) = refetch(node.ino) {
             tracing::debug!(ino, "refetching a truncated file failed: {e}");
         }
         Ok(installed)
     }
 
     /// Whether the cache holds all of `node`'s file at its current version.
-    fn cached_whole(&self, node: &Node) -> bool {
+    fn cached_whole(&self, sb: &Superblock, node: &Node) -> bool {
         let (attr, object) = {
             let st = node.state.lock();
             (st.origin_attr(), st.opens.object().cloned())
@@ -260,27 +277,23 @@ impl HoardFs {
         if let Some(o) = object {
             return o.is_complete() && o.shape().version == attr.version;
         }
-        self.sb
-            .objects
+        sb.objects
             .dir_if_any()
-            .and_then(|c| c.peek(&self.sb.objects.key(attr.file_id)))
+            .and_then(|c| c.peek(&sb.objects.key(attr.file_id)))
             .is_some_and(|m| m.version == attr.version && m.is_complete())
     }
 
     /// Makes `ino`'s data (and with `!datasync` its metadata) durable on the origin. Fails
     /// (once) if writes to it were acknowledged by a server instance that may have lost
     /// them (module `durability`).
-    pub fn fsync(&self, ino: Ino, datasync: bool) -> FsResult<()> {
-        let node = self.sb.node(ino)?;
-        if let Some(p) = self.sb.staged_of(&node) {
+    pub(crate) fn fsync(&self, sb: &Superblock, ino: Ino, datasync: bool) -> FsResult<()> {
+        let node = sb.node(ino)?;
+        if let Some(p) = sb.staged_of(&node) {
             // Durable on this client's disk; it reaches the origin at reintegration.
             return p.sync();
         }
-        let verifier = self.sb.verifier();
-        match self
-            .sb
-            .with_handle(&node, |h| self.sb.origin.fsync(h, datasync))
-        {
+        let verifier = sb.verifier();
+        match sb.with_handle(&node, |h| sb.origin.fsync(h, datasync)) {
             // Deleted on the origin: nothing of it can ever be read back after a crash, as
             // with a local file without a name, so there is nothing to make durable.
             Err(FsError::Origin(WireError::Stale)) if node.state.lock().is_deleted() => {
@@ -289,7 +302,7 @@ impl HoardFs {
             r => r?,
         }
         self.durability
-            .synced(ino, verifier, self.sb.verifier())
+            .synced(ino, verifier, sb.verifier())
             .inspect_err(|e| tracing::error!(ino, "fsync fails: {e}"))?;
         Ok(())
     }
@@ -299,8 +312,14 @@ impl HoardFs {
     /// Origins that publish whole files (S3) upload here when process `pid` is the one
     /// that wrote through `fh` (not a child that inherited the descriptor), and a failed
     /// upload fails the `close()`.
-    pub fn flush(&self, ino: Ino, fh: FileHandle, pid: u32) -> FsResult<()> {
-        let of = self.reads.open_file(fh).ok();
+    pub(crate) fn flush(
+        &self,
+        sb: &Superblock,
+        ino: Ino,
+        of: Option<Arc<OpenFile>>,
+        pid: u32,
+        refetch: &Refetch,
+    ) -> FsResult<()> {
         if let Some(of) = &of {
             // (Marked under the node's lock, as the release reads it.)
             let mut st = of.node.state.lock();
@@ -309,55 +328,59 @@ impl HoardFs {
             }
         }
         if let Some(of) = of.filter(|of| of.access.write) {
-            if let Some(p) = self.sb.staged_of(&of.node) {
+            if let Some(p) = sb.staged_of(&of.node) {
                 // As a local file system would not, but as close-to-open promises:
                 // what was written is durable (here) once close returns.
                 return p.sync();
             }
             if of.closed_by_writer(pid) {
-                self.publish(&of.node)?;
-                let refetch = of.node.state.lock().take_refetch();
-                if refetch && let Err(e) = self.prefetch(ino) {
+                self.publish(sb, &of.node)?;
+                let whole_before = of.node.state.lock().take_refetch();
+                if whole_before && let Err(e) = refetch(ino) {
                     tracing::debug!(ino, "refetching a written file failed: {e}");
                 }
             }
         }
         self.durability
-            .closed(ino, self.sb.verifier())
+            .closed(ino, sb.verifier())
             .inspect_err(|e| tracing::error!(ino, "close fails: {e}"))?;
         Ok(())
     }
 
     /// Value of extended attribute `name`.
-    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
-        let node = self.sb.node(ino)?;
-        self.sb
-            .with_handle(&node, |h| self.sb.origin.getxattr(h, name))
+    pub(crate) fn getxattr(&self, sb: &Superblock, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
+        let node = sb.node(ino)?;
+        sb.with_handle(&node, |h| sb.origin.getxattr(h, name))
     }
 
     /// Extended attribute names, each NUL-terminated.
-    pub fn listxattr(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        let node = self.sb.node(ino)?;
-        self.sb.with_handle(&node, |h| self.sb.origin.listxattr(h))
+    pub(crate) fn listxattr(&self, sb: &Superblock, ino: Ino) -> FsResult<Vec<u8>> {
+        let node = sb.node(ino)?;
+        sb.with_handle(&node, |h| sb.origin.listxattr(h))
     }
 
     /// Sets extended attribute `name` (`flags`: 1 create only, 2 replace only).
-    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> FsResult<()> {
-        self.sb.check_writable()?;
-        let node = self.sb.node(ino)?;
-        self.sb
-            .with_handle(&node, |h| self.sb.origin.setxattr(h, name, value, flags))?;
-        self.sb.expire_attr(&node);
+    pub(crate) fn setxattr(
+        &self,
+        sb: &Superblock,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
+        sb.check_writable()?;
+        let node = sb.node(ino)?;
+        sb.with_handle(&node, |h| sb.origin.setxattr(h, name, value, flags))?;
+        sb.expire_attr(&node);
         Ok(())
     }
 
     /// Removes extended attribute `name`.
-    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
-        self.sb.check_writable()?;
-        let node = self.sb.node(ino)?;
-        self.sb
-            .with_handle(&node, |h| self.sb.origin.removexattr(h, name))?;
-        self.sb.expire_attr(&node);
+    pub(crate) fn removexattr(&self, sb: &Superblock, ino: Ino, name: &[u8]) -> FsResult<()> {
+        sb.check_writable()?;
+        let node = sb.node(ino)?;
+        sb.with_handle(&node, |h| sb.origin.removexattr(h, name))?;
+        sb.expire_attr(&node);
         Ok(())
     }
 }
