@@ -48,14 +48,16 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use hoardfs_cache::{CacheDir, Usage, VerifyReport};
-use hoardfs_origin::{Attr, Break, Origin, SetAttrs, StatFs};
+use hoardfs_origin::{Attr, Break, Origin, Owner, SetAttrs, StatFs};
 
 pub use callbacks::KernelNotifier;
 pub use cml::{Conflict, LogStats};
 pub use error::{CacheFault, FsError, FsResult, Shared};
 pub use manage::{CachedEntry, Prefetched};
+use namespace::NewFile;
 pub use namespace::NodeEntry;
 pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO};
+use offline_names::Created;
 pub use read::{Access, FileHandle, OpenMode, Opened, ReadData};
 pub use reintegrate::Reintegrated;
 pub use sealed::Unsealed;
@@ -170,8 +172,8 @@ pub struct HoardFs {
     reads: read::Reads,
     /// Writes, attribute changes and syncs.
     writes: write::Writes,
-    /// Open files whose last name was replaced by a hidden one.
-    unlinked: unlinked::Unlinked,
+    /// Changes to names.
+    names: namespace::Names,
     /// One reintegration pass at a time (taken before any change's lock).
     reintegrating: parking_lot::Mutex<()>,
 }
@@ -192,7 +194,7 @@ impl HoardFs {
         let fs = Arc::new_cyclic(|weak| HoardFs {
             reads: read::Reads::new(fetch::Fetcher::new(weak.clone(), &config, cache.is_some())),
             writes: write::Writes::default(),
-            unlinked,
+            names: namespace::Names::new(unlinked),
             reintegrating: parking_lot::Mutex::new(()),
             sb: superblock::Superblock {
                 nodes: NodeTable::new(info.root.handle, info.root.attr),
@@ -224,7 +226,7 @@ impl HoardFs {
             let _ = fs.getattr(ROOT_INO);
         }
         if !fs.sb.read_only {
-            fs.remove_leftover_hidden_names();
+            fs.names.remove_leftover_hidden_names(&fs.sb);
         }
         Ok(fs)
     }
@@ -370,18 +372,8 @@ impl HoardFs {
             );
         }
         let closed = self.reads.close(of);
-        if closed.last()
-            && let Some(hidden) = self.unlinked.closed(closed.ino())
-        {
-            // The last descriptor of a file unlinked while open: its hidden name goes now.
-            let gone = match self.unlink(hidden.dir, hidden.name()) {
-                Ok(()) | Err(FsError::Origin(hoardfs_origin::WireError::NotFound)) => true,
-                Err(e) => {
-                    tracing::warn!("cannot remove the hidden name of an unlinked file: {e}");
-                    false
-                }
-            };
-            self.unlinked.removed(hidden.path, gone);
+        if closed.last() {
+            self.names.last_closed(&self.sb, closed.ino());
         }
         self.reads.let_go(&self.sb, closed);
     }
@@ -481,6 +473,144 @@ impl HoardFs {
     /// Removes extended attribute `name`.
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> FsResult<()> {
         self.writes.removexattr(&self.sb, ino, name)
+    }
+
+    /// Creates (or with `!exclusive` opens an existing) regular file and opens it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        truncate: bool,
+        access: Access,
+        owner: Owner,
+        make_backing: &MakeBacking,
+    ) -> FsResult<(NodeEntry, Opened)> {
+        let made = self
+            .names
+            .create(&self.sb, parent, name, mode, exclusive, owner)?;
+        let NodeEntry {
+            ino,
+            mut attr,
+            mut ttl,
+        } = match made {
+            NewFile::Offline(created) => {
+                let opened = self.open_created(created, access, make_backing)?;
+                return self.truncated_offline(opened, truncate);
+            }
+            NewFile::Origin(entry) => entry,
+        };
+        if truncate && attr.size > 0 {
+            let set = SetAttrs {
+                size: Some(0),
+                ..Default::default()
+            };
+            NodeAttr { attr, ttl } = self.setattr(ino, &set)?;
+        }
+        let node = self.sb.node(ino)?;
+        let opened = self
+            .reads
+            .open_node(&self.sb, node, attr, access, false, make_backing);
+        Ok((NodeEntry { ino, attr, ttl }, opened))
+    }
+
+    /// Opens what an offline create found or made.
+    fn open_created(
+        &self,
+        created: Created,
+        access: Access,
+        make_backing: &crate::MakeBacking,
+    ) -> FsResult<(NodeEntry, Opened)> {
+        let (ino, opened) = match created {
+            Created::Existing(ino) => (ino, self.open(ino, access, make_backing)?),
+            Created::Made(node) => (node.ino, self.reads.open_pending(node, access)),
+        };
+        let attr = self.sb.node(ino)?.state.lock().attr();
+        let ttl = self.sb.config.attr_ttl;
+        Ok((NodeEntry { ino, attr, ttl }, opened))
+    }
+
+    /// A file opened by a create while offline, truncated if the create asked for that
+    /// (an existing file opened with `O_TRUNC`).
+    fn truncated_offline(
+        &self,
+        (entry, opened): (NodeEntry, Opened),
+        truncate: bool,
+    ) -> FsResult<(NodeEntry, Opened)> {
+        if !truncate || entry.attr.size == 0 {
+            return Ok((entry, opened));
+        }
+        let set = SetAttrs {
+            size: Some(0),
+            ..Default::default()
+        };
+        let NodeAttr { attr, ttl } = self.setattr(entry.ino, &set)?;
+        Ok((
+            NodeEntry {
+                ino: entry.ino,
+                attr,
+                ttl,
+            },
+            opened,
+        ))
+    }
+
+    /// Creates a special file (fifo, socket, device; `mode` includes the type bits).
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        owner: Owner,
+    ) -> FsResult<NodeEntry> {
+        self.names.mknod(&self.sb, parent, name, mode, rdev, owner)
+    }
+
+    /// Creates a directory.
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> FsResult<NodeEntry> {
+        self.names.mkdir(&self.sb, parent, name, mode, owner)
+    }
+
+    /// Creates a symbolic link `name` → `target`.
+    pub fn symlink(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        owner: Owner,
+    ) -> FsResult<NodeEntry> {
+        self.names.symlink(&self.sb, parent, name, target, owner)
+    }
+
+    /// Creates hard link `parent/name` to `ino`.
+    pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<NodeEntry> {
+        self.names.link(&self.sb, ino, parent, name)
+    }
+
+    /// Removes a non-directory name.
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        self.names.unlink(&self.sb, parent, name)
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> FsResult<()> {
+        self.names.rmdir(&self.sb, parent, name)
+    }
+
+    /// Renames `parent/name` to `new_parent/new_name` (`flags`: NOREPLACE, EXCHANGE).
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: u32,
+    ) -> FsResult<()> {
+        self.names
+            .rename(&self.sb, parent, name, new_parent, new_name, flags)
     }
 
     /// Resolves `name` in directory `parent`; counts one kernel lookup on success. Returns
