@@ -4,6 +4,9 @@
 use std::fs::File;
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
+
+use hoardfs_cache::CacheDir;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hoardfs_origin::local::{LocalOptions, LocalOrigin};
