@@ -13,7 +13,7 @@
 //! object arrived since (checked under the node's lock, which the break handler also takes,
 //! so a break handled after the check clears what the check granted).
 //!
-//! [`Callbacks`] is the subscription as `HoardFs` uses it: whether the origin holds
+//! [`Callbacks`] is the subscription as the superblock holds it: whether the origin holds
 //! callbacks at all, the break numbers to note, and whether a reply may grant one; its
 //! [`BreakQueue`] feeds the callback thread, which hands each batch to a `BreakApplier`
 //! (the rules of what each kind of break changes).

@@ -1,8 +1,10 @@
 //! Misses into the disk cache: fetching chunks from the origin, one fetch per chunk
 //! however many readers want it, and readahead for sequential readers on a small pool of
 //! threads. The [`Fetcher`] owns that machinery (the in-flight table, the readahead
-//! window and queue, the threads); `HoardFs` supplies the fetch itself (origin I/O and the
-//! write into the cached object).
+//! window and queue, the threads) and the fetch itself (origin I/O over a borrowed
+//! superblock, and the write into the cached object); it also prefetches whole files.
+//! Its threads reach the superblock through the file system they belong to
+//! (`HoardFs::read_ahead`).
 //!
 //! Lock ordering: the in-flight table is a leaf (never held while taking another lock or
 //! doing I/O), as is the readahead queue.

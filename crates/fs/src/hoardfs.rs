@@ -30,7 +30,7 @@ use crate::{
 };
 
 /// The file system: the kernel-facing operations, each ordering the work of the
-/// operation families over the shared [`Superblock`](superblock::Superblock).
+/// operation families over the shared superblock (module docs).
 pub struct HoardFs {
     /// What this client knows of the export, and the origin it asks.
     pub(crate) sb: superblock::Superblock,

@@ -8,14 +8,14 @@
 //! (doc/BENCHMARKS.md), at the price of passthrough and of the open-time version check
 //! (doc/SEMANTICS.md), and only on read-only mounts: writes need real opens.
 //!
-//! Such reads (`HoardFs::read_unopened`, in `read.rs`) get an open of their own, kept
+//! Such reads (`Reads::read_unopened`, in `read.rs`) get an open of their own, kept
 //! here: an *implicit open* per inode,
 //! created at the first read of the file's current version and replaced when the version
 //! changes. Each one keeps its cached object from eviction, so only the [`IMPLICIT_OPENS`]
 //! most recently created are kept (first in, first out: later reads do not refresh an
 //! entry); an older one is released (a later read simply opens it again).
 //!
-//! The table is an [`ImplicitOpens`], which owns its lock; `HoardFs` (`read.rs`:
+//! The table is an [`ImplicitOpens`], which owns its lock; `Reads` (`read.rs`:
 //! `read_unopened`) opens and releases the files it names.
 //!
 //! Lock ordering: the implicit-open table is a leaf; it is never held across `open_node`

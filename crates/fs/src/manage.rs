@@ -2,7 +2,7 @@
 //! cached (with paths where the client knows them), pinning, explicit eviction and the
 //! checksum scrub. A [`CacheManager`] borrows the node table (for paths) and the mount's
 //! objects (for the cache and which objects are this export's); `HoardFs` resolves inodes
-//! and hands it their nodes. Prefetching, which fetches, lives with the fetch path
+//! through the superblock and hands it their nodes. Prefetching, which fetches, lives with the fetch path
 //! (`fetch.rs`).
 
 use hoardfs_cache::{CacheDir, EvictError, Usage, VerifyReport};

@@ -20,7 +20,7 @@ pub(crate) struct OfflineWrites {
     /// sent back.
     keep_new: bool,
     /// Name breaks that came while names waited to be sent back (this client's view of
-    /// names was its own), applied once they stop waiting ([`HoardFs::settle_names`]).
+    /// names was its own), applied once they stop waiting (`HoardFs::settle_names`).
     skipped: parking_lot::Mutex<SkippedBreaks>,
 }
 

@@ -48,8 +48,8 @@ fn retried<T>(mut op: impl FnMut() -> FsResult<T>) -> FsResult<T> {
     op()
 }
 
-/// The changes to names of the change log: the file system and its log, borrowed for
-/// one operation (`HoardFs::offline_names`). Each operation that makes a new change
+/// The changes to names of the change log: the superblock and its log, borrowed for
+/// one operation (`Superblock::offline_names`). Each operation that makes a new change
 /// refuses unless the log takes new ones (`OfflineWrites::keeps_new`).
 pub(crate) struct OfflineNames<'a> {
     sb: &'a Superblock,

@@ -89,7 +89,7 @@ pub struct Opened {
 }
 
 /// A node's attributes before and after an open's check with the origin
-/// ([`HoardFs::validated_attr`]).
+/// (`Superblock::validated_attr`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Revalidated {
     /// What the node (and so the kernel) had.

@@ -54,6 +54,8 @@ pub(crate) struct Superblock {
 }
 
 impl Superblock {
+    // The mount as a whole.
+
     /// The origin's current write verifier (see `durability`).
     pub(crate) fn verifier(&self) -> u64 {
         self.origin.info().map(|i| i.verifier).unwrap_or(0)
@@ -67,20 +69,19 @@ impl Superblock {
         }
     }
 
-    /// Whether attributes fetched after break number `since` come with a callback.
-    pub(crate) fn grant(&self, file_id: u64, since: u64) -> bool {
-        self.callbacks.grants(file_id, since)
+    /// Whether the kernel opens files itself (see the module docs): asked for, and the
+    /// mount is read-only and has a disk cache (the mode is made for warm reads of cached
+    /// trees; `hoardfs mount` refuses it with `--no-cache`).
+    pub(crate) fn kernel_opens(&self) -> bool {
+        self.config.kernel_opens && self.read_only && self.objects.enabled()
     }
 
-    /// Stores fresh attributes of `node` (fetched after break number `since`).
-    pub(crate) fn install_attr(&self, node: &Node, attr: Attr, since: u64) -> NodeAttr {
-        let mut st = node.state.lock();
-        st.install_attr(attr, self.grant(attr.file_id, since));
-        NodeAttr {
-            attr,
-            ttl: st.kernel_ttl(&self.config),
-        }
+    /// Cache management (`crate::manage`) over this mount's nodes and objects.
+    pub(crate) fn manager(&self) -> CacheManager<'_> {
+        CacheManager::new(&self.nodes, &self.objects)
     }
+
+    // Nodes and the handles the origin knows them by.
 
     pub(crate) fn node(&self, ino: Ino) -> FsResult<Arc<Node>> {
         self.nodes.get(ino).ok_or(FsError::BadHandle)
@@ -96,9 +97,30 @@ impl Superblock {
         }
     }
 
-    /// Cache management (`crate::manage`) over this mount's nodes and objects.
-    pub(crate) fn manager(&self) -> CacheManager<'_> {
-        CacheManager::new(&self.nodes, &self.objects)
+    /// The directory node `parent` (`ENOTDIR` if it is not one).
+    pub(crate) fn dir(&self, parent: Ino) -> FsResult<Arc<Node>> {
+        let dir = self.node(parent)?;
+        if dir.kind != FileKind::Dir {
+            return Err(WireError::NotDir.into());
+        }
+        Ok(dir)
+    }
+
+    /// The names leading from the root to directory `ino`, as this client last saw them.
+    pub(crate) fn components_of(&self, ino: Ino) -> Option<Vec<Vec<u8>>> {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        for _ in 0..4096 {
+            if cur == ROOT_INO {
+                parts.reverse();
+                return Some(parts);
+            }
+            let n = self.nodes.get(cur)?;
+            let st = n.state.lock();
+            parts.push(st.name().to_vec());
+            cur = st.parent();
+        }
+        None
     }
 
     /// Runs `op` with the node's handle; if the origin says the handle is stale (server
@@ -128,7 +150,7 @@ impl Superblock {
     /// while open: it becomes a deleted node (`NodeState::mark_deleted`), which keeps
     /// serving `fstat`, cached reads and local writes to its descriptors, as a local file
     /// system would; what needs the origin fails with `ESTALE`.
-    pub(crate) fn lost(&self, node: &Node, e: FsError) -> FsError {
+    fn lost(&self, node: &Node, e: FsError) -> FsError {
         let gone = matches!(e, FsError::Origin(WireError::NotFound | WireError::Stale));
         if !gone || node.kind != FileKind::File {
             return e;
@@ -150,7 +172,7 @@ impl Superblock {
     }
 
     /// Finds a fresh handle for `ino` by walking its names from the root.
-    pub(crate) fn resolve(&self, ino: Ino, depth: u32) -> FsResult<Handle> {
+    fn resolve(&self, ino: Ino, depth: u32) -> FsResult<Handle> {
         if depth > 256 {
             return Err(FsError::Origin(WireError::Stale));
         }
@@ -173,6 +195,39 @@ impl Superblock {
         node.state.lock().resolved(e.handle, e.attr);
         Ok(e.handle)
     }
+
+    /// Walks `path` from `root` on the origin: its directory's handle (`None` if a
+    /// component is gone) and its entry (`None` if absent).
+    pub(crate) fn find(&self, root: Handle, path: &[Vec<u8>]) -> FsResult<Found> {
+        let Some((name, dirs)) = path.split_last() else {
+            return Err(FsError::Origin(WireError::Invalid));
+        };
+        let mut dir = root;
+        for c in dirs {
+            dir = match self.origin.lookup(dir, c) {
+                Ok(e) if e.attr.kind == hoardfs_origin::FileKind::Dir => e.handle,
+                Ok(_) => return Ok(Found::NOWHERE),
+                Err(hoardfs_origin::OriginError::Fs(WireError::NotFound | WireError::NotDir)) => {
+                    return Ok(Found::NOWHERE);
+                }
+                Err(e) => return Err(e.into()),
+            };
+        }
+        match self.origin.lookup(dir, name) {
+            Ok(e) => Ok(Found {
+                dir: Some(dir),
+                entry: Some(e),
+            }),
+            Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => Ok(Found {
+                dir: Some(dir),
+                entry: None,
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    // Names and attributes: answered from what is known while it is fresh, from the
+    // origin otherwise; what the origin answers is recorded here.
 
     /// Resolves `name` in directory `parent`; counts one kernel lookup on success. Returns
     /// the node, its attributes and how long the kernel may cache them.
@@ -277,7 +332,43 @@ impl Superblock {
         }
     }
 
-    /// [`HoardFs::getattr`] of a node already looked up.
+    /// Records that a listing entry was handed to the kernel with its attributes
+    /// (readdirplus), counting one kernel lookup; returns its node and kernel TTL.
+    pub(crate) fn remember_entry(&self, dir: Ino, listing: &Listing, e: &DirEntry) -> ListedNode {
+        let dir_id = self
+            .nodes
+            .get(dir)
+            .map_or(0, |d| d.state.lock().attr().file_id);
+        self.remember(
+            dir,
+            &e.name,
+            &e.entry,
+            dir_id,
+            listing.since,
+            Some(listing.fetched),
+        )
+    }
+
+    /// Target of symlink `ino`.
+    pub(crate) fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        let node = self.node(ino)?;
+        if let Some(t) = self.offline_names().and_then(|n| n.local_target(&node)) {
+            return Ok(t);
+        }
+        match self.with_handle(&node, |h| self.origin.readlink(h)) {
+            Ok(t) => {
+                node.state.lock().keep_target(&t);
+                Ok(t)
+            }
+            // Served from what was read while connected.
+            Err(FsError::Offline(why)) => {
+                node.state.lock().kept_target().ok_or(FsError::Offline(why))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `HoardFs::getattr` of a node already looked up.
     pub(crate) fn attr_of(&self, node: &Node) -> FsResult<NodeAttr> {
         {
             let st = node.state.lock();
@@ -305,8 +396,23 @@ impl Superblock {
         self.refresh_attr(node)
     }
 
+    /// Close-to-open: the attributes the node had, and its current ones, checked with the
+    /// origin unless it holds a callback for them.
+    pub(crate) fn validated_attr(&self, node: &Node) -> FsResult<Revalidated> {
+        let (before, valid) = {
+            let st = node.state.lock();
+            (st.attr(), st.has_callback() && st.attr_fresh(&self.config))
+        };
+        let now = if valid {
+            before
+        } else {
+            self.refresh_attr(node)?.attr
+        };
+        Ok(Revalidated { before, now })
+    }
+
     /// Fresh attributes from the origin (cached ones if it is unreachable).
-    pub(crate) fn refresh_attr(&self, node: &Node) -> FsResult<NodeAttr> {
+    fn refresh_attr(&self, node: &Node) -> FsResult<NodeAttr> {
         self.stats.count_version_check();
         let since = self.callbacks.seq();
         match self.with_handle(node, |h| self.origin.getattr(h)) {
@@ -325,59 +431,24 @@ impl Superblock {
         }
     }
 
-    /// Target of symlink `ino`.
-    pub(crate) fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
-        let node = self.node(ino)?;
-        if let Some(t) = self.offline_names().and_then(|n| n.local_target(&node)) {
-            return Ok(t);
-        }
-        match self.with_handle(&node, |h| self.origin.readlink(h)) {
-            Ok(t) => {
-                node.state.lock().keep_target(&t);
-                Ok(t)
-            }
-            // Served from what was read while connected.
-            Err(FsError::Offline(why)) => {
-                node.state.lock().kept_target().ok_or(FsError::Offline(why))
-            }
-            Err(e) => Err(e),
+    /// Stores fresh attributes of `node` (fetched after break number `since`).
+    pub(crate) fn install_attr(&self, node: &Node, attr: Attr, since: u64) -> NodeAttr {
+        let mut st = node.state.lock();
+        st.install_attr(attr, self.grant(attr.file_id, since));
+        NodeAttr {
+            attr,
+            ttl: st.kernel_ttl(&self.config),
         }
     }
 
-    /// Close-to-open: the attributes the node had, and its current ones, checked with the
-    /// origin unless it holds a callback for them.
-    pub(crate) fn validated_attr(&self, node: &Node) -> FsResult<Revalidated> {
-        let (before, valid) = {
-            let st = node.state.lock();
-            (st.attr(), st.has_callback() && st.attr_fresh(&self.config))
-        };
-        let now = if valid {
-            before
-        } else {
-            self.refresh_attr(node)?.attr
-        };
-        Ok(Revalidated { before, now })
+    /// Whether attributes fetched after break number `since` come with a callback.
+    fn grant(&self, file_id: u64, since: u64) -> bool {
+        self.callbacks.grants(file_id, since)
     }
 
     /// Forgets a node's attributes (the next getattr asks the origin).
     pub(crate) fn expire_attr(&self, node: &Node) {
         node.state.lock().expire();
-    }
-
-    /// Whether the kernel opens files itself (see the module docs): asked for, and the
-    /// mount is read-only and has a disk cache (the mode is made for warm reads of cached
-    /// trees; `hoardfs mount` refuses it with `--no-cache`).
-    pub(crate) fn kernel_opens(&self) -> bool {
-        self.config.kernel_opens && self.read_only && self.objects.enabled()
-    }
-
-    /// The directory node `parent` (`ENOTDIR` if it is not one).
-    pub(crate) fn dir(&self, parent: Ino) -> FsResult<Arc<Node>> {
-        let dir = self.node(parent)?;
-        if dir.kind != FileKind::Dir {
-            return Err(WireError::NotDir.into());
-        }
-        Ok(dir)
     }
 
     /// A directory's content changed through this client (its kept listing has the
@@ -391,133 +462,7 @@ impl Superblock {
         self.trees.forget(dir_id);
     }
 
-    /// The names leading from the root to directory `ino`, as this client last saw them.
-    pub(crate) fn components_of(&self, ino: Ino) -> Option<Vec<Vec<u8>>> {
-        let mut parts = Vec::new();
-        let mut cur = ino;
-        for _ in 0..4096 {
-            if cur == ROOT_INO {
-                parts.reverse();
-                return Some(parts);
-            }
-            let n = self.nodes.get(cur)?;
-            let st = n.state.lock();
-            parts.push(st.name().to_vec());
-            cur = st.parent();
-        }
-        None
-    }
-
-    /// Whether new changes to names go to the log: offline writes are on and the log
-    /// still holds changes to names (they reach the origin first, in order).
-    pub(crate) fn names_logged(&self) -> bool {
-        self.offline
-            .as_ref()
-            .is_some_and(|o| o.keeps_new() && o.log.names_pending())
-    }
-
-    /// Whether the log holds changes to names (until they reach the origin, this
-    /// client's view of names is its own: lookups and listings are answered from it).
-    pub(crate) fn names_pending(&self) -> bool {
-        self.offline.as_ref().is_some_and(|o| o.log.names_pending())
-    }
-
-    /// Runs `op` (an offline variant of a namespace operation) instead of the origin's
-    /// when the log holds changes to names, so that the new change follows them (if the
-    /// log cannot take it, it fails: see `names_sent`); `None`: go to the origin.
-    pub(crate) fn logged<T>(
-        &self,
-        op: impl FnOnce(OfflineNames<'_>, String) -> FsResult<T>,
-    ) -> Option<FsResult<T>> {
-        let names = self.offline_names().filter(|_| self.names_logged())?;
-        Some(op(names, NAMES_WAIT.into()))
-    }
-
-    /// The changes to names of the change log (`None` when no log is open). A log is open
-    /// also on a mount without `--offline-writes` that still sends back an earlier
-    /// mount's changes: its operations then refuse new changes (`keeps_new`), except that
-    /// a removal may cancel or replace a logged one.
-    pub(crate) fn offline_names(&self) -> Option<OfflineNames<'_>> {
-        self.offline
-            .as_ref()
-            .map(|off| OfflineNames::new(self, off))
-    }
-
-    /// Runs `op` over the changes to names of the change log, for an operation the origin
-    /// failed with `why` or that must follow the log (`why` says which); with no log open
-    /// it fails with `Offline(why)`, as the origin did.
-    pub(crate) fn names_offline<T>(
-        &self,
-        why: String,
-        op: impl FnOnce(OfflineNames<'_>, String) -> FsResult<T>,
-    ) -> FsResult<T> {
-        match self.offline_names() {
-            Some(names) => op(names, why),
-            None => Err(FsError::Offline(why)),
-        }
-    }
-
-    /// Walks `path` from `root` on the origin: its directory's handle (`None` if a
-    /// component is gone) and its entry (`None` if absent).
-    pub(crate) fn find(&self, root: Handle, path: &[Vec<u8>]) -> FsResult<Found> {
-        let Some((name, dirs)) = path.split_last() else {
-            return Err(FsError::Origin(WireError::Invalid));
-        };
-        let mut dir = root;
-        for c in dirs {
-            dir = match self.origin.lookup(dir, c) {
-                Ok(e) if e.attr.kind == hoardfs_origin::FileKind::Dir => e.handle,
-                Ok(_) => return Ok(Found::NOWHERE),
-                Err(hoardfs_origin::OriginError::Fs(WireError::NotFound | WireError::NotDir)) => {
-                    return Ok(Found::NOWHERE);
-                }
-                Err(e) => return Err(e.into()),
-            };
-        }
-        match self.origin.lookup(dir, name) {
-            Ok(e) => Ok(Found {
-                dir: Some(dir),
-                entry: Some(e),
-            }),
-            Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => Ok(Found {
-                dir: Some(dir),
-                entry: None,
-            }),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// The pending change of `node`'s object (content, name or attributes), if offline
-    /// writes are on and it has one.
-    pub(crate) fn pending_of(&self, node: &Node) -> Option<Arc<Pending>> {
-        self.change_of(node, false)
-    }
-
-    /// The pending change of `node`'s file whose content is staged here (reads, writes,
-    /// opens and syncs go to the staging file), if any.
-    pub(crate) fn staged_of(&self, node: &Node) -> Option<Staged<'_>> {
-        self.change_of(node, true).map(|p| Staged::new(self, p))
-    }
-
-    pub(crate) fn change_of(&self, node: &Node, content: bool) -> Option<Arc<Pending>> {
-        let off = self.offline.as_ref()?;
-        // Every object with a change in the log carries it as its local change (a
-        // removal's node is gone from the names): the log is looked at only for those,
-        // not on every read and write.
-        let file_id = {
-            let st = node.state.lock();
-            let marked = if content {
-                st.is_local()
-            } else {
-                st.has_change()
-            };
-            if !marked {
-                return None;
-            }
-            st.attr().file_id
-        };
-        off.log.get(file_id)
-    }
+    // Listings: reused while fresh, read ahead with a walk, or fetched page by page.
 
     /// The full listing of directory `ino` (reused within the directory TTL). When it is
     /// fetched, the disk cache reads the records of the listed files it holds ahead of
@@ -575,7 +520,7 @@ impl Superblock {
     /// still as good as a fresh one (`crate::trees`): no break of the directory since the
     /// request (within the callback TTL), or without callbacks within the directory TTL;
     /// and in both cases the directory's version and size still those of the reply.
-    pub(crate) fn listing_read_ahead(&self, node: &Node, dir_id: u64) -> Option<Arc<Listing>> {
+    fn listing_read_ahead(&self, node: &Node, dir_id: u64) -> Option<Arc<Listing>> {
         let k = self.trees.take(dir_id)?;
         let age = k.listing.fetched.elapsed();
         let fresh = if self.callbacks.held() {
@@ -596,7 +541,7 @@ impl Superblock {
     /// Fetches the listing of directory `node` (file id `dir_id`): on its own, or, when
     /// directories are being walked and the origin lists subtrees in one request, with
     /// the listings around it (`crate::trees`), which are kept for the walk.
-    pub(crate) fn fetch_listing_or_tree(&self, node: &Node, dir_id: u64) -> FsResult<Arc<Listing>> {
+    fn fetch_listing_or_tree(&self, node: &Node, dir_id: u64) -> FsResult<Arc<Listing>> {
         let since = self.callbacks.seq();
         let fetched = |entries| {
             Arc::new(Listing {
@@ -668,7 +613,7 @@ impl Superblock {
 
     /// Every entry of directory `node`, page by page from the origin (at most
     /// [`MAX_LISTING`] entries and pages).
-    pub(crate) fn fetch_listing(&self, node: &Node) -> FsResult<Vec<DirEntry>> {
+    fn fetch_listing(&self, node: &Node) -> FsResult<Vec<DirEntry>> {
         self.stats.count_listing_fetch();
         self.with_handle(node, |h| {
             let mut entries = Vec::new();
@@ -699,20 +644,86 @@ impl Superblock {
         })
     }
 
-    /// Records that a listing entry was handed to the kernel with its attributes
-    /// (readdirplus), counting one kernel lookup; returns its node and kernel TTL.
-    pub(crate) fn remember_entry(&self, dir: Ino, listing: &Listing, e: &DirEntry) -> ListedNode {
-        let dir_id = self
-            .nodes
-            .get(dir)
-            .map_or(0, |d| d.state.lock().attr().file_id);
-        self.remember(
-            dir,
-            &e.name,
-            &e.entry,
-            dir_id,
-            listing.since,
-            Some(listing.fetched),
-        )
+    // The offline change log: which objects have a change, and the changes to names.
+
+    /// Whether new changes to names go to the log: offline writes are on and the log
+    /// still holds changes to names (they reach the origin first, in order).
+    pub(crate) fn names_logged(&self) -> bool {
+        self.offline
+            .as_ref()
+            .is_some_and(|o| o.keeps_new() && o.log.names_pending())
+    }
+
+    /// Whether the log holds changes to names (until they reach the origin, this
+    /// client's view of names is its own: lookups and listings are answered from it).
+    pub(crate) fn names_pending(&self) -> bool {
+        self.offline.as_ref().is_some_and(|o| o.log.names_pending())
+    }
+
+    /// Runs `op` (an offline variant of a namespace operation) instead of the origin's
+    /// when the log holds changes to names, so that the new change follows them (if the
+    /// log cannot take it, it fails: see `names_sent`); `None`: go to the origin.
+    pub(crate) fn logged<T>(
+        &self,
+        op: impl FnOnce(OfflineNames<'_>, String) -> FsResult<T>,
+    ) -> Option<FsResult<T>> {
+        let names = self.offline_names().filter(|_| self.names_logged())?;
+        Some(op(names, NAMES_WAIT.into()))
+    }
+
+    /// The changes to names of the change log (`None` when no log is open). A log is open
+    /// also on a mount without `--offline-writes` that still sends back an earlier
+    /// mount's changes: its operations then refuse new changes (`keeps_new`), except that
+    /// a removal may cancel or replace a logged one.
+    pub(crate) fn offline_names(&self) -> Option<OfflineNames<'_>> {
+        self.offline
+            .as_ref()
+            .map(|off| OfflineNames::new(self, off))
+    }
+
+    /// Runs `op` over the changes to names of the change log, for an operation the origin
+    /// failed with `why` or that must follow the log (`why` says which); with no log open
+    /// it fails with `Offline(why)`, as the origin did.
+    pub(crate) fn names_offline<T>(
+        &self,
+        why: String,
+        op: impl FnOnce(OfflineNames<'_>, String) -> FsResult<T>,
+    ) -> FsResult<T> {
+        match self.offline_names() {
+            Some(names) => op(names, why),
+            None => Err(FsError::Offline(why)),
+        }
+    }
+
+    /// The pending change of `node`'s object (content, name or attributes), if offline
+    /// writes are on and it has one.
+    pub(crate) fn pending_of(&self, node: &Node) -> Option<Arc<Pending>> {
+        self.change_of(node, false)
+    }
+
+    /// The pending change of `node`'s file whose content is staged here (reads, writes,
+    /// opens and syncs go to the staging file), if any.
+    pub(crate) fn staged_of(&self, node: &Node) -> Option<Staged<'_>> {
+        self.change_of(node, true).map(|p| Staged::new(self, p))
+    }
+
+    fn change_of(&self, node: &Node, content: bool) -> Option<Arc<Pending>> {
+        let off = self.offline.as_ref()?;
+        // Every object with a change in the log carries it as its local change (a
+        // removal's node is gone from the names): the log is looked at only for those,
+        // not on every read and write.
+        let file_id = {
+            let st = node.state.lock();
+            let marked = if content {
+                st.is_local()
+            } else {
+                st.has_change()
+            };
+            if !marked {
+                return None;
+            }
+            st.attr().file_id
+        };
+        off.log.get(file_id)
     }
 }

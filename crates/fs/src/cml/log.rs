@@ -65,7 +65,7 @@ pub struct LogStats {
 pub struct ChangeLog {
     dir: PathBuf,
     /// Changes that alter names on the origin (while any is pending, this client's view of
-    /// names is its own: see `HoardFs::names_pending`).
+    /// names is its own: see `Superblock::names_pending`).
     names: Arc<std::sync::atomic::AtomicUsize>,
     pending: Mutex<BTreeMap<u64, Arc<Pending>>>,
     /// Held while a new change is staged, so one file is staged once. Taken after
