@@ -389,13 +389,21 @@ impl HoardFs {
         access: Access,
         make_backing: &crate::MakeBacking,
     ) -> FsResult<(NodeEntry, Opened)> {
-        let (ino, opened) = match created {
-            Created::Existing(ino) => (ino, self.open(ino, access, make_backing)?),
-            Created::Made(node) => (node.ino, self.reads.open_pending(node, access)),
-        };
-        let attr = self.sb.node(ino)?.state.lock().attr();
         let ttl = self.sb.config.attr_ttl;
-        Ok((NodeEntry { ino, attr, ttl }, opened))
+        match created {
+            // (Its attributes as the open left them: checked with the origin, or staged.)
+            Created::Existing(ino) => {
+                let opened = self.open(ino, access, make_backing)?;
+                let attr = self.sb.node(ino)?.state.lock().attr();
+                Ok((NodeEntry { ino, attr, ttl }, opened))
+            }
+            // (An empty file of this client's: its attributes as made.)
+            Created::Made(node) => {
+                let (ino, attr) = (node.ino, node.state.lock().attr());
+                let opened = self.reads.open_pending(node, access);
+                Ok((NodeEntry { ino, attr, ttl }, opened))
+            }
+        }
     }
 
     /// A file opened by a create while offline, truncated if the create asked for that

@@ -45,7 +45,7 @@ pub(crate) struct Names {
 }
 
 impl Names {
-    /// Hidden names of this client (`client_id`) journaled in `journal`.
+    /// Changes to names, with `unlinked` keeping the files unlinked while open.
     pub(crate) fn new(unlinked: Unlinked) -> Self {
         Names { unlinked }
     }

@@ -69,7 +69,7 @@ impl Superblock {
         }
     }
 
-    /// Whether the kernel opens files itself (see the module docs): asked for, and the
+    /// Whether the kernel opens files itself (`crate::kernel_opens`): asked for, and the
     /// mount is read-only and has a disk cache (the mode is made for warm reads of cached
     /// trees; `hoardfs mount` refuses it with `--no-cache`).
     pub(crate) fn kernel_opens(&self) -> bool {

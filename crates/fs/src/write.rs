@@ -46,7 +46,7 @@ impl Writes {
         self.durability.forget(ino);
     }
 
-    /// Process `pid` writes `data` at `offset` through open file `fh`; returns the bytes
+    /// Process `pid` writes `data` at `offset` through open file `of`; returns the bytes
     /// written. (The writer's pid decides which close publishes the file: see
     /// [`Writes::flush`].)
     pub(crate) fn write(
