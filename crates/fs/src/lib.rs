@@ -30,6 +30,7 @@ mod offline;
 mod offline_names;
 mod open_files;
 mod opens;
+mod passthrough;
 mod read;
 mod record;
 mod reintegrate;

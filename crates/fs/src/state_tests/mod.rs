@@ -531,7 +531,7 @@ fn open_modes_follow_the_cache_and_the_other_opens() {
     let t = Instant::now();
     let (w, _) = open_read(&r, f, WRITE, &reg);
     assert_eq!(kind(&w), "direct");
-    assert!(t.elapsed() >= crate::read::PASSTHROUGH_DRAIN);
+    assert!(t.elapsed() >= crate::passthrough::PASSTHROUGH_DRAIN);
     r.fs.release(w.fh);
     r.fs.release(p1.fh);
     r.fs.release(p2.fh);
