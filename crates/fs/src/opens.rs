@@ -2,18 +2,20 @@
 //! each is served, and the passthrough registration they share. Every change is one method
 //! here, which states its rule; the node's `state` lock covers it (see `nodes`).
 //!
-//! The kernel refuses to mix passthrough and page-cached opens of one inode, so a
-//! passthrough open is admitted only while no daemon-read open exists, and while
-//! passthrough opens exist every other open is `Direct` (which the kernel then fails: the
-//! caller first waits a little for them, see `read`). Direct opens can therefore coexist
-//! with passthrough ones, and a registration is kept, idle, across daemon opens: the
-//! counts are not one enum, the registration is ([`Passthrough`]).
+//! The kernel refuses to mix passthrough and page-cached opens of one inode: an inode is
+//! [`Opens::Idle`], open by daemon reads only ([`Opens::Daemon`]), or open in passthrough
+//! ([`Opens::Passthrough`]), where every other open is `Direct` (which the kernel then
+//! fails: the caller first waits a little for the passthrough opens to end, see `read`).
+//! The passthrough registration is shared by the passthrough opens and kept, idle, after
+//! the last one closes while it is the current object's, so that opening a cached file
+//! again costs no file open and no registration.
 
 use std::sync::Arc;
 
 use hoardfs_cache::CachedObject;
 
 use crate::nodes::Backing;
+use crate::read::OpenMode;
 
 /// How an open file is served (the kernel-facing [`crate::OpenMode`] without its payload).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,20 +37,23 @@ pub(crate) struct HeldBacking {
     id: Backing,
 }
 
-/// The node's passthrough registration.
-enum Passthrough {
-    /// None held.
-    Unregistered,
-    /// Kept after the last passthrough open closed, while it belongs to the node's current
-    /// object, so that opening a cached file again costs no file open and no
-    /// registration; released with the object.
-    Kept(HeldBacking),
-    /// Shared by `opens` (at least one) passthrough opens.
-    Open {
-        /// Passthrough opens of the node.
+/// Who has the node open, and how.
+enum Opens {
+    /// Nobody; `kept`: a registration for the next passthrough open.
+    Idle { kept: Option<HeldBacking> },
+    /// Opens served by daemon reads only (at least one): `cached` through the page cache,
+    /// `direct` without it; `kept` as in `Idle`, for when they are gone.
+    Daemon {
+        cached: u32,
+        direct: u32,
+        kept: Option<HeldBacking>,
+    },
+    /// At least one passthrough open (`opens`), all sharing `backing`, and the `direct`
+    /// opens admitted meanwhile (which the kernel fails).
+    Passthrough {
         opens: u32,
-        /// Their registration.
         backing: HeldBacking,
+        direct: u32,
     },
 }
 
@@ -56,12 +61,9 @@ enum Passthrough {
 pub(crate) struct OpenState {
     /// The cached object for the current version (regular files, cache enabled).
     object: Option<Arc<CachedObject>>,
-    /// Opens served by daemon reads with the page cache.
-    cached: u32,
-    /// Opens served by daemon reads in direct-I/O mode.
-    direct: u32,
-    passthrough: Passthrough,
-    /// Version of the last page-cached open, to decide whether kernel pages can be kept.
+    opens: Opens,
+    /// Version of the last page-cached open, to decide whether kernel pages can be kept
+    /// (the kernel keeps them across opens, whoever holds the node open meanwhile).
     last_cached_version: Option<u64>,
     /// Opens whose descriptors may all be closed already, the release on its way (the
     /// kernel sends it after `close` returned): those flushed, and the read-only ones
@@ -73,9 +75,7 @@ impl Default for OpenState {
     fn default() -> Self {
         OpenState {
             object: None,
-            cached: 0,
-            direct: 0,
-            passthrough: Passthrough::Unregistered,
+            opens: Opens::Idle { kept: None },
             last_cached_version: None,
             closing: 0,
         }
@@ -102,23 +102,27 @@ impl OpenState {
 
     /// Drops a registration no open uses that is not for the current object.
     fn drop_stale_backing(&mut self) {
-        if let Passthrough::Kept(b) = &self.passthrough
-            && !self
-                .object
+        let object = &self.object;
+        if let Opens::Idle { kept } | Opens::Daemon { kept, .. } = &mut self.opens
+            && kept
                 .as_ref()
-                .is_some_and(|o| Arc::ptr_eq(&b.object, o))
+                .is_some_and(|b| !object.as_ref().is_some_and(|o| Arc::ptr_eq(&b.object, o)))
         {
-            self.passthrough = Passthrough::Unregistered;
+            *kept = None;
         }
     }
 
     /// Whether any open file refers to this node.
     pub(crate) fn is_open(&self) -> bool {
-        self.opens() > 0
+        !matches!(self.opens, Opens::Idle { .. })
     }
 
-    fn opens(&self) -> u32 {
-        self.cached + self.direct + self.passthrough_opens()
+    fn count(&self) -> u32 {
+        match &self.opens {
+            Opens::Idle { .. } => 0,
+            Opens::Daemon { cached, direct, .. } => cached + direct,
+            Opens::Passthrough { opens, direct, .. } => opens + direct,
+        }
     }
 
     /// An open's descriptor was closed (its first flush), or it is read-only: see
@@ -130,82 +134,113 @@ impl OpenState {
     /// Whether the node is open only by opens whose descriptors may all be closed
     /// (their releases on their way).
     pub(crate) fn only_closing(&self) -> bool {
-        self.is_open() && self.closing >= self.opens()
+        self.is_open() && self.closing >= self.count()
     }
 
     /// Passthrough opens of the node.
     pub(crate) fn passthrough_opens(&self) -> u32 {
-        match &self.passthrough {
-            Passthrough::Open { opens, .. } => *opens,
+        match &self.opens {
+            Opens::Passthrough { opens, .. } => *opens,
             _ => 0,
         }
     }
 
     /// Whether opens served by daemon reads exist (which rule out passthrough).
     pub(crate) fn has_daemon_opens(&self) -> bool {
-        self.cached + self.direct > 0
+        match &self.opens {
+            Opens::Idle { .. } => false,
+            Opens::Daemon { .. } => true,
+            Opens::Passthrough { direct, .. } => *direct > 0,
+        }
     }
 
     /// The registration a read-only open of `object` (complete) can share: the node's, if
     /// it registers that very object.
     pub(crate) fn shareable(&self, object: &Arc<CachedObject>) -> Option<Backing> {
-        match &self.passthrough {
-            Passthrough::Kept(b) | Passthrough::Open { backing: b, .. }
-                if Arc::ptr_eq(&b.object, object) =>
-            {
-                Some(b.id.clone())
-            }
-            _ => None,
-        }
+        let held = match &self.opens {
+            Opens::Idle { kept } | Opens::Daemon { kept, .. } => kept.as_ref(),
+            Opens::Passthrough { backing, .. } => Some(backing),
+        };
+        held.filter(|b| Arc::ptr_eq(&b.object, object))
+            .map(|b| b.id.clone())
     }
 
     /// Whether a new registration may be made: not while passthrough opens of an older
     /// object hold theirs.
     pub(crate) fn may_register(&self) -> bool {
-        !matches!(self.passthrough, Passthrough::Open { .. })
+        !matches!(self.opens, Opens::Passthrough { .. })
     }
 
     /// Admits a passthrough open sharing the node's registration of `object` (see
-    /// [`OpenState::shareable`]).
+    /// [`OpenState::shareable`]); not while daemon-read opens exist.
     pub(crate) fn admit_shared_passthrough(&mut self, object: &Arc<CachedObject>) -> bool {
-        if self.shareable(object).is_none() {
+        if self.shareable(object).is_none() || self.has_daemon_opens() {
             return false;
         }
-        self.passthrough = match std::mem::replace(&mut self.passthrough, Passthrough::Unregistered)
-        {
-            Passthrough::Kept(backing) => Passthrough::Open { opens: 1, backing },
-            Passthrough::Open { opens, backing } => Passthrough::Open {
-                opens: opens + 1,
-                backing,
-            },
-            Passthrough::Unregistered => unreachable!("shareable implies a registration"),
-        };
+        match &mut self.opens {
+            Opens::Passthrough { opens, .. } => *opens += 1,
+            Opens::Idle { kept } => {
+                let backing = kept.take().expect("shareable implies a registration");
+                self.opens = Opens::Passthrough {
+                    opens: 1,
+                    backing,
+                    direct: 0,
+                };
+            }
+            Opens::Daemon { .. } => unreachable!("daemon opens refuse passthrough"),
+        }
         true
     }
 
     /// Admits the first passthrough open of `object` with its new registration `id`,
-    /// replacing an idle registration (only allowed when [`OpenState::may_register`]).
+    /// replacing an idle registration (only allowed when [`OpenState::may_register`] and
+    /// no daemon-read open exists).
     pub(crate) fn admit_registered_passthrough(&mut self, object: Arc<CachedObject>, id: Backing) {
-        debug_assert!(self.may_register());
-        self.passthrough = Passthrough::Open {
+        debug_assert!(self.may_register() && !self.has_daemon_opens());
+        self.opens = Opens::Passthrough {
             opens: 1,
             backing: HeldBacking { object, id },
+            direct: 0,
         };
     }
 
     /// Admits an open served by daemon reads without the page cache.
     pub(crate) fn admit_direct(&mut self) {
-        self.direct += 1;
+        match &mut self.opens {
+            Opens::Idle { kept } => {
+                let kept = kept.take();
+                self.opens = Opens::Daemon {
+                    cached: 0,
+                    direct: 1,
+                    kept,
+                };
+            }
+            Opens::Daemon { direct, .. } | Opens::Passthrough { direct, .. } => *direct += 1,
+        }
     }
 
-    /// Admits an open served by daemon reads through the page cache, at `version`; returns
-    /// whether the kernel may keep the pages it has (the previous page-cached open was of
-    /// the same version).
-    pub(crate) fn admit_cached(&mut self, version: u64) -> bool {
+    /// Admits an open served by daemon reads: `Direct` for appends and while passthrough
+    /// opens exist (the kernel fails it then), otherwise `Cached` at `version`, keeping the
+    /// kernel's pages if the previous page-cached open was of the same version.
+    pub(crate) fn admit_daemon(&mut self, append: bool, version: u64) -> OpenMode {
+        if append || matches!(self.opens, Opens::Passthrough { .. }) {
+            self.admit_direct();
+            return OpenMode::Direct;
+        }
+        if let Opens::Idle { kept } = &mut self.opens {
+            let kept = kept.take();
+            self.opens = Opens::Daemon {
+                cached: 0,
+                direct: 0,
+                kept,
+            };
+        }
+        if let Opens::Daemon { cached, .. } = &mut self.opens {
+            *cached += 1;
+        }
         let keep_cache = self.last_cached_version == Some(version);
         self.last_cached_version = Some(version);
-        self.cached += 1;
-        keep_cache
+        OpenMode::Cached { keep_cache }
     }
 
     /// An open served as `mode` is released (`was_closing`: its descriptor was closed
@@ -217,27 +252,49 @@ impl OpenState {
             debug_assert!(self.closing > 0, "a closing open is counted");
             self.closing = self.closing.saturating_sub(1);
         }
-        match mode {
-            ModeKind::Cached => self.cached -= 1,
-            ModeKind::Direct => self.direct -= 1,
-            ModeKind::Passthrough => {
-                let Passthrough::Open { opens, .. } = &mut self.passthrough else {
-                    unreachable!("a passthrough open holds the registration");
-                };
-                *opens -= 1;
-                if *opens > 0 {
-                    return false;
+        let count = match (&mut self.opens, mode) {
+            (Opens::Daemon { cached: n, .. }, ModeKind::Cached)
+            | (Opens::Daemon { direct: n, .. }, ModeKind::Direct)
+            | (Opens::Passthrough { direct: n, .. }, ModeKind::Direct)
+            | (Opens::Passthrough { opens: n, .. }, ModeKind::Passthrough) => Some(n),
+            _ => None,
+        };
+        // (An open is released once, as it was admitted: anything else is a bug, logged
+        // rather than allowed to take the mount down.)
+        let Some(n) = count.filter(|n| **n > 0) else {
+            debug_assert!(false, "a {mode:?} open released that was not admitted");
+            tracing::error!("a {mode:?} open released that was not admitted");
+            return false;
+        };
+        *n -= 1;
+        let last_passthrough = mode == ModeKind::Passthrough && *n == 0;
+        self.opens = match std::mem::replace(&mut self.opens, Opens::Idle { kept: None }) {
+            Opens::Daemon {
+                cached: 0,
+                direct: 0,
+                kept,
+            } => Opens::Idle { kept },
+            Opens::Passthrough {
+                opens: 0,
+                backing,
+                direct,
+            } => {
+                let kept = Some(backing);
+                if direct > 0 {
+                    Opens::Daemon {
+                        cached: 0,
+                        direct,
+                        kept,
+                    }
+                } else {
+                    Opens::Idle { kept }
                 }
-                let Passthrough::Open { backing, .. } =
-                    std::mem::replace(&mut self.passthrough, Passthrough::Unregistered)
-                else {
-                    unreachable!()
-                };
-                self.passthrough = Passthrough::Kept(backing);
-                self.drop_stale_backing();
-                return true;
             }
+            other => other,
+        };
+        if last_passthrough {
+            self.drop_stale_backing();
         }
-        false
+        last_passthrough
     }
 }

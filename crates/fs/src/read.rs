@@ -384,14 +384,7 @@ impl Reads {
                 attr.file_id
             );
         }
-        if st.opens.passthrough_opens() > 0 || access.append {
-            st.opens.admit_direct();
-            OpenMode::Direct
-        } else {
-            OpenMode::Cached {
-                keep_cache: st.opens.admit_cached(attr.version),
-            }
-        }
+        st.opens.admit_daemon(access.append, attr.version)
     }
 
     /// The open file behind kernel handle `fh`.

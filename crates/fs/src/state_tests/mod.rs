@@ -556,6 +556,34 @@ fn open_modes_follow_the_cache_and_the_other_opens() {
 }
 
 #[test]
+fn a_direct_open_outliving_the_passthrough_ones_keeps_the_registration_for_later() {
+    let data = content(4, MIB + 1);
+    let (r, reg, f) = cached_file(&data, true, config(Duration::from_secs(600)));
+    let (warm, _) = open_read(&r, f, READ, &reg);
+    r.fs.release(warm.fh);
+    let (p, _) = open_read(&r, f, READ, &reg);
+    assert_eq!((kind(&p), reg.count()), ("passthrough", 1));
+    // A write open beside it: direct (after the wait for the passthrough open).
+    let (w, _) = open_read(&r, f, WRITE, &reg);
+    assert_eq!(kind(&w), "direct");
+    // The passthrough open ends first: the write open is the only one, and a read-only
+    // open beside it is a daemon open too (no passthrough beside daemon opens).
+    r.fs.release(p.fh);
+    let (ro, bytes) = open_read(&r, f, READ, &reg);
+    assert_eq!((kind(&ro), bytes == data), ("cached+keep", true));
+    r.fs.release(ro.fh);
+    r.fs.release(w.fh);
+    // Nobody has it open: passthrough again, through the registration kept meanwhile.
+    let (p, _) = open_read(&r, f, READ, &reg);
+    assert_eq!((kind(&p), reg.count()), ("passthrough", 1));
+    // Released in any order, the counts come back to nothing open.
+    let (d, _) = open_read(&r, f, WRITE, &reg);
+    r.fs.release(d.fh);
+    r.fs.release(p.fh);
+    assert!(!r.fs.sb.node(f).unwrap().state.lock().is_open());
+}
+
+#[test]
 fn a_new_version_replaces_the_object_and_its_registration() {
     let old = content(1, MIB + 5);
     let new = content(2, 3 * MIB);
