@@ -80,7 +80,7 @@ impl<K: Eq + Hash + Clone, V: Clone> Flights<K, V> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use super::Flights;
 
@@ -91,11 +91,11 @@ mod tests {
             let mut follower = None;
             let (r, led) = f.run(1, || {
                 follower = Some(s.spawn(|| f.run(1, || panic!("a second fetch of key 1"))));
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while f.waiting() == 0 {
-                    assert!(Instant::now() < deadline, "the follower never joined");
-                    std::thread::yield_now();
-                }
+                let joined = || f.waiting() > 0;
+                assert!(
+                    hoardfs_testutil::wait_until(Duration::from_secs(10), joined),
+                    "the follower never joined"
+                );
                 // Another key is not held up by this one.
                 assert_eq!(f.run(2, || Ok(20)), (Ok(20), true));
                 Ok(10)

@@ -343,7 +343,7 @@ impl Fetcher {
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Weak};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use super::Fetcher;
     use crate::{FsConfig, FsError};
@@ -382,11 +382,11 @@ mod tests {
                 g.shared(1, 7, 0, || panic!("a second fetch of the chunk"))
             }));
             // The follower found this flight: its clone is the third reference.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while f.inflight.waiting() == 0 {
-                assert!(Instant::now() < deadline, "the follower never joined");
-                std::thread::yield_now();
-            }
+            let joined = || f.inflight.waiting() > 0;
+            assert!(
+                hoardfs_testutil::wait_until(Duration::from_secs(10), joined),
+                "the follower never joined"
+            );
             Ok(vec![1, 2, 3])
         });
         let followed = follower.unwrap().join().unwrap();

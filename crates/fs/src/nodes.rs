@@ -587,7 +587,7 @@ impl NodeTable {
         node
     }
 
-    /// Adds a node saved by an earlier session (`crate::namespace_file`): known under
+    /// Adds a node saved by an earlier session (`crate::snapshot`): known under
     /// (`parent`, `name`), not referenced by the kernel (idle, so the table may drop it),
     /// its attributes expired. Returns `None` if `parent` is unknown or the object already
     /// has a node.

@@ -115,3 +115,9 @@ pub(crate) fn closed(node: &Node) -> bool {
     CLOSING.wait(node, &mut st, |st| st.is_open());
     !st.is_open()
 }
+
+/// Offline removals waiting for a release now (tests).
+#[cfg(test)]
+pub(crate) fn removals_waiting() -> usize {
+    CLOSING.waiting()
+}

@@ -550,7 +550,12 @@ fn a_removal_of_a_logged_file_waits_briefly_for_a_release_on_its_way() {
     // offline just goes, with its change).
     let fs = r.fs.clone();
     let late = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        // Released once the removal waits for it (other tests' removals may wait too).
+        let waits = || crate::offline::removals_waiting() > 0;
+        assert!(hoardfs_testutil::wait_until(
+            std::time::Duration::from_secs(10),
+            waits
+        ));
         fs.release(fh);
     });
     r.fs.unlink(ROOT_INO, b"g").unwrap();
