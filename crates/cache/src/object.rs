@@ -442,13 +442,6 @@ impl CachedObject {
     }
 }
 
-impl Drop for CachedObject {
-    fn drop(&mut self) {
-        self.store
-            .unregister(&self.key, self as *const CachedObject);
-    }
-}
-
 /// An open file's hold on a cached object (see [`CachedObject::hold_open`]).
 #[derive(Debug)]
 pub struct OpenHold(Arc<CachedObject>);

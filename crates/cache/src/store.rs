@@ -5,9 +5,9 @@
 //! The quota lock is held while an evicted object's files are removed or emptied, so
 //! accounting and files never disagree; it is never taken while holding an object's state
 //! lock, and the evictor only `try_lock`s a shard (so it cannot wait on a shard holder that
-//! waits for the quota lock). No `Arc<CachedObject>` is dropped under the quota lock,
-//! because dropping the last one takes that lock: evictions hold the lock as a
-//! [`QuotaGuard`], which keeps the objects they touch until after it unlocks.
+//! waits for the quota lock). Dropping an object takes no lock (its entry in `live` is a
+//! `Weak` that dies with it, pruned later), so objects may be dropped anywhere, under the
+//! quota lock too.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -36,43 +36,24 @@ pub(crate) struct Quota {
     free_slots: Vec<u32>,
     next_slot: u32,
     pub(crate) reserved: u64,
-    /// Objects in memory (not necessarily open).
+    /// Objects in memory (not necessarily open), and entries of objects since dropped
+    /// (dead `Weak`s: a dropped object takes no lock to remove itself), pruned when the
+    /// map outgrows `prune_live_at`.
     pub(crate) live: HashMap<ObjectKey, Weak<CachedObject>>,
+    /// Size of `live` beyond which dead entries are pruned (at a registration).
+    prune_live_at: usize,
     /// Pinned objects (kept apart so usage reports need not scan every object).
     pinned: HashSet<ObjectKey>,
     /// Objects with at least one open.
     open_objects: u64,
 }
 
-/// The quota lock held by an eviction, with the objects it touched: they are dropped
-/// only after the lock is released (dropping the last reference to an object takes the
-/// lock), by the order of the fields.
-pub(crate) struct QuotaGuard<'a> {
-    /// Released first.
-    q: parking_lot::MutexGuard<'a, Quota>,
-    /// Dropped after `q`.
-    touched: Vec<Arc<CachedObject>>,
-}
+/// The quota lock held.
+type QuotaGuard<'a> = parking_lot::MutexGuard<'a, Quota>;
 
-impl QuotaGuard<'_> {
-    /// Keeps `obj` alive until the lock is released.
-    fn keep_until_unlocked(&mut self, obj: Arc<CachedObject>) {
-        self.touched.push(obj);
-    }
-}
-
-impl std::ops::Deref for QuotaGuard<'_> {
-    type Target = Quota;
-    fn deref(&self) -> &Quota {
-        &self.q
-    }
-}
-
-impl std::ops::DerefMut for QuotaGuard<'_> {
-    fn deref_mut(&mut self) -> &mut Quota {
-        &mut self.q
-    }
-}
+/// Dead entries of `Quota::live` are pruned once it holds more than this many entries
+/// (and more than twice as many as after the last pruning).
+const PRUNE_LIVE_AT_LEAST: usize = 1024;
 
 impl Quota {
     /// Starts tracking `key` in a free slot unless it is tracked; true if it was new.
@@ -225,6 +206,10 @@ impl Store {
         let (key, bytes) = (obj.key, obj.allocated());
         let mut q = self.quota.lock();
         q.live.insert(key, Arc::downgrade(obj));
+        if q.live.len() > q.prune_live_at.max(PRUNE_LIVE_AT_LEAST) {
+            q.live.retain(|_, w| w.strong_count() > 0);
+            q.prune_live_at = 2 * q.live.len();
+        }
         let changed = q.track(key, bytes, self.crash_epoch, false) || {
             let e = q.policy.get(&key).expect("tracked");
             let stale = e.bytes != bytes || e.info.crash_epoch != self.crash_epoch;
@@ -254,20 +239,10 @@ impl Store {
         }
     }
 
-    /// The quota lock, for evictions (see [`QuotaGuard`]).
-    fn lock_for_eviction(&self) -> QuotaGuard<'_> {
-        QuotaGuard {
-            q: self.quota.lock(),
-            touched: Vec::new(),
-        }
-    }
-
-    /// Forgets the in-memory object `ptr` of `key` (called when it is dropped).
-    pub(crate) fn unregister(&self, key: &ObjectKey, ptr: *const CachedObject) {
-        let mut q = self.quota.lock();
-        if q.live.get(key).is_some_and(|w| w.as_ptr() == ptr) {
-            q.live.remove(key);
-        }
+    /// Runs `f` under the quota lock (tests).
+    #[cfg(test)]
+    pub(crate) fn with_quota_locked<T>(&self, f: impl FnOnce(&Quota) -> T) -> T {
+        f(&self.quota.lock())
     }
 
     /// The in-memory object of `key`, if any.
@@ -289,7 +264,7 @@ impl Store {
         if !cull_target(&self.limits, space).is_zero() {
             self.wake_culler();
         }
-        let mut q = self.lock_for_eviction();
+        let mut q = self.quota.lock();
         let used = q.policy.total_bytes() + q.reserved;
         let mut need = shortfall(&self.limits, used, bytes, 0, space);
         let mut tries = q.policy.len() + 16;
@@ -386,7 +361,6 @@ impl Store {
             q.policy.resize(key, left);
             q.policy.restart(key);
             self.persist(q, key);
-            q.keep_until_unlocked(obj);
             Counters::add(&self.counters.evictions, 1);
             Counters::add(&self.counters.evicted_bytes, freed);
             return Some(Amount::new(freed, 0));
@@ -413,7 +387,7 @@ impl Store {
 
     /// Evicts `key` now (`hoardfs cache evict`). Returns the bytes freed.
     pub(crate) fn evict(&self, key: &ObjectKey) -> Result<u64, EvictError> {
-        let mut q = self.lock_for_eviction();
+        let mut q = self.quota.lock();
         let Some(e) = q.policy.get(key) else {
             return Err(EvictError::NotCached);
         };
@@ -511,7 +485,6 @@ impl Store {
     pub(crate) fn warm(&self, keys: impl IntoIterator<Item = ObjectKey>) -> usize {
         let cold: Vec<ObjectKey> = {
             let q = self.quota.lock();
-            // `strong_count`, not `upgrade`: no object may be dropped under this lock.
             keys.into_iter()
                 .filter(|k| {
                     q.policy.get(k).is_some() && q.live.get(k).is_none_or(|w| w.strong_count() == 0)
@@ -561,7 +534,7 @@ impl Store {
             if target.is_zero() {
                 return (evicted, false);
             }
-            let mut q = self.lock_for_eviction();
+            let mut q = self.quota.lock();
             let mut freed = Amount::ZERO;
             let mut n = 0;
             // Victims that freed nothing in a row (objects in memory while only inodes are

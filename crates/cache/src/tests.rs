@@ -205,6 +205,27 @@ fn warming_reads_only_records_of_cached_objects_not_in_memory() {
     assert_eq!(c.warm([key(3)]), 1, "no longer in memory");
 }
 
+#[test]
+fn dropping_an_object_takes_no_lock_and_dropped_ones_do_not_pile_up() {
+    let d = tempfile::tempdir().unwrap();
+    let c = CacheDir::open_unwatched(d.path()).unwrap();
+    // The last reference to an object may go while the quota lock is held (an eviction
+    // emptying it, a registration replacing it): nothing to wait for.
+    let o = c.object(key(1), 5, MIB).unwrap();
+    c.store.with_quota_locked(|_| drop(o));
+    // Objects opened and dropped one after another leave a bounded registry behind.
+    for id in 2..2200 {
+        drop(c.object(key(id), 5, 10).unwrap());
+    }
+    let entries = c.store.with_quota_locked(|q| q.live.len());
+    assert!(
+        entries <= 1025,
+        "{entries} registry entries for one object in memory"
+    );
+    // A dropped object is not in memory any more, whether or not its entry was pruned.
+    assert_eq!(c.warm([key(2), key(2199)]), 2);
+}
+
 /// A cache (no culler) with a temporary record (`<file>.meta.tmp`) of `key(3)` left in
 /// its object's directory; also what an adoption walk of it is given.
 fn cache_with_temporary_record(d: &Path) -> (CacheDir, PathBuf, PathBuf, std::sync::Weak<Store>) {
