@@ -261,6 +261,14 @@ impl KernelNotifier for Notes {
 /// Waits until `cond` holds (breaks are applied on their own thread, an origin's change
 /// reports arrive when they do).
 #[track_caller]
+/// Held by the tests that need thousands of descriptors (the origin keeps one per handle
+/// and per watched directory, the client two per cached object it keeps), so that they
+/// never run side by side and together pass the process's limit (20000 here).
+pub(super) fn many_descriptors() -> parking_lot::MutexGuard<'static, ()> {
+    static HEAVY: Mutex<()> = Mutex::new(());
+    HEAVY.lock()
+}
+
 pub(crate) fn wait_until(what: &str, cond: impl FnMut() -> bool) {
     hoardfs_testutil::assert_eventually(what, cond);
 }

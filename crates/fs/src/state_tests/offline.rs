@@ -323,6 +323,7 @@ fn a_file_not_completely_cached_cannot_be_changed_offline() {
 
 #[test]
 fn closed_files_keep_their_objects_only_up_to_a_bound() {
+    let _heavy = super::many_descriptors();
     let n = crate::objects::IDLE_OBJECTS + 50;
     let r = Rig::new(&[], true, true, config(Duration::from_secs(60)));
     for i in 0..n {

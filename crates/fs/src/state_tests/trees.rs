@@ -95,6 +95,7 @@ fn a_walk_costs_a_few_subtree_requests_instead_of_one_listing_per_directory() {
 #[test]
 fn a_large_walk_asks_for_growing_subtrees_and_lists_everything_right() {
     // 1 + 40 + 1,600 directories and 4,840 entries: more than the first request's 1,024.
+    let _heavy = super::many_descriptors();
     let r = rig(40, true, config(Duration::ZERO));
     let dirs = walk(&r, ROOT_INO, &r.export.clone());
     assert_eq!(dirs, 1 + 40 + 1600);
