@@ -24,7 +24,7 @@ mod log_view;
 mod made;
 mod manage;
 mod namespace;
-pub mod nodes;
+mod nodes;
 mod objects;
 mod offline;
 mod offline_names;

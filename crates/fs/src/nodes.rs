@@ -700,16 +700,6 @@ impl NodeTable {
         }
         true
     }
-
-    /// Number of nodes.
-    pub fn len(&self) -> usize {
-        self.inner.read().nodes.len()
-    }
-
-    /// True when only the root is known.
-    pub fn is_empty(&self) -> bool {
-        self.len() <= 1
-    }
 }
 
 #[cfg(test)]
