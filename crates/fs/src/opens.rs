@@ -145,13 +145,12 @@ impl OpenState {
         }
     }
 
-    /// Whether opens served by daemon reads exist (which rule out passthrough).
+    /// Whether the kernel holds opens served by daemon reads (which rule out passthrough).
+    /// Direct opens admitted beside passthrough ones do not count: the kernel refused
+    /// them (and sends their release at once), so passthrough opens may still share the
+    /// registration meanwhile.
     pub(crate) fn has_daemon_opens(&self) -> bool {
-        match &self.opens {
-            Opens::Idle { .. } => false,
-            Opens::Daemon { .. } => true,
-            Opens::Passthrough { direct, .. } => *direct > 0,
-        }
+        matches!(self.opens, Opens::Daemon { .. })
     }
 
     /// The registration a read-only open of `object` (complete) can share: the node's, if

@@ -571,9 +571,13 @@ fn a_direct_open_outliving_the_passthrough_ones_keeps_the_registration_for_later
     r.fs.release(warm.fh);
     let (p, _) = open_read(&r, f, READ, &reg);
     assert_eq!((kind(&p), reg.count()), ("passthrough", 1));
-    // A write open beside it: direct (after the wait for the passthrough open).
+    // A write open beside it: direct (after the wait for the passthrough open), which the
+    // kernel refuses; a read-only open meanwhile still shares the registration.
     let (w, _) = open_read(&r, f, WRITE, &reg);
     assert_eq!(kind(&w), "direct");
+    let (p2, _) = open_read(&r, f, READ, &reg);
+    assert_eq!((kind(&p2), reg.count()), ("passthrough", 1));
+    r.fs.release(p2.fh);
     // The passthrough open ends first: the write open is the only one, and a read-only
     // open beside it is a daemon open too (no passthrough beside daemon opens).
     r.fs.release(p.fh);
