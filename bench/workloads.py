@@ -822,8 +822,10 @@ def checks(res):
             how = ", lazy page reporting" if rows[-1].get("lazy page reporting") else ""
             if rows[-1].get("drop behind KiB"):
                 how += f", drop behind {rows[-1]['drop behind KiB']} KiB"
+            # Issue 21's targets: 256 readers at 0.9x of the peak, and with 4 KiB reads
+            # (where each request carries least) at 0.8x of the 4 KiB peak.
             check(f"{bs // KiB} KiB: {rows[-1]['readers']} readers vs best N{how}",
-                  rows[-1]["MB/s"] / best, ">=", 0.9)
+                  rows[-1]["MB/s"] / best, ">=", 0.8 if bs == 4 * KiB else 0.9)
             if all("local MB/s" in r for r in rows):  # context, no target
                 lbest = max(r["local MB/s"] for r in rows)
                 out.append({"check": f"{bs // KiB} KiB: same on local page cache",
