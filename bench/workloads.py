@@ -12,7 +12,8 @@
   server, password login) and `rclone mount --vfs-cache-mode full` with a disk cache of
   its own, the way rclone caches a remote; its hot row is a remount on that cache with
   the page cache dropped, as hoardfs's.
-* scaling (seed 003): N = 1, 4, 16, 64, 256 reader processes, each reading its own files
+* scaling (seed 003): N = 1, 4, 16, 64, 256 reader processes (a small C program, compiled
+  at the start; `--python-reader` for the Python loop), each reading its own files
   over and over for a fixed time with 4 KiB or 128 KiB read() calls, through four
   --no-cache clients (mounted once) of one server on loopback, and the same readers on
   the local page cache; aggregate throughput, server opens per read, CPU seconds per GiB
@@ -38,6 +39,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import tempfile
 import sys
 import time
 
@@ -431,6 +433,67 @@ sys.stdin.read()  # exit only when all are done: exits would compete with reader
 """
 
 
+# The same reader in C, the scaling workload's default: what the readers cost themselves
+# matters at 256 of them on two CPUs. With the Python one (`--python-reader`) the readers
+# took 19 % of the CPU at 16 readers and 38 % at 256, and 256 interpreters evicted the
+# caches the file systems' copies run in (hoardfs's client CPU per GiB doubled).
+C_READER = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+static double now(clockid_t c) {
+    struct timespec t; clock_gettime(c, &t); return t.tv_sec + t.tv_nsec / 1e9;
+}
+int main(int argc, char **argv) {
+    long bs = atol(argv[1]); double secs = atof(argv[2]); int drop = !strcmp(argv[3], "drop");
+    const char *b = getenv("DROP_BEHIND"); long behind = b ? atol(b) : 0;
+    char *buf = malloc(bs), c; long long n = 0;
+    printf("ready\n"); fflush(stdout);
+    if (read(0, &c, 1) != 1) return 1;
+    double t0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_PROCESS_CPUTIME_ID), stop = t0 + secs;
+    while (now(CLOCK_MONOTONIC) < stop) {
+        for (int i = 4; i < argc; i++) {
+            int fd = open(argv[i], O_RDONLY); if (fd < 0) return 1;
+            long long pos = 0, dropped = 0; ssize_t k;
+            struct iovec v = { buf, (size_t)bs };
+            while ((k = readv(fd, &v, 1)) > 0) {
+                n += k; pos += k;
+                if (behind && drop && pos - dropped >= behind) {
+                    posix_fadvise(fd, dropped, pos - dropped, POSIX_FADV_DONTNEED); dropped = pos;
+                }
+                if (now(CLOCK_MONOTONIC) >= stop) break;
+            }
+            if (k < 0) return 1;
+            if (drop) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            close(fd);
+            if (now(CLOCK_MONOTONIC) >= stop) break;
+        }
+    }
+    double t1 = now(CLOCK_MONOTONIC);
+    printf("%lld %.9f %.9f %.6f\n", n, t0, t1, now(CLOCK_PROCESS_CPUTIME_ID) - c0); fflush(stdout);
+    while (read(0, &c, 1) > 0) {}
+    return 0;
+}
+"""
+
+# The reader command (`main` sets the C one unless `--python-reader`, or without `cc`).
+READER_CMD = [sys.executable, "-c", READER]
+
+
+def build_c_reader(dir):
+    """Compiles `C_READER` into `dir`; returns its path."""
+    src, exe = os.path.join(dir, "reader.c"), os.path.join(dir, "reader")
+    with open(src, "w") as f:
+        f.write(C_READER)
+    subprocess.run(["cc", "-O2", "-o", exe, src], check=True)
+    return exe
+
+
 def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -559,7 +622,7 @@ def start_readers(readers, bs, secs, dirs, files, drop, behind=0):
     procs = []
     for i in range(readers):
         mine = [os.path.join(dirs[i % len(dirs)], f) for f in files[i::readers]]
-        procs.append(subprocess.Popen([sys.executable, "-c", READER, str(bs), str(secs),
+        procs.append(subprocess.Popen([*READER_CMD, str(bs), str(secs),
                                        "drop" if drop else "keep", *mine],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       env={**os.environ, "DROP_BEHIND": str(behind)}))
@@ -970,6 +1033,9 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="perf record -a -g an extra, unreported run of every scaling point "
                          "(summaries, FUSE threads alone too, in --out)")
+    ap.add_argument("--python-reader", action="store_true",
+                    help="scaling readers in Python instead of C (the same loop; the harness "
+                         "before 2026-11-25)")
     ap.add_argument("--keep", action="store_true", help="leave namespace/processes for debugging")
     ap.add_argument("--dev-fuse", action="store_true",
                     help="leave the fuse module's enable_uring alone (mounts then use "
@@ -979,6 +1045,15 @@ def main():
         sys.exit("workloads: run as root (namespaces, tc, drop_caches, FUSE mounts)")
     args.binary = os.path.abspath(args.binary)
     only = set(args.only or ["metadata", "small", "scaling"])
+    if not args.python_reader:
+        global READER_CMD
+        if shutil.which("cc"):
+            reader_dir = tempfile.mkdtemp(prefix="hoardfs-reader-")
+            atexit.register(shutil.rmtree, reader_dir, True)
+            READER_CMD = [build_c_reader(reader_dir)]
+        else:
+            log("no C compiler (cc): the scaling readers are Python processes")
+            args.python_reader = True
     seed000.ensure_packages()
     if not args.skip_rclone and not shutil.which("rclone"):
         log("installing rclone (its rows; --skip-rclone leaves them out)")
@@ -998,7 +1073,8 @@ def main():
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda n, _: sys.exit(f"workloads: signal {n}, cleaning up"))
     res = {"benchmark": "workloads", "time": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
-           "kernel": os.uname().release, "rate": args.rate}
+           "kernel": os.uname().release, "rate": args.rate,
+           "scaling readers": "Python" if args.python_reader else "C"}
     uring = uring_enabled(not args.dev_fuse)
     uring.__enter__()
     try:
