@@ -357,24 +357,15 @@ impl HoardFs {
         let made = self
             .names
             .create(&self.sb, parent, name, mode, exclusive, owner)?;
-        let NodeEntry {
-            ino,
-            mut attr,
-            mut ttl,
-        } = match made {
+        let entry = match made {
+            // (Opened first: an existing file's attributes come with its open.)
             NewFile::Offline(created) => {
-                let opened = self.open_created(created, access, make_backing)?;
-                return self.truncated_offline(opened, truncate);
+                let (entry, opened) = self.open_created(created, access, make_backing)?;
+                return Ok((self.truncated(entry, truncate)?, opened));
             }
-            NewFile::Origin(entry) => entry,
+            NewFile::Origin(entry) => self.truncated(entry, truncate)?,
         };
-        if truncate && attr.size > 0 {
-            let set = SetAttrs {
-                size: Some(0),
-                ..Default::default()
-            };
-            NodeAttr { attr, ttl } = self.setattr(ino, &set)?;
-        }
+        let NodeEntry { ino, attr, ttl } = entry;
         let node = self.sb.node(ino)?;
         let opened = self
             .reads
@@ -406,29 +397,22 @@ impl HoardFs {
         }
     }
 
-    /// A file opened by a create while offline, truncated if the create asked for that
-    /// (an existing file opened with `O_TRUNC`).
-    fn truncated_offline(
-        &self,
-        (entry, opened): (NodeEntry, Opened),
-        truncate: bool,
-    ) -> FsResult<(NodeEntry, Opened)> {
+    /// `entry` emptied if `truncate` (a create with `O_TRUNC` of an existing file) and it
+    /// holds anything, with its new attributes.
+    fn truncated(&self, entry: NodeEntry, truncate: bool) -> FsResult<NodeEntry> {
         if !truncate || entry.attr.size == 0 {
-            return Ok((entry, opened));
+            return Ok(entry);
         }
         let set = SetAttrs {
             size: Some(0),
             ..Default::default()
         };
         let NodeAttr { attr, ttl } = self.setattr(entry.ino, &set)?;
-        Ok((
-            NodeEntry {
-                ino: entry.ino,
-                attr,
-                ttl,
-            },
-            opened,
-        ))
+        Ok(NodeEntry {
+            ino: entry.ino,
+            attr,
+            ttl,
+        })
     }
 
     /// Creates a special file (fifo, socket, device; `mode` includes the type bits).
