@@ -172,10 +172,8 @@ impl OpenState {
 
     /// Admits a passthrough open sharing the node's registration of `object` (see
     /// [`OpenState::shareable`]); not while daemon-read opens exist.
-    pub(crate) fn admit_shared_passthrough(&mut self, object: &Arc<CachedObject>) -> bool {
-        if self.shareable(object).is_none() || self.has_daemon_opens() {
-            return false;
-        }
+    pub(crate) fn admit_shared_passthrough(&mut self, object: &Arc<CachedObject>) {
+        debug_assert!(self.shareable(object).is_some() && !self.has_daemon_opens());
         match &mut self.opens {
             Opens::Passthrough { opens, .. } => *opens += 1,
             Opens::Idle { kept } => {
@@ -188,7 +186,6 @@ impl OpenState {
             }
             Opens::Daemon { .. } => unreachable!("daemon opens refuse passthrough"),
         }
-        true
     }
 
     /// Admits the first passthrough open of `object` with its new registration `id`,
