@@ -10,7 +10,8 @@ use std::io::Write;
 use common::*;
 
 /// Writes through the mount, then the server goes away and comes back on the same
-/// address; returns what fsync and close of the still-open descriptor said.
+/// address; returns what fsync and close of the still-open descriptor said. The client
+/// notices the server gone (see [`notice_the_server_gone`]) before it comes back.
 fn write_restart_fsync(crash: bool) -> (std::io::Result<()>, std::io::Result<()>) {
     require_fuse();
     let t = scratch();
@@ -32,11 +33,20 @@ fn write_restart_fsync(crash: bool) -> (std::io::Result<()>, std::io::Result<()>
     } else {
         srv.terminate();
     }
+    notice_the_server_gone(&m);
     let _srv = Server::start_in(&exp, &addr, &state, &[]);
     let synced = f.sync_all();
     let closed = close(f);
     m.unmount();
     (synced, closed)
+}
+
+/// Makes the mount try the server while it is down: it then believes itself offline, and
+/// fails requests fast until its background reconnect (once a second) finds the server
+/// back. An fsync or close must not be answered from that belief.
+fn notice_the_server_gone(m: &Mount) {
+    let e = std::fs::metadata(m.p("not-cached-while-the-server-is-down")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
 }
 
 /// Creates `p` with `data` written (acknowledged by the server, not synced) and keeps it open.
@@ -81,6 +91,17 @@ fn fsync_after_a_clean_server_restart_succeeds() {
 /// Without an fsync, close itself reports the loss.
 #[test]
 fn close_after_a_server_crash_reports_the_writes_lost() {
+    close_after_a_crash(false);
+}
+
+/// A child that inherited the descriptor and closes its copy first (as any process forked
+/// while a file is open does at exec or exit) does not take the report from the writer.
+#[test]
+fn a_childs_close_does_not_hide_the_loss_from_the_writer() {
+    close_after_a_crash(true);
+}
+
+fn close_after_a_crash(child_closes_first: bool) {
     require_fuse();
     let t = scratch();
     let exp = t.path().join("export");
@@ -96,9 +117,25 @@ fn close_after_a_server_crash_reports_the_writes_lost() {
     let f = write_unsynced(&m.p("log"), b"acknowledged, not durable");
     let addr = srv.addr.clone();
     srv.kill();
+    notice_the_server_gone(&m);
     let _srv = Server::start_in(&exp, &addr, &state, &[]);
     // Something must talk to the server for the client to learn the new verifier.
     assert!(std::fs::metadata(m.p("log")).is_ok());
+    if child_closes_first {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let fd = f.as_raw_fd();
+        let mut child = std::process::Command::new("true");
+        // SAFETY: between fork and exec, clears FD_CLOEXEC on the child's copy of `fd`
+        // (only its own descriptor table: other tests' children must not inherit it).
+        unsafe {
+            child.pre_exec(move || match libc::fcntl(fd, libc::F_SETFD, 0) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            })
+        };
+        assert!(child.status().unwrap().success());
+    }
     let e = close(f).expect_err("close reported success for writes that may be lost");
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     m.unmount();

@@ -7,8 +7,11 @@
 //! writes are *unstable* under one verifier until an fsync that ran under that same
 //! verifier succeeds. If the verifier a file's writes were acknowledged under is not the
 //! one in force when it is fsynced or closed, those writes may be gone: the fsync or close
-//! fails with EIO (once; the state is then cleared, as Linux reports a writeback error
-//! once per file). Writes the client cannot place under one verifier (the verifier changed
+//! fails with EIO. An fsync, or the close of the process that wrote, reports it once and
+//! clears the state (as Linux reports a writeback error once per file); the close of a
+//! descriptor another process inherited (a child forked while the file was open, closing
+//! its copy at exec or exit) reports it too but leaves it for the writer, which would
+//! otherwise be told its writes were safe. Writes the client cannot place under one verifier (the verifier changed
 //! while the write was in flight) are treated as lost.
 //!
 //! Lock: one mutex, a leaf, held for a map operation.
@@ -96,6 +99,21 @@ impl Durability {
         }
     }
 
+    /// Like [`Durability::closed`] but keeps the state: a descriptor of `ino` that another
+    /// process inherited is closed, and the writer must still hear of the loss.
+    pub fn checked(&self, ino: Ino, now: u64) -> Result<(), WritesMayBeLost> {
+        match self.files.lock().get(&ino).copied() {
+            Some(Unsynced::Under(v)) if v != now => Err(WritesMayBeLost { then: v, now }),
+            Some(Unsynced::Lost) => Err(WritesMayBeLost { then: 0, now }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `ino` has writes not known to be durable.
+    pub fn unsynced(&self, ino: Ino) -> bool {
+        self.files.lock().contains_key(&ino)
+    }
+
     /// Forgets `ino` (its last name and handle are gone).
     pub fn forget(&self, ino: Ino) {
         self.files.lock().remove(&ino);
@@ -133,6 +151,21 @@ mod tests {
         d.wrote(5, 1, 1);
         assert!(d.closed(5, 2).is_err());
         assert_eq!(d.closed(5, 2), Ok(()));
+    }
+
+    #[test]
+    fn a_check_reports_the_loss_and_leaves_it_for_the_writer() {
+        let d = Durability::default();
+        d.wrote(5, 1, 1);
+        assert_eq!(d.checked(5, 1), Ok(()), "no restart, nothing lost");
+        let e = d.checked(5, 2).unwrap_err();
+        assert_eq!((e.then, e.now), (1, 2));
+        assert!(d.checked(5, 2).is_err(), "a check does not clear");
+        assert!(
+            d.closed(5, 2).is_err(),
+            "the writer's close still hears of it"
+        );
+        assert_eq!(d.checked(5, 2), Ok(()));
     }
 
     #[test]

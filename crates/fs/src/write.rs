@@ -292,6 +292,12 @@ impl Writes {
             // Durable on this client's disk; it reaches the origin at reintegration.
             return p.sync();
         }
+        // Only the server can make the writes durable, and only its verifier tells whether
+        // it lost them: a mount that believes it is offline asks it now rather than failing
+        // until the background reconnect comes round (a server just back from a restart).
+        if !sb.origin.is_connected() {
+            sb.origin.reconnect_now();
+        }
         let verifier = sb.verifier();
         match sb.with_handle(&node, |h| sb.origin.fsync(h, datasync)) {
             // Deleted on the origin: nothing of it can ever be read back after a crash, as
@@ -307,8 +313,10 @@ impl Writes {
         Ok(())
     }
 
-    /// A file descriptor of `ino` is closed: fails if writes to it may have been lost
-    /// (they are not synced here; close-to-open needs only that they reached the server).
+    /// A file descriptor of `ino` is closed: a descriptor open for writing fails if writes
+    /// to the file may have been lost (they are not synced here; close-to-open needs only
+    /// that they reached the server). Only the writer's close clears that state (module
+    /// `durability`).
     /// Origins that publish whole files (S3) upload here when process `pid` is the one
     /// that wrote through `fh` (not a child that inherited the descriptor), and a failed
     /// upload fails the `close()`.
@@ -327,19 +335,26 @@ impl Writes {
                 st.opens.closing();
             }
         }
-        if let Some(of) = of.filter(|of| of.access.write) {
-            if let Some(p) = sb.staged_of(&of.node) {
-                // As a local file system would not, but as close-to-open promises:
-                // what was written is durable (here) once close returns.
-                return p.sync();
-            }
-            if of.closed_by_writer(pid) {
-                self.publish(sb, &of.node)?;
-                let whole_before = of.node.state.lock().take_refetch();
-                if whole_before && let Err(e) = refetch(ino) {
-                    tracing::debug!(ino, "refetching a written file failed: {e}");
-                }
-            }
+        let Some(of) = of.filter(|of| of.access.write) else {
+            return Ok(());
+        };
+        if let Some(p) = sb.staged_of(&of.node) {
+            // As a local file system would not, but as close-to-open promises:
+            // what was written is durable (here) once close returns.
+            return p.sync();
+        }
+        if !of.closed_by_writer(pid) {
+            return Ok(self.durability.checked(ino, sb.verifier())?);
+        }
+        self.publish(sb, &of.node)?;
+        let whole_before = of.node.state.lock().take_refetch();
+        if whole_before && let Err(e) = refetch(ino) {
+            tracing::debug!(ino, "refetching a written file failed: {e}");
+        }
+        // Whether unsynced writes survived is the server's verifier to tell: ask it now if
+        // the mount believes it is offline (as `fsync` does).
+        if self.durability.unsynced(ino) && !sb.origin.is_connected() {
+            sb.origin.reconnect_now();
         }
         self.durability
             .closed(ino, sb.verifier())

@@ -296,9 +296,24 @@ impl Mount {
     }
 
     /// Clean unmount; waits for the client to exit.
+    /// (Retried while busy: a child another test forks while this one holds a file open
+    /// keeps a copy of that descriptor until its exec.)
     pub fn unmount(mut self) {
-        let st = Command::new("umount").arg(&self.path).status().unwrap();
-        assert!(st.success(), "umount {} failed", self.path.display());
+        let unmounted = || {
+            let out = Command::new("umount").arg(&self.path).output().unwrap();
+            let busy = String::from_utf8_lossy(&out.stderr).contains("busy");
+            assert!(
+                out.status.success() || busy,
+                "umount {} failed: {out:?}",
+                self.path.display()
+            );
+            out.status.success()
+        };
+        assert!(
+            wait_until(Duration::from_secs(10), unmounted),
+            "umount {}: still busy after 10 s",
+            self.path.display()
+        );
         if let Some(mut c) = self.child.take() {
             assert!(
                 wait_until(Duration::from_secs(30), || c.try_wait().unwrap().is_some()),
