@@ -7,11 +7,13 @@
 //! writes are *unstable* under one verifier until an fsync that ran under that same
 //! verifier succeeds. If the verifier a file's writes were acknowledged under is not the
 //! one in force when it is fsynced or closed, those writes may be gone: the fsync or close
-//! fails with EIO. An fsync, or the close of the process that wrote, reports it once and
-//! clears the state (as Linux reports a writeback error once per file); the close of a
-//! descriptor another process inherited (a child forked while the file was open, closing
-//! its copy at exec or exit) reports it too but leaves it for the writer, which would
-//! otherwise be told its writes were safe. Writes the client cannot place under one verifier (the verifier changed
+//! fails with EIO. An fsync, or a close by the thread that wrote last, reports it once and
+//! clears the state (as Linux reports a writeback error once per file). The close of an
+//! open that wrote, by another thread or process (a child forked while the file was open,
+//! closing its copy at exec or exit), reports it too but leaves it for the writer, which
+//! would otherwise be told its writes were safe; the release of the file's last open for
+//! writing then clears a loss its closes reported, so that the next writer is not blamed
+//! for it. Closes of opens that wrote nothing report nothing. Writes the client cannot place under one verifier (the verifier changed
 //! while the write was in flight) are treated as lost.
 //!
 //! Lock: one mutex, a leaf, held for a map operation.
@@ -109,9 +111,15 @@ impl Durability {
         }
     }
 
-    /// Whether `ino` has writes not known to be durable.
-    pub fn unsynced(&self, ino: Ino) -> bool {
-        self.files.lock().contains_key(&ino)
+    /// The last open of `ino` for writing is released while the verifier is `now`: a loss
+    /// its closes reported (the writes were acknowledged under another verifier) is
+    /// cleared, so that it is not reported again to whoever writes the file next. Writes
+    /// still unsynced under `now` stay: a later restart must fail a later fsync.
+    pub fn released(&self, ino: Ino, now: u64) {
+        let mut files = self.files.lock();
+        if files.get(&ino).is_some_and(|u| *u != Unsynced::Under(now)) {
+            files.remove(&ino);
+        }
     }
 
     /// Forgets `ino` (its last name and handle are gone).
@@ -166,6 +174,22 @@ mod tests {
             "the writer's close still hears of it"
         );
         assert_eq!(d.checked(5, 2), Ok(()));
+    }
+
+    #[test]
+    fn a_release_clears_a_reported_loss_and_keeps_unsynced_writes() {
+        let d = Durability::default();
+        d.wrote(5, 1, 1);
+        assert!(d.checked(5, 2).is_err());
+        d.released(5, 2);
+        d.wrote(5, 2, 2);
+        assert_eq!(d.synced(5, 2, 2), Ok(()), "the next writer starts afresh");
+        d.wrote(6, 1, 1);
+        d.released(6, 1);
+        assert!(
+            d.synced(6, 2, 2).is_err(),
+            "a restart after the release still counts"
+        );
     }
 
     #[test]

@@ -237,6 +237,9 @@ impl HoardFs {
                 "publishing a written file at release failed: {e}"
             );
         }
+        if of.access.write && !self.reads.files.writing(of.node.ino) {
+            self.writes.released(&self.sb, of.node.ino);
+        }
         let closed = self.reads.close(of);
         if closed.last() {
             self.names.last_closed(&self.sb, closed.ino());
@@ -310,11 +313,12 @@ impl HoardFs {
         self.writes.fsync(&self.sb, ino, datasync)
     }
 
-    /// A file descriptor of `ino` is closed: fails if writes to it may have been lost
-    /// (they are not synced here; close-to-open needs only that they reached the server).
-    /// Origins that publish whole files (S3) upload here when process `pid` is the one
-    /// that wrote through `fh` (not a child that inherited the descriptor), and a failed
-    /// upload fails the `close()`.
+    /// A file descriptor of `ino` is closed by thread `pid`: fails if writes made through
+    /// `fh` may have been lost (they are not synced here; close-to-open needs only that
+    /// they reached the server); only the last writer's close clears that (module
+    /// `durability`). Origins that publish whole files (S3) upload here when `pid` is the
+    /// one that wrote through `fh` (not a child that inherited the descriptor), and a
+    /// failed upload fails the `close()`.
     pub fn flush(&self, ino: Ino, fh: FileHandle, pid: u32) -> FsResult<()> {
         let of = self.reads.open_file(fh).ok();
         self.writes

@@ -33,8 +33,12 @@ pub(crate) struct OpenFile {
     /// The end of the farthest read asked for through this open: queued readahead of a
     /// chunk wholly before it is skipped (the reader fetched that chunk itself).
     read_to: AtomicU64,
-    /// Process id of the latest write through this open (0: none yet).
+    /// Thread id (FUSE's `pid`) of the latest write through this open that had one (0:
+    /// none yet).
     writer: AtomicU32,
+    /// Whether anything was written through this open (also by the kernel's writeback of
+    /// a shared mapping, which carries no pid).
+    wrote: AtomicBool,
     /// A descriptor of it may have been closed: the kernel flushed it, or it is
     /// read-only (no flush tells of its closes).
     flushed: AtomicBool,
@@ -57,14 +61,29 @@ impl OpenFile {
             closed: AtomicBool::new(false),
             read_to: AtomicU64::new(0),
             writer: AtomicU32::new(0),
+            wrote: AtomicBool::new(false),
             // (A read-only open gets no FLUSH: its close is never seen.)
             flushed: AtomicBool::new(!access.write),
         }
     }
 
-    /// Process `pid` wrote through this open.
+    /// Thread `pid` (0: the kernel's writeback) wrote through this open.
     pub(crate) fn wrote_from(&self, pid: u32) {
-        self.writer.store(pid, Ordering::Relaxed);
+        self.wrote.store(true, Ordering::Relaxed);
+        if pid != 0 {
+            self.writer.store(pid, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether anything was written through this open.
+    pub(crate) fn has_written(&self) -> bool {
+        self.wrote.load(Ordering::Relaxed)
+    }
+
+    /// Whether thread `pid` made the latest write through this open that had a pid.
+    pub(crate) fn is_latest_writer(&self, pid: u32) -> bool {
+        let w = self.writer.load(Ordering::Relaxed);
+        w != 0 && w == pid
     }
 
     /// Whether a close by process `pid` ends the writing: it is the latest writer, or

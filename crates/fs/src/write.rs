@@ -77,6 +77,8 @@ impl Writes {
         let w = match sb.with_handle(node, |h| sb.origin.write(h, offset, data, append)) {
             Err(FsError::Offline(why)) => {
                 let p = Staged::start(sb, node, why)?;
+                // The staged copy holds every write made so far and goes back whole.
+                self.durability.forget(node.ino);
                 return match p.write(of, offset, data)? {
                     Some(n) => Ok(n),
                     None => Err(FsError::SentMeanwhile),
@@ -213,7 +215,12 @@ impl Writes {
             {
                 let p = match sb.staged_of(&node) {
                     Some(p) => p,
-                    None => Staged::start(sb, &node, "its change is not on the server yet".into())?,
+                    None => {
+                        let p =
+                            Staged::start(sb, &node, "its change is not on the server yet".into())?;
+                        self.durability.forget(node.ino);
+                        p
+                    }
                 };
                 if let Some(a) = p.truncate(&node, size)? {
                     return Ok(a);
@@ -249,6 +256,7 @@ impl Writes {
                     && node.kind == hoardfs_origin::FileKind::File =>
             {
                 let p = Staged::start(sb, &node, why)?;
+                self.durability.forget(node.ino);
                 return p
                     .truncate(&node, set.size.unwrap_or(0))?
                     .ok_or(FsError::SentMeanwhile);
@@ -313,10 +321,7 @@ impl Writes {
         Ok(())
     }
 
-    /// A file descriptor of `ino` is closed: a descriptor open for writing fails if writes
-    /// to the file may have been lost (they are not synced here; close-to-open needs only
-    /// that they reached the server). Only the writer's close clears that state (module
-    /// `durability`).
+    /// A file descriptor of `ino` is closed by thread `pid`: see `HoardFs::flush`.
     /// Origins that publish whole files (S3) upload here when process `pid` is the one
     /// that wrote through `fh` (not a child that inherited the descriptor), and a failed
     /// upload fails the `close()`.
@@ -343,23 +348,35 @@ impl Writes {
             // what was written is durable (here) once close returns.
             return p.sync();
         }
-        if !of.closed_by_writer(pid) {
-            return Ok(self.durability.checked(ino, sb.verifier())?);
+        if of.closed_by_writer(pid) {
+            self.publish(sb, &of.node)?;
+            let whole_before = of.node.state.lock().take_refetch();
+            if whole_before && let Err(e) = refetch(ino) {
+                tracing::debug!(ino, "refetching a written file failed: {e}");
+            }
         }
-        self.publish(sb, &of.node)?;
-        let whole_before = of.node.state.lock().take_refetch();
-        if whole_before && let Err(e) = refetch(ino) {
-            tracing::debug!(ino, "refetching a written file failed: {e}");
+        if !of.has_written() {
+            return Ok(());
         }
-        // Whether unsynced writes survived is the server's verifier to tell: ask it now if
-        // the mount believes it is offline (as `fsync` does).
-        if self.durability.unsynced(ino) && !sb.origin.is_connected() {
-            sb.origin.reconnect_now();
+        // (Judged by the verifier this client knows: a close does not wait for a server
+        // it believes unreachable. It learns of a restart at its next contact, and the
+        // mount's keeper tries once a second.)
+        let now = sb.verifier();
+        if of.is_latest_writer(pid) {
+            self.durability
+                .closed(ino, now)
+                .inspect_err(|e| tracing::error!(ino, "close fails: {e}"))?;
+        } else {
+            // Another thread or process (a child closing an inherited copy): told too,
+            // but the report stays for the writer.
+            self.durability.checked(ino, now)?;
         }
-        self.durability
-            .closed(ino, sb.verifier())
-            .inspect_err(|e| tracing::error!(ino, "close fails: {e}"))?;
         Ok(())
+    }
+
+    /// The last open of `ino` for writing was released (module `durability`).
+    pub(crate) fn released(&self, sb: &Superblock, ino: Ino) {
+        self.durability.released(ino, sb.verifier());
     }
 
     /// Value of extended attribute `name`.

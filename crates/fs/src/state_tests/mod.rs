@@ -57,6 +57,8 @@ struct Scripted {
     lose_create_reply: AtomicBool,
     /// The next write fails before it is sent (the origin then goes away).
     unsent_write: AtomicBool,
+    /// The write verifier announced (a remote server's changes after a crash).
+    verifier: std::sync::atomic::AtomicU64,
 }
 
 impl Scripted {
@@ -80,6 +82,7 @@ impl Scripted {
             lose_write_reply: AtomicUsize::new(0),
             lose_create_reply: AtomicBool::new(false),
             unsent_write: AtomicBool::new(false),
+            verifier: std::sync::atomic::AtomicU64::new(1),
         }
     }
 
@@ -99,7 +102,9 @@ impl Scripted {
 
 impl Origin for Scripted {
     fn info(&self) -> Result<OriginInfo> {
-        self.inner.info()
+        let mut info = self.inner.info()?;
+        info.verifier = self.verifier.load(Ordering::SeqCst);
+        Ok(info)
     }
     fn lookup(&self, parent: Handle, name: &[u8]) -> Result<Entry> {
         self.reachable()?;
@@ -690,6 +695,45 @@ fn writes_move_the_object_along_and_read_back_from_the_cache() {
     // The object is at the written version: a new open finds it complete.
     let (o, _) = open_read(&r, f, READ, &reg);
     assert_eq!((o.changed, kind(&o)), (false, "passthrough"));
+    r.fs.release(o.fh);
+}
+
+#[test]
+fn a_loss_is_told_to_every_close_cleared_by_the_writers_and_forgotten_at_release() {
+    let (r, reg, f) = cached_file(b"journal", false, config(Duration::ZERO));
+    let (o, _) = open_read(&r, f, WRITE, &reg);
+    let (writer, child) = (7, 8);
+    r.fs.write(o.fh, 0, b"acknowledged", writer).unwrap();
+    // A crash: the server comes back under another verifier.
+    r.origin.verifier.store(2, Ordering::SeqCst);
+    let lost = |res: crate::FsResult<()>| matches!(res, Err(FsError::WritesLost(_)));
+    assert!(lost(r.fs.flush(f, o.fh, child)), "a child's close is told");
+    assert!(lost(r.fs.flush(f, o.fh, child)), "and does not clear it");
+    assert!(
+        lost(r.fs.flush(f, o.fh, writer)),
+        "the writer's close is told"
+    );
+    assert!(r.fs.flush(f, o.fh, writer).is_ok(), "once");
+    r.fs.release(o.fh);
+
+    // Written, closed by another thread (told), released: the next writer starts afresh.
+    let (o, _) = open_read(&r, f, WRITE, &reg);
+    r.fs.write(o.fh, 0, b"again", writer).unwrap();
+    r.origin.verifier.store(3, Ordering::SeqCst);
+    assert!(lost(r.fs.flush(f, o.fh, child)));
+    r.fs.release(o.fh);
+    let (o, _) = open_read(&r, f, WRITE, &reg);
+    r.fs.write(o.fh, 0, b"new", writer).unwrap();
+    assert!(
+        r.fs.flush(f, o.fh, writer).is_ok(),
+        "blamed for an old loss"
+    );
+    // A read-write open that wrote nothing is not told of others' losses.
+    let (idle, _) = open_read(&r, f, WRITE, &reg);
+    r.origin.verifier.store(4, Ordering::SeqCst);
+    assert!(r.fs.flush(f, idle.fh, child).is_ok());
+    assert!(lost(r.fs.flush(f, o.fh, writer)));
+    r.fs.release(idle.fh);
     r.fs.release(o.fh);
 }
 

@@ -87,6 +87,8 @@ struct State {
     info: OriginInfo,
     /// Number of successful handshakes so far.
     handshakes: u64,
+    /// Connection attempts finished so far, successful or not.
+    attempts: u64,
     /// Whether the server publishes written files only at `Flush` (its `Hello` says).
     publishes_on_close: bool,
     /// The protocol version the connection speaks (0 before the first handshake).
@@ -140,6 +142,7 @@ impl RemoteOrigin {
                 conn: Some(Arc::new(conn)),
                 info,
                 handshakes: 1,
+                attempts: 1,
                 publishes_on_close,
                 version,
                 last_failure: None,
@@ -171,6 +174,7 @@ impl RemoteOrigin {
                 conn: None,
                 info,
                 handshakes: 0,
+                attempts: 0,
                 publishes_on_close,
                 version: 0,
                 last_failure: Some((Instant::now(), why)),
@@ -189,7 +193,9 @@ impl RemoteOrigin {
         st.last_failure.is_some() && !st.conn.as_ref().is_some_and(|c| c.is_alive())
     }
 
-    /// Connects now if there is no live connection, whatever the backoff.
+    /// Connects now if there is no live connection, whatever the backoff. Callers that
+    /// arrive while an attempt is under way share its outcome rather than each making
+    /// one after it (an unreachable server would make them wait a connect timeout each).
     pub fn reconnect(&self) -> Result<()> {
         self.conn_or_attempt(true).map(|_| ())
     }
@@ -252,12 +258,21 @@ impl RemoteOrigin {
         // Before waiting for an attempt in progress: an unreachable server must not make
         // every caller wait for the next attempt's timeout.
         self.fail_fast(forced)?;
+        let attempts = self.state.lock().attempts;
         let _one_at_a_time = self.connecting.lock();
         // Someone else may have reconnected (or failed) while we waited.
         if let Some(c) = self.live_conn() {
             return Ok(c);
         }
         self.fail_fast(forced)?;
+        if forced {
+            let st = self.state.lock();
+            if st.attempts != attempts
+                && let Some((_, e)) = &st.last_failure
+            {
+                return Err(e.clone());
+            }
+        }
         match handshake(&self.addr, &self.security, &self.opts, &self.sink) {
             Ok(Greeting {
                 conn,
@@ -278,6 +293,7 @@ impl RemoteOrigin {
                 st.conn = Some(Arc::clone(&conn));
                 st.info = info;
                 st.handshakes += 1;
+                st.attempts += 1;
                 st.last_failure = None;
                 tracing::debug!(addr = %self.addr, handshakes = st.handshakes, "reconnected");
                 Ok(conn)
@@ -288,6 +304,7 @@ impl RemoteOrigin {
                 }
                 let mut st = self.state.lock();
                 st.conn = None;
+                st.attempts += 1;
                 st.last_failure = Some((Instant::now(), e.clone()));
                 Err(e)
             }

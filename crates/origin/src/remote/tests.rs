@@ -318,3 +318,59 @@ fn connect_refused_is_unreachable() {
     let e = RemoteOrigin::connect(&addr, Security::default(), opts()).unwrap_err();
     assert!(matches!(e, OriginError::Unreachable(_)), "{e:?}");
 }
+
+#[test]
+fn callers_of_reconnect_during_an_attempt_share_its_outcome() {
+    // A server that accepts connections and never says Hello: each attempt waits out
+    // the connect timeout.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&accepted);
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in l.incoming() {
+            counted.fetch_add(1, Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    let info = OriginInfo {
+        verifier: 1,
+        export_id: 1,
+        root: root(),
+        read_only: false,
+    };
+    let opts = RemoteOptions {
+        connect_timeout: Duration::from_millis(500),
+        ..opts()
+    };
+    let why = OriginError::Unreachable("not yet".into());
+    let o = Arc::new(RemoteOrigin::disconnected(
+        &addr,
+        Security::default(),
+        opts,
+        info,
+        false,
+        why,
+    ));
+    let callers = 4;
+    let start = Arc::new(std::sync::Barrier::new(callers));
+    let threads: Vec<_> = (0..callers)
+        .map(|_| {
+            let (o, start) = (Arc::clone(&o), Arc::clone(&start));
+            thread::spawn(move || {
+                start.wait();
+                o.reconnect()
+            })
+        })
+        .collect();
+    for t in threads {
+        assert!(t.join().unwrap().is_err());
+    }
+    // One attempt (two if a caller only arrived once the first had failed), not four.
+    let n = accepted.load(Ordering::SeqCst);
+    assert!((1..=2).contains(&n), "{n} connection attempts");
+    // A caller arriving afterwards tries again.
+    assert!(o.reconnect().is_err());
+    assert_eq!(accepted.load(Ordering::SeqCst), n + 1);
+}
