@@ -48,22 +48,53 @@ pub fn take(capacity: usize) -> Vec<u8> {
     {
         let mut p = pool();
         // Newest first: its pages are the likeliest to be in the CPU caches.
-        if let Some(buf) = p.idle[class.trailing_zeros() as usize].pop() {
+        if let Some(mut buf) = p.idle[class.trailing_zeros() as usize].pop() {
             p.idle_bytes -= buf.capacity();
+            buf.clear();
             return buf;
         }
     }
     Vec::with_capacity(class)
 }
 
-/// Returns a buffer for reuse (its contents are discarded). Buffers that are small, of an
-/// odd capacity (not from [`take`]) or beyond the idle limit are freed instead.
-pub fn give(mut buf: Vec<u8>) {
+/// A buffer of exactly `len` bytes to be overwritten (a frame's data section read into
+/// it): a recycled one keeps what it held, so only bytes it never held are zeroed. (Zeroing
+/// every received byte first cost about 3 % of all CPU at 256 parallel readers.)
+pub fn take_filled(len: usize) -> Vec<u8> {
+    let mut buf = if len < MIN_POOLED {
+        Vec::with_capacity(len)
+    } else {
+        let class = len.next_power_of_two();
+        let mut p = pool();
+        match p.idle[class.trailing_zeros() as usize].pop() {
+            Some(buf) => {
+                p.idle_bytes -= buf.capacity();
+                buf
+            }
+            None => Vec::with_capacity(class),
+        }
+    };
+    fill_to(&mut buf, len);
+    buf
+}
+
+/// Makes `buf` exactly `len` bytes long, zeroing only bytes beyond what it holds.
+pub fn fill_to(buf: &mut Vec<u8>, len: usize) {
+    if buf.len() > len {
+        buf.truncate(len);
+    } else {
+        buf.resize(len, 0);
+    }
+}
+
+/// Returns a buffer for reuse (its contents are kept for [`take_filled`], never shown to
+/// [`take`]). Buffers that are small, of an odd capacity (not from [`take`]) or beyond the
+/// idle limit are freed instead.
+pub fn give(buf: Vec<u8>) {
     let cap = buf.capacity();
     if cap < MIN_POOLED || !cap.is_power_of_two() {
         return;
     }
-    buf.clear();
     let mut p = pool();
     if p.idle_bytes + cap <= IDLE_LIMIT {
         p.idle_bytes += cap;
@@ -146,5 +177,31 @@ mod tests {
         );
         assert!(idle_bytes() >= IDLE_LIMIT - (1 << 20));
         drop(other);
+
+        // take_filled: exactly the length asked for, over what a recycled buffer held.
+        let mut held = take(MIN_POOLED * 8);
+        held.resize(MIN_POOLED * 6, 7);
+        let ptr = held.as_ptr();
+        give(held);
+        let f = take_filled(MIN_POOLED * 5);
+        assert_eq!((f.as_ptr(), f.len()), (ptr, MIN_POOLED * 5));
+        assert!(f.iter().all(|&b| b == 7), "not zeroed again");
+        give(f);
+        let f = take_filled(MIN_POOLED * 7);
+        assert_eq!((f.as_ptr(), f.len()), (ptr, MIN_POOLED * 7));
+        assert!(
+            f[MIN_POOLED * 5..].iter().all(|&b| b == 0),
+            "new bytes are zeroed"
+        );
+        give(f);
+        assert!(
+            take(MIN_POOLED * 8).is_empty(),
+            "take still hands out empty buffers"
+        );
+        let mut small = vec![1u8; 10];
+        fill_to(&mut small, 4);
+        assert_eq!(small, [1, 1, 1, 1]);
+        fill_to(&mut small, 6);
+        assert_eq!(small, [1, 1, 1, 1, 0, 0]);
     }
 }

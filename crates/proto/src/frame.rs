@@ -147,18 +147,14 @@ pub fn read_frame<R: Read>(
     let h = FrameHeader::parse(&hdr, limits)?;
     let mut body = vec![0u8; h.body_len as usize];
     r.read_exact(&mut body)?;
-    // Into spare capacity (`read_to_end` does not zero it first): data sections are
-    // file contents of up to several MiB.
+    // Data sections are file contents of up to several MiB: read over what the buffer
+    // (recycled) already holds, zeroing only bytes it never held.
     let want = h.data_len as usize;
-    data.clear();
     if data.capacity() < want && want >= crate::buffers::MIN_POOLED {
-        crate::buffers::give(std::mem::replace(data, crate::buffers::take(want)));
+        crate::buffers::give(std::mem::replace(data, crate::buffers::take_filled(want)));
     }
-    data.reserve_exact(want);
-    r.take(want as u64).read_to_end(data)?;
-    if data.len() != want {
-        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
-    }
+    crate::buffers::fill_to(data, want);
+    r.read_exact(data)?;
     Ok(body)
 }
 
