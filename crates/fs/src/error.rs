@@ -140,6 +140,19 @@ impl<E: std::error::Error> std::error::Error for Shared<E> {
 /// Result of file-system operations.
 pub type FsResult<T> = Result<T, FsError>;
 
+/// Runs `op` again (twice at most) while it finds that the offline change it was adding
+/// to was sent back meanwhile ([`FsError::SentMeanwhile`]): tried again, it goes to the
+/// origin, or starts a change of its own.
+pub(crate) fn retried<T>(mut op: impl FnMut() -> FsResult<T>) -> FsResult<T> {
+    for _ in 0..2 {
+        match op() {
+            Err(FsError::SentMeanwhile) => continue,
+            r => return r,
+        }
+    }
+    op()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

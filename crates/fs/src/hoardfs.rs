@@ -18,6 +18,7 @@ use hoardfs_cache::{CacheDir, Usage, VerifyReport};
 use hoardfs_origin::{Attr, Break, Origin, Owner, SetAttrs, StatFs};
 
 use crate::callbacks::{BreakApplier, Callbacks, KernelNotifier};
+use crate::error::retried;
 use crate::manage::{CachedEntry, Prefetched};
 use crate::namespace::NewFile;
 use crate::nodes::{Ino, Listing, MakeBacking, NodeTable, ROOT_INO};
@@ -296,14 +297,21 @@ impl HoardFs {
     pub fn write(&self, fh: FileHandle, offset: u64, data: &[u8], pid: u32) -> FsResult<u32> {
         self.sb.check_writable()?;
         let of = self.reads.open_file(fh)?;
-        self.writes.write(&self.sb, &of, offset, data, pid)
+        let write = || self.writes.write(&self.sb, &of, offset, data, pid);
+        if of.access.append {
+            // (Not tried twice: a write whose reply was lost may have been appended.)
+            return write();
+        }
+        retried(write)
     }
 
     /// Changes attributes of `ino` (chmod, chown, truncate, utimens); returns the new ones
     /// and how long the kernel may cache them.
     pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<NodeAttr> {
-        self.writes
-            .setattr(&self.sb, ino, set, &|ino| self.prefetch(ino))
+        retried(|| {
+            self.writes
+                .setattr(&self.sb, ino, set, &|ino| self.prefetch(ino))
+        })
     }
 
     /// Makes `ino`'s data (and with `!datasync` its metadata) durable on the origin. Fails

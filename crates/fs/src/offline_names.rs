@@ -20,6 +20,7 @@
 use std::sync::Arc;
 
 use crate::cml::Pending;
+use crate::error::retried;
 use crate::made::{LOCAL_ID, made_here, now_stamp};
 use crate::nodes::Node;
 use crate::offline::OfflineWrites;
@@ -33,19 +34,6 @@ pub(crate) enum Created {
     Existing(Ino),
     /// A file made here, with its staging file.
     Made(Arc<Node>),
-}
-
-/// Runs `op` again (twice at most) while it finds the change it adds to sent back.
-fn retried<T>(mut op: impl FnMut() -> FsResult<T>) -> FsResult<T> {
-    for _ in 0..2 {
-        match op() {
-            // The object's change was sent back while the operation was adding to it: it
-            // starts over (with a change of its own).
-            Err(FsError::SentMeanwhile) => continue,
-            r => return r,
-        }
-    }
-    op()
 }
 
 /// The changes to names of the change log: the superblock and its log, borrowed for

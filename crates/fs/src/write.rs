@@ -222,9 +222,8 @@ impl Writes {
                         p
                     }
                 };
-                if let Some(a) = p.truncate(&node, size)? {
-                    return Ok(a);
-                }
+                // (Gone: sent back while this waited for it; tried again, on the origin.)
+                return p.truncate(&node, size)?.ok_or(FsError::SentMeanwhile);
             }
             // Permission bits and times are kept with the change (set on the origin's
             // file before the staged content reaches it, they would change its version

@@ -59,6 +59,8 @@ struct Scripted {
     unsent_write: AtomicBool,
     /// The write verifier announced (a remote server's changes after a crash).
     verifier: std::sync::atomic::AtomicU64,
+    /// Run (once) inside the next write, before it is applied.
+    during_write: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Scripted {
@@ -83,6 +85,7 @@ impl Scripted {
             lose_create_reply: AtomicBool::new(false),
             unsent_write: AtomicBool::new(false),
             verifier: std::sync::atomic::AtomicU64::new(1),
+            during_write: Mutex::new(None),
         }
     }
 
@@ -206,6 +209,10 @@ impl Origin for Scripted {
             // The connection is gone before the request leaves.
             self.offline.store(true, Ordering::SeqCst);
             return Err(OriginError::Unreachable("not sent".into()));
+        }
+        let during = self.during_write.lock().take();
+        if let Some(f) = during {
+            f();
         }
         let reply = self.inner.write(handle, offset, data, append);
         let left = self.lose_write_reply.load(Ordering::SeqCst);

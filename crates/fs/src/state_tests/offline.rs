@@ -196,6 +196,59 @@ fn offline_writes_are_staged_read_back_and_sent_back_once_the_origin_returns() {
     r.fs.release(o.fh);
 }
 
+/// Whether thread `tid` of this process is asleep (blocked on a lock, here).
+fn asleep(tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('S'))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_truncation_that_waited_for_its_change_to_be_sent_back_goes_to_the_origin() {
+    let (r, _reg, f) = offline_rig(&content(4, 64 << 10));
+    r.origin.offline.store(true, Ordering::SeqCst);
+    let to = |size| hoardfs_origin::SetAttrs {
+        size: Some(size),
+        ..Default::default()
+    };
+    r.fs.setattr(f, &to(1000)).unwrap();
+    assert_eq!(r.fs.pending_changes(), 1);
+    r.origin.offline.store(false, Ordering::SeqCst);
+    // While reintegration sends the change (holding it), a truncation arrives and waits
+    // for it: once sent, the change is gone, and the truncation must go to the origin.
+    let (fs, tid) = (r.fs.clone(), Arc::new(AtomicUsize::new(0)));
+    let (seen, truncation) = (tid.clone(), Arc::new(Mutex::new(None)));
+    let result = truncation.clone();
+    *r.origin.during_write.lock() = Some(Box::new(move || {
+        let t = std::thread::spawn(move || {
+            // ("PID/task/TID")
+            let me = std::fs::read_link("/proc/thread-self").unwrap();
+            let id = me.file_name().unwrap().to_str().unwrap().parse().unwrap();
+            seen.store(id, Ordering::SeqCst);
+            fs.setattr(f, &to(10))
+        });
+        wait_until("the truncation waits for the change", || {
+            let id = tid.load(Ordering::SeqCst);
+            id != 0 && asleep(id as i32)
+        });
+        *truncation.lock() = Some(t);
+    }));
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.left), (1, 0));
+    let t = result.lock().take().expect("reintegration wrote");
+    let attr = t
+        .join()
+        .unwrap()
+        .expect("the truncation, tried again on the origin");
+    assert_eq!(attr.attr.size, 10);
+    assert_eq!(std::fs::metadata(r.export.join("f")).unwrap().len(), 10);
+    assert_eq!(r.fs.pending_changes(), 0);
+}
+
 #[test]
 fn an_upload_whose_write_reply_was_lost_is_sent_again_whole_not_taken_for_a_conflict() {
     let base = content(6, 3 * MIB);
