@@ -223,6 +223,20 @@ impl HoardFs {
         self.reads.read(&self.sb, fh, offset, size)
     }
 
+    /// Like [`HoardFs::read`], answering `dst` (the FUSE io_uring entry's payload): bytes
+    /// fetched for this read alone go straight from the network into it. On failure it
+    /// comes back to be answered, unless it was answered already.
+    #[allow(clippy::type_complexity)]
+    pub fn read_into(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        dst: Box<dyn hoardfs_origin::ReadDst>,
+    ) -> Result<(), (crate::FsError, Option<Box<dyn hoardfs_origin::ReadDst>>)> {
+        self.reads.read_into(&self.sb, fh, offset, size, dst)
+    }
+
     /// Closes open file `fh`.
     pub fn release(&self, fh: FileHandle) {
         let Some(of) = self.reads.files.remove(fh) else {

@@ -25,6 +25,7 @@
 use std::sync::Arc;
 
 use hoardfs_cache::{CachedObject, ObjectShape, meta::chunk_shift_for};
+use hoardfs_origin::{OriginError, ReadDst};
 use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::MutexGuard;
 
@@ -148,6 +149,16 @@ impl View {
         let end = start.saturating_add(1 << self.chunk_shift);
         (start, end.min(self.size))
     }
+}
+
+/// Which way a read goes (`Reads::route`).
+enum Route {
+    /// Answered without the origin or the cache's chunks: these bytes.
+    Done(ReadData),
+    /// Fetched for this read alone, up to this end (`Reads::read_uncached`).
+    Uncached(u64),
+    /// Through the cache, up to this end.
+    Cached(View, u64),
 }
 
 /// The reading side of a mount: its open files, passthrough admission, the fetcher of
@@ -411,15 +422,61 @@ impl Reads {
         offset: u64,
         size: u32,
     ) -> FsResult<ReadData> {
+        match self.route(sb, of, offset, size)? {
+            Route::Done(data) => Ok(data),
+            Route::Uncached(end) => self.read_uncached(sb, &of.node, offset, end),
+            Route::Cached(view, end) => self.read_cached(sb, of, &view, offset, end),
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset` through open file `fh` into `dst`, answering
+    /// it: bytes fetched for this read alone (`read_uncached`) go straight from the
+    /// network into it, others are copied in. On failure the destination comes back to be
+    /// answered, unless it was answered already (`ReadDst`).
+    pub(crate) fn read_into(
+        &self,
+        sb: &Superblock,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        dst: Box<dyn ReadDst>,
+    ) -> Result<(), (FsError, Option<Box<dyn ReadDst>>)> {
+        let of = match self.open_file(fh) {
+            Ok(of) => of,
+            Err(e) => return Err((e, Some(dst))),
+        };
+        let data = match self.route(sb, &of, offset, size) {
+            Ok(Route::Done(data)) => data,
+            Ok(Route::Uncached(end)) => {
+                return self.read_uncached_into(sb, &of.node, offset, end, dst);
+            }
+            Ok(Route::Cached(view, end)) => match self.read_cached(sb, &of, &view, offset, end) {
+                Ok(data) => data,
+                Err(e) => return Err((e, Some(dst))),
+            },
+            Err(e) => return Err((e, Some(dst))),
+        };
+        hoardfs_origin::answer_with(dst, &data).map_err(|f| (f.error.into(), None))
+    }
+
+    /// Which way a read goes: answered already (a staged file, or nothing to read), bytes
+    /// fetched for it alone, or through the cache.
+    fn route(
+        &self,
+        sb: &Superblock,
+        of: &Arc<OpenFile>,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<Route> {
         Stats::add(&sb.stats.reads, 1);
         if let Some(p) = sb.staged_of(&of.node)
             && let Some(data) = p.read(offset, size)?
         {
-            return Ok(data);
+            return Ok(Route::Done(data));
         }
         let view = View::of(&of.node);
         if offset >= view.size || size == 0 {
-            return Ok(Recycled::default());
+            return Ok(Route::Done(Recycled::default()));
         }
         let end = offset.saturating_add(size as u64).min(view.size);
         let first = offset >> view.chunk_shift;
@@ -433,10 +490,23 @@ impl Reads {
         };
         of.read_up_to(end);
         if uncached {
-            return self.read_uncached(sb, &of.node, offset, end);
+            return Ok(Route::Uncached(end));
         }
         self.fetcher
             .schedule(of, &view, offset, end, last, refusing);
+        Ok(Route::Cached(view, end))
+    }
+
+    /// The bytes from `offset` to `end` through the cache (fetching the chunks it lacks).
+    fn read_cached(
+        &self,
+        sb: &Superblock,
+        of: &Arc<OpenFile>,
+        view: &View,
+        offset: u64,
+        end: u64,
+    ) -> FsResult<ReadData> {
+        let (first, last) = (offset >> view.chunk_shift, (end - 1) >> view.chunk_shift);
         // A pooled buffer (no freshly faulted pages per read): fetched bytes are appended,
         // cache-file reads go into zeroed room.
         let mut out = buffers::take((end - offset) as usize);
@@ -445,8 +515,7 @@ impl Reads {
             let (from, to) = (offset.max(cs), end.min(ce));
             let (at, want) = (out.len(), (to - from) as usize);
             out.resize(at + want, 0);
-            let Some(bytes) = self.cached_or_fetched(sb, of, &view, c, &mut out[at..], from)?
-            else {
+            let Some(bytes) = self.cached_or_fetched(sb, of, view, c, &mut out[at..], from)? else {
                 continue;
             };
             // (The chunk may have come back shorter than the read's start in it: the file
@@ -485,6 +554,40 @@ impl Reads {
         Stats::add(&sb.stats.chunk_fetches, 1);
         Stats::add(&sb.stats.bytes_from_network, r.data.len() as u64);
         Ok(Recycled::from(r.data))
+    }
+
+    /// `read_uncached`, the bytes written by the origin straight into `dst`.
+    fn read_uncached_into(
+        &self,
+        sb: &Superblock,
+        node: &Node,
+        offset: u64,
+        end: u64,
+        dst: Box<dyn ReadDst>,
+    ) -> Result<(), (FsError, Option<Box<dyn ReadDst>>)> {
+        let len = (end - offset) as u32;
+        let mut dst = Some(dst);
+        let read = sb.with_handle(node, |h| {
+            // (Tried again with a fresh handle only after a `Stale` answer, which leaves
+            // the destination unanswered.)
+            let Some(d) = dst.take() else {
+                return Err(OriginError::Protocol(
+                    "the reader was answered already".into(),
+                ));
+            };
+            sb.origin.read_direct(h, offset, len, d).map_err(|f| {
+                dst = f.dst;
+                f.error
+            })
+        });
+        match read {
+            Ok(n) => {
+                Stats::add(&sb.stats.chunk_fetches, 1);
+                Stats::add(&sb.stats.bytes_from_network, n as u64);
+                Ok(())
+            }
+            Err(e) => Err((e, dst)),
+        }
     }
 
     /// Fills `dst` (chunk `c`'s bytes from offset `from`) from the disk cache and returns

@@ -235,7 +235,24 @@ impl Filesystem for FuseBridge {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let data = if fh.0 == 0 && self.fs.kernel_opens() {
+        let kernel_opened = fh.0 == 0 && self.fs.kernel_opens();
+        let reply = if kernel_opened {
+            reply
+        } else {
+            match reply.into_direct() {
+                // Over io_uring: the bytes go into the ring entry's buffer, straight from
+                // the network when they are fetched for this read alone.
+                Ok(direct) => {
+                    let dst = Box::new(RingDst(direct));
+                    if let Err((e, Some(dst))) = self.fs.read_into(fh.0, offset, size, dst) {
+                        dst.fail(errno(&e).code());
+                    }
+                    return;
+                }
+                Err(reply) => reply,
+            }
+        };
+        let data = if kernel_opened {
             self.fs.read_unopened(ino.0, offset, size)
         } else {
             self.fs.read(fh.0, offset, size)
@@ -596,6 +613,27 @@ impl Filesystem for FuseBridge {
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
         // Permissions are enforced by the kernel (default_permissions) from origin attributes.
         reply.ok();
+    }
+}
+
+/// A READ's io_uring entry, as the destination `hoardfs_fs` writes a read's bytes into.
+struct RingDst(fuser::ReplyDirect);
+
+impl hoardfs_origin::ReadDst for RingDst {
+    fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+
+    fn fill(
+        self: Box<Self>,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        self.0.fill(len, fill)
+    }
+
+    fn fail(self: Box<Self>, errno: i32) {
+        self.0.error(fuser::Errno::from_i32(errno));
     }
 }
 

@@ -91,6 +91,57 @@ pub struct ReadReply {
     pub version: u64,
 }
 
+/// Where a read's bytes can go straight from the network, answering the reader: a FUSE
+/// io_uring entry's payload buffer (the bridge's type), written by the connection's
+/// receive thread instead of through a buffer that another copy then moves
+/// ([`Origin::read_direct`]).
+pub trait ReadDst: Send {
+    /// The most bytes it holds.
+    fn capacity(&self) -> usize;
+    /// Answers with `len` bytes written by `fill` (called at most once, and not at all
+    /// if `len` exceeds [`ReadDst::capacity`] or the reader was answered already, which
+    /// then fails). A failure answers the reader with an I/O error.
+    fn fill(
+        self: Box<Self>,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()>;
+    /// Answers with error number `errno`.
+    fn fail(self: Box<Self>, errno: i32);
+}
+
+/// Answers `dst` with a copy of `data` (bytes that came some other way). A failure means
+/// the reader was answered with an I/O error.
+pub fn answer_with(dst: Box<dyn ReadDst>, data: &[u8]) -> std::result::Result<(), DirectFailed> {
+    let copied = dst.fill(data.len(), &mut |buf| {
+        buf.copy_from_slice(data);
+        Ok(())
+    });
+    copied.map_err(|e| DirectFailed {
+        error: OriginError::Protocol(format!("answering the reader: {e}")),
+        dst: None,
+    })
+}
+
+/// Why [`Origin::read_direct`] did not fill its destination: with the destination, for
+/// the caller to answer, unless it was answered already (an I/O error: the connection
+/// failed while the bytes were being written into it).
+pub struct DirectFailed {
+    /// What went wrong.
+    pub error: OriginError,
+    /// The destination, still to be answered.
+    pub dst: Option<Box<dyn ReadDst>>,
+}
+
+impl std::fmt::Debug for DirectFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectFailed")
+            .field("error", &self.error)
+            .field("answered", &self.dst.is_none())
+            .finish()
+    }
+}
+
 /// Bytes of a file offered by [`Origin::read_range`] to be sent straight from the page
 /// cache (`sendfile`), without passing through the caller's memory.
 #[derive(Debug, Clone)]
@@ -166,6 +217,27 @@ pub trait Origin: Send + Sync + 'static {
     }
     /// Reads up to `len` bytes at `offset`.
     fn read(&self, handle: Handle, offset: u64, len: u32) -> Result<ReadReply>;
+    /// Like [`Origin::read`], the bytes written into `dst` (which is answered, and
+    /// whose length is returned); see [`ReadDst`]. The default reads, then copies.
+    fn read_direct(
+        &self,
+        handle: Handle,
+        offset: u64,
+        len: u32,
+        dst: Box<dyn ReadDst>,
+    ) -> std::result::Result<u32, DirectFailed> {
+        let r = match self.read(handle, offset, len) {
+            Ok(r) => r,
+            Err(error) => {
+                return Err(DirectFailed {
+                    error,
+                    dst: Some(dst),
+                });
+            }
+        };
+        let n = r.data.len().min(len as usize);
+        answer_with(dst, &r.data[..n]).map(|()| n as u32)
+    }
     /// Offers up to `len` bytes at `offset` as a range of an open file for the caller to
     /// send without copying, if the origin can (a local file), the file has not changed
     /// for at least `unchanged_for` and the range is in memory already (sending it must

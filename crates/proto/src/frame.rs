@@ -142,20 +142,33 @@ pub fn read_frame<R: Read>(
     limits: Limits,
     data: &mut Vec<u8>,
 ) -> Result<Vec<u8>, FrameError> {
+    let (body, want) = read_head(r, limits)?;
+    read_data(r, want, data)?;
+    Ok(body)
+}
+
+/// Reads a frame's header and body: returns the body and the length of the data section
+/// that follows (for the caller to read, e.g. with [`read_data`], before the next frame).
+pub fn read_head<R: Read>(r: &mut R, limits: Limits) -> Result<(Vec<u8>, usize), FrameError> {
     let mut hdr = [0u8; HEADER_LEN];
     r.read_exact(&mut hdr)?;
     let h = FrameHeader::parse(&hdr, limits)?;
     let mut body = vec![0u8; h.body_len as usize];
     r.read_exact(&mut body)?;
+    Ok((body, h.data_len as usize))
+}
+
+/// Reads a data section of `want` bytes into `data` (resized to fit, reusing its
+/// allocation).
+pub fn read_data<R: Read>(r: &mut R, want: usize, data: &mut Vec<u8>) -> Result<(), FrameError> {
     // Data sections are file contents of up to several MiB: read over what the buffer
     // (recycled) already holds, zeroing only bytes it never held.
-    let want = h.data_len as usize;
     if data.capacity() < want && want >= crate::buffers::MIN_POOLED {
         crate::buffers::give(std::mem::replace(data, crate::buffers::take_filled(want)));
     }
     crate::buffers::fill_to(data, want);
     r.read_exact(data)?;
-    Ok(body)
+    Ok(())
 }
 
 #[cfg(test)]

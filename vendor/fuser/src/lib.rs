@@ -61,6 +61,7 @@ pub use crate::reply::ReplyAttr;
 pub use crate::reply::ReplyBmap;
 pub use crate::reply::ReplyCreate;
 pub use crate::reply::ReplyData;
+pub use crate::reply::ReplyDirect;
 pub use crate::reply::ReplyDirectory;
 pub use crate::reply::ReplyDirectoryPlus;
 pub use crate::reply::ReplyEmpty;

@@ -214,9 +214,69 @@ impl ReplyData {
         self.reply.send_ll(&ll::ResponseSlice(data));
     }
 
+    /// The reply as one whose data can be written straight into the transport's buffer,
+    /// from any thread: only for requests that came over io_uring (each ring entry has a
+    /// payload buffer of its own); others come back unchanged.
+    pub fn into_direct(mut self) -> Result<ReplyDirect, ReplyData> {
+        match self.reply.sender.take() {
+            Some(ReplySender::Ring(ring)) => Ok(ReplyDirect {
+                unique: self.reply.unique,
+                ring: Some(ring),
+            }),
+            other => {
+                self.reply.sender = other;
+                Err(self)
+            }
+        }
+    }
+
     /// Reply to a request with the given error code
     pub fn error(self, err: Errno) {
         self.reply.error(err);
+    }
+}
+
+/// A READ reply written straight into its io_uring entry's payload buffer
+/// ([`ReplyData::into_direct`]). Dropped unanswered, it answers `EIO`.
+#[derive(Debug)]
+pub struct ReplyDirect {
+    unique: ll::RequestId,
+    ring: Option<crate::uring::RingReply>,
+}
+
+impl ReplyDirect {
+    /// The most bytes the reply can carry.
+    pub fn capacity(&self) -> usize {
+        self.ring.as_ref().map_or(0, |r| r.capacity())
+    }
+
+    /// Answers with `len` bytes that `fill` writes into the entry's buffer (called at most
+    /// once). If `fill` fails the request is answered `EIO` and its error returned; `fill`
+    /// is not called if `len` exceeds the buffer (answered `EIO` too), so a caller that
+    /// must consume `len` bytes from elsewhere whatever happens should note whether it ran.
+    pub fn fill(
+        mut self,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let ring = self.ring.take().expect("a ring reply is answered once");
+        ring.fill(self.unique.0, len, fill)
+    }
+
+    /// Answers with an error.
+    pub fn error(mut self, err: Errno) {
+        if let Some(ring) = self.ring.take() {
+            ReplyRaw::new(self.unique, ReplySender::Ring(ring)).error(err);
+        }
+    }
+}
+
+impl Drop for ReplyDirect {
+    fn drop(&mut self) {
+        if let Some(ring) = self.ring.take() {
+            warn!("Reply not sent for operation {}, replying with I/O error", self.unique.0);
+            ReplyRaw::new(self.unique, ReplySender::Ring(ring)).error(Errno::EIO);
+        }
     }
 }
 

@@ -21,7 +21,7 @@ use hoardfs_proto::{Break, Op, PING_INTERVAL, Reply, Request, ServerMessage};
 use parking_lot::Mutex;
 
 use super::tls::{self, TlsRead, TlsWrite};
-use crate::{BreakSink, OriginError, Result};
+use crate::{BreakSink, DirectFailed, OriginError, ReadDst, Result};
 use hoardfs_tls::ClientTls;
 
 /// Where callback breaks go; shared by every connection of one origin, set by `subscribe`.
@@ -30,8 +30,22 @@ pub(crate) type SinkSlot = Arc<Mutex<Option<BreakSink>>>;
 /// A decoded reply together with the frame's data section.
 pub(crate) type Answer = (Reply, Vec<u8>);
 
-/// Where a waiting caller is woken.
-type Waiter = SyncSender<Result<Answer>>;
+/// A waiting caller: where it is woken, and where the data of a read's reply goes if it
+/// gave a destination ([`Conn::call_direct`]).
+struct Waiter {
+    tx: SyncSender<Result<Answer>>,
+    direct: Option<Direct>,
+}
+
+/// A read's destination, shared by its caller and the reader thread: whichever takes it
+/// out answers it (the reader, filling it from the stream; the caller, after a timeout or
+/// a reply without data). A destination the reader took and filled is answered.
+#[derive(Clone)]
+struct Direct {
+    dst: Arc<Mutex<Option<Box<dyn ReadDst>>>>,
+    /// The most bytes the read asked for.
+    asked: u32,
+}
 
 /// Capacity of the reader's buffer; larger data sections bypass it.
 const READ_BUF: usize = 64 << 10;
@@ -65,7 +79,7 @@ impl Shared {
             self.deliver(vec![Break::All]);
         }
         for (_, w) in waiters.into_iter().flatten() {
-            let _ = w.try_send(Err(OriginError::Lost(format!(
+            let _ = w.tx.try_send(Err(OriginError::Lost(format!(
                 "connection to {} lost: {reason}",
                 self.peer
             ))));
@@ -220,12 +234,49 @@ impl Conn {
         data: &[u8],
         timeout: Duration,
     ) -> Result<Answer> {
+        self.call_to(id, op, data, None, timeout)
+    }
+
+    /// Sends read `op` (of at most `asked` bytes) as request `id`; the reader thread
+    /// writes the reply's data straight into `dst` and answers it. Returns the reply (with
+    /// an empty data section when `dst` was filled): `Ok` with `None` then, or with `dst`
+    /// back when the reply carried its data in the ordinary way (an error, or nothing).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn call_direct(
+        &self,
+        id: u64,
+        op: Op,
+        asked: u32,
+        dst: Box<dyn ReadDst>,
+        timeout: Duration,
+    ) -> std::result::Result<(Answer, Option<Box<dyn ReadDst>>), DirectFailed> {
+        let direct = Direct {
+            dst: Arc::new(Mutex::new(Some(dst))),
+            asked,
+        };
+        let answer = self.call_to(id, op, &[], Some(direct.clone()), timeout);
+        // (The reader no longer holds the request: what it did not take is ours.)
+        let dst = direct.dst.lock().take();
+        match answer {
+            Ok(a) => Ok((a, dst)),
+            Err(error) => Err(DirectFailed { error, dst }),
+        }
+    }
+
+    fn call_to(
+        &self,
+        id: u64,
+        op: Op,
+        data: &[u8],
+        direct: Option<Direct>,
+        timeout: Duration,
+    ) -> Result<Answer> {
         let (tx, rx) = mpsc::sync_channel(1);
         {
             let mut pending = self.shared.pending.lock();
             match pending.as_mut() {
                 Some(map) => {
-                    map.insert(id, tx);
+                    map.insert(id, Waiter { tx, direct });
                 }
                 None => return Err(self.dead_error()),
             }
@@ -332,7 +383,7 @@ fn reader_loop(stream: Reader, shared: Arc<Shared>) {
     let mut r = BufReader::with_capacity(READ_BUF, stream);
     let reason = loop {
         let mut data = Vec::new();
-        let body = match frame::read_frame(&mut r, Limits::RESPONSE, &mut data) {
+        let (body, data_len) = match frame::read_head(&mut r, Limits::RESPONSE) {
             Ok(b) => b,
             Err(e) => break e.to_string(),
         };
@@ -340,10 +391,13 @@ fn reader_loop(stream: Reader, shared: Arc<Shared>) {
             Ok(r) => r,
             Err(e) => break format!("undecodable reply: {e}"),
         };
-        shared.frames_rx.fetch_add(1, Ordering::SeqCst);
         let resp = match msg {
             ServerMessage::Response(r) => r,
             ServerMessage::Breaks(b) => {
+                if let Err(e) = frame::read_data(&mut r, data_len, &mut data) {
+                    break e.to_string();
+                }
+                shared.frames_rx.fetch_add(1, Ordering::SeqCst);
                 // Delivered here, in order with replies, so a caller can tell whether a
                 // break arrived before the reply it is about to act on.
                 shared.deliver(b);
@@ -355,9 +409,27 @@ fn reader_loop(stream: Reader, shared: Arc<Shared>) {
             .lock()
             .as_mut()
             .and_then(|m| m.remove(&resp.id));
+        // A read whose caller gave a destination: its data goes there, not into `data`.
+        let direct = match (&waiter, &resp.result) {
+            (
+                Some(Waiter {
+                    direct: Some(d), ..
+                }),
+                Ok(Reply::Data { len, .. }),
+            ) if *len as usize == data_len && *len <= d.asked => d.dst.lock().take(),
+            _ => None,
+        };
+        let read = match direct {
+            Some(dst) => fill_direct(&mut r, data_len, dst),
+            None => frame::read_data(&mut r, data_len, &mut data).map_err(|e| e.to_string()),
+        };
+        if let Err(e) = read {
+            break e;
+        }
+        shared.frames_rx.fetch_add(1, Ordering::SeqCst);
         // No waiter: the caller timed out and left; the reply is dropped.
         if let Some(w) = waiter {
-            let _ = w.try_send(
+            let _ = w.tx.try_send(
                 resp.result
                     .map(|reply| (reply, data))
                     .map_err(OriginError::Fs),
@@ -365,6 +437,31 @@ fn reader_loop(stream: Reader, shared: Arc<Shared>) {
         }
     };
     shared.kill(&reason);
+}
+
+/// Reads a data section of `len` bytes from `r` into `dst`, answering it. The section is
+/// consumed whatever `dst` does (a reader already answered, after a panic, takes nothing:
+/// the bytes are read and dropped); only a failure of the stream is an error.
+fn fill_direct<R: Read>(
+    r: &mut R,
+    len: usize,
+    dst: Box<dyn ReadDst>,
+) -> std::result::Result<(), String> {
+    let mut stream_failed = None;
+    let mut consumed = false;
+    let _ = dst.fill(len, &mut |buf| {
+        consumed = true;
+        r.read_exact(buf)
+            .inspect_err(|e| stream_failed = Some(e.to_string()))
+    });
+    if let Some(e) = stream_failed {
+        return Err(e);
+    }
+    if !consumed {
+        let mut sink = Vec::new();
+        frame::read_data(r, len, &mut sink).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// Bounds how long sent data may stay unacknowledged before the kernel aborts the

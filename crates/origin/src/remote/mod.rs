@@ -27,8 +27,8 @@ use hoardfs_proto::{
 use parking_lot::Mutex;
 
 use crate::{
-    Attr, BreakSink, DirPage, Entry, Origin, OriginError, OriginInfo, ReadReply, Result, StatFs,
-    WriteReply,
+    Attr, BreakSink, DirPage, DirectFailed, Entry, Origin, OriginError, OriginInfo, ReadDst,
+    ReadReply, Result, StatFs, WriteReply,
 };
 use conn::{Answer, Conn, SinkSlot};
 pub use hoardfs_tls::{ClientTls, Fingerprint, Trust};
@@ -408,6 +408,54 @@ impl Origin for RemoteOrigin {
                 Ok(ReadReply { data, version })
             }
             other => Err(unexpected(&other)),
+        }
+    }
+
+    fn read_direct(
+        &self,
+        handle: Handle,
+        offset: u64,
+        len: u32,
+        dst: Box<dyn ReadDst>,
+    ) -> std::result::Result<u32, DirectFailed> {
+        let conn = match self.conn() {
+            Ok(c) => c,
+            Err(error) => {
+                return Err(DirectFailed {
+                    error,
+                    dst: Some(dst),
+                });
+            }
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let op = Op::Read {
+            handle,
+            offset,
+            len,
+        };
+        let expect = validate::Expect::of(&op, 0);
+        let (answer, dst) = conn.call_direct(
+            id,
+            op,
+            len.min(dst.capacity() as u32),
+            dst,
+            self.opts.request_timeout,
+        )?;
+        let failed = |error, dst| Err(DirectFailed { error, dst });
+        let Some(dst) = dst else {
+            // Filled and answered by the reader thread, which took it only for a `Data`
+            // reply whose data section matched its length, within what was asked.
+            return match answer {
+                (Reply::Data { len, .. }, _) => Ok(len),
+                (other, _) => failed(unexpected(&(other, Vec::new())), None),
+            };
+        };
+        match validate::answer(&expect, answer) {
+            // The data came the ordinary way (a destination smaller than the reply, for
+            // one): copied here.
+            Ok((Reply::Data { len, .. }, data)) => crate::answer_with(dst, &data).map(|()| len),
+            Ok(other) => failed(unexpected(&other), Some(dst)),
+            Err(error) => failed(error, Some(dst)),
         }
     }
 

@@ -374,3 +374,97 @@ fn callers_of_reconnect_during_an_attempt_share_its_outcome() {
     assert!(o.reconnect().is_err());
     assert_eq!(accepted.load(Ordering::SeqCst), n + 1);
 }
+
+/// The thread that last filled a [`VecDst`].
+static FILLED_ON: Mutex<Option<String>> = Mutex::new(None);
+
+/// What a destination was answered with: bytes, or an error number.
+type Answered = Arc<Mutex<Option<std::result::Result<Vec<u8>, i32>>>>;
+
+/// A destination of `cap` bytes recording what it was answered with.
+struct VecDst {
+    cap: usize,
+    got: Answered,
+}
+
+impl ReadDst for VecDst {
+    fn capacity(&self) -> usize {
+        self.cap
+    }
+    fn fill(
+        self: Box<Self>,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        if len > self.cap {
+            *self.got.lock() = Some(Err(libc::EIO));
+            return Err(std::io::Error::other("too long"));
+        }
+        let mut buf = vec![0u8; len];
+        let r = fill(&mut buf);
+        *FILLED_ON.lock() = thread::current().name().map(str::to_owned);
+        *self.got.lock() = Some(r.as_ref().map(|()| buf).map_err(|_| libc::EIO));
+        r
+    }
+    fn fail(self: Box<Self>, errno: i32) {
+        *self.got.lock() = Some(Err(errno));
+    }
+}
+
+#[test]
+fn a_direct_read_is_written_into_its_destination_by_the_reader_thread() {
+    let fake = Fake::start(b"", echo_handler());
+    let o = RemoteOrigin::connect(&fake.addr, Security::default(), opts()).unwrap();
+    let h = o.info().unwrap().root.handle;
+    let got = Arc::new(Mutex::new(None));
+    let dst = Box::new(VecDst {
+        cap: 1 << 20,
+        got: Arc::clone(&got),
+    });
+    assert_eq!(o.read_direct(h, 3, 100_000, dst).unwrap(), 100_000);
+    assert_eq!(got.lock().take(), Some(Ok(vec![b'x'; 100_000])));
+    let on = FILLED_ON.lock().take().unwrap_or_default();
+    assert!(
+        on.starts_with("hoardfs-rx"),
+        "filled on {on:?}, not the reader thread"
+    );
+    // The connection is in step afterwards (the data section was consumed).
+    assert_eq!(o.read(h, 1, 10).unwrap().data, vec![b'x'; 10]);
+
+    // A reply larger than the destination holds is refused whole, not written past it:
+    // the reader is answered EIO (the data came the ordinary way and did not fit).
+    let small = Box::new(VecDst {
+        cap: 10,
+        got: Arc::clone(&got),
+    });
+    let e = o.read_direct(h, 1, 20, small).unwrap_err();
+    assert!(e.dst.is_none(), "answered");
+    assert_eq!(got.lock().take(), Some(Err(libc::EIO)));
+    assert_eq!(o.read(h, 1, 10).unwrap().data, vec![b'x'; 10]);
+}
+
+#[test]
+fn a_direct_read_that_fails_gives_its_destination_back_unanswered() {
+    let h = Arc::new(|req: Request, w: &Writer| {
+        reply(w, req.id, Err(WireError::Io), &[]);
+        true
+    });
+    let fake = Fake::start(b"", h);
+    let o = RemoteOrigin::connect(&fake.addr, Security::default(), opts()).unwrap();
+    let handle = o.info().unwrap().root.handle;
+    let got = Arc::new(Mutex::new(None));
+    let dst = Box::new(VecDst {
+        cap: 1 << 20,
+        got: Arc::clone(&got),
+    });
+    let e = o.read_direct(handle, 0, 10, dst).unwrap_err();
+    assert!(
+        matches!(e.error, OriginError::Fs(WireError::Io)),
+        "{:?}",
+        e.error
+    );
+    let dst = e.dst.expect("still to be answered");
+    assert!(got.lock().is_none());
+    dst.fail(libc::ENOENT);
+    assert_eq!(got.lock().take(), Some(Err(libc::ENOENT)));
+}

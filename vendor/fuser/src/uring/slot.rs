@@ -147,6 +147,53 @@ impl RingReply {
         Ok(())
     }
 
+    /// The size of the entry's payload buffer: the most data a reply can carry.
+    pub(crate) fn capacity(&self) -> usize {
+        self.slot.bufs.lock().payload.len()
+    }
+
+    /// Answers request `unique` with `len` bytes of data that `fill` writes straight into
+    /// the entry's payload buffer (with the entry locked: its ring thread only waits for
+    /// the reply meanwhile), saving the copy [`RingReply::send`] makes. If `fill` fails,
+    /// or `len` exceeds the buffer, the request is answered `EIO`; `fill` is not called
+    /// when the request was answered already or `len` does not fit.
+    pub(crate) fn fill(
+        &self,
+        unique: u64,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut guard = self.slot.bufs.lock();
+        let bufs = &mut *guard;
+        if bufs.seq != self.seq || bufs.replied {
+            return Err(io::Error::other("reply to a ring request already answered"));
+        }
+        let filled = match bufs.payload.get_mut(..len) {
+            Some(dst) => fill(dst),
+            None => Err(io::Error::other(format!(
+                "ring reply of {len} bytes exceeds the entry's payload buffer"
+            ))),
+        };
+        let (error, payload_sz) = match &filled {
+            Ok(()) => (0i32, len),
+            Err(e) => {
+                error!("direct ring reply failed: {e}");
+                (-libc::EIO, 0)
+            }
+        };
+        let mut header = [0u8; OUT_HEADER_SZ];
+        header[0..4].copy_from_slice(&((OUT_HEADER_SZ + payload_sz) as u32).to_ne_bytes());
+        header[4..8].copy_from_slice(&error.to_ne_bytes());
+        header[8..16].copy_from_slice(&unique.to_ne_bytes());
+        bufs.header.in_out = [0; IN_OUT_HEADER_SZ];
+        bufs.header.in_out[..OUT_HEADER_SZ].copy_from_slice(&header);
+        bufs.header.ent.payload_sz = payload_sz as u32;
+        bufs.replied = true;
+        drop(guard);
+        self.slot.replied.notify_one();
+        filled
+    }
+
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> io::Result<BackingId> {
         self.ch.open_backing(fd)
     }
