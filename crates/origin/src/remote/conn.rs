@@ -259,7 +259,16 @@ impl Conn {
         let dst = direct.dst.lock().take();
         match answer {
             Ok(a) => Ok((a, dst)),
-            Err(error) => Err(DirectFailed { error, dst }),
+            Err(error) => {
+                if dst.is_none() {
+                    // The reader thread took the destination and is still writing into it
+                    // (a reply stalled partway through its data, which a timeout alone
+                    // would not end if other frames came first): only ending the
+                    // connection ends that read, and answers the reader EIO.
+                    self.kill(&format!("a read's reply stalled: {error}"));
+                }
+                Err(DirectFailed { error, dst })
+            }
         }
     }
 
@@ -450,6 +459,15 @@ fn fill_direct<R: Read>(
     let mut stream_failed = None;
     let mut consumed = false;
     let _ = dst.fill(len, &mut |buf| {
+        // (A destination that asks twice, or for another length, would leave the stream
+        // out of step: the connection ends instead.)
+        if consumed || buf.len() != len {
+            stream_failed = Some(format!(
+                "a read's destination took {} of {len} bytes",
+                buf.len()
+            ));
+            return Err(std::io::Error::other("refused"));
+        }
         consumed = true;
         r.read_exact(buf)
             .inspect_err(|e| stream_failed = Some(e.to_string()))
@@ -458,8 +476,10 @@ fn fill_direct<R: Read>(
         return Err(e);
     }
     if !consumed {
-        let mut sink = Vec::new();
-        frame::read_data(r, len, &mut sink).map_err(|e| e.to_string())?;
+        let skipped = std::io::copy(&mut r.take(len as u64), &mut std::io::sink());
+        if skipped.map_err(|e| e.to_string())? != len as u64 {
+            return Err("the stream ended within a data section".into());
+        }
     }
     Ok(())
 }

@@ -468,3 +468,42 @@ fn a_direct_read_that_fails_gives_its_destination_back_unanswered() {
     dst.fail(libc::ENOENT);
     assert_eq!(got.lock().take(), Some(Err(libc::ENOENT)));
 }
+
+#[test]
+fn a_direct_read_whose_reply_stalls_partway_is_answered_when_its_caller_gives_up() {
+    // The server answers a read with a break first (so the connection shows a sign of life
+    // after the request), then the reply's header and half its data, and no more.
+    let h = Arc::new(|req: Request, w: &Writer| {
+        if let Op::Read { len, .. } = req.op {
+            use std::io::Write as _;
+            let mut w = w.lock();
+            let breaks = frame::encode_body(&ServerMessage::Breaks(Vec::new()));
+            let _ = frame::write_frame(&mut *w, &breaks, &[]);
+            let body = frame::encode_body(&ServerMessage::Response(Response {
+                id: req.id,
+                result: Ok(Reply::Data { len, version: 1 }),
+            }));
+            let header = frame::FrameHeader::encode(body.len(), len as usize);
+            let _ = w.write_all(&header);
+            let _ = w.write_all(&body);
+            let _ = w.write_all(&vec![b'x'; len as usize / 2]);
+            let _ = w.flush();
+        }
+        true
+    });
+    let fake = Fake::start(b"", h);
+    let mut o = opts();
+    o.request_timeout = Duration::from_millis(300);
+    let o = RemoteOrigin::connect(&fake.addr, Security::default(), o).unwrap();
+    let handle = o.info().unwrap().root.handle;
+    let got = Arc::new(Mutex::new(None));
+    let dst = Box::new(VecDst {
+        cap: 1 << 20,
+        got: Arc::clone(&got),
+    });
+    let e = o.read_direct(handle, 0, 100_000, dst).unwrap_err();
+    assert!(e.dst.is_none(), "the reader thread held it");
+    // The connection ends, and with it the read: answered EIO, not left waiting.
+    hoardfs_testutil::assert_eventually("the stalled read is answered", || got.lock().is_some());
+    assert_eq!(got.lock().take(), Some(Err(libc::EIO)));
+}

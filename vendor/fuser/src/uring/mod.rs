@@ -697,6 +697,51 @@ mod tests {
     }
 
     #[test]
+    fn a_direct_reply_is_written_into_the_payload_once_for_its_own_request() {
+        let s = slot(16, 2);
+        let header = |b: &EntryBufs| {
+            (
+                u32::from_ne_bytes(b.header.in_out[0..4].try_into().unwrap()),
+                i32::from_ne_bytes(b.header.in_out[4..8].try_into().unwrap()),
+                u64::from_ne_bytes(b.header.in_out[8..16].try_into().unwrap()),
+            )
+        };
+        let mut calls = 0;
+        // A late fill for the entry's previous request is refused without writing.
+        let mut fill = |buf: &mut [u8]| {
+            calls += 1;
+            buf.copy_from_slice(b"hello");
+            Ok(())
+        };
+        assert!(reply(&s, 1).fill(5, 5, &mut fill).is_err());
+        assert!(!s.bufs.lock().replied);
+        reply(&s, 2).fill(5, 5, &mut fill).unwrap();
+        {
+            let b = s.bufs.lock();
+            assert!(b.replied);
+            assert_eq!(&b.payload[..5], b"hello");
+            assert_eq!(b.header.ent.payload_sz, 5);
+            assert_eq!(header(&b), ((OUT_HEADER_SZ + 5) as u32, 0, 5));
+            assert!(b.header.in_out[16..].iter().all(|&x| x == 0));
+        }
+        // Once.
+        assert!(reply(&s, 2).fill(5, 5, &mut fill).is_err());
+        assert_eq!(calls, 1);
+        // Longer than the payload buffer: not called, answered EIO.
+        let s = slot(4, 1);
+        let mut never = |_: &mut [u8]| -> io::Result<()> { panic!("called") };
+        assert!(reply(&s, 1).fill(9, 8, &mut never).is_err());
+        assert_eq!(header(&s.bufs.lock()), (OUT_HEADER_SZ as u32, -libc::EIO, 9));
+        // A failing fill answers EIO with no payload.
+        let s = slot(16, 1);
+        let mut failing = |_: &mut [u8]| Err(io::Error::other("stream gone"));
+        assert!(reply(&s, 1).fill(3, 8, &mut failing).is_err());
+        let b = s.bufs.lock();
+        assert_eq!((b.replied, b.header.ent.payload_sz), (true, 0));
+        assert_eq!(header(&b), (OUT_HEADER_SZ as u32, -libc::EIO, 3));
+    }
+
+    #[test]
     fn abi_sizes() {
         assert_eq!(size_of::<EntInOut>(), 32);
         assert_eq!(size_of::<ReqHeader>(), 288);
