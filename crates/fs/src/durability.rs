@@ -13,7 +13,8 @@
 //! closing its copy at exec or exit), reports it too but leaves it for the writer, which
 //! would otherwise be told its writes were safe; the release of the file's last open for
 //! writing then clears a loss its closes reported, so that the next writer is not blamed
-//! for it. Closes of opens that wrote nothing report nothing. Writes the client cannot place under one verifier (the verifier changed
+//! for it. Closes of opens that wrote nothing report nothing.
+//! Writes the client cannot place under one verifier (the verifier changed
 //! while the write was in flight) are treated as lost.
 //!
 //! Lock: one mutex, a leaf, held for a map operation.
@@ -44,6 +45,17 @@ pub struct WritesMayBeLost {
     pub then: u64,
     /// The verifier in force now.
     pub now: u64,
+}
+
+impl Unsynced {
+    /// The loss to report if the verifier is `now`, if any.
+    fn lost(self, now: u64) -> Option<WritesMayBeLost> {
+        match self {
+            Unsynced::Under(v) if v == now => None,
+            Unsynced::Under(v) => Some(WritesMayBeLost { then: v, now }),
+            Unsynced::Lost => Some(WritesMayBeLost { then: 0, now }),
+        }
+    }
 }
 
 /// Unsynced writes by inode; see the module docs.
@@ -88,26 +100,21 @@ impl Durability {
     /// acknowledged under another one (they stay unsynced otherwise: close does not sync).
     pub fn closed(&self, ino: Ino, now: u64) -> Result<(), WritesMayBeLost> {
         let mut files = self.files.lock();
-        match files.get(&ino).copied() {
-            Some(Unsynced::Under(v)) if v != now => {
+        match files.get(&ino).and_then(|u| u.lost(now)) {
+            Some(e) => {
                 files.remove(&ino);
-                Err(WritesMayBeLost { then: v, now })
+                Err(e)
             }
-            Some(Unsynced::Lost) => {
-                files.remove(&ino);
-                Err(WritesMayBeLost { then: 0, now })
-            }
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
     /// Like [`Durability::closed`] but keeps the state: a descriptor of `ino` that another
     /// process inherited is closed, and the writer must still hear of the loss.
     pub fn checked(&self, ino: Ino, now: u64) -> Result<(), WritesMayBeLost> {
-        match self.files.lock().get(&ino).copied() {
-            Some(Unsynced::Under(v)) if v != now => Err(WritesMayBeLost { then: v, now }),
-            Some(Unsynced::Lost) => Err(WritesMayBeLost { then: 0, now }),
-            _ => Ok(()),
+        match self.files.lock().get(&ino).and_then(|u| u.lost(now)) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 
@@ -117,7 +124,7 @@ impl Durability {
     /// still unsynced under `now` stay: a later restart must fail a later fsync.
     pub fn released(&self, ino: Ino, now: u64) {
         let mut files = self.files.lock();
-        if files.get(&ino).is_some_and(|u| *u != Unsynced::Under(now)) {
+        if files.get(&ino).is_some_and(|u| u.lost(now).is_some()) {
             files.remove(&ino);
         }
     }

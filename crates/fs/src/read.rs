@@ -151,6 +151,12 @@ impl View {
     }
 }
 
+/// Counts a fetch of `n` bytes made for one read alone (`Reads::read_uncached`).
+fn fetched_alone(sb: &Superblock, n: usize) {
+    Stats::add(&sb.stats.chunk_fetches, 1);
+    Stats::add(&sb.stats.bytes_from_network, n as u64);
+}
+
 /// Which way a read goes (`Reads::route`).
 enum Route {
     /// Answered without the origin or the cache's chunks: these bytes.
@@ -551,8 +557,7 @@ impl Reads {
         let mut r = sb.with_handle(node, |h| sb.origin.read(h, offset, len))?;
         // Never more than asked (a remote origin's replies are checked for that already).
         r.data.truncate(len as usize);
-        Stats::add(&sb.stats.chunk_fetches, 1);
-        Stats::add(&sb.stats.bytes_from_network, r.data.len() as u64);
+        fetched_alone(sb, r.data.len());
         Ok(Recycled::from(r.data))
     }
 
@@ -582,8 +587,7 @@ impl Reads {
         });
         match read {
             Ok(n) => {
-                Stats::add(&sb.stats.chunk_fetches, 1);
-                Stats::add(&sb.stats.bytes_from_network, n as u64);
+                fetched_alone(sb, n as usize);
                 Ok(())
             }
             Err(e) => Err((e, dst)),

@@ -133,6 +133,16 @@ pub struct DirectFailed {
     pub dst: Option<Box<dyn ReadDst>>,
 }
 
+impl DirectFailed {
+    /// `error`, with `dst` still to be answered.
+    pub fn unanswered(error: OriginError, dst: Box<dyn ReadDst>) -> DirectFailed {
+        DirectFailed {
+            error,
+            dst: Some(dst),
+        }
+    }
+}
+
 impl std::fmt::Debug for DirectFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirectFailed")
@@ -228,12 +238,7 @@ pub trait Origin: Send + Sync + 'static {
     ) -> std::result::Result<u32, DirectFailed> {
         let r = match self.read(handle, offset, len) {
             Ok(r) => r,
-            Err(error) => {
-                return Err(DirectFailed {
-                    error,
-                    dst: Some(dst),
-                });
-            }
+            Err(error) => return Err(DirectFailed::unanswered(error, dst)),
         };
         let n = r.data.len().min(len as usize);
         answer_with(dst, &r.data[..n]).map(|()| n as u32)

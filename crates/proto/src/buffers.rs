@@ -44,17 +44,24 @@ pub fn take(capacity: usize) -> Vec<u8> {
     if capacity < MIN_POOLED {
         return Vec::with_capacity(capacity);
     }
+    let mut buf = pooled(capacity);
+    buf.clear();
+    buf
+}
+
+/// A buffer of at least `capacity` (at least [`MIN_POOLED`]) bytes, from the pool if it
+/// has one of the size class, holding what it held.
+fn pooled(capacity: usize) -> Vec<u8> {
     let class = capacity.next_power_of_two();
-    {
-        let mut p = pool();
-        // Newest first: its pages are the likeliest to be in the CPU caches.
-        if let Some(mut buf) = p.idle[class.trailing_zeros() as usize].pop() {
+    let mut p = pool();
+    // Newest first: its pages are the likeliest to be in the CPU caches.
+    match p.idle[class.trailing_zeros() as usize].pop() {
+        Some(buf) => {
             p.idle_bytes -= buf.capacity();
-            buf.clear();
-            return buf;
+            buf
         }
+        None => Vec::with_capacity(class),
     }
-    Vec::with_capacity(class)
 }
 
 /// A buffer of exactly `len` bytes to be overwritten (a frame's data section read into
@@ -64,15 +71,7 @@ pub fn take_filled(len: usize) -> Vec<u8> {
     let mut buf = if len < MIN_POOLED {
         Vec::with_capacity(len)
     } else {
-        let class = len.next_power_of_two();
-        let mut p = pool();
-        match p.idle[class.trailing_zeros() as usize].pop() {
-            Some(buf) => {
-                p.idle_bytes -= buf.capacity();
-                buf
-            }
-            None => Vec::with_capacity(class),
-        }
+        pooled(len)
     };
     fill_to(&mut buf, len);
     buf

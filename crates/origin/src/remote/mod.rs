@@ -420,12 +420,7 @@ impl Origin for RemoteOrigin {
     ) -> std::result::Result<u32, DirectFailed> {
         let conn = match self.conn() {
             Ok(c) => c,
-            Err(error) => {
-                return Err(DirectFailed {
-                    error,
-                    dst: Some(dst),
-                });
-            }
+            Err(error) => return Err(DirectFailed::unanswered(error, dst)),
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let op = Op::Read {

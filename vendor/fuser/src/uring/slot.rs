@@ -4,6 +4,7 @@
 
 use parking_lot::Condvar;
 use parking_lot::Mutex;
+use parking_lot::MutexGuard;
 use std::io;
 use std::io::IoSlice;
 use std::os::fd::BorrowedFd;
@@ -82,15 +83,8 @@ pub(crate) struct RingReply {
 impl RingReply {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
         let mut guard = self.slot.bufs.lock();
+        self.unanswered(&guard)?;
         let bufs = &mut *guard;
-        if bufs.seq != self.seq {
-            return Err(io::Error::other(
-                "reply to a ring request already answered (EIO after a panic)",
-            ));
-        }
-        if bufs.replied {
-            return Err(io::Error::other("second reply to one ring request"));
-        }
         // The reply is a `fuse_out_header` followed by its arguments; the header goes to the
         // entry's header area, the arguments to its payload.
         let mut header = [0u8; OUT_HEADER_SZ];
@@ -131,16 +125,7 @@ impl RingReply {
             header[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
             payload_sz = 0;
         }
-        let len = (OUT_HEADER_SZ + payload_sz) as u32;
-        header[0..4].copy_from_slice(&len.to_ne_bytes());
-        bufs.header.in_out = [0; IN_OUT_HEADER_SZ];
-        bufs.header.in_out[..OUT_HEADER_SZ].copy_from_slice(&header);
-        bufs.header.ent.payload_sz = payload_sz as u32;
-        bufs.replied = true;
-        drop(guard);
-        // (Only the entry's ring thread waits. parking_lot's condvar makes no system call
-        // when nobody waits, std's always wakes the futex: one call per request.)
-        self.slot.replied.notify_one();
+        self.commit(guard, header, payload_sz);
         if short {
             return Err(io::Error::other("reply shorter than its header"));
         }
@@ -164,11 +149,8 @@ impl RingReply {
         fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
     ) -> io::Result<()> {
         let mut guard = self.slot.bufs.lock();
-        let bufs = &mut *guard;
-        if bufs.seq != self.seq || bufs.replied {
-            return Err(io::Error::other("reply to a ring request already answered"));
-        }
-        let filled = match bufs.payload.get_mut(..len) {
+        self.unanswered(&guard)?;
+        let filled = match guard.payload.get_mut(..len) {
             Some(dst) => fill(dst),
             None => Err(io::Error::other(format!(
                 "ring reply of {len} bytes exceeds the entry's payload buffer"
@@ -182,16 +164,42 @@ impl RingReply {
             }
         };
         let mut header = [0u8; OUT_HEADER_SZ];
-        header[0..4].copy_from_slice(&((OUT_HEADER_SZ + payload_sz) as u32).to_ne_bytes());
         header[4..8].copy_from_slice(&error.to_ne_bytes());
         header[8..16].copy_from_slice(&unique.to_ne_bytes());
+        self.commit(guard, header, payload_sz);
+        filled
+    }
+
+    /// Fails unless the entry holds this reply's request, still unanswered.
+    fn unanswered(&self, bufs: &EntryBufs) -> io::Result<()> {
+        if bufs.seq != self.seq {
+            return Err(io::Error::other(
+                "reply to a ring request already answered (EIO after a panic)",
+            ));
+        }
+        if bufs.replied {
+            return Err(io::Error::other("second reply to one ring request"));
+        }
+        Ok(())
+    }
+
+    /// Writes `header` (its length filled in from `payload_sz`, the bytes already in the
+    /// payload buffer) into the entry, marks it answered and wakes its ring thread.
+    fn commit(
+        &self,
+        mut bufs: MutexGuard<'_, EntryBufs>,
+        mut header: [u8; OUT_HEADER_SZ],
+        payload_sz: usize,
+    ) {
+        header[0..4].copy_from_slice(&((OUT_HEADER_SZ + payload_sz) as u32).to_ne_bytes());
         bufs.header.in_out = [0; IN_OUT_HEADER_SZ];
         bufs.header.in_out[..OUT_HEADER_SZ].copy_from_slice(&header);
         bufs.header.ent.payload_sz = payload_sz as u32;
         bufs.replied = true;
-        drop(guard);
+        drop(bufs);
+        // (Only the entry's ring thread waits. parking_lot's condvar makes no system call
+        // when nobody waits, std's always wakes the futex: one call per request.)
         self.slot.replied.notify_one();
-        filled
     }
 
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> io::Result<BackingId> {
