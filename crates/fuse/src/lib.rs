@@ -5,11 +5,13 @@
 
 mod convert;
 mod modify;
+mod ring_dst;
 
 use convert::file_type;
 pub use convert::{errno, fuse_attr};
 
 use modify::{access, open_flags};
+use ring_dst::RingDst;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -613,27 +615,6 @@ impl Filesystem for FuseBridge {
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
         // Permissions are enforced by the kernel (default_permissions) from origin attributes.
         reply.ok();
-    }
-}
-
-/// A READ's io_uring entry, as the destination `hoardfs_fs` writes a read's bytes into.
-struct RingDst(fuser::ReplyDirect);
-
-impl hoardfs_origin::ReadDst for RingDst {
-    fn capacity(&self) -> usize {
-        self.0.capacity()
-    }
-
-    fn fill(
-        self: Box<Self>,
-        len: usize,
-        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
-    ) -> std::io::Result<()> {
-        self.0.fill(len, fill)
-    }
-
-    fn fail(self: Box<Self>, errno: i32) {
-        self.0.error(fuser::Errno::from_i32(errno));
     }
 }
 

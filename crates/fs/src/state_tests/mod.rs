@@ -7,8 +7,10 @@
 //! disconnections (saved namespace, offline writes) and of the descriptor bound are in
 //! [`offline`].
 
+mod durability;
 mod offline;
 mod offline_names;
+mod read_into;
 mod trees;
 
 use std::fs::File;
@@ -702,96 +704,6 @@ fn writes_move_the_object_along_and_read_back_from_the_cache() {
     // The object is at the written version: a new open finds it complete.
     let (o, _) = open_read(&r, f, READ, &reg);
     assert_eq!((o.changed, kind(&o)), (false, "passthrough"));
-    r.fs.release(o.fh);
-}
-
-#[test]
-fn a_loss_is_told_to_every_close_cleared_by_the_writers_and_forgotten_at_release() {
-    let (r, reg, f) = cached_file(b"journal", false, config(Duration::ZERO));
-    let (o, _) = open_read(&r, f, WRITE, &reg);
-    let (writer, child) = (7, 8);
-    r.fs.write(o.fh, 0, b"acknowledged", writer).unwrap();
-    // A crash: the server comes back under another verifier.
-    r.origin.verifier.store(2, Ordering::SeqCst);
-    let lost = |res: crate::FsResult<()>| matches!(res, Err(FsError::WritesLost(_)));
-    assert!(lost(r.fs.flush(f, o.fh, child)), "a child's close is told");
-    assert!(lost(r.fs.flush(f, o.fh, child)), "and does not clear it");
-    assert!(
-        lost(r.fs.flush(f, o.fh, writer)),
-        "the writer's close is told"
-    );
-    assert!(r.fs.flush(f, o.fh, writer).is_ok(), "once");
-    r.fs.release(o.fh);
-
-    // Written, closed by another thread (told), released: the next writer starts afresh.
-    let (o, _) = open_read(&r, f, WRITE, &reg);
-    r.fs.write(o.fh, 0, b"again", writer).unwrap();
-    r.origin.verifier.store(3, Ordering::SeqCst);
-    assert!(lost(r.fs.flush(f, o.fh, child)));
-    r.fs.release(o.fh);
-    let (o, _) = open_read(&r, f, WRITE, &reg);
-    r.fs.write(o.fh, 0, b"new", writer).unwrap();
-    assert!(
-        r.fs.flush(f, o.fh, writer).is_ok(),
-        "blamed for an old loss"
-    );
-    // A read-write open that wrote nothing is not told of others' losses.
-    let (idle, _) = open_read(&r, f, WRITE, &reg);
-    r.origin.verifier.store(4, Ordering::SeqCst);
-    assert!(r.fs.flush(f, idle.fh, child).is_ok());
-    assert!(lost(r.fs.flush(f, o.fh, writer)));
-    r.fs.release(idle.fh);
-    r.fs.release(o.fh);
-}
-
-/// What a reader was answered with: bytes, or an error number.
-type Answer = Option<std::result::Result<Vec<u8>, i32>>;
-
-/// A reader's destination that keeps what it was answered with.
-struct Answered(Arc<Mutex<Answer>>);
-
-impl hoardfs_origin::ReadDst for Answered {
-    fn capacity(&self) -> usize {
-        MIB
-    }
-    fn fill(
-        self: Box<Self>,
-        len: usize,
-        fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
-    ) -> std::io::Result<()> {
-        let mut buf = vec![0u8; len];
-        fill(&mut buf)?;
-        *self.0.lock() = Some(Ok(buf));
-        Ok(())
-    }
-    fn fail(self: Box<Self>, errno: i32) {
-        *self.0.lock() = Some(Err(errno));
-    }
-}
-
-#[test]
-fn reads_into_a_destination_answer_it_from_the_origin_and_from_the_cache() {
-    let got = Arc::new(Mutex::new(None));
-    let dst = || Box::new(Answered(got.clone()));
-    // Without a cache: fetched for the read alone, through the origin's `read_direct`.
-    let (r, f, _) = one_file(false, config(Duration::ZERO));
-    let reg = Registrar(AtomicUsize::new(0));
-    let o = r.fs.open(f, READ, &|file| reg.register(file)).unwrap();
-    assert!(r.fs.read_into(o.fh, 0, 100, dst()).is_ok());
-    assert_eq!(got.lock().take(), Some(Ok(b"x".to_vec())));
-    r.fs.release(o.fh);
-    // A handle that is not open: the destination comes back, unanswered.
-    let Err((e, back)) = r.fs.read_into(o.fh, 0, 100, dst()) else {
-        panic!("read through a released handle");
-    };
-    assert!(matches!(e, FsError::BadHandle), "{e:?}");
-    assert!(back.is_some() && got.lock().is_none());
-    // Through the cache: copied in.
-    let data = content(6, MIB + 10);
-    let (r, reg, f) = cached_file(&data, false, config(Duration::ZERO));
-    let o = r.fs.open(f, READ, &|file| reg.register(file)).unwrap();
-    assert!(r.fs.read_into(o.fh, 5, 1000, dst()).is_ok());
-    assert_eq!(got.lock().take(), Some(Ok(data[5..1005].to_vec())));
     r.fs.release(o.fh);
 }
 

@@ -2,7 +2,9 @@
 
 use super::*;
 use hoardfs_proto::frame::{self, Limits};
-use hoardfs_proto::{Attr, FileKind, Request, Response, ServerMessage, Timestamp};
+use hoardfs_proto::{
+    Attr, FileKind, PROTOCOL_VERSION, Request, Response, ServerMessage, Timestamp,
+};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::AtomicBool;
 use std::thread;
