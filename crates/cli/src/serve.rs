@@ -280,13 +280,14 @@ pub fn parse_ready_line(line: &str) -> Option<(String, Option<hoardfs_tls::Finge
     Some((addr.to_owned(), fingerprint))
 }
 
-/// How the open-file limit is shared between client connections, cached open files (for
-/// reading and, as many again, for writing) and handles (one `O_PATH` descriptor each).
+/// How the open-file limit is shared between client connections, open files (cached for
+/// reading, as many again for writing, and as many again held by zero-copy replies not yet
+/// sent) and handles (one `O_PATH` descriptor each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FdBudget {
     /// Most authenticated connections.
     pub connections: usize,
-    /// Most cached open files of each kind.
+    /// Most open files of each kind (cached for reading, for writing, held by replies).
     pub open_files: usize,
     /// Most handles remembered.
     pub handles: usize,
@@ -313,9 +314,9 @@ impl FdBudget {
         let asked = open_files.is_some();
         let open_files = open_files.unwrap_or(Self::DEFAULT_OPEN_FILES);
         let total = (nofile as usize).saturating_sub(Self::RESERVE).max(64);
-        // Connections get at most a quarter, each of the two open-file caches an eighth.
+        // Connections get at most a quarter, open files of each kind a twelfth.
         let connections_fit = connections.min(total / 4).max(1);
-        let open_fit = open_files.min(total / 8).max(1);
+        let open_fit = open_files.min(total / 12).max(1);
         if connections_fit < connections || (open_fit < open_files && asked) {
             tracing::warn!(
                 nofile,
@@ -331,7 +332,7 @@ impl FdBudget {
             );
         }
         // The rest: half for watched directories, half for handles.
-        let rest = total.saturating_sub(connections_fit + 2 * open_fit);
+        let rest = total.saturating_sub(connections_fit + 3 * open_fit);
         let watches = (rest / 2).clamp(16, Self::MAX_HANDLES / 2);
         let handles = rest.saturating_sub(watches).clamp(16, Self::MAX_HANDLES);
         FdBudget {
@@ -412,12 +413,12 @@ mod tests {
             (b.connections, b.open_files, b.handles, b.watches),
             (1024, 4096, 500_000, 250_000)
         );
-        // The common default soft limit: a quarter and two eighths of what is left after
-        // the reserve, and handles and watched directories share the rest.
+        // The common default soft limit: a quarter and three twelfths of what is left
+        // after the reserve, and handles and watched directories share the rest.
         let b = FdBudget::split(1024, 1024, Some(4096));
         let usable = 1024 - FdBudget::RESERVE;
-        assert!(b.connections + 2 * b.open_files + b.handles + b.watches <= usable);
-        assert_eq!((b.connections, b.open_files), (usable / 4, usable / 8));
+        assert!(b.connections + 3 * b.open_files + b.handles + b.watches <= usable);
+        assert_eq!((b.connections, b.open_files), (usable / 4, usable / 12));
         assert!(b.handles >= usable / 4);
         assert!(b.watches >= usable / 16);
     }

@@ -1,5 +1,5 @@
-//! Clients that misbehave on purpose, against a real `hoardfs serve` over TLS: one that
-//! never reads its replies, a crowd of idle connections, a credential guesser, and a
+//! Clients that misbehave on purpose, against a real `hoardfs serve` (over TLS, and one
+//! plaintext for zero-copy replies): one that never reads its replies, a crowd of idle connections, a credential guesser, and a
 //! client whose credential is revoked. Each costs the server bounded resources and none
 //! keeps an honest client out.
 
@@ -34,6 +34,104 @@ fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// A plaintext server sends reads of files unchanged for 2 s with `sendfile`, and such a
+/// reply keeps its file open until it is sent. A client that asks for one range of each of
+/// many files and never reads its replies must not make the server hold more files open
+/// than `--max-open-files` allows (as many cached, as many held by replies): beyond, the
+/// server copies. Once read, every reply carries its file's bytes.
+#[test]
+fn a_client_that_never_reads_zero_copy_replies_holds_bounded_files() {
+    const FILES: u64 = 40;
+    const LEN: usize = 1 << 20;
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    for i in 0..FILES {
+        std::fs::write(exp.join(format!("f{i}")), bytes(100 + i, LEN)).unwrap();
+    }
+    // Zero-copy is for files unchanged for 2 s (their bytes stay in the page cache).
+    std::thread::sleep(Duration::from_millis(2100));
+    let srv = Server::start_args(&exp, &["--insecure-plaintext", "--max-open-files", "4"]);
+    let honest = srv.client();
+    let root = honest.info().unwrap().root.handle;
+    let handles: Vec<_> = (0..FILES)
+        .map(|i| {
+            honest
+                .lookup(root, format!("f{i}").as_bytes())
+                .unwrap()
+                .handle
+        })
+        .collect();
+
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    send(
+        &mut s,
+        0,
+        Op::Hello {
+            version: PROTOCOL_VERSION,
+            token: Vec::new(),
+        },
+    )
+    .unwrap();
+    let mut data = Vec::new();
+    frame::read_frame(&mut s, frame::Limits::RESPONSE, &mut data).unwrap();
+    let base = open_fds(srv.pid());
+    for (i, h) in handles.iter().enumerate() {
+        let op = Op::Read {
+            handle: *h,
+            offset: 0,
+            len: LEN as u32,
+        };
+        send(&mut s, 1 + i as u64, op).unwrap();
+    }
+    // The replies the socket cannot take wait in the server (32 MiB of reads per
+    // connection): watch its descriptors until they settle.
+    let mut peak = 0;
+    hoardfs_testutil::settled(
+        Duration::from_millis(20),
+        Duration::from_millis(500),
+        Duration::from_secs(3),
+        || {
+            let n = open_fds(srv.pid());
+            peak = peak.max(n);
+            n
+        },
+    );
+    eprintln!("server descriptors: {base} before the reads, at most {peak} while they wait");
+    // Four cached for reading, four held by replies, and slack for copies in progress
+    // (a read holds its file while it copies). Without the bound every waiting reply
+    // held its own file: 32 more (the connection's 32 MiB of reads in flight).
+    assert!(
+        peak <= base + 4 + 4 + 8,
+        "the server held {} more descriptors for replies nobody collected",
+        peak - base
+    );
+
+    let mut got = 0;
+    while got < FILES {
+        let body = frame::read_frame(&mut s, frame::Limits::RESPONSE, &mut data).unwrap();
+        match frame::decode_body::<ServerMessage>(&body).unwrap() {
+            ServerMessage::Response(Response { id, result }) => {
+                result.unwrap();
+                assert!(
+                    data == bytes(100 + id - 1, LEN),
+                    "reply {id} has wrong bytes"
+                );
+                got += 1;
+            }
+            ServerMessage::Breaks(_) => {}
+        }
+    }
 }
 
 /// A client pipelines thousands of 8 MiB reads and never reads a reply: the server stops

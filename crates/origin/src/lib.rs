@@ -15,6 +15,7 @@ pub use hoardfs_proto::{
     ServerCounters, SetAttrs, StatFs, TimeSet, Timestamp, TreeDir, WireError,
 };
 
+pub mod held;
 pub mod local;
 pub mod remote;
 pub mod s3;
@@ -154,9 +155,10 @@ impl std::fmt::Debug for DirectFailed {
 
 /// Bytes of a file offered by [`Origin::read_range`] to be sent straight from the page
 /// cache (`sendfile`), without passing through the caller's memory.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct FileRange {
-    /// The open file (shared with the origin's open-file cache).
+    /// The open file (shared with the origin's open-file cache, which may close its own
+    /// reference before this range is sent).
     pub file: Arc<File>,
     /// Where the bytes start.
     pub offset: u64,
@@ -167,6 +169,9 @@ pub struct FileRange {
     /// cannot be checked after the bytes are copied (that happens later, in the kernel):
     /// origins offer ranges only of files that had not changed for a while.
     pub version: u64,
+    /// The range's share of the origin's bound on files held by ranges in flight
+    /// ([`held::HeldFiles`]), given back when the range is dropped.
+    pub held: Option<held::Held>,
 }
 
 /// A page of directory entries.

@@ -752,6 +752,7 @@ mod tests {
             offset,
             len,
             version: 1,
+            held: None,
         }
     }
 

@@ -36,6 +36,7 @@ use hoardfs_proto::{
     Attr, DirEntry, Entry, FileKind, Handle, Owner, ServerCounters, SetAttrs, StatFs, WireError,
 };
 
+use crate::held::HeldFiles;
 use crate::{BreakSink, DirPage, FileRange, Origin, OriginInfo, ReadReply, Result, WriteReply};
 use files::OpenFiles;
 use handles::{HandleTable, Node, ROOT_ID};
@@ -50,7 +51,8 @@ pub struct LocalOptions {
     /// Most directories watched for callbacks at once (each watch keeps its directory
     /// open); beyond, clients are told to revalidate everything (`Break::All`).
     pub max_watches: usize,
-    /// Most files kept open for reading (and, separately, as many for writing).
+    /// Most files kept open for reading (and, separately, as many for writing, and as
+    /// many again by zero-copy ranges not yet sent: see [`crate::held`]).
     pub max_open_files: usize,
     /// Close a cached open file after this long without reads or writes.
     pub open_file_idle: Duration,
@@ -81,6 +83,8 @@ pub struct LocalOrigin {
     /// first reads of one file (a client's read and its readahead) open it once.
     open_misses: [parking_lot::Mutex<()>; 16],
     wfiles: OpenFiles,
+    /// Files held open by the ranges of [`Origin::read_range`] not yet sent.
+    held: HeldFiles,
     /// Files (device, inode) whose writable descriptor failed its fsync when it left
     /// `wfiles`: the next fsync of the file, through any handle, reports the failure.
     write_errors: parking_lot::Mutex<std::collections::HashSet<(u64, u64)>>,
@@ -171,6 +175,7 @@ impl LocalOrigin {
             files: OpenFiles::new(opts.max_open_files, opts.open_file_idle),
             open_misses: Default::default(),
             wfiles: OpenFiles::new(opts.max_open_files, opts.open_file_idle),
+            held: HeldFiles::new(opts.max_open_files),
             write_errors: Default::default(),
             locks: Arc::new(write::WriteLocks::new()),
             proc_fd: sys::open_proc_self_fd()?,
@@ -434,6 +439,11 @@ impl Origin for LocalOrigin {
         if !sys::all_cached(file.as_raw_fd(), offset, len as u64).unwrap_or(false) {
             return Ok(None);
         }
+        // A range keeps its file open until it is sent (for a client that does not read,
+        // until its connection ends): beyond the bound, `read` copies instead.
+        let Some(held) = self.held.take() else {
+            return Ok(None);
+        };
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
         Ok(Some(FileRange {
@@ -441,6 +451,7 @@ impl Origin for LocalOrigin {
             offset,
             len,
             version: sys::version_of(&st),
+            held: Some(held),
         }))
     }
 

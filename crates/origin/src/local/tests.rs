@@ -93,6 +93,34 @@ fn ranges_for_zero_copy_only_of_files_unchanged_long_enough() {
 }
 
 #[test]
+fn ranges_not_yet_sent_hold_at_most_max_open_files() {
+    let d = tempfile::tempdir().unwrap();
+    for name in ["a", "b", "c"] {
+        std::fs::write(d.path().join(name), name.repeat(100)).unwrap();
+    }
+    let opts = LocalOptions {
+        max_open_files: 2,
+        ..Default::default()
+    };
+    let o = LocalOrigin::new(d.path(), opts).unwrap();
+    let root = o.info().unwrap().root.handle;
+    let h = |name: &str| o.lookup(root, name.as_bytes()).unwrap().handle;
+    let range = |name: &str| o.read_range(h(name), 0, 100, Duration::ZERO).unwrap();
+    // Two ranges in flight (their files may leave the open-file cache while they wait).
+    let a = range("a").expect("a range of a quiet file");
+    let b = range("b").expect("a second range");
+    // A third would hold a third file: the caller copies with `read` instead.
+    assert!(range("c").is_none());
+    assert_eq!(o.read(h("c"), 0, 100).unwrap().data, b"c".repeat(100));
+    // A range sent (dropped) gives its share back.
+    drop(a);
+    let c = range("c").expect("a range once one was sent");
+    assert_eq!(c.len, 100);
+    drop((b, c));
+    assert_eq!(o.held.in_flight(), 0);
+}
+
+#[test]
 fn ranges_for_zero_copy_only_of_bytes_in_memory() {
     let (d, o) = export();
     let e = walk(&o, "sub/deeper/b.bin").unwrap();
