@@ -30,16 +30,42 @@ fn send(s: &mut impl Write, id: u64, op: Op) -> std::io::Result<()> {
     frame::write_frame(s, &frame::encode_body(&Request { id, op }), &[])
 }
 
+/// The handshake of a client without a credential.
+fn send_hello(s: &mut impl Write) -> std::io::Result<()> {
+    let op = Op::Hello {
+        version: PROTOCOL_VERSION,
+        token: Vec::new(),
+    };
+    send(s, 0, op)
+}
+
+/// The highest value of `f` until it stopped changing for 500 ms (sampled every 20 ms,
+/// for `at_most`), and whether it did stop.
+fn peak_until_settled(at_most: Duration, mut f: impl FnMut() -> u64) -> (u64, bool) {
+    let mut peak = 0;
+    let (_, calm) = hoardfs_testutil::settled(
+        Duration::from_millis(20),
+        Duration::from_millis(500),
+        at_most,
+        || {
+            let v = f();
+            peak = peak.max(v);
+            v
+        },
+    );
+    (peak, calm)
+}
+
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-fn open_fds(pid: u32) -> usize {
+fn open_fds(pid: u32) -> u64 {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
-        .count()
+        .count() as u64
 }
 
 /// A plaintext server sends reads of files unchanged for 2 s with `sendfile`, and such a
@@ -74,15 +100,7 @@ fn a_client_that_never_reads_zero_copy_replies_holds_bounded_files() {
     let mut s = TcpStream::connect(&srv.addr).unwrap();
     s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    send(
-        &mut s,
-        0,
-        Op::Hello {
-            version: PROTOCOL_VERSION,
-            token: Vec::new(),
-        },
-    )
-    .unwrap();
+    send_hello(&mut s).unwrap();
     let mut data = Vec::new();
     frame::read_frame(&mut s, frame::Limits::RESPONSE, &mut data).unwrap();
     let base = open_fds(srv.pid());
@@ -96,17 +114,7 @@ fn a_client_that_never_reads_zero_copy_replies_holds_bounded_files() {
     }
     // The replies the socket cannot take wait in the server (32 MiB of reads per
     // connection): watch its descriptors until they settle.
-    let mut peak = 0;
-    hoardfs_testutil::settled(
-        Duration::from_millis(20),
-        Duration::from_millis(500),
-        Duration::from_secs(3),
-        || {
-            let n = open_fds(srv.pid());
-            peak = peak.max(n);
-            n
-        },
-    );
+    let (peak, _) = peak_until_settled(Duration::from_secs(3), || open_fds(srv.pid()));
     eprintln!("server descriptors: {base} before the reads, at most {peak} while they wait");
     // Four cached for reading, four held by replies, and slack for copies in progress
     // (a read holds its file while it copies). Without the bound every waiting reply
@@ -156,15 +164,7 @@ fn a_client_that_never_reads_replies_costs_bounded_memory() {
     s.sock
         .set_write_timeout(Some(Duration::from_secs(2)))
         .unwrap();
-    send(
-        &mut s,
-        0,
-        Op::Hello {
-            version: PROTOCOL_VERSION,
-            token: Vec::new(),
-        },
-    )
-    .unwrap();
+    send_hello(&mut s).unwrap();
     let mut sent = 0u64;
     for i in 1..=10_000u64 {
         let op = Op::Read {
@@ -180,17 +180,7 @@ fn a_client_that_never_reads_replies_costs_bounded_memory() {
     // The server takes in what it will of the pipelined reads (there is no event that says
     // "all taken"): its highest RSS until that stopped changing for 500 ms is the point,
     // watched for 2 s at most (well before the 4 s stall timeout frees the replies).
-    let mut peak = 0;
-    let (_, calm) = hoardfs_testutil::settled(
-        Duration::from_millis(20),
-        Duration::from_millis(500),
-        Duration::from_secs(2),
-        || {
-            let rss = rss_kib(srv.pid());
-            peak = peak.max(rss);
-            rss
-        },
-    );
+    let (peak, calm) = peak_until_settled(Duration::from_secs(2), || rss_kib(srv.pid()));
     eprintln!("pipelined {sent} reads; server RSS {base} KiB -> {peak} KiB (settled: {calm})");
     // The requests are small enough to sit in socket buffers; what matters is that the
     // server answers only as many as its budget allows (32 MiB = 4 reads of 8 MiB) plus
