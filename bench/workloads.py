@@ -836,15 +836,15 @@ def scaling(rig, res):
         # Later passes in alternating order (the second from 256 readers down to 1), so
         # that a drift of the machine during the run weighs on every N alike; a point's
         # MB/s is the mean of its passes (see --scale-passes).
-        for p in range(1, rig.args.scale_passes):
-            order = rig.args.readers[::-1] if p % 2 else rig.args.readers
+        for k in range(1, rig.args.scale_passes):
+            order = rig.args.readers[::-1] if k % 2 else rig.args.readers
             for n in order:
                 with lazy_page_reporting(rig.args.lazy_page_reporting):
                     rate = scaling_run(rig, mnts, n, bs, files)["MB/s"]
                 r = by_n[n]
                 r["MB/s by pass"].append(rate)
                 r["MB/s"] = statistics.mean(r["MB/s by pass"])
-                log(f"scaling: {n:>3} readers x {bs // KiB:>3} KiB, pass {p + 1}: "
+                log(f"scaling: {n:>3} readers x {bs // KiB:>3} KiB, pass {k + 1}: "
                     f"{rate:7.0f} MB/s (mean of passes {r['MB/s']:.0f})")
     for m in mnts:
         rig.unmount(m)
@@ -1035,7 +1035,7 @@ def main():
     # 2: the check divides the 256-reader point by the best point of the run, and the best
     # of five single noisy points is biased upwards; each point's mean over two passes in
     # opposite orders is not (doc/BENCHMARKS.md).
-    ap.add_argument("--scale-passes", type=int, default=2,
+    ap.add_argument("--scale-passes", type=int, default=2, choices=range(1, 9), metavar="N",
                     help="how many times every hoardfs scaling point is run (the second "
                          "pass in reverse order); a point's MB/s is the mean")
     ap.add_argument("--scale-drop-behind-kib", type=int, default=0, metavar="KIB",

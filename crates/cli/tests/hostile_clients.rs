@@ -113,16 +113,23 @@ fn a_client_that_never_reads_zero_copy_replies_holds_bounded_files() {
         send(&mut s, 1 + i as u64, op).unwrap();
     }
     // The replies the socket cannot take wait in the server (32 MiB of reads per
-    // connection): watch its descriptors until they settle.
-    let (peak, _) = peak_until_settled(Duration::from_secs(3), || open_fds(srv.pid()));
-    eprintln!("server descriptors: {base} before the reads, at most {peak} while they wait");
-    // Four cached for reading, four held by replies, and slack for copies in progress
-    // (a read holds its file while it copies). Without the bound every waiting reply
-    // held its own file: 32 more (the connection's 32 MiB of reads in flight).
+    // connection): watch its descriptors until they settle (reads being copied hold their
+    // file only while they copy; a waiting reply holds its range's until it is sent).
+    let (waiting, calm) = hoardfs_testutil::settled(
+        Duration::from_millis(20),
+        Duration::from_millis(500),
+        Duration::from_secs(3),
+        || open_fds(srv.pid()),
+    );
+    eprintln!("server descriptors: {base} before the reads, {waiting} while they wait");
+    assert!(calm, "the server's descriptors kept changing");
+    // Four cached for reading, four held by replies, and a little slack. Without the
+    // bound every waiting reply held its own file: 32 more (the connection's 32 MiB of
+    // reads in flight).
     assert!(
-        peak <= base + 4 + 4 + 8,
+        waiting <= base + 4 + 4 + 2,
         "the server held {} more descriptors for replies nobody collected",
-        peak - base
+        waiting - base
     );
 
     let mut got = 0;
