@@ -10,6 +10,8 @@
 //!   when the reply has been *written* to the socket. A client that stops reading replies
 //!   therefore stops being served once its budget is spent: it costs bounded memory, and
 //!   others keep working.
+//! - **Sessions**: every authenticated connection is registered under its credential
+//!   ([`Principal`]), so that revoking the credential ends it ([`Sessions::revoke`]).
 //! - **Failed credentials**: counted per source address ([`Failures`]); past a few, each
 //!   further attempt waits longer before it is answered, and log lines are thinned.
 //!
@@ -24,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::credentials::{Check, Credentials, Gone};
 
 /// Granularity of the memory budgets.
 pub(crate) const UNIT: usize = 64 << 10;
@@ -114,40 +118,72 @@ impl Drop for HandshakeTicket {
     }
 }
 
-/// The session name of connections let in without a credential (never a valid name).
-pub(crate) const OPEN_SESSION: &str = "\0open";
+/// Who a session authenticated as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Principal {
+    /// Let in while no credential was required; ended as soon as one is.
+    Open,
+    /// A credential: its name and its token's digest (a name added again with a new
+    /// token is another credential).
+    Named { name: String, digest: [u8; 32] },
+}
 
-/// Authenticated connections by credential name, so that revoking a name closes them.
+/// Authenticated connections by credential, so that revoking one closes them.
 #[derive(Default)]
 pub(crate) struct Sessions {
-    live: Mutex<HashMap<u64, (String, Arc<Notify>)>>,
+    live: Mutex<HashMap<u64, (Principal, Arc<Notify>)>>,
     next: AtomicU64,
 }
 
 impl Admission {
-    /// Registers a connection authenticated as `name`; the notify fires on revocation,
-    /// and the session is forgotten when the guard is dropped.
-    pub(crate) fn register_session(self: &Arc<Self>, name: String) -> (Arc<Notify>, SessionGuard) {
+    /// Registers the session of a connection whose token the handshake's check let in
+    /// as `principal`, then judges the token again. A revocation read in between was
+    /// revoked before this session could be found; it shows in that second judgement
+    /// (`None`: refuse). One read after it finds the session ([`Sessions::revoke`]).
+    /// The notify fires on revocation; the session is forgotten when the guard drops.
+    pub(crate) fn open_session(
+        self: &Arc<Self>,
+        principal: Principal,
+        credentials: &Credentials,
+        token: &[u8],
+    ) -> Option<(Arc<Notify>, SessionGuard)> {
+        let named = matches!(principal, Principal::Named { .. });
         let id = self.sessions.next.fetch_add(1, Ordering::Relaxed);
         let n = Arc::new(Notify::new());
-        self.sessions.live.lock().insert(id, (name, Arc::clone(&n)));
-        (
-            n,
-            SessionGuard {
-                id,
-                admission: Arc::clone(self),
-            },
-        )
+        self.sessions
+            .live
+            .lock()
+            .insert(id, (principal, Arc::clone(&n)));
+        let guard = SessionGuard {
+            id,
+            admission: Arc::clone(self),
+        };
+        if named && !matches!(credentials.judge(token), Check::Accepted(_)) {
+            return None;
+        }
+        Some((n, guard))
     }
 }
 
 impl Sessions {
-    /// Ends the sessions of `names`; returns how many.
-    pub(crate) fn revoke(&self, names: &[String]) -> usize {
+    /// Ends the sessions of credentials that went away; returns how many.
+    pub(crate) fn revoke(&self, gone: &[Gone]) -> usize {
+        self.end(|p| {
+            matches!(p, Principal::Named { name, digest }
+                if gone.iter().any(|g| g.name == *name && g.digest == *digest))
+        })
+    }
+
+    /// Ends the sessions let in while no credential was required; returns how many.
+    pub(crate) fn revoke_open(&self) -> usize {
+        self.end(|p| *p == Principal::Open)
+    }
+
+    fn end(&self, which: impl Fn(&Principal) -> bool) -> usize {
         let live = self.live.lock();
         let mut n = 0;
-        for (name, notify) in live.values() {
-            if names.contains(name) {
+        for (principal, notify) in live.values() {
+            if which(principal) {
                 notify.notify_one();
                 n += 1;
             }
@@ -265,6 +301,69 @@ fn network_of(addr: IpAddr) -> IpAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::credentials::{Credentials, admin, sha256};
+
+    fn named(name: &str, token: &str) -> Principal {
+        Principal::Named {
+            name: name.into(),
+            digest: sha256(token.as_bytes()),
+        }
+    }
+
+    /// Whether `n` has been notified (a permit is stored when nobody waited).
+    async fn fired(n: &Notify) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), n.notified())
+            .await
+            .is_ok()
+    }
+
+    #[test]
+    fn a_revocation_read_during_a_handshake_refuses_the_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = admin::add(dir.path(), "a").unwrap();
+        let creds = Credentials::new(None, Some(dir.path())).unwrap();
+        let adm = Arc::new(Admission::new(&Default::default()));
+        // The handshake's check passes ...
+        assert_eq!(creds.check(t.as_bytes()), Check::Accepted("a".into()));
+        // ... the periodic check reads the revocation before the session is registered,
+        // so it finds nothing to close ...
+        admin::revoke(dir.path(), "a").unwrap();
+        let gone = creds.take_revoked();
+        assert_eq!(adm.sessions.revoke(&gone), 0);
+        // ... and registering the session refuses it, leaving nothing registered.
+        assert!(
+            adm.open_session(named("a", &t), &creds, t.as_bytes())
+                .is_none()
+        );
+        assert!(adm.sessions.live.lock().is_empty());
+    }
+
+    #[tokio::test]
+    async fn revoking_a_credential_ends_its_sessions_and_only_those() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = admin::add(dir.path(), "a").unwrap();
+        let b = admin::add(dir.path(), "b").unwrap();
+        let creds = Credentials::new(None, Some(dir.path())).unwrap();
+        let adm = Arc::new(Admission::new(&Default::default()));
+        let open = |t: &str, name: &str| {
+            assert_eq!(creds.check(t.as_bytes()), Check::Accepted(name.into()));
+            adm.open_session(named(name, t), &creds, t.as_bytes())
+                .expect("a valid credential opens a session")
+        };
+        let (a_old, _g1) = open(&old, "a");
+        let (b_n, _g2) = open(&b, "b");
+        // "a" is rotated: revoked and added again with a new token, and a client
+        // reconnects with the new one before the periodic check runs.
+        admin::revoke(dir.path(), "a").unwrap();
+        let new = admin::add(dir.path(), "a").unwrap();
+        let (a_new, _g3) = open(&new, "a");
+        let gone = creds.take_revoked();
+        assert_eq!(adm.sessions.revoke(&gone), 1);
+        assert!(fired(&a_old).await, "the old token's session is ended");
+        assert!(!fired(&a_new).await, "the new token's session stays");
+        assert!(!fired(&b_n).await, "another credential's session stays");
+    }
 
     #[test]
     fn failures_slow_down_past_the_free_ones_and_reset_after_the_window() {

@@ -35,9 +35,9 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
-use crate::admission::{self, HandshakeTicket, SessionGuard};
+use crate::admission::{self, HandshakeTicket, Principal, SessionGuard};
 use crate::callbacks::ConnId;
-use crate::credentials::Check;
+use crate::credentials::{self, Check};
 use crate::decode::{Decoded, Phase, decode_request};
 use crate::{Shared, Stats};
 
@@ -408,11 +408,22 @@ async fn handshake<R: AsyncRead + Unpin>(
         );
         return refuse(WireError::Busy, reason, false);
     };
-    // Sessions let in while no credential was required are ended once one is.
-    let label = name
-        .clone()
-        .unwrap_or_else(|| admission::OPEN_SESSION.to_owned());
-    let (revoked, guard) = shared.admission.register_session(label);
+    let principal = match &name {
+        Some(n) => Principal::Named {
+            name: n.clone(),
+            digest: credentials::sha256(&token),
+        },
+        // Sessions let in while no credential was required are ended once one is.
+        None => Principal::Open,
+    };
+    let Some((revoked, guard)) =
+        shared
+            .admission
+            .open_session(principal, &shared.credentials, &token)
+    else {
+        tracing::warn!(%peer, credential = name.as_deref(), "credential revoked during the handshake");
+        return refuse(WireError::AuthFailed, String::new(), true);
+    };
     let conn = register();
     let seq_before = shared.callbacks.seq();
     let origin = Arc::clone(&shared.origin);

@@ -57,8 +57,23 @@ struct Loaded {
     seen: bool,
     /// Name → SHA-256 of its token.
     hashes: HashMap<String, [u8; 32]>,
-    /// Names that went away since [`Credentials::take_revoked`] last asked.
-    revoked: Vec<String>,
+    /// When the file was last read (ns since the epoch): a file changed less than
+    /// [`RACY`] before that is read again even if its stamp is the same, since a change
+    /// within the file system's timestamp granularity need not change the stamp.
+    read_at: i128,
+    /// Credentials that went away since [`Credentials::take_revoked`] last asked.
+    revoked: Vec<Gone>,
+}
+
+/// How close to its last read a file's change must be for the read to be repeated.
+const RACY: i128 = 2_000_000_000;
+
+/// A credential that went away: its name and the digest of the token it had. A name added
+/// again with a new token is another credential, so its new connections stay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gone {
+    pub name: String,
+    pub digest: [u8; 32],
 }
 
 impl Credentials {
@@ -79,12 +94,14 @@ impl Credentials {
         self.shared.is_some() || self.loaded.lock().seen
     }
 
-    /// Rereads the tokens file if it changed and returns the names that went away since
-    /// the last call (whether the change was noticed here or at a handshake).
-    pub fn take_revoked(&self) -> io::Result<Vec<String>> {
-        let refreshed = self.refresh();
-        let gone = std::mem::take(&mut self.loaded.lock().revoked);
-        refreshed.map(|()| gone)
+    /// Rereads the tokens file if it changed and returns the credentials that went away
+    /// since the last call (whether the change was noticed here or at a handshake). A
+    /// failed reread is logged; what earlier rereads found is returned all the same.
+    pub fn take_revoked(&self) -> Vec<Gone> {
+        if let Err(e) = self.refresh() {
+            tracing::warn!("cannot read the tokens file: {e}; keeping the tokens read before");
+        }
+        std::mem::take(&mut self.loaded.lock().revoked)
     }
 
     /// Rereads the tokens file if it changed, noting the names that disappeared.
@@ -102,9 +119,13 @@ impl Credentials {
             Err(e) => return Err(e),
         };
         let mut l = self.loaded.lock();
-        if l.stamp == stamp && stamp.is_some() {
+        if let Some((_, _, mtime)) = stamp
+            && l.stamp == stamp
+            && mtime < l.read_at - RACY
+        {
             return Ok(());
         }
+        l.read_at = now_ns();
         let hashes = match stamp {
             Some(_) => parse(&fs::read_to_string(path)?),
             None => HashMap::new(),
@@ -115,11 +136,16 @@ impl Credentials {
                 path.display()
             );
         }
-        let gone: Vec<String> = l
+        // A name revoked and added again with a new secret is gone too: connections
+        // made with the old token must end.
+        let gone: Vec<Gone> = l
             .hashes
-            .keys()
-            .filter(|n| !hashes.contains_key(*n))
-            .cloned()
+            .iter()
+            .filter(|(n, h)| hashes.get(*n) != Some(*h))
+            .map(|(n, h)| Gone {
+                name: n.clone(),
+                digest: *h,
+            })
             .collect();
         l.revoked.extend(gone);
         l.seen |= stamp.is_some();
@@ -128,11 +154,19 @@ impl Credentials {
         Ok(())
     }
 
-    /// Checks a presented token.
+    /// Checks a presented token against the tokens file as it is now.
     pub fn check(&self, token: &[u8]) -> Check {
         if let Err(e) = self.refresh() {
             tracing::warn!("cannot read the tokens file: {e}; keeping the tokens read before");
         }
+        self.judge(token)
+    }
+
+    /// Checks a presented token against the tokens as last read, without rereading the
+    /// file. A handshake judges its token again once its session is registered: a
+    /// revocation read in between is then either seen here or finds the session (the
+    /// periodic check revokes the names a reread found gone after that reread).
+    pub fn judge(&self, token: &[u8]) -> Check {
         if !self.required() {
             return Check::Open;
         }
@@ -185,7 +219,15 @@ fn parse(text: &str) -> HashMap<String, [u8; 32]> {
     out
 }
 
-fn sha256(b: &[u8]) -> [u8; 32] {
+/// The time now in ns since the epoch, as file times count.
+fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// The digest a token is known by (the tokens file keeps it, sessions are keyed by it).
+pub fn sha256(b: &[u8]) -> [u8; 32] {
     let d = ring::digest::digest(&ring::digest::SHA256, b);
     let mut out = [0u8; 32];
     out.copy_from_slice(d.as_ref());
@@ -368,12 +410,37 @@ mod tests {
         admin::add(dir.path(), "a").unwrap();
         let b = admin::add(dir.path(), "b").unwrap();
         let c = Credentials::new(None, Some(dir.path())).unwrap();
-        assert!(c.take_revoked().unwrap().is_empty());
+        assert!(c.take_revoked().is_empty());
         admin::revoke(dir.path(), "a").unwrap();
         // A handshake notices the change before the periodic check does.
         assert_eq!(c.check(b.as_bytes()), Check::Accepted("b".into()));
-        assert_eq!(c.take_revoked().unwrap(), ["a"]);
-        assert!(c.take_revoked().unwrap().is_empty());
+        assert_eq!(names(c.take_revoked()), ["a"]);
+        assert!(c.take_revoked().is_empty());
+    }
+
+    fn names(gone: Vec<Gone>) -> Vec<String> {
+        gone.into_iter().map(|g| g.name).collect()
+    }
+
+    #[test]
+    fn a_name_added_again_with_a_new_secret_revokes_the_old_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = admin::add(dir.path(), "a").unwrap();
+        let c = Credentials::new(None, Some(dir.path())).unwrap();
+        admin::revoke(dir.path(), "a").unwrap();
+        let new = admin::add(dir.path(), "a").unwrap();
+        // Both edits land between two rereads (and, likely, within one tick of the file
+        // times): the name never looks absent, and the file's stamp may look unchanged.
+        let gone = c.take_revoked();
+        assert_eq!(
+            gone,
+            [Gone {
+                name: "a".into(),
+                digest: sha256(old.as_bytes())
+            }]
+        );
+        assert_eq!(c.check(old.as_bytes()), Check::Refused(Some("a".into())));
+        assert_eq!(c.check(new.as_bytes()), Check::Accepted("a".into()));
     }
 
     #[test]
@@ -385,7 +452,7 @@ mod tests {
         assert!(c.required());
         assert_eq!(c.check(t.as_bytes()), Check::Refused(Some("a".into())));
         assert_eq!(c.check(b""), Check::Refused(None));
-        assert_eq!(c.take_revoked().unwrap(), ["a"]);
+        assert_eq!(names(c.take_revoked()), ["a"]);
     }
 
     #[test]

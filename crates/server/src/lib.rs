@@ -301,10 +301,7 @@ fn revoke_gone(shared: &Shared) {
     if shared.credentials.required() {
         // Connections let in while the server required nothing (before the first
         // `hoardfs token add`) must now present a credential too.
-        let n = shared
-            .admission
-            .sessions
-            .revoke(&[admission::OPEN_SESSION.to_owned()]);
+        let n = shared.admission.sessions.revoke_open();
         if n > 0 {
             tracing::info!(
                 connections = n,
@@ -312,13 +309,11 @@ fn revoke_gone(shared: &Shared) {
             );
         }
     }
-    match shared.credentials.take_revoked() {
-        Ok(gone) if !gone.is_empty() => {
-            let n = shared.admission.sessions.revoke(&gone);
-            tracing::info!(names = ?gone, connections = n, "credentials revoked");
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!("cannot read the tokens file: {e}"),
+    let gone = shared.credentials.take_revoked();
+    if !gone.is_empty() {
+        let n = shared.admission.sessions.revoke(&gone);
+        let names: Vec<&str> = gone.iter().map(|g| g.name.as_str()).collect();
+        tracing::info!(?names, connections = n, "credentials revoked");
     }
 }
 
