@@ -4,6 +4,7 @@
 mod cachedir;
 mod control;
 mod demo;
+mod descriptors;
 mod disconnected;
 mod docs;
 mod free_space;
@@ -100,6 +101,10 @@ fn main() -> ExitCode {
         eprintln!("hoardfs: {e}");
         return ExitCode::FAILURE;
     }
+    if matches!(cli.command, Command::Serve(_) | Command::Mount(_)) {
+        // While the process is still single-threaded (logging may start a thread).
+        descriptors::prepare();
+    }
     logging::init(log_file);
     let result = match cli.command {
         Command::Serve(a) => serve::run(a),
@@ -140,26 +145,4 @@ pub fn read_token(path: &std::path::Path) -> Result<Vec<u8>, String> {
         return Err(format!("token file {} is empty", path.display()));
     }
     Ok(t)
-}
-
-/// Handles, cached open files, connections and cache objects are descriptors: allow as
-/// many as the hard limit permits. Returns the soft limit in force afterwards.
-pub fn raise_fd_limit() -> u64 {
-    // SAFETY: plain getrlimit/setrlimit on a local struct.
-    unsafe {
-        let mut r: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
-            return 1024;
-        }
-        if r.rlim_cur < r.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: r.rlim_max,
-                rlim_max: r.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                r = raised;
-            }
-        }
-        r.rlim_cur
-    }
 }

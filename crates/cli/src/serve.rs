@@ -196,7 +196,11 @@ fn server_config(a: &ServeArgs, what: &str) -> Result<(ServerConfig, String, FdB
         let cfg = hoardfs_tls::server_config(&id).map_err(|e| e.to_string())?;
         (Some(cfg), format!("TLS, identity {}", id.fingerprint()))
     };
-    let limits = FdBudget::split(crate::raise_fd_limit(), a.max_connections, a.max_open_files);
+    let limits = FdBudget::split(
+        crate::descriptors::raise_limit(),
+        a.max_connections,
+        a.max_open_files,
+    );
     let mut cfg = ServerConfig::new(a.listen);
     cfg.token = token;
     cfg.tokens_dir = Some(state_dir);
