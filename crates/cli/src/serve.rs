@@ -78,8 +78,9 @@ pub struct ServeArgs {
     /// reading replies holds at most --conn-memory-mib of it.
     #[arg(long, default_value_t = 1024)]
     pub max_memory_mib: usize,
-    /// MiB of request and reply data in flight per connection (at least 8).
-    #[arg(long, default_value_t = 32)]
+    /// MiB of request and reply data in flight per connection (at least 8). A client's
+    /// readahead for many parallel readers keeps about this much in flight.
+    #[arg(long, default_value_t = 128)]
     pub conn_memory_mib: usize,
     /// Most files kept open for reading at once [default: 4096] (lowered to fit the
     /// open-file limit).

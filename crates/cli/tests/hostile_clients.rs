@@ -85,7 +85,16 @@ fn a_client_that_never_reads_zero_copy_replies_holds_bounded_files() {
     }
     // Zero-copy is for files unchanged for 2 s (their bytes stay in the page cache).
     std::thread::sleep(Duration::from_millis(2100));
-    let srv = Server::start_args(&exp, &["--insecure-plaintext", "--max-open-files", "4"]);
+    let srv = Server::start_args(
+        &exp,
+        &[
+            "--insecure-plaintext",
+            "--max-open-files",
+            "4",
+            "--conn-memory-mib",
+            "32",
+        ],
+    );
     let honest = srv.client();
     let root = honest.info().unwrap().root.handle;
     let handles: Vec<_> = (0..FILES)
@@ -160,7 +169,7 @@ fn a_client_that_never_reads_replies_costs_bounded_memory() {
     std::fs::create_dir_all(&exp).unwrap();
     std::fs::write(exp.join("big"), bytes(5, 64 << 20)).unwrap();
     std::fs::write(exp.join("other"), bytes(6, 4 << 20)).unwrap();
-    let srv = Server::start_args(&exp, &["--idle-timeout", "4"]);
+    let srv = Server::start_args(&exp, &["--idle-timeout", "4", "--conn-memory-mib", "32"]);
     let base = rss_kib(srv.pid());
     let honest = srv.client();
     let reads_before = srv.counters().reads;

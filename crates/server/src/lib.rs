@@ -97,7 +97,7 @@ impl ServerConfig {
 
 impl Default for ServerConfig {
     /// All interfaces on [`DEFAULT_PORT`], plaintext (set `tls`), no token, writable, 64
-    /// requests in flight, 1024 connections, 256 handshakes, 32 MiB per connection and
+    /// requests in flight, 1024 connections, 256 handshakes, 128 MiB per connection and
     /// 1 GiB in all of request data in flight, 120 s idle timeout, zero-copy for files
     /// unchanged for [`ZERO_COPY_QUIET`].
     fn default() -> Self {
@@ -112,7 +112,7 @@ impl Default for ServerConfig {
             max_in_flight_per_conn: 64,
             max_connections: 1024,
             max_handshakes: 256,
-            memory_per_conn: 32 << 20,
+            memory_per_conn: 128 << 20,
             memory_total: 1 << 30,
             idle_timeout: Duration::from_secs(120),
             zero_copy: Some(ZERO_COPY_QUIET),
