@@ -207,7 +207,7 @@ fn a_client_that_never_reads_replies_costs_bounded_memory() {
         served < 20,
         "the server answered {served} reads nobody collected"
     );
-    // Documented bound (doc/SECURITY.md): 32 MiB of reply data per connection, plus
+    // The bound (doc/SECURITY.md): the 32 MiB given above of reply data per connection, plus
     // buffers; allow generous slack for the allocator.
     assert!(
         peak < base + 96 * 1024,

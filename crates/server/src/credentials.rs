@@ -119,9 +119,11 @@ impl Credentials {
             Err(e) => return Err(e),
         };
         let mut l = self.loaded.lock();
+        // Unchanged, and not changed close to the last read (a time in the future is
+        // safe too: any write since would have set it to the present).
         if let Some((_, _, mtime)) = stamp
             && l.stamp == stamp
-            && mtime < l.read_at - RACY
+            && (mtime < l.read_at - RACY || mtime > l.read_at + RACY)
         {
             return Ok(());
         }
@@ -130,7 +132,7 @@ impl Credentials {
             Some(_) => parse(&fs::read_to_string(path)?),
             None => HashMap::new(),
         };
-        if stamp.is_none() && l.seen {
+        if stamp.is_none() && l.stamp.is_some() {
             tracing::warn!(
                 "{} was removed: every named credential is refused until it is back",
                 path.display()
