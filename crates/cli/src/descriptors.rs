@@ -17,11 +17,9 @@ const PRESIZED: u64 = 1 << 16;
 
 /// Raises the descriptor limit to the hard limit and grows the descriptor table to fit it
 /// (at most [`PRESIZED`] slots). Call before any thread is started; forks (daemonising)
-/// copy only the slots in use, so after them. Returns the soft limit in force afterwards.
-pub fn prepare() -> u64 {
-    let limit = raise_limit();
-    presize_table(limit.min(PRESIZED));
-    limit
+/// copy only the slots in use, so after them.
+pub fn prepare() {
+    presize_table(raise_limit().min(PRESIZED));
 }
 
 /// Allows as many descriptors as the hard limit permits; returns the soft limit in force

@@ -290,7 +290,6 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     if let crate::source::Source::Server(addr) = crate::source::parse(&a.source)? {
         a.source = addr;
     }
-    crate::descriptors::raise_limit();
     if !a.mountpoint.is_dir() {
         return Err(format!(
             "mount point {} is not a directory",
