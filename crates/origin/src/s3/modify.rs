@@ -97,6 +97,10 @@ impl S3Origin {
         self.table.forget(&path, FileKind::Dir);
         self.changed(&path);
         self.listings.expire(&prefix);
+        // A store's listing may show the marker for a moment after its delete (Garage
+        // did, 4 ms after the DELETE returned, under CI load): this client knows the
+        // directory is gone, for the metadata TTL like any lookup that found nothing.
+        self.remember_missing(&path);
         self.report(&path, None);
         Ok(())
     }
