@@ -28,7 +28,7 @@
 //! orphan, which is verified before use and swept after an unclean start. Slots are written
 //! in place with one `pwrite` each and synced at orderly shutdown.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -118,7 +118,7 @@ impl IndexFile {
     /// Opens (creating if missing) and reads the whole index. A damaged header is refused:
     /// the caller decides whether to start over.
     pub fn open(path: &Path) -> Result<(IndexFile, Loaded), CacheError> {
-        let file = OpenOptions::new()
+        let file = crate::private::file_options()
             .read(true)
             .write(true)
             .create(true)

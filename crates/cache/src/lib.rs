@@ -25,6 +25,7 @@ pub mod index;
 pub mod meta;
 mod object;
 pub mod policy;
+pub mod private;
 pub mod quota;
 pub mod ranges;
 mod recover;
@@ -33,7 +34,7 @@ mod store;
 mod warm;
 mod write;
 
-use std::fs::{self, File, OpenOptions};
+use std::fs;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -75,6 +76,9 @@ pub enum CacheError {
         /// What was wrong.
         why: String,
     },
+    /// The cache directory is not private to the user who mounts.
+    #[error(transparent)]
+    NotPrivate(#[from] private::NotPrivate),
     /// Data handed to the store does not fit the object (wrong chunk length).
     #[error("chunk {chunk} has {got} bytes, expected {want}")]
     ChunkLength {
@@ -173,7 +177,7 @@ impl CacheDir {
             path: root.to_path_buf(),
             why,
         })?;
-        fs::create_dir_all(root).map_err(io_at(root))?;
+        private::create_dir_all(root).map_err(io_at(root))?;
         let root = root.canonicalize().map_err(io_at(root))?;
         let sb = root.join(SUPERBLOCK_NAME);
         match fs::read_to_string(&sb) {
@@ -200,15 +204,23 @@ impl CacheDir {
                         .map_err(io_at(&root))?;
                 }
                 let tmp = root.join(".HOARDFS-CACHE.tmp");
-                let mut f = File::create(&tmp).map_err(io_at(&tmp))?;
+                let mut f = private::file_options()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&tmp)
+                    .map_err(io_at(&tmp))?;
                 f.write_all(SUPERBLOCK.as_bytes()).map_err(io_at(&tmp))?;
                 f.sync_all().map_err(io_at(&tmp))?;
                 fs::rename(&tmp, &sb).map_err(io_at(&sb))?;
             }
             Err(e) => return Err(io_at(&sb)(e)),
         }
+        // Every cache is checked at every open, not only a new one: a mode loosened since
+        // would show cached copies of other users' files, or let them choose the server.
+        private::check_dir(&root)?;
         let lock_path = root.join("lock");
-        let lock = OpenOptions::new()
+        let lock = private::file_options()
             .create(true)
             .truncate(false)
             .write(true)

@@ -100,18 +100,18 @@ impl CachedObject {
         // passthrough reader still holding it keeps reading consistent old bytes). The
         // directory is created only here: loading an existing object needs no syscall for it.
         if let Some(dir) = data_path.parent() {
-            fs::create_dir_all(dir).map_err(io_at(dir))?;
+            crate::private::create_dir_all(dir).map_err(io_at(dir))?;
         }
         let meta = ObjectMeta::empty(key, version, size);
         let tmp = meta_path.with_extension("meta.tmp");
-        fs::write(&tmp, meta.encode()).map_err(io_at(&tmp))?;
+        crate::private::write(&tmp, &meta.encode()).map_err(io_at(&tmp))?;
         fs::rename(&tmp, &meta_path).map_err(io_at(&meta_path))?;
         match fs::remove_file(&data_path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_at(&data_path)(e)),
         }
-        let data = OpenOptions::new()
+        let data = crate::private::file_options()
             .read(true)
             .write(true)
             .create(true)
@@ -119,7 +119,7 @@ impl CachedObject {
             .open(&data_path)
             .map_err(io_at(&data_path))?;
         data.set_len(size).map_err(io_at(&data_path))?;
-        let meta_file = OpenOptions::new()
+        let meta_file = crate::private::file_options()
             .read(true)
             .write(true)
             .open(&meta_path)
@@ -150,7 +150,7 @@ impl CachedObject {
         meta_path: &Path,
         key: ObjectKey,
     ) -> Option<CachedObject> {
-        let meta_file = OpenOptions::new()
+        let meta_file = crate::private::file_options()
             .read(true)
             .write(true)
             .open(meta_path)
@@ -161,7 +161,7 @@ impl CachedObject {
         if meta.key != key {
             return None;
         }
-        let data = OpenOptions::new()
+        let data = crate::private::file_options()
             .read(true)
             .write(true)
             .open(data_path)

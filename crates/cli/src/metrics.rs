@@ -164,25 +164,45 @@ impl Drop for Slot {
     }
 }
 
-/// Reads (and ignores) a request, then sends the metrics.
+/// Reads (and ignores) a request, then sends the metrics. Each direction has a deadline
+/// for the whole of it, not for each read or write: a scraper that trickles its request
+/// a byte at a time (or reads the reply so) still gives its slot back in time.
 fn answer(mut s: TcpStream, body: &dyn Fn() -> String) {
-    let _ = s.set_read_timeout(Some(READ_TIMEOUT));
-    let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
+    let deadline = std::time::Instant::now() + READ_TIMEOUT;
     let mut buf = [0u8; 4096];
     let mut got = Vec::new();
     while !got.windows(4).any(|w| w == b"\r\n\r\n") && got.len() < 16384 {
+        let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else {
+            break;
+        };
+        if left.is_zero() || s.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
         match s.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => got.extend_from_slice(&buf[..n]),
         }
     }
     let body = body();
-    let _ = write!(
-        s,
+    let reply = format!(
         "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
          Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
+    let deadline = std::time::Instant::now() + WRITE_TIMEOUT;
+    let mut sent = 0;
+    while sent < reply.len() {
+        let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else {
+            return;
+        };
+        if left.is_zero() || s.set_write_timeout(Some(left)).is_err() {
+            return;
+        }
+        match s.write(&reply.as_bytes()[sent..]) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => sent += n,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -213,6 +233,44 @@ mod tests {
         let reply = scrape(addr);
         assert!(reply.ends_with("\r\n\r\nhoardfs_test 1\n"), "{reply:?}");
         assert!(t.elapsed() < READ_TIMEOUT / 2, "waited {:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_scraper_trickling_its_request_loses_its_slot_after_the_deadline() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let answering = serve(l, || "x 1\n".to_string()).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Every slot taken by a sender of one byte every 500 ms (each read within the
+        // old per-read timeout), never ending its request.
+        let tricklers: Vec<_> = (0..MAX_SCRAPES)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut s = TcpStream::connect(addr).unwrap();
+                    while !stop.load(Ordering::SeqCst) && s.write_all(b"G").is_ok() {
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                })
+            })
+            .collect();
+        hoardfs_testutil::assert_eventually("every slot taken", || {
+            answering.load(Ordering::SeqCst) == MAX_SCRAPES
+        });
+        let t = Instant::now();
+        // Within the request deadline (and the time to answer), slots come back.
+        let freed = hoardfs_testutil::wait_until(READ_TIMEOUT * 3, || {
+            answering.load(Ordering::SeqCst) < MAX_SCRAPES
+        });
+        stop.store(true, Ordering::SeqCst);
+        assert!(
+            freed,
+            "tricklers still hold every slot after {:?}",
+            t.elapsed()
+        );
+        for t in tricklers {
+            t.join().unwrap();
+        }
     }
 
     #[test]

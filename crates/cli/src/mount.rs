@@ -193,7 +193,7 @@ fn client_id(dir: &Path) -> Result<String, String> {
     }
     let id = format!("{:016x}", hoardfs_server::random_verifier());
     let tmp = dir.join(format!("{CLIENT_ID}.tmp"));
-    std::fs::write(&tmp, format!("{id}\n"))
+    hoardfs_cache::private::write(&tmp, format!("{id}\n").as_bytes())
         .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
         .and_then(|()| std::fs::rename(&tmp, &p))
         .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
@@ -235,6 +235,7 @@ fn open_origin(a: &MountArgs) -> Result<OpenedOrigin, String> {
                 immutable: a.immutable,
                 read_only: a.read_only,
                 timeout: Duration::from_secs_f64(a.timeout),
+                owner: (a.uid, a.gid, a.file_mode, a.dir_mode),
             },
             state,
         )?;
@@ -400,7 +401,11 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         cfg.mount_options
             .push(MountOption::CUSTOM("subtype=hoardfs".into()));
     }
-    cfg.acl = if a.allow_other || root {
+    // A root mount lets every user in, each checked as the server checks them, except
+    // of a bucket: every object there shows one owner and mode (--uid, --file-mode), so
+    // others get in only when asked for (s3fs and rclone do the same).
+    let s3 = hoardfs_origin::s3::location::S3Location::parse(&a.source).is_some();
+    cfg.acl = if a.allow_other || (root && !s3) {
         SessionACL::All
     } else {
         SessionACL::Owner

@@ -135,6 +135,21 @@ pub struct MountArgs {
     /// S3 sources: the bucket never changes (published datasets): never revalidate.
     #[arg(long)]
     pub immutable: bool,
+    /// S3 sources: the owner every object and directory shows (default: the mounting
+    /// user). Only this user may use the mount unless --allow-other.
+    #[arg(long, value_name = "UID")]
+    pub uid: Option<u32>,
+    /// S3 sources: the group every object and directory shows (default: the mounting
+    /// user's).
+    #[arg(long, value_name = "GID")]
+    pub gid: Option<u32>,
+    /// S3 sources: the permission bits of every object, octal (default 644; e.g. 640 to
+    /// let the --gid group read, 600 for the owner alone).
+    #[arg(long, value_name = "OCTAL", value_parser = parse_mode)]
+    pub file_mode: Option<u16>,
+    /// S3 sources: the permission bits of every directory, octal (default 755).
+    #[arg(long, value_name = "OCTAL", value_parser = parse_mode)]
+    pub dir_mode: Option<u16>,
     /// Mount options, `-o key[=value],...`: every flag above with `_` for `-` (e.g.
     /// `cache_dir=DIR`, `no_cache`, `ro` for --read-only), the kernel's `exec`, `noexec`,
     /// `atime`, `noatime`, `sync`, `async`, `dirsync`, and, ignored, what mount(8) and
@@ -283,6 +298,22 @@ impl MountArgs {
                 "force_path_style" => a.force_path_style = true,
                 "metadata_ttl" => a.metadata_ttl = Some(num()?),
                 "immutable" => a.immutable = true,
+                "uid" => {
+                    a.uid = Some(
+                        need()?
+                            .parse()
+                            .map_err(|_| format!("mount option {k}: not a uid"))?,
+                    )
+                }
+                "gid" => {
+                    a.gid = Some(
+                        need()?
+                            .parse()
+                            .map_err(|_| format!("mount option {k}: not a gid"))?,
+                    )
+                }
+                "file_mode" => a.file_mode = Some(parse_mode(need()?)?),
+                "dir_mode" => a.dir_mode = Some(parse_mode(need()?)?),
                 "cache_size" => a.cache_size = Some(parse_size(need()?)?),
                 k if crate::free_space::FreeSpaceArgs::NAMES.contains(&k) => {
                     let p = pct()?;
@@ -359,6 +390,14 @@ impl MountArgs {
             return Err("--cache-dir DIR is required (or --no-cache to read through)".into());
         }
         Ok(a)
+    }
+}
+
+/// Permission bits in octal (`644`, `0750`), at most 7777.
+pub fn parse_mode(s: &str) -> Result<u16, String> {
+    match u16::from_str_radix(s, 8) {
+        Ok(m) if m <= 0o7777 => Ok(m),
+        _ => Err(format!("{s:?} is not an octal mode such as 644")),
     }
 }
 

@@ -57,7 +57,11 @@ pub fn save(dir: &Path, export: u128, entries: &[CachedEntry]) -> std::io::Resul
     let mut sorted: Vec<_> = names.into_iter().collect();
     sorted.sort();
     let tmp = dir.join(format!("{FILE}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
+    let mut f = hoardfs_cache::private::file_options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
     for ((export, file_id), path) in sorted {
         let line = json!({"export": format!("{export:032x}"), "file_id": file_id, "path": path});
         writeln!(f, "{line}")?;

@@ -25,6 +25,9 @@ pub struct S3Args {
     pub read_only: bool,
     /// `--timeout`.
     pub timeout: Duration,
+    /// `--uid`, `--gid`, `--file-mode`, `--dir-mode` (default: the mounting user's ids,
+    /// 644 and 755).
+    pub owner: (Option<u32>, Option<u32>, Option<u16>, Option<u16>),
 }
 
 /// The S3 origin for `loc`, keeping its listings and staged writes under `state`.
@@ -41,6 +44,11 @@ pub fn open(loc: S3Location, a: &S3Args, state: Option<PathBuf>) -> Result<S3Ori
     o.read_only = a.read_only;
     o.timeout = a.timeout;
     o.state_dir = state;
+    let (uid, gid, file_mode, dir_mode) = a.owner;
+    o.uid = uid.unwrap_or(o.uid);
+    o.gid = gid.unwrap_or(o.gid);
+    o.file_mode = file_mode.unwrap_or(o.file_mode);
+    o.dir_mode = dir_mode.unwrap_or(o.dir_mode);
     let origin = S3Origin::new(o)?;
     tracing::info!("{}: credentials from {source}", origin.describe());
     Ok(origin)

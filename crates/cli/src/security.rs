@@ -163,7 +163,29 @@ impl ClientSecurity {
 }
 
 fn read_record(p: &Path) -> Result<Option<Fingerprint>, String> {
-    match std::fs::read_to_string(p) {
+    let read = hoardfs_cache::private::file_options()
+        .read(true)
+        .open(p)
+        .and_then(|f| {
+            use std::io::Read;
+            use std::os::unix::fs::MetadataExt;
+            let md = f.metadata()?;
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            // Whoever could write this record chose the server this mount trusts.
+            if md.uid() != me || md.mode() & 0o022 != 0 {
+                return Err(std::io::Error::other(format!(
+                    "it belongs to uid {} with mode {:o}: only uid {me} may have written it \
+                     (delete it to trust the server again on first use)",
+                    md.uid(),
+                    md.mode() & 0o7777
+                )));
+            }
+            let mut text = String::new();
+            (&f).take(4096).read_to_string(&mut text)?;
+            Ok(text)
+        });
+    match read {
         Ok(text) => {
             let first = text.split_whitespace().next().unwrap_or("");
             first.parse().map(Some).map_err(|e| {
@@ -180,7 +202,7 @@ fn read_record(p: &Path) -> Result<Option<Fingerprint>, String> {
 
 fn write_record(p: &Path, text: &str) -> std::io::Result<()> {
     let tmp = p.with_extension("tmp");
-    std::fs::write(&tmp, text)?;
+    hoardfs_cache::private::write(&tmp, text.as_bytes())?;
     std::fs::File::open(&tmp)?.sync_all()?;
     std::fs::rename(&tmp, p)
 }

@@ -127,8 +127,19 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         max_open_files: limits.open_files,
         max_handles: limits.handles,
         max_watches: limits.watches,
+        // As root, every request is performed as its (mapped) caller, so the kernel
+        // checks it; otherwise the export is what this user may do, for everyone.
+        act_as_callers: hoardfs_origin::local::creds::can_switch(),
         ..Default::default()
     };
+    if !opts.act_as_callers {
+        let me = hoardfs_origin::caller::process();
+        tracing::warn!(
+            uid = me.uid,
+            "not running as root: every request is performed with this user's rights \
+             (files are created as this user; only the clients' kernels check permissions)"
+        );
+    }
     let origin = Arc::new(
         LocalOrigin::new(&dir, opts)
             .map_err(|e| format!("cannot export {}: {e}", dir.display()))?,
@@ -252,6 +263,7 @@ fn run_tier(a: ServeArgs) -> Result<(), String> {
             immutable: a.immutable,
             read_only: a.read_only,
             timeout: std::time::Duration::from_secs_f64(a.timeout),
+            owner: (None, None, None, None),
         },
         Some(cache_dir.join("s3")),
     )?;

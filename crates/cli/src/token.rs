@@ -6,7 +6,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use hoardfs_server::credentials::admin;
+use hoardfs_server::credentials::{Rights, admin};
 
 /// Where the server keeps its state.
 #[derive(Args, Debug, Clone)]
@@ -36,6 +36,24 @@ pub enum TokenCommand {
         /// Write the token to this new file (mode 0600) instead of printing it.
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Every request made with this credential is this user (and group; default: the
+        /// user's primary group on the server), whatever the client claims: a laptop, a
+        /// service, one person's credential. Its supplementary groups are the user's on
+        /// the server.
+        #[arg(long, value_name = "UID[:GID]", conflicts_with_all = ["uids", "gids"])]
+        user: Option<String>,
+        /// Claims of uids outside this range become the anonymous uid (a client that
+        /// hosts a range of users; root squash applies as well).
+        #[arg(long, value_name = "FIRST-LAST")]
+        uids: Option<String>,
+        /// Claims of gids (and supplementary groups) outside this range become the
+        /// anonymous gid (dropped). Default with --uids: the same range.
+        #[arg(long, value_name = "FIRST-LAST")]
+        gids: Option<String>,
+        /// The credential may only read: every request that changes something is refused
+        /// (EROFS), and its clients mount read-only.
+        #[arg(long)]
+        read_only: bool,
         #[command(flatten)]
         state: StateArgs,
     },
@@ -60,8 +78,30 @@ pub fn run(cmd: TokenCommand) -> Result<(), String> {
         TokenCommand::Add {
             name,
             output,
+            user,
+            uids,
+            gids,
+            read_only,
             state,
         } => {
+            let words: Vec<String> = [
+                user.map(|u| format!("user={u}")),
+                uids.map(|u| format!("uids={u}")),
+                gids.map(|g| format!("gids={g}")),
+                read_only.then(|| "ro".to_owned()),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let rights = Rights::parse(words.iter().map(String::as_str))?;
+            if let hoardfs_proto::Restrict::User(c) = &rights.restrict
+                && c.uid == 0
+            {
+                eprintln!(
+                    "hoardfs: warning: a credential for uid 0 acts as root only on a server \
+                     started with --squash none; otherwise as the anonymous user"
+                );
+            }
             // The output file first: a token nobody can see must not be added.
             let file = match &output {
                 Some(p) => Some(
@@ -74,7 +114,7 @@ pub fn run(cmd: TokenCommand) -> Result<(), String> {
                 ),
                 None => None,
             };
-            let token = match admin::add(&state.dir(), &name) {
+            let token = match admin::add(&state.dir(), &name, &rights) {
                 Ok(t) => t,
                 Err(e) => {
                     if let Some(p) = &output {
@@ -98,7 +138,12 @@ pub fn run(cmd: TokenCommand) -> Result<(), String> {
                 println!("no named tokens in {}", state.dir().display());
             }
             for t in list {
-                println!("{}\tadded {}", t.name, utc(t.created));
+                let rights = if t.rights.is_empty() {
+                    "any user (claims mapped by --squash), read-write".to_owned()
+                } else {
+                    t.rights.join(" ")
+                };
+                println!("{}\tadded {}\t{rights}", t.name, utc(t.created));
             }
             Ok(())
         }

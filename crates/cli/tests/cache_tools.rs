@@ -558,3 +558,51 @@ fn a_cache_file_system_short_of_room_serves_uncached_and_says_so() {
     });
     m.unmount();
 }
+
+/// A cache directory others could read, write or replace is refused at every mount, with
+/// an error saying how to fix it (cached files keep no per-file permissions, and the
+/// directory holds the server identity the mount trusts); what a mount makes inside is
+/// private.
+#[test]
+fn a_cache_directory_others_can_use_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    std::fs::write(exp.join("f"), b"secret stuff").unwrap();
+    let srv = Server::start(&exp);
+    let cache = t.path().join("cache");
+    let m = Mount::with_cache(&srv.addr, &t.path().join("mnt"), &cache, &[]);
+    assert_eq!(read(&m.p("f")), b"secret stuff");
+    m.unmount();
+    // Everything the mount made inside is the mounting user's alone.
+    for p in walk_files(&cache) {
+        let mode = std::fs::symlink_metadata(&p).unwrap().mode() & 0o777;
+        assert_eq!(mode & 0o077, 0, "{} has mode {mode:o}", p.display());
+    }
+    let mount_err = |what: &str| {
+        Mount::start(
+            &srv.addr,
+            &t.path().join("mnt"),
+            &["--cache-dir", cache.to_str().unwrap()],
+        )
+        .err()
+        .unwrap_or_else(|| panic!("a cache directory {what} was used"))
+    };
+    // Loosened later (chmod 755, 777): refused, the fix named.
+    for mode in [0o755, 0o777] {
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(mode)).unwrap();
+        let e = mount_err(&format!("of mode {mode:o}"));
+        assert!(e.contains("chmod 700"), "{e}");
+    }
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // Another user's: refused.
+    std::os::unix::fs::chown(&cache, Some(4321), None).unwrap();
+    let e = mount_err("of another user");
+    assert!(e.contains("uid 4321"), "{e}");
+    std::os::unix::fs::chown(&cache, Some(0), None).unwrap();
+    // Back to private: it mounts and serves what it cached.
+    let m = Mount::with_cache(&srv.addr, &t.path().join("mnt"), &cache, &[]);
+    assert_eq!(read(&m.p("f")), b"secret stuff");
+}

@@ -27,7 +27,15 @@ fn raw_session(srv: &Server) -> rustls::StreamOwned<rustls::ClientConnection, Tc
 }
 
 fn send(s: &mut impl Write, id: u64, op: Op) -> std::io::Result<()> {
-    frame::write_frame(s, &frame::encode_body(&Request { id, op }), &[])
+    frame::write_frame(
+        s,
+        &frame::encode_body(&Request {
+            id,
+            op,
+            caller: Default::default(),
+        }),
+        &[],
+    )
 }
 
 /// The handshake of a client without a credential.
@@ -267,6 +275,112 @@ fn idle_connections_do_not_lock_out_a_new_client() {
     assert!(took < Duration::from_secs(10), "took {took:?}");
     m.unmount();
     drop(idle);
+}
+
+/// A TCP connection to `addr` from source address `from` (another loopback address).
+fn connect_from(from: std::net::Ipv4Addr, addr: &str) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    let to: std::net::SocketAddrV4 = addr.parse().expect("an IPv4 address");
+    let sa = |a: std::net::SocketAddrV4| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a fresh socket, bound and connected with valid sockaddr_in values; on
+    // success its descriptor is owned by the returned stream.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = TcpStream::from_raw_fd(fd);
+        let local = sa(std::net::SocketAddrV4::new(from, 0));
+        if libc::bind(fd, (&local as *const libc::sockaddr_in).cast(), len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let remote = sa(to);
+        if libc::connect(fd, (&remote as *const libc::sockaddr_in).cast(), len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stream)
+    }
+}
+
+/// A stream of idle connections from one address (127.0.0.2, never sending a byte; the
+/// 2,000 most recent kept open, older ones reset) does not keep an honest client from
+/// another address out: a source holds only its share of the pending handshakes. (When
+/// the oldest handshake of all was evicted instead, each new idle connection pushed the
+/// honest one closer to the door, and the stream pushed it out before its TLS handshake
+/// was done.)
+#[test]
+fn a_stream_of_idle_connections_from_one_address_does_not_lock_out_another() {
+    require_fuse();
+    raise_nofile();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    std::fs::write(exp.join("f"), b"still here").unwrap();
+    let srv = Server::start(&exp);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let made = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let flood = {
+        let (stop, made, addr) = (stop.clone(), made.clone(), srv.addr.clone());
+        std::thread::spawn(move || {
+            let flooder = std::net::Ipv4Addr::new(127, 0, 0, 2);
+            let mut open = std::collections::VecDeque::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok(s) = connect_from(flooder, &addr) else {
+                    continue;
+                };
+                made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                open.push_back(s);
+                if open.len() > 2000 {
+                    reset(open.pop_front().unwrap());
+                }
+            }
+            open.into_iter().for_each(reset);
+        })
+    };
+    let flooding = hoardfs_testutil::wait_until(Duration::from_secs(30), || {
+        made.load(std::sync::atomic::Ordering::Relaxed) >= 2000
+    });
+    assert!(flooding, "the flood did not get under way");
+    let started = Instant::now();
+    let m = Mount::start(&srv.addr, &t.path().join("mnt"), &["--no-cache"]);
+    let took = started.elapsed();
+    let during = made.load(std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flood.join().unwrap();
+    let m = m.expect("mount behind the flood");
+    assert_eq!(std::fs::read(m.p("f")).unwrap(), b"still here");
+    eprintln!(
+        "mounted from 127.0.0.1 in {took:?} while 127.0.0.2 had made {during} idle connections"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    m.unmount();
+}
+
+/// Closes `s` with a reset (no TIME_WAIT left behind: the flood makes tens of thousands).
+fn reset(s: TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a linger struct of the size given.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
 }
 
 /// Runs `hoardfs token ARGS --state-dir STATE`, which must succeed; returns its stdout.

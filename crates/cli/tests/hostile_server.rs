@@ -35,6 +35,7 @@ fn attr(file_id: u64, kind: FileKind) -> Attr {
         atime: Timestamp::default(),
         mtime: Timestamp::default(),
         ctime: Timestamp::default(),
+        acl: false,
     }
 }
 
@@ -115,6 +116,7 @@ fn answer(op: &Op) -> (Result<Reply, WireError>, Vec<u8>) {
                 read_only: true,
                 verifier: 5,
                 publishes_on_close: false,
+                identities: hoardfs_proto::Identities::Server,
             }),
             Vec::new(),
         ),

@@ -8,7 +8,7 @@ mod common;
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::time::Duration;
 
 use common::offline::{mount, offline, sync};
@@ -127,6 +127,8 @@ fn a_file_changed_on_both_sides_keeps_both_versions() {
     for f in ["f", "g", "sub/h"] {
         std::fs::write(exp.join(f), format!("{f} before")).unwrap();
     }
+    // h is readable by everyone by its mode, but protected by its directory.
+    std::fs::set_permissions(exp.join("sub"), std::fs::Permissions::from_mode(0o700)).unwrap();
     let mut srv = Server::start(&exp);
     let addr = srv.addr.clone();
     let m = mount(&addr, t.path());
@@ -163,7 +165,23 @@ fn a_file_changed_on_both_sides_keeps_both_versions() {
     };
     assert_eq!(copy("f.conflict-"), "f by the client");
     assert_eq!(copy("g.conflict-"), "g by the client");
-    assert_eq!(copy("sub_h.conflict-"), "sub/h by the client");
+    // The copy of h is not put in the export root, readable by all, but in its maker's
+    // private directory there (the client is root, not squashed, in this test).
+    assert!(!names.iter().any(|n| n.starts_with("sub_h")), "{names:?}");
+    let orphans = exp.join(".hoardfs-conflicts-0");
+    let md = std::fs::metadata(&orphans).unwrap();
+    assert_eq!((md.mode() & 0o777, md.uid()), (0o700, 0));
+    let h = std::fs::read_dir(&orphans)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("sub_h.conflict-")
+        })
+        .expect("the copy of sub/h");
+    assert_eq!(std::fs::read_to_string(h).unwrap(), "sub/h by the client");
     let (ok, out, err) = tool(&["conflicts", m.path.to_str().unwrap()]);
     assert!(ok, "{err}");
     for (path, why) in [

@@ -1,5 +1,8 @@
 //! Names of conflict copies: `NAME.conflict-HOST-TIME` (then `-2`, `-3`, ...), the time
-//! in UTC.
+//! in UTC; and where a copy goes whose own directory is gone on the server: a private
+//! directory of the change's maker in the export root ([`orphans_dir`]), so that a copy
+//! is never more visible than its original was (a file protected only by a 0700
+//! directory stays protected).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -39,6 +42,48 @@ pub(crate) fn conflict_candidate(name: &[u8], host: &str, stamp: &str, n: u32) -
     let mut copy = name[..name.len().min(255usize.saturating_sub(suffix.len()))].to_vec();
     copy.extend_from_slice(suffix.as_bytes());
     copy
+}
+
+/// The name of the directory of `uid`'s orphaned conflict copies, in the export root.
+pub(crate) fn orphans_dir_name(uid: u32) -> Vec<u8> {
+    format!(".hoardfs-conflicts-{uid}").into_bytes()
+}
+
+/// The directory of `owner`'s orphaned conflict copies in the export root (`root`),
+/// made mode 0700 if missing (the change is sent as its maker, who owns it). One that
+/// is not a directory of that user's closed to group and others is refused (somebody
+/// else made it, or opened it): the change stays in the log.
+pub(crate) fn orphans_dir(
+    origin: &dyn hoardfs_origin::Origin,
+    root: hoardfs_origin::Handle,
+    owner: hoardfs_origin::Owner,
+) -> FsResult<hoardfs_origin::Handle> {
+    let name = orphans_dir_name(owner.uid);
+    let found = match origin.lookup(root, &name) {
+        Ok(e) => e,
+        Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => {
+            match origin.mkdir(root, &name, 0o700, owner) {
+                Ok(e) => e,
+                Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => {
+                    origin.lookup(root, &name)?
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let a = &found.attr;
+    if a.kind != hoardfs_origin::FileKind::Dir || a.uid != owner.uid || a.perm & 0o077 != 0 {
+        tracing::error!(
+            name = %String::from_utf8_lossy(&name),
+            uid = a.uid,
+            mode = format!("{:o}", a.perm),
+            "the server's conflicts directory is not a private directory of the change's \
+             maker: keeping the change here"
+        );
+        return Err(FsError::Origin(WireError::Access));
+    }
+    Ok(found.handle)
 }
 
 /// Tries `attempt` with `NAME.conflict-HOST-TIME` (or `...-2`, `-3`, while taken);

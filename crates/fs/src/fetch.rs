@@ -270,6 +270,8 @@ impl Fetcher {
         {
             return;
         }
+        // Fetched on the opener's behalf: the server reads as the opener.
+        let _opener = hoardfs_origin::caller::enter(Arc::clone(&of.caller));
         if let Err(e) = self.ensure_chunk(sb, &of.node, &view, c) {
             tracing::debug!("readahead of chunk {c} failed: {e}");
         }

@@ -511,8 +511,26 @@ impl HoardFs {
     /// The full listing of directory `ino` (reused within the directory TTL). When it is
     /// fetched, the disk cache reads the records of the listed files it holds ahead of
     /// their opens.
+    /// The caller must be allowed to read the directory as the server decides
+    /// (`crate::access`): a listing kept here is not shown to anyone it would not be shown
+    /// to there.
     pub fn listing(&self, ino: Ino) -> FsResult<Arc<Listing>> {
+        self.may_list(ino)?;
         self.sb.listing(ino)
+    }
+
+    /// Whether the ambient caller may list directory `ino`, as the server would decide
+    /// (`crate::access`).
+    pub fn may_list(&self, ino: Ino) -> FsResult<()> {
+        let node = self.sb.node(ino)?;
+        let attr = node.state.lock().attr();
+        crate::access::check(&self.sb, &node, &attr, hoardfs_proto::MAY_READ)
+    }
+
+    /// Whether the origin performs requests as their callers (so the identity of each
+    /// caller, groups included, matters to it).
+    pub fn acts_as_callers(&self) -> bool {
+        crate::access::checks_callers(&self.sb.origin.identities())
     }
 
     /// Records that a listing entry was handed to the kernel with its attributes

@@ -215,6 +215,7 @@ fn write_replies_beyond_what_was_written_are_errors_not_panics() {
     std::fs::create_dir(&export).unwrap();
     std::fs::write(export.join("f"), b"0123456789").unwrap();
     let rw = Access {
+        read: true,
         write: true,
         append: false,
     };

@@ -10,6 +10,7 @@
 //! trusted until a break; otherwise for short TTLs. When the origin is unreachable, cached
 //! attributes, names and data are served and everything else fails fast.
 
+mod access;
 mod callbacks;
 mod cml;
 mod conflict_names;

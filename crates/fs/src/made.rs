@@ -34,6 +34,7 @@ pub(crate) fn made_attr(
         atime: t,
         mtime: t,
         ctime: t,
+        acl: false,
     }
 }
 

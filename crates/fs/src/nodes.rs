@@ -81,6 +81,9 @@ pub struct NodeState {
     /// A symlink's target as last read or made (served while the origin is unreachable;
     /// a symlink's target never changes: a new one is a new object).
     target: Option<Vec<u8>>,
+    /// The server's access answers for this object, by identity (`crate::access`);
+    /// forgotten when its permissions may have changed.
+    pub(crate) access: crate::access::Answers,
 }
 
 impl NodeState {
@@ -181,6 +184,13 @@ impl NodeState {
     fn set_attr(&mut self, attr: Attr) {
         if self.attr.version != attr.version || self.attr.size != attr.size {
             self.dir.drop_listing();
+        }
+        // An ACL change moves the ctime, as does any change of mode or owner.
+        let a = &self.attr;
+        if (a.ctime, a.perm, a.uid, a.gid, a.acl)
+            != (attr.ctime, attr.perm, attr.uid, attr.gid, attr.acl)
+        {
+            self.access.clear();
         }
         self.attr = attr;
         self.attr_at = std::time::Instant::now();
@@ -501,6 +511,7 @@ impl NodeTable {
                 local: None,
                 refetch: false,
                 target: None,
+                access: Default::default(),
             }),
             released: Condvar::new(),
         })
@@ -723,6 +734,7 @@ mod tests {
             atime: t(mtime),
             mtime: t(mtime),
             ctime: t(ctime),
+            acl: false,
         }
     }
 

@@ -23,6 +23,8 @@ pub(crate) struct OpenFile {
     pub(crate) node: Arc<Node>,
     pub(crate) mode: ModeKind,
     pub(crate) access: Access,
+    /// Who opened it: its readahead fetches on the opener's behalf.
+    pub(crate) caller: Arc<hoardfs_origin::Caller>,
     /// Keeps the object this open started with from eviction until release.
     _hold: Option<OpenHold>,
     /// Sequential detection: where the next read would start, and the highest chunk already
@@ -56,6 +58,7 @@ impl OpenFile {
             node,
             mode,
             access,
+            caller: hoardfs_origin::caller::current(),
             _hold: hold,
             seq: Mutex::new(Sequence::default()),
             closed: AtomicBool::new(false),

@@ -101,10 +101,33 @@ impl Revalidated {
 /// What an open asked for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Access {
+    /// Opened for reading (`O_RDONLY` or `O_RDWR`).
+    pub read: bool,
     /// Opened for writing.
     pub write: bool,
     /// Writes append at the origin's end of file (`O_APPEND`).
     pub append: bool,
+}
+
+/// A read-only open.
+const READ_ONLY: Access = Access {
+    read: true,
+    write: false,
+    append: false,
+};
+
+impl Access {
+    /// The access bits the open asks for (`MAY_READ` | `MAY_WRITE`).
+    pub fn mask(&self) -> u32 {
+        let mut m = 0;
+        if self.read {
+            m |= hoardfs_proto::MAY_READ;
+        }
+        if self.write {
+            m |= hoardfs_proto::MAY_WRITE;
+        }
+        m
+    }
 }
 
 /// The current state of a file as reads see it: its cached object (which writes through
@@ -231,9 +254,14 @@ impl Reads {
         }
         let node = sb.file_node(ino)?;
         if sb.staged_of(&node).is_some() {
+            let attr = node.state.lock().attr();
+            crate::access::check(sb, &node, &attr, access.mask())?;
             return Ok(self.open_pending(node, access));
         }
         let attrs = sb.validated_attr(&node)?;
+        // Answered without asking the server whether the caller may: decided here as the
+        // server would (`crate::access`).
+        crate::access::check(sb, &node, &attrs.now, access.mask())?;
         // The kernel may still hold the old size (close-to-open: a file that changed must
         // show its new size to the reader that just opened it), so its copy of the
         // attributes is invalidated before the open is answered. Attributes only: what
@@ -691,6 +719,10 @@ impl Reads {
         size: u32,
     ) -> FsResult<ReadData> {
         let of = self.implicit_open(sb, ino)?;
+        // Each read of a file the kernel opened is the reader's: decided as an open would
+        // be (the kernel's page cache serves later reads without asking; see SECURITY.md).
+        let attr = of.node.state.lock().attr();
+        crate::access::check(sb, &of.node, &attr, hoardfs_proto::MAY_READ)?;
         if offset == 0 {
             // Most likely a new open by the kernel, which the daemon does not see: start
             // sequential detection (and readahead) over, as a fresh open would.
@@ -715,7 +747,7 @@ impl Reads {
         let no_backing =
             |_: &std::fs::File| Err(BackingError::Failed(std::io::Error::other("kernel opens")));
         let fh = self
-            .open_node(sb, node, attr, Access::default(), false, &no_backing)
+            .open_node(sb, node, attr, READ_ONLY, false, &no_backing)
             .fh;
         // The kernel sends several reads of a file at once, so another thread may have
         // opened the same version meanwhile: one open is kept, the other released.

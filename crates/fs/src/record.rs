@@ -8,7 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::cml::now_secs;
 
-const MAGIC: &[u8; 8] = b"HFSCML3\n";
+const MAGIC: &[u8; 8] = b"HFSCML4\n";
+/// The format before records said who made the change (read, converted: sent back as
+/// the object's owner, as this format's records were).
+const MAGIC_V3: &[u8; 8] = b"HFSCML3\n";
 /// The format before renames, directories, symlinks and attribute changes were logged
 /// (read, converted, rewritten in the new format at the next change).
 const MAGIC_V2: &[u8; 8] = b"HFSCML2\n";
@@ -104,6 +107,31 @@ pub struct Record {
     pub target: Vec<u8>,
     /// Whether the object is a directory (what lies inside it follows its moves).
     pub is_dir: bool,
+    /// Who made the change (the calling process's identity when it started): the change
+    /// is sent back as this identity, so the server judges it as it would have judged
+    /// the change made online. `None` in records of earlier formats: their owner.
+    pub by: Option<hoardfs_origin::Caller>,
+}
+
+/// A record in the format before `by` ([`MAGIC_V3`]).
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct RecordV3 {
+    seq: u64,
+    path: Vec<Vec<u8>>,
+    file_id: u64,
+    base_version: u64,
+    perm: u16,
+    uid: u32,
+    gid: u32,
+    since: u64,
+    phase: Phase,
+    kind: Kind,
+    created: Option<u64>,
+    origin_path: Option<Vec<Vec<u8>>>,
+    set: AttrChange,
+    target: Vec<u8>,
+    is_dir: bool,
 }
 
 /// A record in the format before this one ([`MAGIC_V2`]).
@@ -153,7 +181,16 @@ impl Record {
             set: AttrChange::default(),
             target: Vec::new(),
             is_dir: base.kind == hoardfs_origin::FileKind::Dir,
+            by: Some((*hoardfs_origin::caller::current()).clone()),
         }
+    }
+
+    /// The identity the change is sent back as: who made it, or (a record of an earlier
+    /// format) the object's owner.
+    pub fn sender(&self) -> hoardfs_origin::Caller {
+        self.by
+            .clone()
+            .unwrap_or_else(|| hoardfs_origin::Caller::new(self.uid, self.gid))
     }
 
     /// Whether the object is still to be made on the origin (a `Create`, `Mkdir` or
@@ -221,7 +258,19 @@ pub(crate) fn encode(rec: &Record) -> Vec<u8> {
 pub(crate) fn decode(bytes: &[u8]) -> Result<Record, crate::sealed::Unsealed> {
     if bytes.starts_with(MAGIC_V2) {
         let old: RecordV2 = crate::sealed::unseal(MAGIC_V2, bytes)?;
-        return Ok(Record {
+        return Ok(RecordV3::from(old).into());
+    }
+    if bytes.starts_with(MAGIC_V3) {
+        let old: RecordV3 = crate::sealed::unseal(MAGIC_V3, bytes)?;
+        return Ok(old.into());
+    }
+    crate::sealed::unseal(MAGIC, bytes)
+}
+
+impl From<RecordV2> for RecordV3 {
+    /// A change of the format before renames, directories, symlinks and attribute changes.
+    fn from(old: RecordV2) -> RecordV3 {
+        RecordV3 {
             seq: old.seq,
             path: old.path,
             file_id: old.file_id,
@@ -237,9 +286,32 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Record, crate::sealed::Unsealed> {
             set: AttrChange::default(),
             target: Vec::new(),
             is_dir: false,
-        });
+        }
     }
-    crate::sealed::unseal(MAGIC, bytes)
+}
+
+impl From<RecordV3> for Record {
+    /// A change that does not say who made it: sent back as its owner.
+    fn from(old: RecordV3) -> Record {
+        Record {
+            seq: old.seq,
+            path: old.path,
+            file_id: old.file_id,
+            base_version: old.base_version,
+            perm: old.perm,
+            uid: old.uid,
+            gid: old.gid,
+            since: old.since,
+            phase: old.phase,
+            kind: old.kind,
+            created: old.created,
+            origin_path: old.origin_path,
+            set: old.set,
+            target: old.target,
+            is_dir: old.is_dir,
+            by: None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -267,13 +339,19 @@ mod tests {
             },
             target: b"t".to_vec(),
             is_dir: false,
+            by: Some(hoardfs_origin::Caller {
+                uid: 5,
+                gid: 6,
+                groups: vec![7],
+            }),
         };
         let bytes = encode(&rec);
         let back = decode(&bytes).unwrap();
         assert_eq!(
-            (back.seq, back.path, back.phase),
+            (back.seq, back.path.clone(), back.phase),
             (7, rec.path.clone(), Phase::Uploading)
         );
+        assert_eq!(back.sender(), rec.by.clone().unwrap());
         for i in [0, 9, bytes.len() / 2, bytes.len() - 1] {
             let mut bad = bytes.clone();
             bad[i] ^= 0x40;
@@ -301,5 +379,31 @@ mod tests {
         assert_eq!((rec.seq, rec.file_id, rec.kind), (3, 9, Kind::Remove));
         assert_eq!(rec.origin_path, None);
         assert!(rec.set.is_empty());
+        assert_eq!(rec.sender(), hoardfs_origin::Caller::new(1, 1));
+    }
+
+    #[test]
+    fn records_that_do_not_say_who_made_them_are_sent_as_their_owner() {
+        let old = RecordV3 {
+            seq: 3,
+            path: vec![b"f".to_vec()],
+            file_id: 9,
+            base_version: 4,
+            perm: 0o640,
+            uid: 1000,
+            gid: 100,
+            since: 2,
+            phase: Phase::Staged,
+            kind: Kind::Store,
+            created: None,
+            origin_path: Some(vec![b"g".to_vec()]),
+            set: AttrChange::default(),
+            target: Vec::new(),
+            is_dir: false,
+        };
+        let rec = decode(&crate::sealed::seal(MAGIC_V3, &old)).unwrap();
+        assert_eq!(rec.origin_path, Some(vec![b"g".to_vec()]));
+        assert_eq!(rec.by, None);
+        assert_eq!(rec.sender(), hoardfs_origin::Caller::new(1000, 100));
     }
 }

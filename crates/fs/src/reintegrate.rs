@@ -151,6 +151,10 @@ impl<'a> Reintegration<'a> {
                         if stopped.load(Ordering::SeqCst) {
                             continue;
                         }
+                        // Sent as whoever made it: the server judges the change as it
+                        // would have judged it made online.
+                        let by = std::sync::Arc::new(p.lock().record().sender());
+                        let _by = hoardfs_origin::caller::enter(by);
                         let outcome = ChangeSender::new(self.fs, self.off).send_back(p, &sending);
                         let mut t = totals.lock();
                         match outcome {

@@ -59,7 +59,12 @@ pub(crate) fn unseal<T: serde::de::DeserializeOwned>(
 pub(crate) fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
+    // Inside the cache directory: private, never through a link.
+    let mut f = hoardfs_cache::private::file_options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;
     drop(f);

@@ -19,13 +19,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use hoardfs_origin::{Attr, DirEntry, Entry, FileKind, Handle, OriginInfo};
+use hoardfs_origin::{Attr, DirEntry, Entry, FileKind, Handle, Identities, OriginInfo};
 use serde::{Deserialize, Serialize};
 
 use crate::dirs::Listing;
 use crate::nodes::{Ino, NodeTable, ROOT_INO};
 
-const MAGIC: &[u8; 8] = b"HFSNS\x002\n";
+const MAGIC: &[u8; 8] = b"HFSNS\x003\n";
 
 /// Largest snapshot file read back (the node table holds at most 250,000 nodes).
 const MAX_FILE: u64 = 1 << 30;
@@ -39,6 +39,9 @@ pub struct NamespaceSnapshot {
     pub export_id: u128,
     read_only: bool,
     publishes_on_close: bool,
+    /// How the server performed requests (a mount started from this snapshot checks
+    /// cached opens as the server would have).
+    identities: Identities,
     root: Entry,
     root_listing: Option<Vec<DirEntry>>,
     /// Parents before children.
@@ -96,6 +99,7 @@ impl NamespaceSnapshot {
             root: self.root.clone(),
             read_only: self.read_only,
             verifier: 0,
+            identities: self.identities.clone(),
         }
     }
 
@@ -234,6 +238,7 @@ impl NamespaceSnapshot {
             export_id: info.export_id,
             read_only: info.read_only,
             publishes_on_close,
+            identities: info.identities,
             root,
             root_listing,
             nodes,

@@ -15,6 +15,7 @@ use super::*;
 
 const MIB: usize = 1 << 20;
 const READ: Access = Access {
+    read: true,
     write: false,
     append: false,
 };

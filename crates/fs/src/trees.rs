@@ -234,6 +234,7 @@ mod tests {
                     atime: Default::default(),
                     mtime: Default::default(),
                     ctime: Default::default(),
+                    acl: false,
                 },
             },
         };

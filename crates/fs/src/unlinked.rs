@@ -200,7 +200,11 @@ impl Unlinked {
             text.push(b'\n');
         }
         let tmp = j.with_extension("tmp");
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = hoardfs_cache::private::file_options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
         f.write_all(&text)?;
         f.sync_all()?;
         std::fs::rename(&tmp, j)?;

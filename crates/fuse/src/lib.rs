@@ -3,6 +3,7 @@
 //! lives here; this is the only place errno numbers appear. Modifying operations are
 //! translated in module `modify`.
 
+mod callers;
 mod convert;
 mod modify;
 mod ring_dst;
@@ -62,6 +63,8 @@ const SNAPSHOT_LIFETIME: Duration = Duration::from_secs(60);
 /// The `fuser::Filesystem` implementation.
 pub struct FuseBridge {
     fs: Arc<HoardFs>,
+    /// The identity behind each request (entered as the ambient caller for its duration).
+    callers: callers::Callers,
     /// Listings being read, by directory inode: a pass that needs several READDIR
     /// requests continues in the snapshot it started with (and when), so offsets stay
     /// meaningful.
@@ -80,8 +83,20 @@ impl FuseBridge {
     pub fn new(fs: Arc<HoardFs>) -> Self {
         FuseBridge {
             fs,
+            callers: callers::Callers::default(),
             dirs: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Enters the identity of the process behind `req` as the ambient caller until the
+    /// returned scope ends: whatever the request makes the file system ask the origin is
+    /// asked for that process (and judged by the server as that process's mapped user).
+    fn enter(&self, req: &Request) -> hoardfs_origin::caller::Scope {
+        let with_groups = self.fs.acts_as_callers();
+        let caller = self
+            .callers
+            .of(req.pid(), req.uid(), req.gid(), with_groups);
+        hoardfs_origin::caller::enter(caller)
     }
 
     /// The listing a READDIR at `offset` reads: a fresh (or still valid) one at offset 0,
@@ -179,7 +194,8 @@ impl Filesystem for FuseBridge {
         self.fs.shutdown();
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _caller = self.enter(req);
         match self.fs.lookup(parent.0, name.as_bytes()) {
             Ok(e) => reply.entry(&e.ttl, &fuse_attr(e.ino, &e.attr), Generation(0)),
             Err(e) => reply.error(errno(&e)),
@@ -190,21 +206,24 @@ impl Filesystem for FuseBridge {
         self.fs.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _caller = self.enter(req);
         match self.fs.getattr(ino.0) {
             Ok(NodeAttr { attr, ttl }) => reply.attr(&ttl, &fuse_attr(ino.0, &attr)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _caller = self.enter(req);
         match self.fs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _caller = self.enter(req);
         if self.fs.kernel_opens() {
             // The kernel remembers ENOSYS for the whole mount: it then opens files itself
             // (keeping their page cache) and reads come with handle 0 (`read` below).
@@ -228,7 +247,7 @@ impl Filesystem for FuseBridge {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -237,6 +256,7 @@ impl Filesystem for FuseBridge {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _caller = self.enter(req);
         let kernel_opened = fh.0 == 0 && self.fs.kernel_opens();
         let reply = if kernel_opened {
             reply
@@ -273,6 +293,7 @@ impl Filesystem for FuseBridge {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _caller = self.enter(req);
         if self.fs.kernel_opens() {
             // Opens by the kernel carry no FOPEN_NOFLUSH: ENOSYS stops FLUSH for the mount.
             return reply.error(Errno::ENOSYS);
@@ -282,7 +303,7 @@ impl Filesystem for FuseBridge {
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -290,27 +311,42 @@ impl Filesystem for FuseBridge {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _caller = self.enter(req);
         self.fs.release(fh.0);
         reply.ok();
     }
 
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        // ENOSYS makes the kernel stop sending OPENDIR/RELEASEDIR for the whole mount and
-        // cache directory contents itself (FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE): a warm
-        // `ls` never reaches the daemon. Reads then come with handle 0 and are served by
-        // inode; the kernel drops its copy when the directory's mtime changes or a
-        // callback break invalidates the inode (doc/SEMANTICS.md).
-        reply.error(Errno::ENOSYS);
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if !self.fs.acts_as_callers() {
+            // ENOSYS makes the kernel stop sending OPENDIR/RELEASEDIR for the whole mount
+            // and cache directory contents itself (FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE): a
+            // warm `ls` never reaches the daemon. Reads then come with handle 0 and are
+            // served by inode; the kernel drops its copy when the directory's mtime
+            // changes or a callback break invalidates the inode (doc/SEMANTICS.md).
+            return reply.error(Errno::ENOSYS);
+        }
+        // A server that acts as its callers decides who may list what; the kernel's copy
+        // of a listing is shared by every user of the mount, so each open of a directory
+        // is judged here first (then the kernel keeps and reuses its copy as above).
+        let _caller = self.enter(req);
+        match self.fs.may_list(ino.0) {
+            Ok(()) => reply.opened(
+                FileHandle(0),
+                fuser::FopenFlags::FOPEN_CACHE_DIR | fuser::FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _caller = self.enter(req);
         let listing = match self.listing_at(ino, offset) {
             Ok(l) => l,
             Err(e) => return reply.error(e),
@@ -348,12 +384,13 @@ impl Filesystem for FuseBridge {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _caller = self.enter(req);
         let listing = match self.listing_at(ino, offset) {
             Ok(l) => l,
             Err(e) => return reply.error(e),
@@ -407,7 +444,8 @@ impl Filesystem for FuseBridge {
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _caller = self.enter(req);
         match self.fs.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
@@ -416,17 +454,19 @@ impl Filesystem for FuseBridge {
         }
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _caller = self.enter(req);
         self.do_getxattr(ino, name, size, reply);
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _caller = self.enter(req);
         self.do_listxattr(ino, size, reply);
     }
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -434,16 +474,18 @@ impl Filesystem for FuseBridge {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _caller = self.enter(req);
         self.do_setxattr(ino, name, value, flags, reply);
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _caller = self.enter(req);
         self.do_removexattr(ino, name, reply);
     }
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -459,6 +501,7 @@ impl Filesystem for FuseBridge {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _caller = self.enter(req);
         let set = hoardfs_origin::SetAttrs {
             mode,
             uid,
@@ -480,6 +523,7 @@ impl Filesystem for FuseBridge {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _caller = self.enter(req);
         self.do_create(req, parent, name, mode, flags, reply);
     }
 
@@ -493,6 +537,7 @@ impl Filesystem for FuseBridge {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _caller = self.enter(req);
         let r = self.fs.mknod(
             parent.0,
             name.as_bytes(),
@@ -512,6 +557,7 @@ impl Filesystem for FuseBridge {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        let _caller = self.enter(req);
         let r = self
             .fs
             .mkdir(parent.0, name.as_bytes(), mode, modify::owner(req));
@@ -526,6 +572,7 @@ impl Filesystem for FuseBridge {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
+        let _caller = self.enter(req);
         let target = target.as_os_str().as_bytes();
         let r = self
             .fs
@@ -535,26 +582,29 @@ impl Filesystem for FuseBridge {
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _caller = self.enter(req);
         modify::reply_entry(self.fs.link(ino.0, newparent.0, newname.as_bytes()), reply);
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _caller = self.enter(req);
         modify::reply_empty(self.fs.unlink(parent.0, name.as_bytes()), reply);
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _caller = self.enter(req);
         modify::reply_empty(self.fs.rmdir(parent.0, name.as_bytes()), reply);
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -562,6 +612,7 @@ impl Filesystem for FuseBridge {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _caller = self.enter(req);
         let r = self.fs.rename(
             parent.0,
             name.as_bytes(),
@@ -584,6 +635,7 @@ impl Filesystem for FuseBridge {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _caller = self.enter(req);
         match self.fs.write(fh.0, offset, data, req.pid()) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(&e)),
@@ -592,23 +644,25 @@ impl Filesystem for FuseBridge {
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _caller = self.enter(req);
         modify::reply_empty(self.fs.fsync(ino.0, datasync), reply);
     }
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _caller = self.enter(req);
         modify::reply_empty(self.fs.fsync(ino.0, datasync), reply);
     }
 
@@ -642,6 +696,7 @@ mod tests {
             atime: t,
             mtime: t,
             ctime: t,
+            acl: false,
         }
     }
 
@@ -698,6 +753,7 @@ mod tests {
                 export_id: 1,
                 root: Extreme::entry(1, FileKind::Dir),
                 read_only: true,
+                identities: hoardfs_origin::Identities::Server,
             })
         }
         fn lookup(

@@ -18,6 +18,7 @@ use crate::{FuseBridge, errno, fuse_attr};
 /// What an open's flags ask for.
 pub(crate) fn access(flags: i32) -> Access {
     Access {
+        read: flags & libc::O_ACCMODE != libc::O_WRONLY,
         write: flags & libc::O_ACCMODE != libc::O_RDONLY,
         append: flags & libc::O_APPEND != 0,
     }

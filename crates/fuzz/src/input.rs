@@ -90,6 +90,7 @@ pub fn request(rng: &mut Rng) -> Vec<u8> {
     let mut req = arbitrary::<Request>(rng, 512).unwrap_or(Request {
         id: rng.next_u64(),
         op: Op::StatFs,
+        caller: hoardfs_proto::Caller::new(0, 0),
     });
     if rng.chance(1, 2) {
         tame_request(rng, &mut req);

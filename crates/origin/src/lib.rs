@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use hoardfs_proto::{
-    Attr, Break, DirEntry, Entry, FileKind, Handle, Owner, RENAME_EXCHANGE, RENAME_NOREPLACE,
-    ServerCounters, SetAttrs, StatFs, TimeSet, Timestamp, TreeDir, WireError,
+    Attr, Break, Caller, DirEntry, Entry, FileKind, Handle, Identities, Owner, RENAME_EXCHANGE,
+    RENAME_NOREPLACE, ServerCounters, SetAttrs, StatFs, TimeSet, Timestamp, TreeDir, WireError,
 };
 
+pub mod caller;
 pub mod held;
 pub mod local;
 pub mod remote;
@@ -81,6 +82,9 @@ pub struct OriginInfo {
     /// Write verifier of the server instance (0 for origins that write straight to a local
     /// file system): see `hoardfs_proto::Reply::Hello`.
     pub verifier: u64,
+    /// Whose credentials the origin performs calls with ([`Identities::Server`]: its own,
+    /// so only the client's kernel checks permissions).
+    pub identities: Identities,
 }
 
 /// Bytes returned by [`Origin::read`].
@@ -263,6 +267,19 @@ pub trait Origin: Send + Sync + 'static {
     }
     /// Target of a symlink.
     fn readlink(&self, handle: Handle) -> Result<Vec<u8>>;
+    /// Whose credentials the origin performs calls with now (without contacting it):
+    /// [`Identities::Server`], its own (the default), or the callers' as mapped.
+    fn identities(&self) -> Identities {
+        Identities::Server
+    }
+    /// Whether the ambient caller ([`caller::current`]) may access the object for `mask`
+    /// (`MAY_READ` | `MAY_WRITE` | `MAY_EXEC`): `Ok`, or the refusal. Origins that perform
+    /// calls with their own credentials ([`Identities::Server`]) allow everything: the
+    /// client's kernel checks the mode bits they report.
+    fn access(&self, handle: Handle, mask: u32) -> Result<()> {
+        let _ = (handle, mask);
+        Ok(())
+    }
     /// File-system statistics of the export.
     fn statfs(&self) -> Result<StatFs>;
     /// Whether the origin is currently believed reachable (no network traffic).

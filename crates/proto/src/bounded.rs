@@ -40,6 +40,10 @@ fn vec<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     d.deserialize_seq(Bounded(max, PhantomData))
 }
 
+pub(super) fn groups<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
+    vec(d, crate::ids::MAX_GROUPS)
+}
+
 pub(super) fn breaks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<crate::msg::Break>, D::Error> {
     vec(d, crate::msg::MAX_BREAKS)
 }

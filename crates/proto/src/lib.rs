@@ -14,20 +14,28 @@
 pub mod buffers;
 pub mod check;
 pub mod frame;
+pub mod ids;
 pub mod msg;
 
 pub use check::{check_name, check_target, check_xattr_list};
 pub use frame::{FrameError, FrameHeader, Limits};
+pub use ids::{
+    ANON_ID, Caller, IdMap, IdRange, Identities, MAY_EXEC, MAY_READ, MAY_WRITE, Restrict, Squash,
+    may,
+};
 pub use msg::*;
 
 /// Protocol version spoken by this build. Bumped on any incompatible change.
-/// Version 5 added [`msg::Op::ReadTree`].
-pub const PROTOCOL_VERSION: u32 = 5;
+/// Version 5 added [`msg::Op::ReadTree`]; version 6 a [`Caller`] on every request,
+/// [`msg::Op::Access`], `Attr::acl` and the server's [`Identities`] in `Hello`.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Oldest protocol version a server still accepts from clients (a connection speaks the
 /// client's version; requests it does not know are never sent on it). Clients need a
-/// server at least as new as they are: upgrade servers first.
-pub const MIN_PROTOCOL_VERSION: u32 = 4;
+/// server at least as new as they are: upgrade servers first. Version 6 is the first
+/// whose requests say who they are made for, which a server that acts as its callers
+/// cannot do without: older clients are refused with a protocol error.
+pub const MIN_PROTOCOL_VERSION: u32 = 6;
 
 /// An idle client sends [`msg::Op::Ping`] this often, so that the server can close
 /// connections that say nothing for longer (its idle timeout) without closing idle mounts.

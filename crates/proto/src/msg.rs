@@ -81,6 +81,10 @@ pub struct Attr {
     pub mtime: Timestamp,
     /// Last status change.
     pub ctime: Timestamp,
+    /// The object has an access ACL beyond its mode bits (reported by servers that act as
+    /// their callers; a client then asks the server, `Op::Access`, instead of deciding an
+    /// open by the mode bits).
+    pub acl: bool,
 }
 
 /// A named object: its handle and attributes.
@@ -157,6 +161,9 @@ pub struct Request {
     pub id: u64,
     /// The operation.
     pub op: Op,
+    /// Who the request is made for (the calling process on the client); the server maps
+    /// it ([`crate::IdMap`]) and performs the request as the result.
+    pub caller: crate::Caller,
 }
 
 /// The operations a client may request.
@@ -366,6 +373,17 @@ pub enum Op {
         /// Upper bound on the entries of all listings together.
         max_entries: u32,
     },
+    /// Whether the caller may access the object for `mask` ([`crate::MAY_READ`] |
+    /// [`crate::MAY_WRITE`] | [`crate::MAY_EXEC`]), as `access(2)` answers on the server
+    /// for the identity the request is performed as: `Done`, or the refusal
+    /// (`Access`, `NotPermitted`, `ReadOnly`). Clients ask it for an open they would
+    /// otherwise answer from memory, of an object with an access ACL.
+    Access {
+        /// Object.
+        handle: Handle,
+        /// Access bits asked for.
+        mask: u32,
+    },
 }
 
 /// `renameat2` flag: fail with `Exists` instead of replacing the target.
@@ -507,6 +525,9 @@ pub enum Reply {
         /// origin stores whole objects, as S3 does): clients then send `Flush` at every
         /// close of a file they wrote.
         publishes_on_close: bool,
+        /// Whose credentials the server performs requests with, and how it maps the
+        /// identities requests claim (this connection's credential included).
+        identities: crate::Identities,
     },
     /// Lookup result.
     Entry(Entry),
@@ -672,6 +693,11 @@ pub const MAX_TREE_ENTRIES: usize = 1 << 15;
 #[path = "bounded.rs"]
 mod bounded;
 
+/// The supplementary groups of a [`crate::Caller`], at most [`crate::ids::MAX_GROUPS`].
+pub(crate) fn bounded_groups<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
+    bounded::groups(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -698,6 +724,7 @@ mod tests {
                     atime: Timestamp::default(),
                     mtime: Timestamp::default(),
                     ctime: Timestamp::default(),
+                    acl: false,
                 },
             },
         }

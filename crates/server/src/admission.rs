@@ -1,11 +1,14 @@
 //! Who gets in and how much they may hold: the server's resource bounds.
 //!
 //! - **Handshakes**: at most `max_handshakes` connections may be between accept and an
-//!   accepted `Hello` (TLS handshake included). A new one beyond that evicts the oldest,
-//!   so a flood of idle sockets delays nobody for long (as sshd's MaxStartups drops).
+//!   accepted `Hello` (TLS handshake included), `max_handshakes_per_source` of them from
+//!   one source, with random early drop past half full (module `handshakes`), so a flood
+//!   of idle sockets delays nobody for long (as sshd's MaxStartups drops).
 //! - **Connections**: at most `max_connections` authenticated at once; one more is told
 //!   `Busy` and closed.
-//! - **Memory**: every request's data (write payloads, read lengths) is charged, in
+//! - **Memory**: the callback sets (as they grow) and the recent change reports (set
+//!   aside at start) are charged to the server's budget; every request's data (write
+//!   payloads, read lengths) is charged, in
 //!   [`UNIT`]s, to its connection's budget and to the server's; the charge is released
 //!   when the reply has been *written* to the socket. A client that stops reading replies
 //!   therefore stops being served once its budget is spent: it costs bounded memory, and
@@ -18,7 +21,7 @@
 //! Locks: each mutex here is a leaf, held for a few map operations and never across an
 //! await.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,15 +31,15 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::credentials::{Check, Credentials, Gone};
+pub(crate) use crate::handshakes::HandshakeTicket;
+use crate::handshakes::Handshakes;
 
 /// Granularity of the memory budgets.
 pub(crate) const UNIT: usize = 64 << 10;
 
 /// The admission state of one server.
 pub(crate) struct Admission {
-    handshakes: Mutex<VecDeque<(u64, Arc<Notify>)>>,
-    max_handshakes: usize,
-    next_ticket: AtomicU64,
+    handshakes: Arc<Handshakes>,
     connections: Arc<Semaphore>,
     /// Budget units of the whole server.
     memory: Arc<Semaphore>,
@@ -53,35 +56,34 @@ impl Admission {
         let min = units(hoardfs_proto::MAX_READ_LEN.max(hoardfs_proto::MAX_WRITE_LEN) as usize);
         let per_conn = units(cfg.memory_per_conn).max(min);
         Admission {
-            handshakes: Mutex::new(VecDeque::new()),
-            max_handshakes: cfg.max_handshakes.max(1),
-            next_ticket: AtomicU64::new(0),
+            handshakes: Arc::new(Handshakes::new(
+                cfg.max_handshakes,
+                cfg.max_handshakes_per_source,
+            )),
             connections: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
-            memory: Arc::new(Semaphore::new(units(cfg.memory_total).max(per_conn))),
+            // The change reports kept for settling listings are set aside first; the
+            // callback sets are charged as they grow (module `callbacks`).
+            memory: Arc::new(Semaphore::new(
+                units(cfg.memory_total)
+                    .saturating_sub(units(crate::callbacks::RECENT_BYTES))
+                    .max(per_conn),
+            )),
             per_conn_units: per_conn,
             failures: Failures::default(),
             sessions: Sessions::default(),
         }
     }
 
-    /// Registers a connection in its handshake; the oldest one is evicted (its ticket's
-    /// `evicted` fires) if there are too many.
-    pub(crate) fn begin_handshake(self: &Arc<Self>) -> HandshakeTicket {
-        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        let evicted = Arc::new(Notify::new());
-        let mut q = self.handshakes.lock();
-        while q.len() >= self.max_handshakes {
-            if let Some((_, oldest)) = q.pop_front() {
-                oldest.notify_one();
-            }
-        }
-        q.push_back((id, Arc::clone(&evicted)));
-        HandshakeTicket {
-            id,
-            evicted,
-            deadline: tokio::time::Instant::now() + crate::conn::HELLO_TIMEOUT,
-            admission: Arc::clone(self),
-        }
+    /// Registers a connection from `peer` in its handshake (module `handshakes`);
+    /// `None`: dropped at once to keep room for others.
+    pub(crate) fn begin_handshake(&self, peer: IpAddr) -> Option<HandshakeTicket> {
+        let deadline = tokio::time::Instant::now() + crate::conn::HELLO_TIMEOUT;
+        self.handshakes.begin(peer, deadline, rand::random::<f64>())
+    }
+
+    /// The server's memory budget, for what else charges it (callback sets).
+    pub(crate) fn memory(&self) -> Arc<Semaphore> {
+        Arc::clone(&self.memory)
     }
 
     /// A slot for one authenticated connection, if any is free.
@@ -95,26 +97,6 @@ impl Admission {
             .acquire_many_owned(units)
             .await
             .ok()
-    }
-}
-
-/// A connection's place among the handshakes; leaves the queue when dropped.
-pub(crate) struct HandshakeTicket {
-    id: u64,
-    /// Fires when this handshake was evicted to make room for a newer one.
-    pub(crate) evicted: Arc<Notify>,
-    /// When the TLS handshake and `Hello` must be done by ([`crate::conn::HELLO_TIMEOUT`]
-    /// after accept, all steps together).
-    pub(crate) deadline: tokio::time::Instant,
-    admission: Arc<Admission>,
-}
-
-impl Drop for HandshakeTicket {
-    fn drop(&mut self) {
-        self.admission
-            .handshakes
-            .lock()
-            .retain(|(id, _)| *id != self.id);
     }
 }
 
@@ -158,7 +140,7 @@ impl Admission {
             id,
             admission: Arc::clone(self),
         };
-        if named && !matches!(credentials.judge(token), Check::Accepted(_)) {
+        if named && !matches!(credentials.judge(token), Check::Accepted(..)) {
             return None;
         }
         Some((n, guard))
@@ -287,7 +269,7 @@ impl Failures {
 }
 
 /// The unit failures are counted by: an IPv4 address, or an IPv6 /64.
-fn network_of(addr: IpAddr) -> IpAddr {
+pub(crate) fn network_of(addr: IpAddr) -> IpAddr {
     match addr {
         IpAddr::V4(_) => addr,
         IpAddr::V6(v6) => {
@@ -321,11 +303,14 @@ mod tests {
     #[test]
     fn a_revocation_read_during_a_handshake_refuses_the_session() {
         let dir = tempfile::tempdir().unwrap();
-        let t = admin::add(dir.path(), "a").unwrap();
+        let t = admin::add(dir.path(), "a", &Default::default()).unwrap();
         let creds = Credentials::new(None, Some(dir.path())).unwrap();
         let adm = Arc::new(Admission::new(&Default::default()));
         // The handshake's check passes ...
-        assert_eq!(creds.check(t.as_bytes()), Check::Accepted("a".into()));
+        assert_eq!(
+            creds.check(t.as_bytes()),
+            Check::Accepted("a".into(), Default::default())
+        );
         // ... the periodic check reads the revocation before the session is registered,
         // so it finds nothing to close ...
         admin::revoke(dir.path(), "a").unwrap();
@@ -342,12 +327,15 @@ mod tests {
     #[tokio::test]
     async fn revoking_a_credential_ends_its_sessions_and_only_those() {
         let dir = tempfile::tempdir().unwrap();
-        let old = admin::add(dir.path(), "a").unwrap();
-        let b = admin::add(dir.path(), "b").unwrap();
+        let old = admin::add(dir.path(), "a", &Default::default()).unwrap();
+        let b = admin::add(dir.path(), "b", &Default::default()).unwrap();
         let creds = Credentials::new(None, Some(dir.path())).unwrap();
         let adm = Arc::new(Admission::new(&Default::default()));
         let open = |t: &str, name: &str| {
-            assert_eq!(creds.check(t.as_bytes()), Check::Accepted(name.into()));
+            assert_eq!(
+                creds.check(t.as_bytes()),
+                Check::Accepted(name.into(), Default::default())
+            );
             adm.open_session(named(name, t), &creds, t.as_bytes())
                 .expect("a valid credential opens a session")
         };
@@ -356,7 +344,7 @@ mod tests {
         // "a" is rotated: revoked and added again with a new token, and a client
         // reconnects with the new one before the periodic check runs.
         admin::revoke(dir.path(), "a").unwrap();
-        let new = admin::add(dir.path(), "a").unwrap();
+        let new = admin::add(dir.path(), "a", &Default::default()).unwrap();
         let (a_new, _g3) = open(&new, "a");
         let gone = creds.take_revoked();
         assert_eq!(adm.sessions.revoke(&gone), 1);
@@ -399,22 +387,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_oldest_handshake_is_evicted_beyond_the_limit() {
+    async fn a_source_over_its_share_of_handshakes_loses_its_oldest() {
         let cfg = crate::ServerConfig {
-            max_handshakes: 2,
+            max_handshakes_per_source: 1,
             ..Default::default()
         };
         let adm = Arc::new(Admission::new(&cfg));
-        let a = adm.begin_handshake();
-        let b = adm.begin_handshake();
+        let peer: IpAddr = "10.1.2.3".parse().unwrap();
+        let a = adm.begin_handshake(peer).expect("room");
         let evicted = a.evicted.notified();
-        let _c = adm.begin_handshake();
+        let _b = adm.begin_handshake(peer).expect("room");
         tokio::time::timeout(Duration::from_secs(1), evicted)
             .await
-            .expect("the oldest handshake is told to go");
-        drop(a);
-        drop(b);
-        assert_eq!(adm.handshakes.lock().len(), 1);
+            .expect("the older handshake is told to go");
     }
 
     #[test]

@@ -20,7 +20,12 @@
 //!
 //! Bounds: a connection holds at most [`MAX_CALLBACKS_PER_CONN`] callbacks and at most
 //! [`MAX_PENDING_BREAK_BYTES`] of unsent break frames; beyond either it gets one [`Break::All`] and its
-//! registrations are dropped (the client then revalidates everything it caches).
+//! registrations are dropped (the client then revalidates everything it caches). The
+//! memory of each connection's callback set is charged to the server's memory budget
+//! (`--max-memory-mib`, the semaphore [`Callbacks::charge_to`] is given) as it grows; a
+//! set that cannot be charged is dropped the same way. The recent change reports are
+//! bounded by [`RECENT_BYTES`] as well as by count, and those bytes are set aside from the
+//! budget when the server starts (see `admission`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -29,6 +34,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use hoardfs_proto::{Break, ServerMessage};
 use parking_lot::Mutex;
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::conn::Outgoing;
 
@@ -41,6 +47,29 @@ pub(crate) const MAX_PENDING_BREAK_BYTES: usize = 1 << 20;
 /// Change reports kept for settling subtree listings precisely (a listing that started
 /// before the oldest gets the conservative break).
 pub(crate) const RECENT_CHANGES: usize = 4096;
+/// Most bytes of change reports kept for that (a report of long names is large).
+pub(crate) const RECENT_BYTES: usize = 8 << 20;
+
+/// Bytes a callback set of `capacity` slots takes (a `HashSet<u64>`: the id and a control
+/// byte per slot).
+fn set_bytes(capacity: usize) -> usize {
+    capacity * (std::mem::size_of::<u64>() + 1)
+}
+
+/// Bytes a change report takes while kept.
+fn report_bytes(breaks: &[Break]) -> usize {
+    breaks
+        .iter()
+        .map(|b| {
+            std::mem::size_of::<Break>()
+                + match b {
+                    Break::Entry { name, .. } => name.len(),
+                    _ => 0,
+                }
+        })
+        .sum::<usize>()
+        + 64
+}
 
 /// Identifies one connection in the registry.
 pub(crate) type ConnId = u64;
@@ -48,6 +77,8 @@ pub(crate) type ConnId = u64;
 struct ConnCallbacks {
     tx: UnboundedSender<Outgoing>,
     files: HashSet<u64>,
+    /// What `files` is charged to the server's memory budget.
+    charged: Option<OwnedSemaphorePermit>,
     /// Bytes of break frames queued but not yet written (decremented by the writer).
     pending: Arc<AtomicUsize>,
 }
@@ -61,6 +92,10 @@ pub struct Callbacks {
     /// The latest change reports with the sequence number each made (a leaf lock of its
     /// own, taken before `seq` moves).
     recent: Mutex<std::collections::VecDeque<(u64, Arc<Vec<Break>>)>>,
+    /// Bytes of the reports in `recent`.
+    recent_bytes: AtomicUsize,
+    /// The server's memory budget (units of `admission::UNIT`), once the server runs.
+    memory: std::sync::OnceLock<Arc<Semaphore>>,
     next_conn: AtomicU64,
     sent: AtomicU64,
 }
@@ -88,6 +123,7 @@ impl Callbacks {
             ConnCallbacks {
                 tx,
                 files: HashSet::new(),
+                charged: None,
                 pending,
             },
         );
@@ -97,6 +133,11 @@ impl Callbacks {
     /// Forgets a closed connection.
     pub(crate) fn remove_conn(&self, id: ConnId) {
         self.conns.lock().remove(&id);
+    }
+
+    /// Charges callback sets to `memory` (the server's budget, in `admission::UNIT`s).
+    pub(crate) fn charge_to(&self, memory: Arc<Semaphore>) {
+        let _ = self.memory.set(memory);
     }
 
     /// The current change sequence number (read before asking the origin).
@@ -118,8 +159,15 @@ impl Callbacks {
                 c.files.extend(files.iter().copied());
                 if c.files.len() > MAX_CALLBACKS_PER_CONN {
                     tracing::warn!(conn, "too many callbacks on one connection: breaking all");
-                    c.files.clear();
-                    self.send(c, vec![Break::All]);
+                    self.break_all(c);
+                } else if !self.charge(c) {
+                    tracing::warn!(
+                        conn,
+                        callbacks = c.files.len(),
+                        "the server's memory budget cannot hold this connection's callbacks: \
+                         breaking all"
+                    );
+                    self.break_all(c);
                 }
             }
         }
@@ -160,10 +208,15 @@ impl Callbacks {
         {
             let mut recent = self.recent.lock();
             let seq = self.seq.load(Ordering::SeqCst) + 1;
+            let mut bytes = self.recent_bytes.load(Ordering::Relaxed) + report_bytes(&breaks);
             recent.push_back((seq, Arc::new(breaks.clone())));
-            while recent.len() > RECENT_CHANGES {
-                recent.pop_front();
+            while recent.len() > RECENT_CHANGES || bytes > RECENT_BYTES {
+                match recent.pop_front() {
+                    Some((_, old)) => bytes -= report_bytes(&old),
+                    None => break,
+                }
             }
+            self.recent_bytes.store(bytes, Ordering::Relaxed);
             // Bumped before the scan: a request that read the old number and registers
             // after the scan sees the new number and settles its reply.
             self.seq.fetch_add(1, Ordering::SeqCst);
@@ -185,6 +238,37 @@ impl Callbacks {
         }
     }
 
+    /// Charges `c`'s callback set to the memory budget as far as it grew; false if the
+    /// budget has no room for it.
+    fn charge(&self, c: &mut ConnCallbacks) -> bool {
+        let Some(memory) = self.memory.get() else {
+            return true;
+        };
+        let unit = crate::admission::UNIT;
+        let want = set_bytes(c.files.capacity()).div_ceil(unit) as u32;
+        let held = c.charged.as_ref().map_or(0, |p| p.num_permits() as u32);
+        if want <= held {
+            return true;
+        }
+        match Arc::clone(memory).try_acquire_many_owned(want - held) {
+            Ok(more) => {
+                match &mut c.charged {
+                    Some(p) => p.merge(more),
+                    None => c.charged = Some(more),
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Drops `c`'s callbacks (and their charge) and tells it to revalidate everything.
+    fn break_all(&self, c: &mut ConnCallbacks) {
+        c.files = HashSet::new();
+        c.charged = None;
+        self.send(c, vec![Break::All]);
+    }
+
     fn send(&self, c: &mut ConnCallbacks, breaks: Vec<Break>) {
         let pending = c.pending.load(Ordering::Relaxed);
         let sent = breaks.len();
@@ -196,7 +280,8 @@ impl Callbacks {
             Some(o) => (o, sent),
             None => {
                 // The client does not keep up: make it revalidate everything instead.
-                c.files.clear();
+                c.files = HashSet::new();
+                c.charged = None;
                 let all = Outgoing::message(&ServerMessage::Breaks(vec![Break::All]), true);
                 (all, 1)
             }
@@ -269,5 +354,52 @@ mod tests {
         let all = Outgoing::message(&ServerMessage::Breaks(vec![Break::All]), true);
         assert_eq!(frames.last().unwrap().body_len(), all.body_len());
         assert!(c.conns.lock()[&conn].files.is_empty());
+    }
+
+    #[test]
+    fn callback_sets_are_charged_to_the_memory_budget_and_dropped_when_it_is_spent() {
+        let c = Callbacks::default();
+        // Room for about 1 MiB of callback sets (16 units of 64 KiB).
+        let memory = Arc::new(Semaphore::new(16));
+        c.charge_to(memory.clone());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let conn = c.add_conn(tx, Arc::new(AtomicUsize::new(0)));
+        let small: Vec<u64> = (0..10_000).collect();
+        c.register(conn, &small, c.seq());
+        let used = 16 - memory.available_permits();
+        let want =
+            set_bytes(c.conns.lock()[&conn].files.capacity()).div_ceil(crate::admission::UNIT);
+        assert_eq!(used, want, "charged as it grew");
+        assert!(rx.try_recv().is_err(), "no break while it fits");
+        // Growing beyond the budget: dropped, the client told, the charge given back.
+        let big: Vec<u64> = (0..500_000).collect();
+        c.register(conn, &big, c.seq());
+        assert!(c.conns.lock()[&conn].files.is_empty());
+        assert_eq!(memory.available_permits(), 16);
+        let all = Outgoing::message(&ServerMessage::Breaks(vec![Break::All]), true);
+        assert_eq!(rx.try_recv().unwrap().body_len(), all.body_len());
+        // A closed connection gives its charge back too.
+        c.register(conn, &small, c.seq());
+        assert!(memory.available_permits() < 16);
+        c.remove_conn(conn);
+        assert_eq!(memory.available_permits(), 16);
+    }
+
+    #[test]
+    fn the_recent_change_reports_are_bounded_in_bytes() {
+        let c = Callbacks::default();
+        let long = |i: u64| Break::Entry {
+            dir_id: i,
+            name: vec![b'x'; 255],
+            file_id: None,
+        };
+        let report: Vec<Break> = (0..1000).map(long).collect();
+        for _ in 0..200 {
+            c.changed(report.clone());
+        }
+        let kept: usize = c.recent.lock().iter().map(|(_, b)| report_bytes(b)).sum();
+        assert!(kept <= RECENT_BYTES, "{kept} bytes kept");
+        assert_eq!(kept, c.recent_bytes.load(Ordering::Relaxed));
+        assert!(c.recent.lock().len() < 200);
     }
 }

@@ -25,7 +25,8 @@ use hoardfs_origin::FileRange;
 use hoardfs_proto::buffers;
 use hoardfs_proto::frame::{self, FrameError, FrameHeader, HEADER_LEN, Limits};
 use hoardfs_proto::{
-    MIN_PROTOCOL_VERSION, Op, PROTOCOL_VERSION, Reply, Request, Response, ServerMessage, WireError,
+    IdMap, Identities, MIN_PROTOCOL_VERSION, Op, PROTOCOL_VERSION, Reply, Request, Response,
+    ServerMessage, WireError,
 };
 use tokio::io::{
     AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, Interest,
@@ -47,6 +48,8 @@ pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const HELLO_LIMITS: Limits = Phase::Hello.limits();
 /// Socket buffer sizes of the reader and writer.
 const IO_BUF: usize = 64 << 10;
+/// Plaintext a TLS session encrypts ahead of the socket (rustls's default: 64 KiB).
+const TLS_SEND_BUFFER: usize = 256 << 10;
 /// How long a refused peer gets to receive the error reply before the socket closes.
 const REFUSAL_LINGER: Duration = Duration::from_secs(5);
 
@@ -144,7 +147,10 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
     Stats::bump(&shared.stats.connections);
     let _ = stream.set_nodelay(true);
     hoardfs_tls::enable_keepalive(&stream);
-    let ticket = shared.admission.begin_handshake();
+    let Some(ticket) = shared.admission.begin_handshake(peer.ip()) else {
+        tracing::debug!(%peer, "dropping a connection: too many handshakes pending from its source");
+        return;
+    };
     let evicted = Arc::clone(&ticket.evicted);
     // Until the client is authenticated, a newer connection may push this one out.
     let setup = async {
@@ -152,7 +158,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
         // plaintext hoardfs frame (`H` of the magic), so a mismatch gets a clear answer.
         let mut first = [0u8; 1];
         match tokio::time::timeout_at(ticket.deadline, stream.peek(&mut first)).await {
-            Ok(Ok(1)) => {}
+            Ok(Ok(1)) => ticket.talking(),
             _ => return None,
         }
         let Some(tls) = shared.cfg.tls.clone() else {
@@ -196,7 +202,10 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
             let (rd, wr) = stream.into_split();
             serve_on(rd, wr, peer, shared, ticket).await
         }
-        Some(Transport::Tls(session)) => {
+        Some(Transport::Tls(mut session)) => {
+            // rustls encrypts at most this much per write before it must be sent: 256 KiB
+            // (16 records) per socket write rather than 64 KiB (measured in BENCHMARKS.md).
+            session.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
             let (rd, wr) = tokio::io::split(*session);
             serve_on(rd, wr, peer, shared, ticket).await
         }
@@ -317,6 +326,8 @@ async fn serve_on<R, W>(
 /// What an authenticated connection holds while it is served.
 struct Session {
     conn: ConnId,
+    /// What its credential may do, and how its claims map.
+    rights: Arc<crate::handle::SessionRights>,
     /// Its place among the `--max-connections`.
     _slot: OwnedSemaphorePermit,
     /// Fires when its credential is revoked.
@@ -368,11 +379,11 @@ async fn handshake<R: AsyncRead + Unpin>(
         );
         return refuse(WireError::Protocol, reason, true);
     }
-    let name = match shared.credentials.check(&token) {
-        Check::Open => None,
-        Check::Accepted(name) => {
+    let (name, rights) = match shared.credentials.check(&token) {
+        Check::Open => (None, credentials::Rights::default()),
+        Check::Accepted(name, rights) => {
             shared.admission.failures.clear(peer.ip());
-            Some(name)
+            (Some(name), rights)
         }
         Check::Refused(claimed) => {
             let v = shared.admission.failures.record(peer.ip(), Instant::now());
@@ -436,15 +447,28 @@ async fn handshake<R: AsyncRead + Unpin>(
         Err(e) => return refuse(WireError::Io, format!("origin panicked: {e}"), false),
     };
     let root_id = info.root.attr.file_id;
+    let rights = Arc::new(crate::handle::SessionRights {
+        ids: IdMap {
+            squash: shared.cfg.id_map.squash,
+            anon_uid: shared.cfg.id_map.anon_uid,
+            anon_gid: shared.cfg.id_map.anon_gid,
+            restrict: rights.restrict,
+        },
+        read_only: rights.read_only,
+    });
     // The connection speaks the client's version (an older client never sends what it
     // does not know).
     let hello = Reply::Hello {
         version,
         export_id: info.export_id,
         root: info.root,
-        read_only: shared.cfg.read_only || info.read_only,
+        read_only: shared.cfg.read_only || info.read_only || rights.read_only,
         verifier: shared.cfg.verifier,
         publishes_on_close: shared.origin.publishes_on_close(),
+        identities: match info.identities {
+            Identities::Server => Identities::Server,
+            Identities::Callers(_) => Identities::Callers(rights.ids.clone()),
+        },
     };
     let raced = shared.callbacks.register(conn, &[root_id], seq_before);
     if tx
@@ -468,6 +492,7 @@ async fn handshake<R: AsyncRead + Unpin>(
     }
     Ok(Session {
         conn,
+        rights,
         _slot: slot,
         _guard: guard,
         revoked,
@@ -574,7 +599,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             _conn: conn_units,
             _server: server_units,
         };
-        let Request { id, op } = match decoded {
+        let Request { id, op, caller } = match decoded {
             Decoded::Run(req) => req,
             // A second hello, data on a request that takes none, a bad name...
             Decoded::Refuse { id, error } => {
@@ -587,8 +612,16 @@ async fn read_loop<R: AsyncRead + Unpin>(
         };
         let shared = Arc::clone(shared);
         let tx = tx.clone();
+        let rights = Arc::clone(&session.rights);
         tokio::spawn(async move {
-            let req = crate::handle::Req { conn, id, op, data };
+            let req = crate::handle::Req {
+                conn,
+                id,
+                op,
+                data,
+                caller,
+                rights,
+            };
             let out = tokio::task::spawn_blocking(move || crate::handle::handle(&shared, req));
             let reply = match out.await {
                 Ok(reply) => reply,
@@ -679,8 +712,19 @@ async fn write_one<W: ReplySink>(
         pending_breaks.fetch_sub(out.body.len(), Ordering::Relaxed);
     }
     let data_len = out.file.as_ref().map_or(out.data.len(), |f| f.len as usize);
-    w.write_all(&FrameHeader::encode(out.body.len(), data_len))
-        .await?;
+    let header = FrameHeader::encode(out.body.len(), data_len);
+    if out.file.is_none() && out.data.len() >= IO_BUF {
+        // A large data section goes with its header and body in one vectored write: one
+        // system call (and through TLS no record of its own for the few bytes before it).
+        w.flush().await?;
+        let mut parts = [
+            io::IoSlice::new(&header),
+            io::IoSlice::new(&out.body),
+            io::IoSlice::new(&out.data),
+        ];
+        return write_all_vectored(w.get_mut(), &mut parts).await;
+    }
+    w.write_all(&header).await?;
     w.write_all(&out.body).await?;
     let zero_copy = w.get_ref().socket().is_some();
     match (&out.file, zero_copy) {
@@ -702,6 +746,21 @@ async fn write_one<W: ReplySink>(
         // Large data sections bypass the buffer (BufWriter writes them straight through).
         (None, _) => w.write_all(&out.data).await,
     }
+}
+
+/// Writes all of `parts` with vectored writes.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    mut parts: &mut [io::IoSlice<'_>],
+) -> io::Result<()> {
+    while !parts.is_empty() {
+        let n = w.write_vectored(parts).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        io::IoSlice::advance_slices(&mut parts, n);
+    }
+    Ok(())
 }
 
 /// Sends `range` with `sendfile(2)`: the kernel hands the file's page-cache pages to the

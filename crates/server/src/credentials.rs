@@ -2,8 +2,11 @@
 //! (`STATE/tokens`), and optionally one shared token (`--token-file`).
 //!
 //! A token is `hoardfs1.NAME.SECRET` (SECRET: 32 random bytes, base64url). The file keeps,
-//! per line, `NAME SHA256(token) CREATED`, never the token itself, so reading the file
-//! does not let anyone connect. `hoardfs token add|list|revoke` edit it; a running server
+//! per line, `NAME SHA256(token) CREATED [RIGHTS...]`, never the token itself, so reading
+//! the file does not let anyone connect. The rights ([`Rights`]) say which users the
+//! credential may act as (`user=UID:GID`, or `uids=A-B gids=C-D`; none: any, as an NFS
+//! `AUTH_SYS` client) and whether it may modify anything (`ro`); a change of a name's
+//! rights ends its connections as a revocation does. `hoardfs token add|list|revoke` edit it; a running server
 //! notices a change (checked at every handshake and every second) and closes the
 //! connections of revoked names.
 //!
@@ -35,8 +38,8 @@ pub const SHARED_NAME: &str = "(shared token)";
 pub enum Check {
     /// No credential is required.
     Open,
-    /// A valid credential with this name.
-    Accepted(String),
+    /// A valid credential with this name and these rights.
+    Accepted(String, Rights),
     /// Not valid; the name it claimed, if it had the form of a named token.
     Refused(Option<String>),
 }
@@ -55,8 +58,8 @@ struct Loaded {
     stamp: Option<(u64, u64, i128)>,
     /// Whether the file existed at some point since the server started.
     seen: bool,
-    /// Name → SHA-256 of its token.
-    hashes: HashMap<String, [u8; 32]>,
+    /// Name → SHA-256 of its token, and its rights.
+    hashes: HashMap<String, ([u8; 32], Rights)>,
     /// When the file was last read (ns since the epoch): a file changed less than
     /// [`RACY`] before that is read again even if its stamp is the same, since a change
     /// within the file system's timestamp granularity need not change the stamp.
@@ -144,7 +147,7 @@ impl Credentials {
             .hashes
             .iter()
             .filter(|(n, h)| hashes.get(*n) != Some(*h))
-            .map(|(n, h)| Gone {
+            .map(|(n, (h, _))| Gone {
                 name: n.clone(),
                 digest: *h,
             })
@@ -177,14 +180,16 @@ impl Credentials {
         if let Some(shared) = &self.shared
             && constant_time_eq(&sha256(shared), &sha256(token))
         {
-            return Check::Accepted(SHARED_NAME.to_owned());
+            return Check::Accepted(SHARED_NAME.to_owned(), Rights::default());
         }
         let Some(name) = token_name(token) else {
             return Check::Refused(None);
         };
         let hash = sha256(token);
         match self.loaded.lock().hashes.get(name) {
-            Some(h) if constant_time_eq(h, &hash) => Check::Accepted(name.to_owned()),
+            Some((h, rights)) if constant_time_eq(h, &hash) => {
+                Check::Accepted(name.to_owned(), rights.clone())
+            }
             _ => Check::Refused(Some(name.to_owned())),
         }
     }
@@ -205,20 +210,170 @@ pub fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-fn parse(text: &str) -> HashMap<String, [u8; 32]> {
+fn parse(text: &str) -> HashMap<String, ([u8; 32], Rights)> {
     let mut out = HashMap::new();
     for line in text.lines() {
         let mut f = line.split_whitespace();
         let (Some(name), Some(hex)) = (f.next(), f.next()) else {
             continue;
         };
+        let _created = f.next();
+        let rights = match Rights::parse(f) {
+            Ok(r) => r,
+            Err(e) => {
+                // A credential whose rights cannot be read is refused, not widened.
+                tracing::warn!(
+                    credential = name,
+                    "ignoring a token whose rights are invalid: {e}"
+                );
+                continue;
+            }
+        };
         if let Some(h) = from_hex(hex)
             && valid_name(name)
         {
-            out.insert(name.to_owned(), h);
+            out.insert(name.to_owned(), (h, rights));
         }
     }
     out
+}
+
+/// What a credential may do: which users it acts as and whether it may modify the export.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Rights {
+    /// Which identities its requests may claim (`hoardfs_proto::Restrict::User`'s groups
+    /// are those the server's user database gives the user, read when the tokens file
+    /// is).
+    pub restrict: hoardfs_proto::Restrict,
+    /// Only requests that change nothing (`ro`).
+    pub read_only: bool,
+}
+
+impl Rights {
+    /// Reads the rights words of a tokens-file line: `user=UID[:GID]`, `uids=A-B`,
+    /// `gids=A-B`, `ro`.
+    pub fn parse<'a>(words: impl Iterator<Item = &'a str>) -> Result<Rights, String> {
+        use hoardfs_proto::{Caller, IdRange, Restrict};
+        let mut rights = Rights::default();
+        let (mut user, mut uids, mut gids) = (None, None, None);
+        for w in words {
+            match w.split_once('=') {
+                None if w == "ro" => rights.read_only = true,
+                Some(("user", v)) => user = Some(parse_user(v)?),
+                Some(("uids", v)) => uids = Some(parse_range(v)?),
+                Some(("gids", v)) => gids = Some(parse_range(v)?),
+                _ => return Err(format!("unknown right {w:?}")),
+            }
+        }
+        rights.restrict = match (user, uids, gids) {
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+                return Err("user= cannot be combined with uids= or gids=".into());
+            }
+            (Some((uid, gid)), None, None) => {
+                let gid = gid.or_else(|| primary_gid(uid)).unwrap_or(uid);
+                Restrict::User(Caller {
+                    uid,
+                    gid,
+                    groups: groups_of(uid, gid),
+                })
+            }
+            (None, None, None) => Restrict::None,
+            // A range of uids without one of gids keeps the gids to the same numbers
+            // (the usual layout of user private groups).
+            (None, uids, gids) => {
+                let uids: IdRange = uids.or(gids).expect("one of them is set");
+                Restrict::Ranges {
+                    uids,
+                    gids: gids.unwrap_or(uids),
+                }
+            }
+        };
+        Ok(rights)
+    }
+
+    /// The words [`Rights::parse`] reads back (empty for an unrestricted credential).
+    pub fn words(&self) -> Vec<String> {
+        use hoardfs_proto::Restrict;
+        let mut w = Vec::new();
+        match &self.restrict {
+            Restrict::None => {}
+            Restrict::User(c) => w.push(format!("user={}:{}", c.uid, c.gid)),
+            Restrict::Ranges { uids, gids } => {
+                w.push(format!("uids={}-{}", uids.first, uids.last));
+                w.push(format!("gids={}-{}", gids.first, gids.last));
+            }
+        }
+        if self.read_only {
+            w.push("ro".into());
+        }
+        w
+    }
+}
+
+fn parse_id(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(id) if id != u32::MAX => Ok(id),
+        _ => Err(format!("{s:?} is not a user or group id")),
+    }
+}
+
+fn parse_user(v: &str) -> Result<(u32, Option<u32>), String> {
+    match v.split_once(':') {
+        Some((u, g)) => Ok((parse_id(u)?, Some(parse_id(g)?))),
+        None => Ok((parse_id(v)?, None)),
+    }
+}
+
+fn parse_range(v: &str) -> Result<hoardfs_proto::IdRange, String> {
+    let (a, b) = v
+        .split_once('-')
+        .ok_or_else(|| format!("{v:?} is not a range FIRST-LAST"))?;
+    let (first, last) = (parse_id(a)?, parse_id(b)?);
+    if first > last {
+        return Err(format!("{v:?} is an empty range"));
+    }
+    Ok(hoardfs_proto::IdRange { first, last })
+}
+
+/// The primary group of `uid` in the server's user database.
+fn primary_gid(uid: u32) -> Option<u32> {
+    let mut buf = vec![0 as libc::c_char; 16 << 10];
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut out = std::ptr::null_mut();
+    // SAFETY: getpwuid_r with a buffer it may use and an out pointer.
+    let r = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+    (r == 0 && !out.is_null()).then_some(pw.pw_gid)
+}
+
+/// The supplementary groups the server's user database gives `uid` (with primary group
+/// `gid`), as a login of that user would get them; just `gid` for a user it does not
+/// know.
+fn groups_of(uid: u32, gid: u32) -> Vec<u32> {
+    let mut buf = vec![0 as libc::c_char; 16 << 10];
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut out = std::ptr::null_mut();
+    // SAFETY: as in `primary_gid`.
+    let r = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+    if r != 0 || out.is_null() {
+        return vec![gid];
+    }
+    let mut n: libc::c_int = 64;
+    loop {
+        let mut groups = vec![0 as libc::gid_t; n as usize];
+        let want = n;
+        // SAFETY: the name from getpwuid_r, a buffer of `n` gids.
+        let r = unsafe { libc::getgrouplist(pw.pw_name, gid, groups.as_mut_ptr(), &mut n) };
+        if r >= 0 {
+            groups.truncate(n.max(0) as usize);
+            groups.sort_unstable();
+            groups.dedup();
+            groups.truncate(hoardfs_proto::ids::MAX_GROUPS);
+            return groups;
+        }
+        if n <= want || n as usize > hoardfs_proto::ids::MAX_GROUPS * 64 {
+            return vec![gid];
+        }
+    }
 }
 
 /// The time now in ns since the epoch, as file times count.
@@ -267,6 +422,9 @@ pub struct TokenInfo {
     pub name: String,
     /// When it was added (seconds since the Unix epoch).
     pub created: u64,
+    /// Its rights as written in the file (`user=…`, `uids=…`, `ro`; empty: any user,
+    /// read-write).
+    pub rights: Vec<String>,
 }
 
 /// Editing the tokens file (the `hoardfs token` commands).
@@ -302,7 +460,7 @@ pub mod admin {
 
     /// Adds a credential named `name` and returns its token (shown once; only its hash is
     /// kept).
-    pub fn add(state_dir: &Path, name: &str) -> Result<String, String> {
+    pub fn add(state_dir: &Path, name: &str, rights: &Rights) -> Result<String, String> {
         if !valid_name(name) {
             return Err(format!(
                 "invalid token name {name:?}: use 1 to 64 letters, digits, '_' or '-'"
@@ -323,10 +481,12 @@ pub mod admin {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        ls.push(format!(
-            "{name} {} {created}",
-            to_hex(&sha256(token.as_bytes()))
-        ));
+        let mut line = format!("{name} {} {created}", to_hex(&sha256(token.as_bytes())));
+        for w in rights.words() {
+            line.push(' ');
+            line.push_str(&w);
+        }
+        ls.push(line);
         write(state_dir, &ls).map_err(|e| e.to_string())?;
         Ok(token)
     }
@@ -341,7 +501,12 @@ pub mod admin {
                 let name = f.next()?.to_owned();
                 let _hash = f.next()?;
                 let created = f.next().and_then(|c| c.parse().ok()).unwrap_or(0);
-                Some(TokenInfo { name, created })
+                let rights = f.map(str::to_owned).collect();
+                Some(TokenInfo {
+                    name,
+                    created,
+                    rights,
+                })
             })
             .collect())
     }
@@ -372,15 +537,21 @@ mod tests {
         let c = Credentials::new(None, Some(state)).unwrap();
         assert!(!c.required());
         assert_eq!(c.check(b"anything"), Check::Open);
-        let alice = admin::add(state, "alice").unwrap();
-        let bob = admin::add(state, "bob").unwrap();
-        assert!(admin::add(state, "alice").is_err());
-        assert!(admin::add(state, "bad name").is_err());
+        let alice = admin::add(state, "alice", &Rights::default()).unwrap();
+        let bob = admin::add(state, "bob", &Rights::default()).unwrap();
+        assert!(admin::add(state, "alice", &Rights::default()).is_err());
+        assert!(admin::add(state, "bad name", &Rights::default()).is_err());
         // The file holds hashes, never the tokens.
         let text = fs::read_to_string(state.join(TOKENS_FILE)).unwrap();
         assert!(!text.contains(&alice[PREFIX.len() + 6..]));
-        assert_eq!(c.check(alice.as_bytes()), Check::Accepted("alice".into()));
-        assert_eq!(c.check(bob.as_bytes()), Check::Accepted("bob".into()));
+        assert_eq!(
+            c.check(alice.as_bytes()),
+            Check::Accepted("alice".into(), Rights::default())
+        );
+        assert_eq!(
+            c.check(bob.as_bytes()),
+            Check::Accepted("bob".into(), Rights::default())
+        );
         let forged = format!("{}x", &alice[..alice.len() - 1]);
         assert_eq!(
             c.check(forged.as_bytes()),
@@ -399,7 +570,10 @@ mod tests {
             c.check(alice.as_bytes()),
             Check::Refused(Some("alice".into()))
         );
-        assert_eq!(c.check(bob.as_bytes()), Check::Accepted("bob".into()));
+        assert_eq!(
+            c.check(bob.as_bytes()),
+            Check::Accepted("bob".into(), Rights::default())
+        );
         // Revoking everybody locks everybody out; it does not open the server.
         admin::revoke(state, "bob").unwrap();
         assert!(c.required());
@@ -409,13 +583,16 @@ mod tests {
     #[test]
     fn the_names_that_went_away_are_reported_even_if_a_handshake_saw_it_first() {
         let dir = tempfile::tempdir().unwrap();
-        admin::add(dir.path(), "a").unwrap();
-        let b = admin::add(dir.path(), "b").unwrap();
+        admin::add(dir.path(), "a", &Rights::default()).unwrap();
+        let b = admin::add(dir.path(), "b", &Rights::default()).unwrap();
         let c = Credentials::new(None, Some(dir.path())).unwrap();
         assert!(c.take_revoked().is_empty());
         admin::revoke(dir.path(), "a").unwrap();
         // A handshake notices the change before the periodic check does.
-        assert_eq!(c.check(b.as_bytes()), Check::Accepted("b".into()));
+        assert_eq!(
+            c.check(b.as_bytes()),
+            Check::Accepted("b".into(), Rights::default())
+        );
         assert_eq!(names(c.take_revoked()), ["a"]);
         assert!(c.take_revoked().is_empty());
     }
@@ -427,10 +604,10 @@ mod tests {
     #[test]
     fn a_name_added_again_with_a_new_secret_revokes_the_old_token() {
         let dir = tempfile::tempdir().unwrap();
-        let old = admin::add(dir.path(), "a").unwrap();
+        let old = admin::add(dir.path(), "a", &Rights::default()).unwrap();
         let c = Credentials::new(None, Some(dir.path())).unwrap();
         admin::revoke(dir.path(), "a").unwrap();
-        let new = admin::add(dir.path(), "a").unwrap();
+        let new = admin::add(dir.path(), "a", &Rights::default()).unwrap();
         // Both edits land between two rereads (and, likely, within one tick of the file
         // times): the name never looks absent, and the file's stamp may look unchanged.
         let gone = c.take_revoked();
@@ -442,13 +619,16 @@ mod tests {
             }]
         );
         assert_eq!(c.check(old.as_bytes()), Check::Refused(Some("a".into())));
-        assert_eq!(c.check(new.as_bytes()), Check::Accepted("a".into()));
+        assert_eq!(
+            c.check(new.as_bytes()),
+            Check::Accepted("a".into(), Rights::default())
+        );
     }
 
     #[test]
     fn deleting_the_tokens_file_locks_everybody_out() {
         let dir = tempfile::tempdir().unwrap();
-        let t = admin::add(dir.path(), "a").unwrap();
+        let t = admin::add(dir.path(), "a", &Rights::default()).unwrap();
         let c = Credentials::new(None, Some(dir.path())).unwrap();
         fs::remove_file(dir.path().join(TOKENS_FILE)).unwrap();
         assert!(c.required());
@@ -461,8 +641,76 @@ mod tests {
     fn the_shared_token_works_alongside() {
         let c = Credentials::new(Some(b"s3cret".to_vec()), None).unwrap();
         assert!(c.required());
-        assert_eq!(c.check(b"s3cret"), Check::Accepted(SHARED_NAME.into()));
+        assert_eq!(
+            c.check(b"s3cret"),
+            Check::Accepted(SHARED_NAME.into(), Rights::default())
+        );
         assert_eq!(c.check(b"s3cre"), Check::Refused(None));
+    }
+
+    #[test]
+    fn rights_are_kept_with_the_token_and_a_change_of_rights_ends_its_sessions() {
+        use hoardfs_proto::{Caller, IdRange, Restrict};
+        let dir = tempfile::tempdir().unwrap();
+        let user = Rights::parse(["user=4321:4322"].into_iter()).unwrap();
+        let t = admin::add(dir.path(), "laptop", &user).unwrap();
+        let c = Credentials::new(None, Some(dir.path())).unwrap();
+        let Check::Accepted(name, rights) = c.check(t.as_bytes()) else {
+            panic!("refused");
+        };
+        assert_eq!(name, "laptop");
+        // A uid unknown to this host's user database gets its gid as its only group.
+        assert_eq!(
+            rights.restrict,
+            Restrict::User(Caller {
+                uid: 4321,
+                gid: 4322,
+                groups: vec![4322]
+            })
+        );
+        let listed = admin::list(dir.path()).unwrap();
+        assert_eq!(listed[0].rights, ["user=4321:4322"]);
+        // Rewriting the line with other rights counts as a revocation of the old ones.
+        let text = fs::read_to_string(dir.path().join(TOKENS_FILE)).unwrap();
+        let widened = text.replace(" user=4321:4322", "");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        fs::write(dir.path().join(TOKENS_FILE), widened).unwrap();
+        assert_eq!(names(c.take_revoked()), ["laptop"]);
+        // Ranges: gids default to the uid range; `ro` reads back.
+        let r = Rights::parse(["uids=1000-1999", "ro"].into_iter()).unwrap();
+        let range = IdRange {
+            first: 1000,
+            last: 1999,
+        };
+        assert_eq!(
+            r.restrict,
+            Restrict::Ranges {
+                uids: range,
+                gids: range
+            }
+        );
+        assert!(r.read_only);
+        assert_eq!(r.words(), ["uids=1000-1999", "gids=1000-1999", "ro"]);
+        for bad in [
+            "user=x",
+            "uids=5-1",
+            "user=1 uids=1-2",
+            "admin",
+            "user=4294967295",
+        ] {
+            assert!(Rights::parse(bad.split(' ')).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_token_with_rights_it_cannot_read_is_refused_not_widened() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = admin::add(dir.path(), "a", &Rights::default()).unwrap();
+        let path = dir.path().join(TOKENS_FILE);
+        let text = fs::read_to_string(&path).unwrap();
+        fs::write(&path, text.trim_end().to_owned() + " sudo=yes\n").unwrap();
+        let c = Credentials::new(None, Some(dir.path())).unwrap();
+        assert_eq!(c.check(t.as_bytes()), Check::Refused(Some("a".into())));
     }
 
     #[test]

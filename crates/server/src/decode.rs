@@ -36,6 +36,13 @@ impl Phase {
     }
 }
 
+/// A request of protocol 5 and earlier (no caller).
+#[derive(serde::Deserialize)]
+struct LegacyRequest {
+    id: u64,
+    op: Op,
+}
+
 /// What to do with one request frame that decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decoded {
@@ -53,7 +60,20 @@ pub enum Decoded {
 /// Decodes the body of a request frame that carried `data_len` bytes of data, and checks
 /// it as the server does before running it. An error means the connection must close.
 pub fn decode_request(phase: Phase, body: &[u8], data_len: usize) -> Result<Decoded, FrameError> {
-    let req: Request = frame::decode_body(body)?;
+    let req: Request = match frame::decode_body(body) {
+        Ok(r) => r,
+        // A client older than protocol 6 sends no caller: its `Hello` is read all the
+        // same, so that the handshake can tell it which versions this server speaks.
+        Err(e) if phase == Phase::Hello => match frame::decode_body::<LegacyRequest>(body) {
+            Ok(old) => Request {
+                id: old.id,
+                op: old.op,
+                caller: Default::default(),
+            },
+            Err(_) => return Err(e),
+        },
+        Err(e) => return Err(e),
+    };
     if phase == Phase::Hello {
         return match req.op {
             Op::Hello { .. } if data_len == 0 => Ok(Decoded::Run(req)),
@@ -128,7 +148,11 @@ mod tests {
 
     fn framed(op: Op, data: &[u8]) -> Vec<u8> {
         let mut f = Vec::new();
-        let body = frame::encode_body(&Request { id: 7, op });
+        let body = frame::encode_body(&Request {
+            id: 7,
+            op,
+            caller: Default::default(),
+        });
         frame::write_frame(&mut f, &body, data).unwrap();
         f
     }
@@ -160,7 +184,14 @@ mod tests {
         let f = framed(hello(), b"");
         assert_eq!(
             decode_frame(Phase::Hello, &f).unwrap(),
-            (Decoded::Run(Request { id: 7, op: hello() }), f.len())
+            (
+                Decoded::Run(Request {
+                    id: 7,
+                    op: hello(),
+                    caller: Default::default()
+                }),
+                f.len()
+            )
         );
         assert!(decode_frame(Phase::Hello, &framed(Op::StatFs, b"")).is_err());
         // No data before the handshake: the header is refused before the body is read.
@@ -168,6 +199,28 @@ mod tests {
             decode_frame(Phase::Hello, &framed(hello(), b"x")),
             Err(FrameError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn an_old_clients_hello_is_read_so_that_it_can_be_told_the_versions() {
+        #[derive(serde::Serialize)]
+        struct Old {
+            id: u64,
+            op: Op,
+        }
+        let mut f = Vec::new();
+        let body = frame::encode_body(&Old { id: 3, op: hello() });
+        frame::write_frame(&mut f, &body, b"").unwrap();
+        match decode_frame(Phase::Hello, &f).unwrap().0 {
+            Decoded::Run(Request {
+                id: 3,
+                op: Op::Hello { version: 2, .. },
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        // After the handshake, a request must say who it is for.
+        assert!(decode_frame(Phase::Requests, &f).is_err());
     }
 
     #[test]

@@ -1,9 +1,17 @@
 //! Request handlers: run one request against the origin (on the blocking pool), encode the
 //! reply, and register callbacks for the objects the reply tells the client about.
+//!
+//! Each request is performed as its caller: the identity it claims, mapped by its
+//! session's [`IdMap`] (root squash, the credential's restriction), is entered as the
+//! ambient caller (`hoardfs_origin::caller`) around every origin call the request makes;
+//! an origin that acts as its callers (`LocalOrigin` of a server running as root) takes
+//! that identity's credentials for the call.
 
-use hoardfs_origin::{Origin, OriginError};
+use std::sync::Arc;
+
+use hoardfs_origin::{Origin, OriginError, caller};
 use hoardfs_proto::{
-    Break, Handle, MAX_READ_LEN, MAX_TREE_ENTRIES, Op, Reply, SetAttrs, WireError,
+    Break, Handle, IdMap, MAX_READ_LEN, MAX_TREE_ENTRIES, Op, Reply, SetAttrs, WireError,
 };
 
 use crate::Shared;
@@ -20,10 +28,26 @@ pub(crate) struct Req {
     pub(crate) op: Op,
     /// Data section (write payload, xattr value).
     pub(crate) data: Vec<u8>,
+    /// Who the request claims to be made for.
+    pub(crate) caller: hoardfs_proto::Caller,
+    /// What the connection's credential may do.
+    pub(crate) rights: Arc<SessionRights>,
 }
 
-/// Whether `op` modifies the export.
+/// What one connection's credential may do.
+#[derive(Debug)]
+pub(crate) struct SessionRights {
+    /// How its claims map to the identities requests are performed as.
+    pub(crate) ids: IdMap,
+    /// Only requests that change nothing.
+    pub(crate) read_only: bool,
+}
+
+/// Whether `op` modifies the export (or asks whether it may).
 fn modifies(op: &Op) -> bool {
+    if let Op::Access { mask, .. } = op {
+        return mask & hoardfs_proto::MAY_WRITE != 0;
+    }
     matches!(
         op,
         Op::Create { .. }
@@ -44,12 +68,26 @@ fn modifies(op: &Op) -> bool {
 /// Runs a request and returns its reply. A conservative callback break for a reply that
 /// raced a change goes out on its own, through `callbacks` (sent before the reply).
 pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
-    let Req { conn, id, op, data } = req;
-    if shared.cfg.read_only && modifies(&op) {
+    let Req {
+        conn,
+        id,
+        op,
+        data,
+        caller,
+        rights,
+    } = req;
+    if (shared.cfg.read_only || rights.read_only) && modifies(&op) {
         return Outgoing::new(id, Err(WireError::ReadOnly), Vec::new());
     }
+    // Everything below, origin calls and the breaks that settle a race, is done as the
+    // request's (mapped) caller.
+    let _caller = caller::enter(Arc::new(rights.ids.map(&caller)));
     // Client identities and privileges are mapped before anything reaches the origin.
-    let op = match shared.cfg.id_map.apply(op) {
+    let as_callers = matches!(
+        shared.origin.identities(),
+        hoardfs_proto::Identities::Callers(_)
+    );
+    let op = match shared.cfg.id_map.apply(op, as_callers) {
         Ok(op) => op,
         Err(e) => return Outgoing::new(id, Err(e), Vec::new()),
     };
@@ -360,6 +398,7 @@ fn run(
                 .and_then(|a| origin.read_tree(dir, a.file_id, max));
             (tree.map(|dirs| Reply::Tree { dirs }), none())
         }
+        Op::Access { handle, mask } => done(origin.access(handle, mask)),
         Op::Flush { handle } => {
             let reply = origin.flush(handle).map(|r| match r {
                 None => Reply::Done,
@@ -455,6 +494,7 @@ mod tests {
                     atime: t,
                     mtime: t,
                     ctime: t,
+                    acl: true,
                 },
             },
         }

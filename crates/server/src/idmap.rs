@@ -1,14 +1,17 @@
 //! Identity mapping of client requests, like the `root_squash` family of NFS export options.
 //!
-//! The server runs every request with its own credentials and records, when it runs as
-//! root, the uid and gid a client *claims* as the owner of new objects (like NFS with
-//! `AUTH_SYS`, it cannot verify them). An [`IdMapping`] decides, before a request reaches the
-//! origin, which of those claims the server accepts:
+//! Who a request is performed as is the request's caller mapped by its session's
+//! `hoardfs_proto::IdMap` (squash, the credential's restriction; see `handle`): the
+//! server's kernel then decides what that identity may do, a `chown` included (its target
+//! ids are the caller's wish, not mapped: the kernel lets only the privileged give files
+//! away). An [`IdMapping`] holds the export's squash settings and decides, before a
+//! request reaches the origin, what else the server accepts:
 //!
-//! - **Owners** of new objects (create, mknod, mkdir, symlink) and the ids of a `chown`
-//!   (setattr uid/gid) go through [`IdMapping::uid`] / [`IdMapping::gid`]: with
-//!   [`Squash::Root`] id 0 becomes the anonymous id, with [`Squash::All`] every id does.
-//!   The id `u32::MAX` (which `chown(2)` reads as "leave alone") is never recorded as an
+//! - **Owners** a request names for new objects (create, mknod, mkdir, symlink), which an
+//!   origin that cannot act as its callers records instead (a server not running as
+//!   root records none): mapped by [`IdMapping::uid`] / [`IdMapping::gid`], with
+//!   [`Squash::Root`] id 0 becoming the anonymous id, with [`Squash::All`] every id. The
+//!   id `u32::MAX` (which `chown(2)` reads as "leave alone") is never recorded as an
 //!   owner: in a setattr it means "no change", as new owner it becomes the anonymous id.
 //! - **Set-id bits** (`S_ISUID`, `S_ISGID`) are dropped from every mode a client asks for
 //!   ([`IdMapping::mode`]) unless `allow_setid`, and a regular file whose owner a client
@@ -19,28 +22,13 @@
 //! [`IdMapping::apply`] applies all of this to one request. Hard links need nothing: a link
 //! is another name of an object whose owner and mode stay as they are.
 
-use hoardfs_proto::{Attr, FileKind, Op, Owner, SetAttrs, WireError};
+use hoardfs_proto::{ANON_ID, Attr, FileKind, Op, Owner, SetAttrs, Squash, WireError};
 
 /// The set-user-id and set-group-id permission bits.
 const SETID_BITS: u32 = 0o6000;
 
-/// The anonymous uid and gid of the default mapping (`nobody`/`nogroup` on most systems).
-pub const ANON_ID: u32 = 65534;
-
 /// The id `chown(2)` reads as "leave this id alone"; never an owner.
 const NO_ID: u32 = u32::MAX;
-
-/// Which client ids become the anonymous id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Squash {
-    /// Every id is recorded as the client sends it (NFS `no_root_squash`).
-    None,
-    /// Uid 0 and gid 0 become the anonymous ids (NFS `root_squash`).
-    #[default]
-    Root,
-    /// Every id becomes the anonymous id (NFS `all_squash`).
-    All,
-}
 
 /// What a server accepts of the identities and privileges clients ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,13 +122,23 @@ impl IdMapping {
         Ok(())
     }
 
-    /// A setattr's changes as the server applies them: ids mapped (an id of `u32::MAX`
-    /// dropped, it asks for no change) and the mode's set-id bits dropped unless allowed.
-    pub fn set_attrs(&self, set: SetAttrs) -> SetAttrs {
+    /// A setattr's changes as the server applies them: an id of `u32::MAX` dropped (it asks
+    /// for no change), the mode's set-id bits dropped unless allowed. With `as_callers`
+    /// (the origin performs the request as its mapped caller), a chown's ids pass as asked:
+    /// the kernel decides whether the caller may. Otherwise (the server performs it with
+    /// its own privileges) they are squashed like the owners of new objects.
+    pub fn set_attrs(&self, set: SetAttrs, as_callers: bool) -> SetAttrs {
+        let keep = |id: u32, map: &dyn Fn(u32) -> u32| if as_callers { id } else { map(id) };
         SetAttrs {
             mode: set.mode.map(|m| self.mode(m)),
-            uid: set.uid.filter(|&u| u != NO_ID).map(|u| self.uid(u)),
-            gid: set.gid.filter(|&g| g != NO_ID).map(|g| self.gid(g)),
+            uid: set
+                .uid
+                .filter(|&u| u != NO_ID)
+                .map(|u| keep(u, &|u| self.uid(u))),
+            gid: set
+                .gid
+                .filter(|&g| g != NO_ID)
+                .map(|g| keep(g, &|g| self.gid(g))),
             ..set
         }
     }
@@ -169,8 +167,9 @@ impl IdMapping {
     }
 
     /// Applies the mapping to a request: the request to run, or the error to answer.
-    /// Requests that carry no identity, mode or node type pass unchanged.
-    pub fn apply(&self, op: Op) -> Result<Op, WireError> {
+    /// Requests that carry no identity, mode or node type pass unchanged. `as_callers`:
+    /// the origin performs requests as their mapped callers ([`IdMapping::set_attrs`]).
+    pub fn apply(&self, op: Op, as_callers: bool) -> Result<Op, WireError> {
         Ok(match op {
             Op::Create {
                 parent,
@@ -225,7 +224,7 @@ impl IdMapping {
             },
             Op::SetAttr { handle, set } => Op::SetAttr {
                 handle,
-                set: self.set_attrs(set),
+                set: self.set_attrs(set, as_callers),
             },
             other => other,
         })
@@ -319,7 +318,8 @@ mod tests {
             gid: Some(u32::MAX),
             ..Default::default()
         };
-        assert_eq!(with(Squash::All).set_attrs(set), SetAttrs::default());
+        assert_eq!(with(Squash::All).set_attrs(set, true), SetAttrs::default());
+        assert_eq!(with(Squash::All).set_attrs(set, false), SetAttrs::default());
     }
 
     #[test]
@@ -354,7 +354,7 @@ mod tests {
     }
 
     #[test]
-    fn setattr_maps_ids_and_mode_and_keeps_the_rest() {
+    fn setattr_maps_the_mode_and_keeps_the_rest() {
         let t = TimeSet::At(Timestamp { secs: 5, nanos: 6 });
         let set = SetAttrs {
             mode: Some(0o4755),
@@ -366,18 +366,27 @@ mod tests {
         };
         let want = SetAttrs {
             mode: Some(0o755),
+            ..set
+        };
+        // Performed as the caller, a chown's ids are the caller's wish: whether it may is
+        // the kernel's to say.
+        assert_eq!(with(Squash::Root).set_attrs(set, true), want);
+        assert_eq!(with(Squash::All).set_attrs(set, true), want);
+        assert_eq!(IdMapping::trusting().set_attrs(set, true), set);
+        // Performed with the server's privileges, they are squashed.
+        let squashed = SetAttrs {
+            mode: Some(0o755),
             uid: Some(7),
             gid: Some(8),
             ..set
         };
-        assert_eq!(with(Squash::Root).set_attrs(set), want);
+        assert_eq!(with(Squash::Root).set_attrs(set, false), squashed);
         let to_user = SetAttrs {
             uid: Some(1000),
             ..Default::default()
         };
-        assert_eq!(with(Squash::Root).set_attrs(to_user), to_user);
-        assert_eq!(with(Squash::All).set_attrs(to_user).uid, Some(7));
-        assert_eq!(IdMapping::trusting().set_attrs(set), set);
+        assert_eq!(with(Squash::Root).set_attrs(to_user, false), to_user);
+        assert_eq!(with(Squash::All).set_attrs(to_user, false).uid, Some(7));
     }
 
     fn attr(kind: FileKind, perm: u16) -> Attr {
@@ -397,6 +406,7 @@ mod tests {
             atime: ts,
             mtime: ts,
             ctime: ts,
+            acl: false,
         }
     }
 
@@ -447,7 +457,7 @@ mod tests {
             owner: ROOT,
         };
         assert_eq!(
-            m.apply(create),
+            m.apply(create, false),
             Ok(Op::Create {
                 parent: H,
                 name: name.clone(),
@@ -463,7 +473,7 @@ mod tests {
             owner: USER,
         };
         assert_eq!(
-            m.apply(mkdir),
+            m.apply(mkdir, false),
             Ok(Op::MkDir {
                 parent: H,
                 name: name.clone(),
@@ -479,7 +489,7 @@ mod tests {
             owner: ROOT,
         };
         assert_eq!(
-            m.apply(fifo),
+            m.apply(fifo, false),
             Ok(Op::MkNod {
                 parent: H,
                 name: name.clone(),
@@ -495,7 +505,7 @@ mod tests {
             rdev: libc::makedev(1, 3),
             owner: ROOT,
         };
-        assert_eq!(m.apply(null), Err(WireError::NotPermitted));
+        assert_eq!(m.apply(null, false), Err(WireError::NotPermitted));
         let symlink = Op::Symlink {
             parent: H,
             name: name.clone(),
@@ -503,7 +513,7 @@ mod tests {
             owner: ROOT,
         };
         assert_eq!(
-            m.apply(symlink),
+            m.apply(symlink, false),
             Ok(Op::Symlink {
                 parent: H,
                 name: name.clone(),
@@ -518,17 +528,21 @@ mod tests {
                 ..Default::default()
             },
         };
-        let Ok(Op::SetAttr { set, .. }) = m.apply(chown) else {
+        let Ok(Op::SetAttr { set, .. }) = m.apply(chown.clone(), false) else {
             panic!("a setattr stays a setattr");
         };
-        assert_eq!(set.uid, Some(7));
+        assert_eq!(set.uid, Some(7), "squashed when the server acts as itself");
+        let Ok(Op::SetAttr { set, .. }) = m.apply(chown, true) else {
+            panic!("a setattr stays a setattr");
+        };
+        assert_eq!(set.uid, Some(0), "the kernel judges a chown, as the caller");
         // Links, and requests without identities, pass unchanged.
         let link = Op::Link {
             handle: H,
             parent: H,
             name,
         };
-        assert_eq!(m.apply(link.clone()), Ok(link));
-        assert_eq!(m.apply(Op::StatFs), Ok(Op::StatFs));
+        assert_eq!(m.apply(link.clone(), false), Ok(link));
+        assert_eq!(m.apply(Op::StatFs, false), Ok(Op::StatFs));
     }
 }

@@ -15,10 +15,12 @@ mod conn;
 pub mod credentials;
 mod decode;
 mod handle;
+mod handshakes;
 mod idmap;
 pub mod tier;
 
-pub use idmap::{ANON_ID, IdMapping, Squash};
+pub use hoardfs_proto::{ANON_ID, Squash};
+pub use idmap::IdMapping;
 
 pub use decode::{Decoded, Phase, decode_frame, decode_request};
 
@@ -63,9 +65,12 @@ pub struct ServerConfig {
     pub max_in_flight_per_conn: usize,
     /// Authenticated connections served at once; one more is refused with `Busy`.
     pub max_connections: usize,
-    /// Connections between accept and an accepted `Hello` at once; a newer one evicts the
-    /// oldest.
+    /// Connections between accept and an accepted `Hello` at once (module `handshakes`:
+    /// a full table evicts the oldest of the source holding the most).
     pub max_handshakes: usize,
+    /// Of those, at most this many from one source (IPv4 address or IPv6 /64): a newer
+    /// one evicts that source's oldest.
+    pub max_handshakes_per_source: usize,
     /// Bytes of request and reply data one connection may have in flight (reads charge
     /// their length, writes their payload) until its replies are written.
     pub memory_per_conn: usize,
@@ -112,6 +117,7 @@ impl Default for ServerConfig {
             max_in_flight_per_conn: 64,
             max_connections: 1024,
             max_handshakes: 256,
+            max_handshakes_per_source: 64,
             memory_per_conn: 128 << 20,
             memory_total: 1 << 30,
             idle_timeout: Duration::from_secs(120),
@@ -259,9 +265,11 @@ impl Server {
         }
         let credentials =
             credentials::Credentials::new(cfg.token.clone(), cfg.tokens_dir.as_deref())?;
+        let admission = Arc::new(admission::Admission::new(&cfg));
+        callbacks.charge_to(admission.memory());
         let shared = Arc::new(Shared {
             credentials,
-            admission: Arc::new(admission::Admission::new(&cfg)),
+            admission,
             origin: self.origin,
             cfg,
             stats: self.stats,

@@ -127,6 +127,7 @@ fn hello(srv: &Running, version: u32) -> ServerMessage {
             version,
             token: vec![],
         },
+        caller: Default::default(),
     };
     frame::write_frame(&mut s, &frame::encode_body(&hello), &[]).unwrap();
     let mut data = Vec::new();
@@ -165,6 +166,7 @@ fn wrong_version_is_refused() {
             version: PROTOCOL_VERSION + 1,
             token: vec![],
         },
+        caller: Default::default(),
     };
     frame::write_frame(&mut s, &frame::encode_body(&hello), &[]).unwrap();
     let mut data = Vec::new();
@@ -210,6 +212,7 @@ fn raw(addr: std::net::SocketAddr, authenticate: bool, bytes: &[u8]) -> TcpStrea
                 version: PROTOCOL_VERSION,
                 token: vec![],
             },
+            caller: Default::default(),
         };
         s.write_all(&frame_bytes(&hello, &[])).unwrap();
         let mut data = Vec::new();
@@ -261,6 +264,7 @@ fn hostile_peers_are_dropped_while_others_keep_working() {
         &Request {
             id: 2,
             op: Op::StatFs,
+            caller: Default::default(),
         },
         &[],
     );
@@ -271,6 +275,7 @@ fn hostile_peers_are_dropped_while_others_keep_working() {
                 version: PROTOCOL_VERSION,
                 token: vec![],
             },
+            caller: Default::default(),
         },
         b"data",
     );

@@ -162,6 +162,15 @@ fn serve_cmd(dir: &Path, addr: &str) -> Command {
     serve_cmd_in(dir, addr, &state_dir())
 }
 
+/// The tests run as root on both ends and test file-system behaviour, not permissions: a
+/// server they start performs root's requests as root (`--squash none`) unless a test
+/// asks for a mapping itself (`squash.rs`, `permissions.rs` do).
+fn squash_unless_given(cmd: &mut Command, args: &[&str]) {
+    if !args.contains(&"--squash") {
+        cmd.args(["--squash", "none"]);
+    }
+}
+
 /// A `hoardfs serve` command for `dir` on `addr` keeping its identity in `state`.
 fn serve_cmd_in(dir: &Path, addr: &str, state: &Path) -> Command {
     let mut cmd = Command::new(bin());
@@ -182,6 +191,7 @@ impl Server {
     /// Serves `dir`, requiring `token` if given.
     pub fn start_with(dir: &Path, token_file: Option<&Path>) -> Server {
         let mut cmd = serve_cmd(dir, "127.0.0.1:0");
+        squash_unless_given(&mut cmd, &[]);
         if let Some(t) = token_file {
             cmd.arg("--token-file").arg(t);
         }
@@ -423,28 +433,21 @@ impl Server {
 
     /// Serves `dir` on `addr` with its identity (and tokens) in `state`.
     pub fn start_in(dir: &Path, addr: &str, state: &Path, args: &[&str]) -> Server {
-        Self::start_full(dir, addr, state, args, None)
+        Self::start_full(dir, addr, state, args, None, false)
     }
 
-    /// Serves `dir` on a fresh port, logging at `info` to the file `log`.
-    pub fn start_logged(dir: &Path, state: &Path, args: &[&str], log: &Path) -> Server {
-        let f = std::fs::File::create(log).unwrap();
-        Self::start_full(dir, "127.0.0.1:0", state, args, Some(f))
+    /// Serves `dir` as user and group `uid` (not root), keeping its identity in `state`
+    /// (which that user must own).
+    pub fn start_as_user(dir: &Path, state: &Path, uid: u32) -> Server {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = serve_cmd_in(dir, "127.0.0.1:0", state);
+        cmd.uid(uid).gid(uid).env("HOARDFS_LOG", "info");
+        Self::ready(dir, spawn_until_line(cmd, "hoardfs: serving"))
     }
 
-    fn start_full(
-        dir: &Path,
-        addr: &str,
-        state: &Path,
-        args: &[&str],
-        log: Option<std::fs::File>,
-    ) -> Server {
-        let mut cmd = serve_cmd_in(dir, addr, state);
-        cmd.args(args);
-        if log.is_some() {
-            cmd.env("HOARDFS_LOG", "info");
-        }
-        let (child, line) = spawn_logged(cmd, "hoardfs: serving", log).expect("server starts");
+    /// The server a spawned `serve` is, from its ready line.
+    fn ready(dir: &Path, spawned: Result<(Child, String), String>) -> Server {
+        let (child, line) = spawned.expect("server starts");
         let (addr, fingerprint) = parse_ready(&line);
         Server {
             child: Some(child),
@@ -453,6 +456,37 @@ impl Server {
             token: Vec::new(),
             fingerprint,
         }
+    }
+
+    /// Serves `dir` with `args` only, as a deployment would (the default identity
+    /// mapping: root squashed), keeping its identity in `state`.
+    pub fn start_deployed(dir: &Path, state: &Path, args: &[&str]) -> Server {
+        Self::start_full(dir, "127.0.0.1:0", state, args, None, true)
+    }
+
+    /// Serves `dir` on a fresh port, logging at `info` to the file `log`.
+    pub fn start_logged(dir: &Path, state: &Path, args: &[&str], log: &Path) -> Server {
+        let f = std::fs::File::create(log).unwrap();
+        Self::start_full(dir, "127.0.0.1:0", state, args, Some(f), false)
+    }
+
+    fn start_full(
+        dir: &Path,
+        addr: &str,
+        state: &Path,
+        args: &[&str],
+        log: Option<std::fs::File>,
+        as_deployed: bool,
+    ) -> Server {
+        let mut cmd = serve_cmd_in(dir, addr, state);
+        if !as_deployed {
+            squash_unless_given(&mut cmd, args);
+        }
+        cmd.args(args);
+        if log.is_some() {
+            cmd.env("HOARDFS_LOG", "info");
+        }
+        Self::ready(dir, spawn_logged(cmd, "hoardfs: serving", log))
     }
 }
 

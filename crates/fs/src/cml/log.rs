@@ -2,7 +2,7 @@
 //! staging new changes (each one a [`Pending`]), finishing them, and the counters.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -82,7 +82,7 @@ pub struct ChangeLog {
 impl ChangeLog {
     /// Opens (creating) the log in `dir` and loads the changes a previous mount left.
     pub fn open(dir: &Path) -> std::io::Result<ChangeLog> {
-        std::fs::create_dir_all(dir)?;
+        hoardfs_cache::private::create_dir_all(dir)?;
         let names = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut pending = BTreeMap::new();
         let mut next = 1;
@@ -111,7 +111,7 @@ impl ChangeLog {
                 .map_err(Unloadable::Record)
                 .and_then(|b| decode(&b).map_err(Unloadable::Damaged))
                 .and_then(|rec| {
-                    let staging = OpenOptions::new()
+                    let staging = hoardfs_cache::private::file_options()
                         .read(true)
                         .write(true)
                         .open(&data_path)
@@ -418,7 +418,7 @@ impl ChangeLog {
     fn copy_to_staging(&self, seq: u64, object: &CachedObject) -> std::io::Result<u64> {
         let data_path = self.dir.join(format!("{seq:016}.data"));
         let tmp = data_path.with_extension("data.tmp");
-        let staging = OpenOptions::new()
+        let staging = hoardfs_cache::private::file_options()
             .read(true)
             .write(true)
             .create(true)
@@ -515,7 +515,11 @@ impl ChangeLog {
         }
         let seq = take_seq(&mut next);
         let data_path = self.dir.join(format!("{seq:016}.data"));
-        let f = File::create(&data_path)?;
+        let f = hoardfs_cache::private::file_options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&data_path)?;
         f.sync_all()?;
         drop(f);
         let mut record = Record::new(seq, path, attr, kind);
@@ -570,7 +574,7 @@ impl ChangeLog {
         );
         let path = self.dir.join("conflicts");
         let line = conflict_line(c);
-        let r = OpenOptions::new()
+        let r = hoardfs_cache::private::file_options()
             .create(true)
             .append(true)
             .open(&path)

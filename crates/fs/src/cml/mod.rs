@@ -45,7 +45,7 @@
 mod conflicts;
 mod log;
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -262,7 +262,7 @@ impl Inner {
     /// The staging file, opened for this operation (thousands of changes may be pending:
     /// none holds a descriptor between operations).
     fn staging(&self) -> std::io::Result<File> {
-        OpenOptions::new()
+        hoardfs_cache::private::file_options()
             .read(true)
             .write(true)
             .open(&self.data_path)

@@ -369,10 +369,12 @@ fn one_file(callbacks: bool, config: FsConfig) -> (Rig, Ino, Attr) {
 
 const MIB: usize = 1 << 20;
 const READ: Access = Access {
+    read: true,
     write: false,
     append: false,
 };
 const WRITE: Access = Access {
+    read: true,
     write: true,
     append: false,
 };
@@ -564,6 +566,7 @@ fn open_modes_follow_the_cache_and_the_other_opens() {
     // Writes and appends are never passthrough; appends never page-cached.
     let (w, _) = open_read(&r, f, WRITE, &reg);
     let append = Access {
+        read: true,
         write: true,
         append: true,
     };

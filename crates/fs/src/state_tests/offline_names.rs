@@ -274,8 +274,24 @@ fn names_taken_or_changed_on_the_origin_meanwhile_keep_both_sides() {
         ["theirs"],
         "a directory with new entries stays"
     );
+    // Its directory gone: not in the export root, but in its maker's private directory.
+    assert!(!all.iter().any(|n| n.starts_with("d_new")), "{all:?}");
+    let orphans = format!(
+        ".hoardfs-conflicts-{}",
+        hoardfs_origin::caller::process().uid
+    );
+    let md = std::fs::metadata(r.export.join(&orphans)).unwrap();
     assert_eq!(
-        std::fs::read(r.export.join(copy("d_new"))).unwrap(),
+        std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o777,
+        0o700
+    );
+    let in_orphans = dir_of(&r, &orphans);
+    let copy_of_new = in_orphans
+        .iter()
+        .find(|n| n.starts_with("d_new.conflict-testhost-"))
+        .unwrap_or_else(|| panic!("no conflict copy of d/new in {in_orphans:?}"));
+    assert_eq!(
+        std::fs::read(r.export.join(&orphans).join(copy_of_new)).unwrap(),
         b"in d"
     );
     let conflicts = r.fs.conflicts();

@@ -1,5 +1,10 @@
 //! The open-file cache: regular files stay open between reads (no reopen per request, the
 //! lesson of seed 003), bounded in count and closed after an idle period.
+//!
+//! Each entry remembers the identity that opened it (`local::creds::acting_key`): a
+//! descriptor opened for one caller is used for another only after the kernel said that
+//! caller may access the file too (the origin checks, as nfsd's file cache does), so a
+//! cached descriptor never lends one user's access to another.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -19,7 +24,8 @@ pub struct OpenFiles {
 
 #[derive(Debug)]
 struct Inner {
-    files: HashMap<u64, (Arc<File>, Instant)>,
+    /// File, last use, and the key of the identity that opened it.
+    files: HashMap<u64, (Arc<File>, Instant, u64)>,
     last_sweep: Instant,
 }
 
@@ -36,13 +42,14 @@ impl OpenFiles {
         }
     }
 
-    /// The cached file for `id`, refreshing its idle timer.
-    pub fn get(&self, id: u64) -> Option<Arc<File>> {
+    /// The cached file for `id` and the key of the identity that opened it, refreshing
+    /// its idle timer.
+    pub fn get(&self, id: u64) -> Option<(Arc<File>, u64)> {
         let mut inner = self.inner.lock();
         let now = Instant::now();
-        inner.files.get_mut(&id).map(|(f, t)| {
+        inner.files.get_mut(&id).map(|(f, t, by)| {
             *t = now;
-            f.clone()
+            (f.clone(), *by)
         })
     }
 
@@ -52,15 +59,20 @@ impl OpenFiles {
         self.inner.lock().files.remove(&id);
     }
 
-    /// Caches `file` for `id` (keeping an existing entry if another thread won the race) and
-    /// returns the cached file.
-    pub fn insert(&self, id: u64, file: File) -> Arc<File> {
-        self.insert_evicting(id, file).0
+    /// Caches `file`, opened by identity `by`, for `id` (keeping an existing entry if
+    /// another thread won the race) and returns the cached file.
+    pub fn insert(&self, id: u64, file: File, by: u64) -> Arc<File> {
+        self.insert_evicting(id, file, by).0
     }
 
     /// As [`OpenFiles::insert`], also returning the files closed to make room or for being
     /// idle (with their ids), for a caller that must do something before they close.
-    pub fn insert_evicting(&self, id: u64, file: File) -> (Arc<File>, Vec<(u64, Arc<File>)>) {
+    pub fn insert_evicting(
+        &self,
+        id: u64,
+        file: File,
+        by: u64,
+    ) -> (Arc<File>, Vec<(u64, Arc<File>)>) {
         let mut evicted = Vec::new();
         let mut inner = self.inner.lock();
         let now = Instant::now();
@@ -69,11 +81,11 @@ impl OpenFiles {
             let expired: Vec<u64> = inner
                 .files
                 .iter()
-                .filter(|(_, (_, t))| now.duration_since(*t) >= idle)
+                .filter(|(_, (_, t, _))| now.duration_since(*t) >= idle)
                 .map(|(k, _)| *k)
                 .collect();
             for k in expired {
-                if let Some((f, _)) = inner.files.remove(&k) {
+                if let Some((f, _, _)) = inner.files.remove(&k) {
                     evicted.push((k, f));
                 }
             }
@@ -82,9 +94,9 @@ impl OpenFiles {
                 let oldest = inner
                     .files
                     .iter()
-                    .min_by_key(|(_, (_, t))| *t)
+                    .min_by_key(|(_, (_, t, _))| *t)
                     .map(|(k, _)| *k);
-                match oldest.and_then(|k| inner.files.remove(&k).map(|(f, _)| (k, f))) {
+                match oldest.and_then(|k| inner.files.remove(&k).map(|(f, _, _)| (k, f))) {
                     Some(e) => evicted.push(e),
                     None => break,
                 }
@@ -93,7 +105,7 @@ impl OpenFiles {
         let f = inner
             .files
             .entry(id)
-            .or_insert_with(|| (Arc::new(file), now))
+            .or_insert_with(|| (Arc::new(file), now, by))
             .0
             .clone();
         (f, evicted)

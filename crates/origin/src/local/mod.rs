@@ -13,6 +13,7 @@
 //! This module owns the [`LocalOrigin`] value, the read side and the [`Origin`] impl, which
 //! delegates modifications to those modules.
 
+pub mod creds;
 mod files;
 mod handles;
 mod namespace;
@@ -56,6 +57,12 @@ pub struct LocalOptions {
     pub max_open_files: usize,
     /// Close a cached open file after this long without reads or writes.
     pub open_file_idle: Duration,
+    /// Perform every call as the ambient caller ([`crate::caller`]) with that identity's
+    /// credentials (module [`creds`]; needs `CAP_SETUID` and `CAP_SETGID`), so that the
+    /// kernel checks each one as it would a local process of that user's; and report
+    /// which objects have an access ACL (`Attr::acl`). Off: every call runs with the
+    /// process's credentials (an in-process mount, or a server that cannot switch).
+    pub act_as_callers: bool,
 }
 
 impl Default for LocalOptions {
@@ -66,6 +73,7 @@ impl Default for LocalOptions {
             max_watches: 100_000,
             max_open_files: 4096,
             open_file_idle: Duration::from_secs(60),
+            act_as_callers: false,
         }
     }
 }
@@ -254,6 +262,52 @@ impl LocalOrigin {
         }
     }
 
+    /// Sets this thread's credentials to the ambient caller's (or the process's own, where
+    /// none was entered) when the export acts as its callers: the first step of every
+    /// call. A failed switch fails the call (nothing runs with credentials it should not).
+    fn act(&self) -> Result<()> {
+        if !self.opts.act_as_callers {
+            return Ok(());
+        }
+        creds::act_as(crate::caller::entered().as_deref()).map_err(|e| {
+            tracing::error!("cannot act as the caller: {e}");
+            crate::OriginError::Fs(WireError::Io)
+        })
+    }
+
+    /// Runs `f`, work for the export rather than for the caller (a watch, a repair), with
+    /// the process's credentials.
+    fn for_export(&self, f: impl FnOnce()) {
+        if let Err(e) = creds::as_process(f) {
+            tracing::error!("cannot return to the server's credentials: {e}");
+        }
+    }
+
+    /// The attributes of the object open at `fd` whose `stat` is `st`: with whether it
+    /// has an access ACL, when the export acts as its callers (clients then ask before
+    /// they open it).
+    fn attr(&self, st: &libc::stat, fd: i32) -> Attr {
+        let mut attr = sys::attr_of(st, self.file_id(st));
+        if self.opts.act_as_callers && matches!(attr.kind, FileKind::File | FileKind::Dir) {
+            attr.acl = sys::has_acl(fd);
+        }
+        attr
+    }
+
+    /// A descriptor cached for `id` (opened by identity `by`) used by the acting
+    /// identity: allowed if that identity opened it, or if the kernel says it may access
+    /// the file for `mask` too.
+    fn may_use(&self, node: &Node, by: u64, mask: u32) -> Result<()> {
+        if !self.opts.act_as_callers {
+            return Ok(());
+        }
+        let me = creds::acting_key();
+        if me == by || me == 0 {
+            return Ok(());
+        }
+        sys::access(node.fd.as_raw_fd(), mask).map_err(werr)
+    }
+
     /// Opens `name` under directory descriptor `dir` and registers it.
     fn open_child(&self, dir: i32, name: &CString) -> Result<Entry> {
         let fd = sys::openat_beneath(dir, name, libc::O_PATH | libc::O_NOFOLLOW).map_err(werr)?;
@@ -269,44 +323,53 @@ impl LocalOrigin {
             && !node.is_watched()
             && let Some(sub) = self.watch.get()
         {
-            sub.watch_dir(node);
+            self.for_export(|| sub.watch_dir(node));
         }
     }
 
     /// Registers the object open (`O_PATH`) at `fd`, whose `stat` is `st`, in the handle
     /// table; a directory also gets an inotify watch once [`Origin::subscribe`] was called.
     fn register(&self, fd: OwnedFd, st: &libc::stat) -> Entry {
-        let attr = sys::attr_of(st, self.file_id(st));
+        let attr = self.attr(st, fd.as_raw_fd());
         let (handle, node) = self
             .handles
             .insert(Node::new(fd, attr.kind, st.st_dev, st.st_ino));
         if attr.kind == FileKind::Dir
             && let Some(sub) = self.watch.get()
         {
-            sub.watch_dir(&node);
-            if let Some(Some(o)) = self.outside.get() {
-                o.watch_dir(&node);
-            }
+            // The server watches for everyone: with its own credentials (a caller may
+            // search a directory it may not read, which a watch needs).
+            self.for_export(|| {
+                sub.watch_dir(&node);
+                if let Some(Some(o)) = self.outside.get() {
+                    o.watch_dir(&node);
+                }
+            });
         }
         Entry { handle, attr }
     }
 
+    /// The cached read-only descriptor of regular file `node` (handle `id`), opening one
+    /// (as the acting identity) if needed.
     fn open_file(&self, id: u64, node: &Node) -> Result<Arc<File>> {
-        if let Some(f) = self.files.get(id) {
+        if let Some((f, by)) = self.files.get(id) {
+            self.may_use(node, by, libc::R_OK as u32)?;
             return Ok(f);
         }
         let _miss = self.open_misses[id as usize % 16].lock();
-        if let Some(f) = self.files.get(id) {
+        if let Some((f, by)) = self.files.get(id) {
+            self.may_use(node, by, libc::R_OK as u32)?;
             return Ok(f);
         }
         let f = sys::reopen_read(self.proc_fd.as_raw_fd(), node.fd.as_raw_fd()).map_err(werr)?;
         self.opens.fetch_add(1, Ordering::Relaxed);
-        Ok(self.files.insert(id, f))
+        Ok(self.files.insert(id, f, creds::acting_key()))
     }
 }
 
 impl Origin for LocalOrigin {
     fn info(&self) -> Result<OriginInfo> {
+        self.act()?;
         Ok(OriginInfo {
             verifier: 0,
             export_id: self.export_id,
@@ -315,10 +378,12 @@ impl Origin for LocalOrigin {
                 attr: self.getattr(self.root_handle())?,
             },
             read_only: self.opts.read_only,
+            identities: self.identities(),
         })
     }
 
     fn lookup(&self, parent: Handle, name: &[u8]) -> Result<Entry> {
+        self.act()?;
         let name = check_name(name)?;
         let dir = self.handles.get(parent)?;
         if dir.kind != FileKind::Dir {
@@ -328,13 +393,15 @@ impl Origin for LocalOrigin {
     }
 
     fn getattr(&self, handle: Handle) -> Result<Attr> {
+        self.act()?;
         let node = self.handles.get(handle)?;
         self.keep_watching(&node);
         let st = sys::fstat(node.fd.as_raw_fd()).map_err(werr)?;
-        Ok(sys::attr_of(&st, self.file_id(&st)))
+        Ok(self.attr(&st, node.fd.as_raw_fd()))
     }
 
     fn readdir(&self, dir: Handle, cookie: u64, max_entries: u32) -> Result<DirPage> {
+        self.act()?;
         let node = self.handles.get(dir)?;
         if node.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
@@ -377,6 +444,7 @@ impl Origin for LocalOrigin {
     }
 
     fn read(&self, handle: Handle, offset: u64, len: u32) -> Result<ReadReply> {
+        self.act()?;
         let node = self.handles.get(handle)?;
         match node.kind {
             FileKind::File => {}
@@ -413,6 +481,7 @@ impl Origin for LocalOrigin {
         len: u32,
         unchanged_for: Duration,
     ) -> Result<Option<FileRange>> {
+        self.act()?;
         let node = self.handles.get(handle)?;
         if node.kind != FileKind::File {
             return Ok(None);
@@ -456,6 +525,7 @@ impl Origin for LocalOrigin {
     }
 
     fn readlink(&self, handle: Handle) -> Result<Vec<u8>> {
+        self.act()?;
         let node = self.handles.get(handle)?;
         if node.kind != FileKind::Symlink {
             return Err(WireError::Invalid.into());
@@ -463,7 +533,27 @@ impl Origin for LocalOrigin {
         sys::readlink(node.fd.as_raw_fd()).map_err(werr)
     }
 
+    fn identities(&self) -> hoardfs_proto::Identities {
+        // The mapping is the server's to announce; an export acting as its callers says
+        // only that it does.
+        if self.opts.act_as_callers {
+            hoardfs_proto::Identities::Callers(hoardfs_proto::IdMap::default())
+        } else {
+            hoardfs_proto::Identities::Server
+        }
+    }
+
+    fn access(&self, handle: Handle, mask: u32) -> Result<()> {
+        self.act()?;
+        let node = self.handles.get(handle)?;
+        if mask & libc::W_OK as u32 != 0 {
+            self.check_writable()?;
+        }
+        sys::access(node.fd.as_raw_fd(), mask & 7).map_err(werr)
+    }
+
     fn statfs(&self) -> Result<StatFs> {
+        self.act()?;
         let root = self.handles.get(self.root_handle())?;
         sys::statvfs(root.fd.as_raw_fd()).map_err(werr)
     }
@@ -480,6 +570,7 @@ impl Origin for LocalOrigin {
         exclusive: bool,
         owner: Owner,
     ) -> Result<Entry> {
+        self.act()?;
         self.create_file(parent, name, mode, exclusive, owner)
     }
 
@@ -491,26 +582,32 @@ impl Origin for LocalOrigin {
         rdev: u64,
         owner: Owner,
     ) -> Result<Entry> {
+        self.act()?;
         self.make_node(parent, name, mode, rdev, owner)
     }
 
     fn mkdir(&self, parent: Handle, name: &[u8], mode: u32, owner: Owner) -> Result<Entry> {
+        self.act()?;
         self.make_dir(parent, name, mode, owner)
     }
 
     fn symlink(&self, parent: Handle, name: &[u8], target: &[u8], owner: Owner) -> Result<Entry> {
+        self.act()?;
         self.make_symlink(parent, name, target, owner)
     }
 
     fn link(&self, handle: Handle, parent: Handle, name: &[u8]) -> Result<Entry> {
+        self.act()?;
         self.make_link(handle, parent, name)
     }
 
     fn unlink(&self, parent: Handle, name: &[u8]) -> Result<()> {
+        self.act()?;
         self.remove(parent, name, false)
     }
 
     fn rmdir(&self, parent: Handle, name: &[u8]) -> Result<()> {
+        self.act()?;
         self.remove(parent, name, true)
     }
 
@@ -522,34 +619,42 @@ impl Origin for LocalOrigin {
         new_name: &[u8],
         flags: u32,
     ) -> Result<()> {
+        self.act()?;
         self.rename_entry(parent, name, new_parent, new_name, flags)
     }
 
     fn setattr(&self, handle: Handle, set: &SetAttrs) -> Result<Attr> {
+        self.act()?;
         self.set_attrs(handle, set)
     }
 
     fn write(&self, handle: Handle, offset: u64, data: &[u8], append: bool) -> Result<WriteReply> {
+        self.act()?;
         self.write_data(handle, offset, data, append)
     }
 
     fn fsync(&self, handle: Handle, datasync: bool) -> Result<()> {
+        self.act()?;
         self.sync(handle, datasync)
     }
 
     fn getxattr(&self, handle: Handle, name: &[u8]) -> Result<Vec<u8>> {
+        self.act()?;
         self.get_xattr(handle, name)
     }
 
     fn listxattr(&self, handle: Handle) -> Result<Vec<u8>> {
+        self.act()?;
         self.list_xattr(handle)
     }
 
     fn setxattr(&self, handle: Handle, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        self.act()?;
         self.set_xattr(handle, name, value, flags)
     }
 
     fn removexattr(&self, handle: Handle, name: &[u8]) -> Result<()> {
+        self.act()?;
         self.remove_xattr(handle, name)
     }
 }

@@ -7,6 +7,9 @@
 //! the server's umask is undone) and, when the server runs as root, the requesting owner
 //! (the group of a set-group-id parent directory wins, as the kernel would choose it).
 //!
+//! A server that acts as its callers (`LocalOptions::act_as_callers`) creates as the
+//! caller, so the kernel makes the caller the owner and gives nothing away.
+//!
 //! Creation and ownership are separate steps, so every object is made with no permission
 //! bits at all ([`CREATE_PERM`]), then given to its owner, and only then given its mode: in
 //! between it belongs to the server's user (root) but nobody else can open, execute or
@@ -70,7 +73,8 @@ impl LocalOrigin {
                         .map_err(werr)?;
                     let entry = self.adopt(&dir, &name, path.into(), owner, Some(perm))?;
                     // The first write will not need to reopen the file.
-                    let (_, evicted) = self.wfiles.insert_evicting(entry.handle.id, rw.into());
+                    let by = super::creds::acting_key();
+                    let (_, evicted) = self.wfiles.insert_evicting(entry.handle.id, rw.into(), by);
                     self.sync_evicted(evicted);
                     return Ok(entry);
                 }
@@ -293,7 +297,9 @@ impl LocalOrigin {
         let parent = sys::fstat(dir.fd.as_raw_fd())?;
         let parent_sgid = parent.st_mode & libc::S_ISGID != 0;
         let mut changed = false;
-        if sys_write::is_root() {
+        // A server acting as its callers made the object as the caller already (with the
+        // group a set-group-id parent gives): the kernel chose its owner.
+        if sys_write::is_root() && !self.opts.act_as_callers {
             let gid = if parent_sgid {
                 parent.st_gid
             } else {

@@ -286,7 +286,51 @@ pub fn attr_of(st: &libc::stat, file_id: u64) -> Attr {
         atime: ts(st.st_atime, st.st_atime_nsec),
         mtime: ts(st.st_mtime, st.st_mtime_nsec),
         ctime: ts(st.st_ctime, st.st_ctime_nsec),
+        acl: false,
     }
+}
+
+/// Whether the thread's credentials (its fsuid, fsgid, groups and capabilities) may
+/// access the object open at `fd` for `mask` (`R_OK | W_OK | X_OK`), as the kernel decides
+/// for an `open` or `exec`: modes, ACLs, read-only mounts and immutable files.
+pub fn access(fd: RawFd, mask: u32) -> io::Result<()> {
+    // SAFETY: empty path with AT_EMPTY_PATH names `fd` itself; result checked.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_faccessat2,
+            fd,
+            c"".as_ptr(),
+            mask as libc::c_int,
+            libc::AT_EMPTY_PATH | libc::AT_EACCESS,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether the object open at `fd` has a POSIX access ACL. Anything but "no such
+/// attribute" or "not supported" counts as yes (a client then asks the server instead of
+/// deciding by the mode bits).
+pub fn has_acl(fd: RawFd) -> bool {
+    let path = fd_path(fd);
+    // SAFETY: valid C strings; a size query (no buffer).
+    let r = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"system.posix_acl_access".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    if r >= 0 {
+        return true;
+    }
+    !matches!(
+        io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENODATA | libc::EOPNOTSUPP)
+    )
 }
 
 /// An open directory stream positioned by opaque cookies (`telldir` offsets).

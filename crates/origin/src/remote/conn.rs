@@ -290,7 +290,13 @@ impl Conn {
                 None => return Err(self.dead_error()),
             }
         }
-        let body = frame::encode_body(&Request { id, op });
+        // Every request says whom it is made for: the ambient caller of this thread.
+        let caller = crate::caller::current();
+        let body = frame::encode_body(&Request {
+            id,
+            op,
+            caller: (*caller).clone(),
+        });
         let rx_before = self.shared.frames_rx.load(Ordering::SeqCst);
         let written = {
             let mut w = self.writer.lock();
@@ -375,6 +381,7 @@ fn pinger(writer: std::sync::Weak<Mutex<Writer>>, shared: Arc<Shared>, stop: mps
         let body = frame::encode_body(&Request {
             id: PING_ID_BASE + n,
             op: Op::Ping,
+            caller: (**crate::caller::process()).clone(),
         });
         let sent = {
             let mut w = w.lock();

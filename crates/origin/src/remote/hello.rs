@@ -94,6 +94,7 @@ pub(super) fn handshake(
                 read_only,
                 verifier,
                 publishes_on_close,
+                identities,
             },
             d,
         ) if d.is_empty() => {
@@ -110,6 +111,7 @@ pub(super) fn handshake(
                     export_id,
                     root,
                     read_only,
+                    identities,
                 },
                 publishes_on_close,
                 version,

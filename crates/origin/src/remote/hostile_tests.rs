@@ -40,6 +40,7 @@ fn attr(kind: FileKind) -> Attr {
             nanos: 1_000_000_000,
         },
         ctime: EXTREME,
+        acl: false,
     }
 }
 
@@ -89,6 +90,7 @@ fn answer(op: &Op, sent: usize) -> (Reply, Vec<u8>) {
                 read_only: false,
                 verifier: 1,
                 publishes_on_close: false,
+                identities: hoardfs_proto::Identities::Server,
             },
             Vec::new(),
         ),

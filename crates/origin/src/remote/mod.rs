@@ -461,6 +461,14 @@ impl Origin for RemoteOrigin {
         }
     }
 
+    fn identities(&self) -> hoardfs_proto::Identities {
+        self.state.lock().info.identities.clone()
+    }
+
+    fn access(&self, handle: Handle, mask: u32) -> Result<()> {
+        self.done(Op::Access { handle, mask }, &[])
+    }
+
     fn statfs(&self) -> Result<StatFs> {
         match self.request(Op::StatFs)? {
             (Reply::StatFs(s), d) if d.is_empty() => Ok(s),

@@ -31,6 +31,7 @@ fn attr(file_id: u64, kind: FileKind) -> Attr {
         atime: Timestamp::default(),
         mtime: Timestamp::default(),
         ctime: Timestamp::default(),
+        acl: false,
     }
 }
 
@@ -100,6 +101,7 @@ fn serve_conn(s: TcpStream, token: &[u8], h: Handler) {
                     read_only: true,
                     verifier: 7,
                     publishes_on_close: false,
+                    identities: hoardfs_proto::Identities::Server,
                 };
                 reply(&w, req.id, Ok(hello), &[]);
             }
@@ -341,6 +343,7 @@ fn callers_of_reconnect_during_an_attempt_share_its_outcome() {
         export_id: 1,
         root: root(),
         read_only: false,
+        identities: hoardfs_proto::Identities::Server,
     };
     let opts = RemoteOptions {
         connect_timeout: Duration::from_millis(500),

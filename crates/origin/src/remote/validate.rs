@@ -388,6 +388,7 @@ mod tests {
             atime: Timestamp::default(),
             mtime: Timestamp::default(),
             ctime: Timestamp::default(),
+            acl: false,
         }
     }
 
@@ -553,6 +554,7 @@ mod tests {
             read_only: false,
             verifier: 1,
             publishes_on_close: false,
+            identities: hoardfs_proto::Identities::Server,
         };
         ok(Expect::Hello, hello(FileKind::Dir), b"");
         assert!(rejected(Expect::Hello, hello(FileKind::File), b""));

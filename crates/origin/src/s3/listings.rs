@@ -215,7 +215,7 @@ impl Listings {
     /// A store keeping snapshots under `disk` (if any), fresh for `ttl`.
     pub fn new(disk: Option<PathBuf>, ttl: Duration, immutable: bool) -> Listings {
         if let Some(d) = &disk {
-            let _ = std::fs::create_dir_all(d);
+            let _ = super::staging::private_dir(d);
         }
         Listings {
             mem: Mutex::new((HashMap::new(), 0)),
@@ -446,7 +446,7 @@ impl Listings {
         let mut buf = (rec.len() as u32).to_le_bytes().to_vec();
         buf.extend_from_slice(&rec);
         use std::io::Write;
-        let _ = std::fs::OpenOptions::new()
+        let _ = super::staging::private_file()
             .create(true)
             .append(true)
             .open(&log)
@@ -518,7 +518,13 @@ impl Listings {
             Err(_) => return,
         };
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let ok = std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, &path).is_ok();
+        let written = super::staging::private_file()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes));
+        let ok = written.is_ok() && std::fs::rename(&tmp, &path).is_ok();
         if !ok {
             let _ = std::fs::remove_file(&tmp);
             tracing::debug!("could not keep the listing of {prefix:?} on disk");

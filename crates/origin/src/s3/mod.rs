@@ -64,6 +64,8 @@ pub struct S3Origin {
     export_id: u128,
     started: Timestamp,
     connected: std::sync::atomic::AtomicBool,
+    /// The private staging directory of a mount without a state directory.
+    _scratch: Option<tempfile::TempDir>,
 }
 
 impl S3Origin {
@@ -88,9 +90,19 @@ impl S3Origin {
             state_dir: opts.state_dir.map(|d| d.join(format!("{export_id:032x}"))),
             ..opts
         };
-        let state = match &opts.state_dir {
-            Some(d) => d.clone(),
-            None => std::env::temp_dir().join(format!("hoardfs-s3-{}", std::process::id())),
+        // Without a state directory (a mount with --no-cache), writes are staged in a
+        // fresh private directory (mode 0700, a random name made with O_EXCL semantics:
+        // nobody can have made it first), removed when the origin is dropped.
+        let (state, scratch) = match &opts.state_dir {
+            Some(d) => (d.clone(), None),
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("hoardfs-s3-")
+                    .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                    .tempdir()
+                    .map_err(|e| format!("cannot create a private staging directory: {e}"))?;
+                (t.path().to_path_buf(), Some(t))
+            }
         };
         let listings = Listings::new(
             opts.state_dir.as_ref().map(|d| d.join("listings")),
@@ -118,6 +130,7 @@ impl S3Origin {
             },
             connected: std::sync::atomic::AtomicBool::new(true),
             opts,
+            _scratch: scratch,
         })
     }
 
@@ -235,6 +248,7 @@ impl Origin for S3Origin {
                 attr: self.dir_attr(""),
             },
             read_only: self.opts.read_only,
+            identities: hoardfs_proto::Identities::Server,
             verifier: 0,
         })
     }
@@ -503,8 +517,19 @@ impl Origin for S3Origin {
             }
             self.staging.truncate(&n, size, self)?;
         }
-        // Modes, owners and times are not stored in S3: accepted and not kept
-        // (doc/SEMANTICS.md), so tools like `cp -p` work.
+        // Modes and owners are not stored in S3: every object shows the mount's
+        // (--uid, --gid, --file-mode, --dir-mode). A change to them is refused rather
+        // than accepted and lost; setting what is shown already succeeds (`cp -p` of a
+        // file that has the mount's mode). Times are accepted and not kept (SEMANTICS.md).
+        let (perm, uid, gid) = match n.kind {
+            FileKind::Dir => (self.opts.dir_mode, self.opts.uid, self.opts.gid),
+            _ => (self.opts.file_mode, self.opts.uid, self.opts.gid),
+        };
+        let changes_mode = set.mode.is_some_and(|m| (m & 0o7777) as u16 != perm);
+        let changes_owner = set.uid.is_some_and(|u| u != uid) || set.gid.is_some_and(|g| g != gid);
+        if changes_mode || changes_owner {
+            return Err(WireError::NotPermitted.into());
+        }
         self.getattr(handle)
     }
 

@@ -129,6 +129,7 @@ impl S3Origin {
             atime: mtime,
             mtime,
             ctime: mtime,
+            acl: false,
         }
     }
 
@@ -152,6 +153,7 @@ impl S3Origin {
             atime: t,
             mtime: t,
             ctime: t,
+            acl: false,
         }
     }
 

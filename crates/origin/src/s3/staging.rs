@@ -47,6 +47,39 @@ struct Staged {
     base: Option<ObjectInfo>,
 }
 
+/// Creates `dir` (and missing parents) mode 0700, and checks that it is a directory of
+/// this user's that group and others cannot use: a private place for writes not yet
+/// uploaded (a directory someone else made or can change could show them the writes, or
+/// make the cleanup of leftovers delete their choice of files).
+pub(super) fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let md = std::fs::symlink_metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !md.file_type().is_dir() || md.uid() != me || md.mode() & 0o077 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a private directory of uid {me} (a link, another user's, or mode {:o}): \
+             refusing to keep writes in it",
+            dir.display(),
+            md.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+/// Options for a file of the origin's own state: mode 0600 when created, never opened
+/// through a symbolic link.
+pub(super) fn private_file() -> std::fs::OpenOptions {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = std::fs::OpenOptions::new();
+    o.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    o
+}
+
 /// The staged files, by path. Lock order: the map's lock is a leaf; an entry's lock is
 /// taken without holding the map's and may be held across store requests.
 pub struct Staging {
@@ -57,9 +90,11 @@ pub struct Staging {
 }
 
 impl Staging {
-    /// Staging in `dir` (created; leftovers of a previous run are removed).
+    /// Staging in `dir` (created, private to this user; leftovers of a previous run are
+    /// removed). A `dir` that is a symbolic link, someone else's or open to others is
+    /// refused: it holds the writes not yet uploaded, and its leftovers are deleted.
     pub fn new(dir: PathBuf) -> std::io::Result<Staging> {
-        std::fs::create_dir_all(&dir)?;
+        private_dir(&dir)?;
         if let Ok(rd) = std::fs::read_dir(&dir) {
             for e in rd.flatten() {
                 if e.file_type().is_ok_and(|t| t.is_file()) {
@@ -134,7 +169,7 @@ impl Staging {
             self.seq.fetch_add(1, Ordering::Relaxed)
         );
         let disk = self.dir.join(name);
-        let file = std::fs::OpenOptions::new()
+        let file = private_file()
             .read(true)
             .write(true)
             .create_new(true)
@@ -354,7 +389,7 @@ impl Staging {
         drop(g);
         let s = e.lock();
         let dir = self.dir.join("conflicts");
-        let _ = std::fs::create_dir_all(&dir);
+        let _ = private_dir(&dir);
         let kept = dir.join(format!("{}.{}", path.replace('/', "%2F"), now()));
         match std::fs::rename(&s.disk, &kept) {
             Ok(()) => tracing::error!(
@@ -424,4 +459,72 @@ fn now() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn origin_without_state() -> S3Origin {
+        let state_dir: Option<PathBuf> = None;
+        let location = super::super::location::S3Location::parse("s3://bucket/prefix")
+            .expect("an s3 location")
+            .unwrap();
+        let mut opts =
+            super::super::S3Options::new(location, "http://127.0.0.1:9".into(), "garage".into());
+        opts.state_dir = state_dir;
+        opts.path_style = true;
+        S3Origin::new(opts).expect("made without contacting the store")
+    }
+
+    #[test]
+    fn a_mount_without_state_stages_in_a_fresh_private_directory_not_a_predictable_one() {
+        // What a local user could have prepared where earlier versions staged:
+        // $TMPDIR/hoardfs-s3-PID/staging, a link to a directory of someone else's files.
+        let victim = tempfile::tempdir().unwrap();
+        std::fs::write(victim.path().join("precious"), b"keep me").unwrap();
+        let planted = std::env::temp_dir().join(format!("hoardfs-s3-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&planted);
+        std::fs::create_dir_all(&planted).unwrap();
+        std::os::unix::fs::symlink(victim.path(), planted.join("staging")).unwrap();
+        let o = origin_without_state();
+        assert_eq!(
+            std::fs::read(victim.path().join("precious")).unwrap(),
+            b"keep me"
+        );
+        let dir = o.staging.dir.clone();
+        assert!(!dir.starts_with(&planted), "{}", dir.display());
+        let md = std::fs::symlink_metadata(dir.parent().unwrap()).unwrap();
+        assert!(md.is_dir());
+        assert_eq!(md.mode() & 0o777, 0o700);
+        // Files staged there are the mounting user's alone.
+        let (_, disk) = o.staging.new_file("a/b").unwrap();
+        assert_eq!(std::fs::metadata(&disk).unwrap().mode() & 0o777, 0o600);
+        drop(o);
+        assert!(
+            !dir.exists(),
+            "the private directory is removed with the origin"
+        );
+        std::fs::remove_dir_all(&planted).unwrap();
+    }
+
+    #[test]
+    fn a_staging_directory_that_is_a_link_or_open_to_others_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let elsewhere = t.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("f"), b"x").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, t.path().join("link")).unwrap();
+        assert!(Staging::new(t.path().join("link")).is_err());
+        assert!(
+            elsewhere.join("f").exists(),
+            "nothing deleted through the link"
+        );
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(Staging::new(open).is_err());
+        Staging::new(t.path().join("fine")).unwrap();
+    }
 }

@@ -194,6 +194,7 @@ impl FakeOrigin {
             atime: t,
             mtime: t,
             ctime: t,
+            acl: false,
         })
     }
 
@@ -214,6 +215,7 @@ impl Origin for FakeOrigin {
             export_id: 5,
             root: self.entry(ROOT)?,
             read_only: true,
+            identities: hoardfs_proto::Identities::Server,
         })
     }
 
