@@ -8,8 +8,11 @@ default) and one with --insecure-plaintext. For each, a fresh `--no-cache` mount
 The server's page cache holds the files (they are read once first), and each run uses a
 fresh mount, so every byte crosses the link (and the cipher) and nothing is served from
 the client's page cache. The local page cache read of the same files is the ceiling.
-Runs alternate TLS / plaintext; medians are reported with the TLS/plaintext ratio.
-Run as root: python3 bench/tls.py [--runs 5]. See doc/BENCHMARKS.md.
+Runs alternate TLS / plaintext; medians are reported with the TLS/plaintext ratio, and
+the CPU time of every hoardfs process (server and clients together) per GiB read.
+`--rate 1gbit` puts the servers in a network namespace behind a veth pair shaped with
+tbf (seed000.py's link) instead of loopback. Run as root: python3 bench/tls.py
+[--runs 5] [--rate 1gbit]. See doc/BENCHMARKS.md.
 """
 import argparse
 import json
@@ -25,10 +28,32 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
 
 
-def spawn_server(binary, export, state, plaintext):
-    args = [binary, "serve", export, "--listen", "127.0.0.1:0", "--state-dir", state]
+def hoardfs_cpu():
+    """CPU seconds (user + system) used so far by every running hoardfs process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        if comm == "hoardfs":
+            fields = stat[stat.rindex(")") + 2:].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def spawn_server(binary, export, state, plaintext, listen="127.0.0.1:0", wrap=None):
+    args = [binary, "serve", export, "--listen", listen, "--state-dir", state,
+            "--allow-unauthenticated"]
     if plaintext:
         args.append("--insecure-plaintext")
+    if wrap:
+        args = wrap(*args)
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = p.stdout.readline()
     if not line.startswith("hoardfs: serving"):
@@ -53,8 +78,10 @@ def umount(mnt):
     raise RuntimeError(f"cannot unmount {mnt}")
 
 
-def read_all(paths, bs):
-    """Reads every path in its own process at once; returns elapsed seconds."""
+def read_all(paths, bs, cpu=None):
+    """Reads every path in its own process at once; returns elapsed seconds (and adds the
+    hoardfs processes' CPU seconds to `cpu[0]`)."""
+    c0 = hoardfs_cpu()
     t0 = time.perf_counter()
     procs = [subprocess.Popen(["dd", f"if={p}", "of=/dev/null", f"bs={bs}"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -62,7 +89,10 @@ def read_all(paths, bs):
     for p in procs:
         if p.wait() != 0:
             raise RuntimeError("a reader failed")
-    return time.perf_counter() - t0
+    took = time.perf_counter() - t0
+    if cpu is not None:
+        cpu[0] += hoardfs_cpu() - c0
+    return took
 
 
 def main():
@@ -70,7 +100,15 @@ def main():
     ap.add_argument("--binary", default=os.path.join(REPO, "target", "release", "hoardfs"))
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "out"))
+    ap.add_argument("--rate", help="serve through a tbf-shaped veth pair at this rate (e.g. 1gbit)")
     a = ap.parse_args()
+    listen, wrap = "127.0.0.1:0", None
+    if a.rate:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import seed000
+        seed000.clean_leftovers()
+        seed000.setup_network(a.rate)
+        listen, wrap = f"{seed000.SRV_IP}:0", seed000.in_ns
     work = tempfile.mkdtemp(prefix="tls-bench-", dir="/var/tmp")
     export = os.path.join(work, "export")
     os.makedirs(os.path.join(export, "many"))
@@ -88,8 +126,10 @@ def main():
     servers = {}
     try:
         for name, plain in (("tls", False), ("plaintext", True)):
-            servers[name] = spawn_server(a.binary, export, os.path.join(work, "state"), plain)
+            servers[name] = spawn_server(a.binary, export, os.path.join(work, "state"), plain,
+                                         listen, wrap)
         res = {k: {"single": [], "64 readers": []} for k in servers}
+        cpu = {k: {"single": [0.0], "64 readers": [0.0]} for k in servers}
         local = {"single": [], "64 readers": []}
         for run in range(a.runs):
             local["single"].append(1024 * MiB / read_all([big], "1M") / 1e6)
@@ -97,33 +137,46 @@ def main():
             for name, (_, addr, fp) in servers.items():
                 mnt = os.path.join(work, "mnt")
                 mount(a.binary, addr, fp, mnt)
-                res[name]["single"].append(1024 * MiB / read_all([os.path.join(mnt, "big")], "1M") / 1e6)
+                res[name]["single"].append(
+                    1024 * MiB / read_all([os.path.join(mnt, "big")], "1M", cpu[name]["single"]) / 1e6)
                 umount(mnt)
                 mnts = [os.path.join(work, f"m{i}") for i in range(4)]
                 for m in mnts:
                     mount(a.binary, addr, fp, m)
                 paths = [os.path.join(mnts[i % 4], "many", f"f{i:02}") for i in range(64)]
-                res[name]["64 readers"].append(1024 * MiB / read_all(paths, "128k") / 1e6)
+                res[name]["64 readers"].append(
+                    1024 * MiB / read_all(paths, "128k", cpu[name]["64 readers"]) / 1e6)
                 for m in mnts:
                     umount(m)
             print(f"run {run + 1}/{a.runs}: " + ", ".join(
                 f"{n} {k} {v[k][-1]:.0f} MB/s" for n, v in res.items() for k in v), flush=True)
-        out = {"runs": a.runs, "MB/s": {}, "ratio tls/plaintext": {}}
-        print(f"\n{'workload':<12} {'local pgcache':>14} {'plaintext':>10} {'TLS':>10} {'TLS/plain':>10}")
+        out = {"runs": a.runs, "rate": a.rate or "loopback", "MB/s": {},
+               "ratio tls/plaintext": {}, "CPU-s per GiB": {}}
+        print(f"\nlink: {a.rate or 'loopback, unshaped'}; CPU-s/GiB: all hoardfs processes, "
+              "server and clients together")
+        print(f"{'workload':<12} {'local pgcache':>14} {'plaintext':>10} {'TLS':>10} "
+              f"{'TLS/plain':>10} {'CPU plain':>10} {'CPU TLS':>10} {'TLS extra':>10}")
         for k in ("single", "64 readers"):
             med = {n: statistics.median(v[k]) for n, v in res.items()}
             loc = statistics.median(local[k])
             ratio = med["tls"] / med["plaintext"]
+            per_gib = {n: cpu[n][k][0] / a.runs for n in cpu}
             out["MB/s"][k] = {"local": loc, **med}
             out["ratio tls/plaintext"][k] = ratio
-            print(f"{k:<12} {loc:>14.0f} {med['plaintext']:>10.0f} {med['tls']:>10.0f} {ratio:>10.2f}")
+            out["CPU-s per GiB"][k] = per_gib
+            print(f"{k:<12} {loc:>14.0f} {med['plaintext']:>10.0f} {med['tls']:>10.0f} "
+                  f"{ratio:>10.2f} {per_gib['plaintext']:>10.2f} {per_gib['tls']:>10.2f} "
+                  f"{per_gib['tls'] - per_gib['plaintext']:>10.2f}")
         os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "tls.json"), "w") as f:
+        name = f"tls-{a.rate}.json" if a.rate else "tls.json"
+        with open(os.path.join(a.out, name), "w") as f:
             json.dump({"raw": res, "local": local, **out}, f, indent=1)
     finally:
         for p, _, _ in servers.values():
             p.terminate()
             p.wait()
+        if a.rate:
+            seed000.clean_leftovers()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -49,16 +49,25 @@ pub(crate) fn orphans_dir_name(uid: u32) -> Vec<u8> {
     format!(".hoardfs-conflicts-{uid}").into_bytes()
 }
 
-/// The directory of `owner`'s orphaned conflict copies in the export root (`root`),
-/// made mode 0700 if missing (the change is sent as its maker, who owns it). One that
-/// is not a directory of that user's closed to group and others is refused (somebody
-/// else made it, or opened it): the change stays in the log.
+/// The directory of the orphaned conflict copies of `maker` (who made the change) in the
+/// export root (`root`): its name and handle. It is named after the identity the origin
+/// performs the maker's requests as (the mapped one, on a server acting as its callers),
+/// and made mode 0700 if missing (the change is sent as its maker, so the directory is
+/// theirs). One that is not a directory, or (on a server acting as its callers) not that
+/// identity's, or open to group or others, is refused: somebody else made or opened it,
+/// and the change stays in the log.
 pub(crate) fn orphans_dir(
     origin: &dyn hoardfs_origin::Origin,
     root: hoardfs_origin::Handle,
-    owner: hoardfs_origin::Owner,
-) -> FsResult<hoardfs_origin::Handle> {
-    let name = orphans_dir_name(owner.uid);
+    maker: &hoardfs_origin::Caller,
+) -> FsResult<(Vec<u8>, hoardfs_origin::Handle)> {
+    let mapped = origin.identities().acting_as(maker);
+    let uid = mapped.as_ref().map_or(maker.uid, |m| m.uid);
+    let name = orphans_dir_name(uid);
+    let owner = hoardfs_origin::Owner {
+        uid: maker.uid,
+        gid: maker.gid,
+    };
     let found = match origin.lookup(root, &name) {
         Ok(e) => e,
         Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => {
@@ -73,7 +82,9 @@ pub(crate) fn orphans_dir(
         Err(e) => return Err(e.into()),
     };
     let a = &found.attr;
-    if a.kind != hoardfs_origin::FileKind::Dir || a.uid != owner.uid || a.perm & 0o077 != 0 {
+    // Only a server acting as its callers says whose a directory is, and keeps modes.
+    let private = mapped.is_none() || (a.uid == uid && a.perm & 0o077 == 0);
+    if a.kind != hoardfs_origin::FileKind::Dir || !private {
         tracing::error!(
             name = %String::from_utf8_lossy(&name),
             uid = a.uid,
@@ -83,7 +94,7 @@ pub(crate) fn orphans_dir(
         );
         return Err(FsError::Origin(WireError::Access));
     }
-    Ok(found.handle)
+    Ok((name, found.handle))
 }
 
 /// Tries `attempt` with `NAME.conflict-HOST-TIME` (or `...-2`, `-3`, while taken);

@@ -520,11 +520,13 @@ impl HoardFs {
     }
 
     /// Whether the ambient caller may list directory `ino`, as the server would decide
-    /// (`crate::access`).
+    /// (`crate::access`): read it, and search it (a listing carries every entry's
+    /// attributes, which the server gives only to who may search).
     pub fn may_list(&self, ino: Ino) -> FsResult<()> {
         let node = self.sb.node(ino)?;
         let attr = node.state.lock().attr();
-        crate::access::check(&self.sb, &node, &attr, hoardfs_proto::MAY_READ)
+        let mask = hoardfs_proto::MAY_READ | hoardfs_proto::MAY_EXEC;
+        crate::access::check(&self.sb, &node, &attr, mask)
     }
 
     /// Whether the origin performs requests as their callers (so the identity of each

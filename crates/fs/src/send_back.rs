@@ -35,9 +35,7 @@ use std::time::SystemTime;
 use hoardfs_origin::{Entry, Handle, Owner, SetAttrs, WireError};
 
 use crate::cml::{Conflict, Inner, Kind, Pending, Phase, Record, now_secs};
-use crate::conflict_names::{
-    conflict_candidate, conflict_name, orphans_dir, orphans_dir_name, utc_stamp,
-};
+use crate::conflict_names::{conflict_candidate, conflict_name, orphans_dir, utc_stamp};
 use crate::nodes::Ino;
 use crate::offline::OfflineWrites;
 use crate::reintegrate::Found;
@@ -432,14 +430,9 @@ impl<'a> ChangeSender<'a> {
                 next
             } else {
                 // Its directory is gone: in its maker's private directory of orphans.
-                let maker = rec.sender();
-                let maker_owner = Owner {
-                    uid: maker.uid,
-                    gid: maker.gid,
-                };
-                orphans_dir(&*self.fs.sb.origin, root, maker_owner)?;
+                let (dir, _) = orphans_dir(&*self.fs.sb.origin, root, &rec.sender())?;
                 vec![
-                    orphans_dir_name(maker.uid),
+                    dir,
                     conflict_candidate(&rec.path.join(&b'_'), &off.host, &stamp, n),
                 ]
             };
@@ -611,18 +604,13 @@ impl<'a> ChangeSender<'a> {
             (_, None, _) => {
                 // Not in the export root, where everyone would see it: in its maker's
                 // private directory there.
-                let maker = rec.sender();
-                let owner = Owner {
-                    uid: maker.uid,
-                    gid: maker.gid,
-                };
-                let orphans = orphans_dir(&*self.fs.sb.origin, root, owner)?;
+                let (dir, orphans) = orphans_dir(&*self.fs.sb.origin, root, &rec.sender())?;
                 let flat = loc.join(&b'_');
                 let copy = self.conflict_copy(orphans, &flat, g, &off.host)?;
                 Outcome::Conflict(Conflict {
                     at: now_secs(),
                     path: shown(&loc),
-                    copy: shown(&[orphans_dir_name(maker.uid), copy]),
+                    copy: shown(&[dir, copy]),
                     reason: "its directory was removed on the server".into(),
                 })
             }

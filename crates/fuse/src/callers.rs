@@ -67,7 +67,8 @@ impl Callers {
 
 /// The supplementary groups of thread `pid` (the "Groups:" line of its status), at most
 /// `MAX_GROUPS`; `None` if the thread is gone or the line unreadable (the request then
-/// claims no groups, which can only deny access).
+/// claims no groups: mostly a denial, though an ACL entry refusing one of its groups then
+/// no longer applies; a thread that is gone has nobody waiting for the answer).
 fn groups_of(pid: u32) -> Option<Vec<u32>> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/status"))
         .or_else(|_| std::fs::read_to_string(format!("/proc/{pid}/status")))

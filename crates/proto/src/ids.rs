@@ -11,8 +11,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Most supplementary groups a request carries (more are dropped by the client, which can
-/// only deny access, never grant it).
+/// Most supplementary groups a request carries (more are dropped by the client, as NFS's
+/// `AUTH_SYS` drops those beyond 16: mostly a denial, but an ACL entry that refuses one of
+/// the dropped groups then no longer applies).
 pub const MAX_GROUPS: usize = 1024;
 
 /// The identity a request claims: the calling process's fsuid, fsgid and supplementary

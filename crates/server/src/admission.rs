@@ -6,8 +6,9 @@
 //!   of idle sockets delays nobody for long (as sshd's MaxStartups drops).
 //! - **Connections**: at most `max_connections` authenticated at once; one more is told
 //!   `Busy` and closed.
-//! - **Memory**: the callback sets (as they grow) and the recent change reports (set
-//!   aside at start) are charged to the server's budget; every request's data (write
+//! - **Memory**: a quarter of the server's budget is set aside for callback sets (charged
+//!   as they grow) and the recent change reports take theirs at start; every request's
+//!   data (write
 //!   payloads, read lengths) is charged, in
 //!   [`UNIT`]s, to its connection's budget and to the server's; the charge is released
 //!   when the reply has been *written* to the socket. A client that stops reading replies
@@ -41,8 +42,10 @@ pub(crate) const UNIT: usize = 64 << 10;
 pub(crate) struct Admission {
     handshakes: Arc<Handshakes>,
     connections: Arc<Semaphore>,
-    /// Budget units of the whole server.
+    /// Budget units of the whole server's requests.
     memory: Arc<Semaphore>,
+    /// Budget units of its callback sets (a quarter of the whole, set aside).
+    callback_memory: Arc<Semaphore>,
     /// Budget units of one connection.
     pub(crate) per_conn_units: usize,
     pub(crate) failures: Failures,
@@ -61,13 +64,16 @@ impl Admission {
                 cfg.max_handshakes_per_source,
             )),
             connections: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
-            // The change reports kept for settling listings are set aside first; the
-            // callback sets are charged as they grow (module `callbacks`).
+            // The change reports kept for settling listings and a quarter for callback
+            // sets are set aside first (module `callbacks`): requests never wait for
+            // memory callback sets hold, nor callbacks for requests'.
             memory: Arc::new(Semaphore::new(
                 units(cfg.memory_total)
                     .saturating_sub(units(crate::callbacks::RECENT_BYTES))
+                    .saturating_sub(units(cfg.memory_total) / 4)
                     .max(per_conn),
             )),
+            callback_memory: Arc::new(Semaphore::new((units(cfg.memory_total) / 4).max(1))),
             per_conn_units: per_conn,
             failures: Failures::default(),
             sessions: Sessions::default(),
@@ -81,9 +87,9 @@ impl Admission {
         self.handshakes.begin(peer, deadline, rand::random::<f64>())
     }
 
-    /// The server's memory budget, for what else charges it (callback sets).
-    pub(crate) fn memory(&self) -> Arc<Semaphore> {
-        Arc::clone(&self.memory)
+    /// The share of the server's memory budget callback sets are charged to.
+    pub(crate) fn callback_memory(&self) -> Arc<Semaphore> {
+        Arc::clone(&self.callback_memory)
     }
 
     /// A slot for one authenticated connection, if any is free.
@@ -128,6 +134,7 @@ impl Admission {
         principal: Principal,
         credentials: &Credentials,
         token: &[u8],
+        rights: &crate::credentials::Rights,
     ) -> Option<(Arc<Notify>, SessionGuard)> {
         let named = matches!(principal, Principal::Named { .. });
         let id = self.sessions.next.fetch_add(1, Ordering::Relaxed);
@@ -140,7 +147,13 @@ impl Admission {
             id,
             admission: Arc::clone(self),
         };
-        if named && !matches!(credentials.judge(token), Check::Accepted(..)) {
+        // Still valid, and with the rights the session was let in with (rights changed
+        // meanwhile end it as a revocation does).
+        let still = match credentials.judge(token) {
+            Check::Accepted(_, now) => now == *rights,
+            _ => false,
+        };
+        if named && !still {
             return None;
         }
         Some((n, guard))
@@ -270,8 +283,9 @@ impl Failures {
 
 /// The unit failures are counted by: an IPv4 address, or an IPv6 /64.
 pub(crate) fn network_of(addr: IpAddr) -> IpAddr {
-    match addr {
-        IpAddr::V4(_) => addr,
+    // An IPv4 peer of a dual-stack listener arrives as ::ffff:a.b.c.d: its own address.
+    match addr.to_canonical() {
+        v4 @ IpAddr::V4(_) => v4,
         IpAddr::V6(v6) => {
             let mut o = v6.octets();
             o[8..].fill(0);
@@ -318,7 +332,7 @@ mod tests {
         assert_eq!(adm.sessions.revoke(&gone), 0);
         // ... and registering the session refuses it, leaving nothing registered.
         assert!(
-            adm.open_session(named("a", &t), &creds, t.as_bytes())
+            adm.open_session(named("a", &t), &creds, t.as_bytes(), &Default::default())
                 .is_none()
         );
         assert!(adm.sessions.live.lock().is_empty());
@@ -336,7 +350,7 @@ mod tests {
                 creds.check(t.as_bytes()),
                 Check::Accepted(name.into(), Default::default())
             );
-            adm.open_session(named(name, t), &creds, t.as_bytes())
+            adm.open_session(named(name, t), &creds, t.as_bytes(), &Default::default())
                 .expect("a valid credential opens a session")
         };
         let (a_old, _g1) = open(&old, "a");
@@ -381,6 +395,16 @@ mod tests {
         assert_eq!(f.record(b, later).count, 1);
         // One IPv6 host rotating through its /64 counts as one.
         let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
+        // An IPv4 peer of a dual-stack listener is its IPv4 address, not the /64 of ::ffff:0:0.
+        let mapped = |a: &str| IpAddr::V6(a.parse().unwrap());
+        assert_eq!(
+            network_of(mapped("::ffff:10.0.0.1")),
+            IpAddr::from([10, 0, 0, 1])
+        );
+        assert_ne!(
+            network_of(mapped("::ffff:10.0.0.1")),
+            network_of(mapped("::ffff:10.0.0.2"))
+        );
         assert_eq!(f.record(v6("2001:db8::1"), t0).count, 1);
         assert_eq!(f.record(v6("2001:db8::2:3"), t0).count, 2);
         assert_eq!(f.record(v6("2001:db8:0:1::1"), t0).count, 1);

@@ -21,9 +21,10 @@
 //! Bounds: a connection holds at most [`MAX_CALLBACKS_PER_CONN`] callbacks and at most
 //! [`MAX_PENDING_BREAK_BYTES`] of unsent break frames; beyond either it gets one [`Break::All`] and its
 //! registrations are dropped (the client then revalidates everything it caches). The
-//! memory of each connection's callback set is charged to the server's memory budget
-//! (`--max-memory-mib`, the semaphore [`Callbacks::charge_to`] is given) as it grows; a
-//! set that cannot be charged is dropped the same way. The recent change reports are
+//! memory of each connection's callback set is charged, as it grows, to the quarter of
+//! the server's memory budget (`--max-memory-mib`) set aside for callback sets (the
+//! semaphore [`Callbacks::charge_to`] is given; requests never wait for it); a set that
+//! cannot be charged is dropped the same way. The recent change reports are
 //! bounded by [`RECENT_BYTES`] as well as by count, and those bytes are set aside from the
 //! budget when the server starts (see `admission`).
 

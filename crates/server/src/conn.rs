@@ -430,7 +430,7 @@ async fn handshake<R: AsyncRead + Unpin>(
     let Some((revoked, guard)) =
         shared
             .admission
-            .open_session(principal, &shared.credentials, &token)
+            .open_session(principal, &shared.credentials, &token, &rights)
     else {
         tracing::warn!(%peer, credential = name.as_deref(), "credential revoked during the handshake");
         return refuse(WireError::AuthFailed, String::new(), true);

@@ -217,7 +217,15 @@ fn parse(text: &str) -> HashMap<String, ([u8; 32], Rights)> {
         let (Some(name), Some(hex)) = (f.next(), f.next()) else {
             continue;
         };
-        let _created = f.next();
+        // The creation time, then the rights: a line without a number there is not one
+        // `token add` wrote, and its words are not read as rights (nor it as a credential).
+        if f.next().and_then(|c| c.parse::<u64>().ok()).is_none() {
+            tracing::warn!(
+                credential = name,
+                "ignoring a token line without its creation time"
+            );
+            continue;
+        }
         let rights = match Rights::parse(f) {
             Ok(r) => r,
             Err(e) => {
@@ -709,6 +717,20 @@ mod tests {
         let path = dir.path().join(TOKENS_FILE);
         let text = fs::read_to_string(&path).unwrap();
         fs::write(&path, text.trim_end().to_owned() + " sudo=yes\n").unwrap();
+        let c = Credentials::new(None, Some(dir.path())).unwrap();
+        assert_eq!(c.check(t.as_bytes()), Check::Refused(Some("a".into())));
+    }
+
+    #[test]
+    fn a_hand_edited_line_without_its_creation_time_is_not_read_as_rights() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = admin::add(dir.path(), "a", &Rights::default()).unwrap();
+        let path = dir.path().join(TOKENS_FILE);
+        let text = fs::read_to_string(&path).unwrap();
+        let mut f = text.split_whitespace();
+        let (name, hash) = (f.next().unwrap(), f.next().unwrap());
+        // `ro` where the time belongs would leave the credential with no right at all.
+        fs::write(&path, format!("{name} {hash} user=1000 ro\n")).unwrap();
         let c = Credentials::new(None, Some(dir.path())).unwrap();
         assert_eq!(c.check(t.as_bytes()), Check::Refused(Some("a".into())));
     }

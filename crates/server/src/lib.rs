@@ -266,7 +266,7 @@ impl Server {
         let credentials =
             credentials::Credentials::new(cfg.token.clone(), cfg.tokens_dir.as_deref())?;
         let admission = Arc::new(admission::Admission::new(&cfg));
-        callbacks.charge_to(admission.memory());
+        callbacks.charge_to(admission.callback_memory());
         let shared = Arc::new(Shared {
             credentials,
             admission,

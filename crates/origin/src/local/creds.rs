@@ -25,7 +25,7 @@
 
 use std::cell::RefCell;
 use std::io;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use hoardfs_proto::Caller;
 
@@ -87,7 +87,7 @@ enum Applied {
     /// The process's own.
     Process,
     /// A caller's: fsuid, fsgid and groups as given; capabilities reduced unless uid 0.
-    Caller(Caller),
+    Caller(Arc<Caller>),
     /// Not known: a switch failed partway, or the thread is new (a thread starts with
     /// the credentials of the thread that made it, which may have been acting as a
     /// caller). The next switch sets everything.
@@ -101,7 +101,7 @@ thread_local! {
 /// Sets this thread's credentials to `caller`'s (`None`: the process's own), making only
 /// the system calls that change something. On error the thread's credentials are
 /// unknown (the next call sets them all) and the caller must not go on with the call.
-pub fn act_as(caller: Option<&Caller>) -> io::Result<()> {
+pub fn act_as(caller: Option<&Arc<Caller>>) -> io::Result<()> {
     let p = process();
     if !p.can_switch {
         return Ok(());
@@ -110,16 +110,20 @@ pub fn act_as(caller: Option<&Caller>) -> io::Result<()> {
     let caller = caller.filter(|c| !(c.uid == p.uid && c.gid == p.gid && c.groups == p.groups));
     APPLIED.with(|applied| {
         let mut applied = applied.borrow_mut();
-        let want = match caller {
-            None => Applied::Process,
-            Some(c) => Applied::Caller(c.clone()),
+        let same = match (&*applied, caller) {
+            (Applied::Process, None) => true,
+            (Applied::Caller(now), Some(c)) => **now == **c,
+            _ => false,
         };
-        if *applied == want {
+        if same {
             return Ok(());
         }
         let before = std::mem::replace(&mut *applied, Applied::Unknown);
-        switch(p, &before, caller)?;
-        *applied = want;
+        switch(p, &before, caller.map(|c| &**c))?;
+        *applied = match caller {
+            None => Applied::Process,
+            Some(c) => Applied::Caller(Arc::clone(c)),
+        };
         Ok(())
     })
 }
@@ -144,19 +148,24 @@ pub fn as_process<T>(f: impl FnOnce() -> T) -> io::Result<T> {
     }
 }
 
-/// The key of the identity this thread acts as (`0`: the process's own), for caches of
-/// what was opened by whom.
-pub fn acting_key() -> u64 {
-    APPLIED.with(|a| match &*a.borrow() {
-        Applied::Process => 0,
-        Applied::Caller(c) => c.key(),
-        Applied::Unknown => u64::MAX,
-    })
+/// Who this thread acts as, for caches of what was opened by whom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acting {
+    /// The process itself.
+    Process,
+    /// A caller other than the process.
+    Caller(Arc<Caller>),
+    /// Not known (no switch yet, or one failed): trusted for nothing.
+    Unknown,
 }
 
-/// Whether this thread acts as a caller other than the process.
-pub fn acting_as_caller() -> bool {
-    acting_key() != 0
+/// Who this thread acts as now.
+pub fn acting() -> Acting {
+    APPLIED.with(|a| match &*a.borrow() {
+        Applied::Process => Acting::Process,
+        Applied::Caller(c) => Acting::Caller(Arc::clone(c)),
+        Applied::Unknown => Acting::Unknown,
+    })
 }
 
 /// The system calls from `before` to `caller` (`None`: the process).
@@ -284,9 +293,10 @@ mod tests {
                 gid: 4322,
                 groups: vec![4323, 4324],
             };
+            let user = Arc::new(user);
             act_as(Some(&user)).unwrap();
             assert_eq!(fs_ids(), (4321, 4322));
-            assert_eq!(acting_key(), user.key());
+            assert_eq!(acting(), Acting::Caller(user.clone()));
             ask.send(()).unwrap();
             let keep = (1 << CAP_SETUID) | (1 << CAP_SETGID);
             assert_eq!(
@@ -323,7 +333,7 @@ mod tests {
             assert_eq!(fs_ids(), (4321, 4322));
             act_as(None).unwrap();
             assert_eq!((fs_ids(), effective()), ((0, 0), full));
-            assert_eq!(acting_key(), 0);
+            assert_eq!(acting(), Acting::Process);
         })
         .join()
         .unwrap();
@@ -342,11 +352,11 @@ mod tests {
         std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .unwrap();
         std::thread::spawn(move || {
-            act_as(Some(&Caller::new(4321, 4321))).unwrap();
+            act_as(Some(&Arc::new(Caller::new(4321, 4321)))).unwrap();
             let err = std::fs::read(&secret).unwrap_err();
             assert_eq!(err.raw_os_error(), Some(libc::EACCES));
             // Root (not squashed) reads it.
-            act_as(Some(&Caller::new(0, 0))).unwrap();
+            act_as(Some(&Arc::new(Caller::new(0, 0)))).unwrap();
             assert_eq!(std::fs::read(&secret).unwrap(), b"x");
             act_as(None).unwrap();
         })

@@ -1,7 +1,7 @@
 //! The open-file cache: regular files stay open between reads (no reopen per request, the
 //! lesson of seed 003), bounded in count and closed after an idle period.
 //!
-//! Each entry remembers the identity that opened it (`local::creds::acting_key`): a
+//! Each entry remembers the identity that opened it (`local::creds::acting`): a
 //! descriptor opened for one caller is used for another only after the kernel said that
 //! caller may access the file too (the origin checks, as nfsd's file cache does), so a
 //! cached descriptor never lends one user's access to another.
@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+
+use super::creds::Acting;
 
 /// Bounded, idle-expiring map from handle id to an open file. Lock: one mutex, never held
 /// across an `open` system call.
@@ -24,8 +26,8 @@ pub struct OpenFiles {
 
 #[derive(Debug)]
 struct Inner {
-    /// File, last use, and the key of the identity that opened it.
-    files: HashMap<u64, (Arc<File>, Instant, u64)>,
+    /// File, last use, and the identity that opened it.
+    files: HashMap<u64, (Arc<File>, Instant, Acting)>,
     last_sweep: Instant,
 }
 
@@ -42,14 +44,14 @@ impl OpenFiles {
         }
     }
 
-    /// The cached file for `id` and the key of the identity that opened it, refreshing
-    /// its idle timer.
-    pub fn get(&self, id: u64) -> Option<(Arc<File>, u64)> {
+    /// The cached file for `id` and the identity that opened it, refreshing its idle
+    /// timer.
+    pub fn get(&self, id: u64) -> Option<(Arc<File>, Acting)> {
         let mut inner = self.inner.lock();
         let now = Instant::now();
         inner.files.get_mut(&id).map(|(f, t, by)| {
             *t = now;
-            (f.clone(), *by)
+            (f.clone(), by.clone())
         })
     }
 
@@ -61,7 +63,7 @@ impl OpenFiles {
 
     /// Caches `file`, opened by identity `by`, for `id` (keeping an existing entry if
     /// another thread won the race) and returns the cached file.
-    pub fn insert(&self, id: u64, file: File, by: u64) -> Arc<File> {
+    pub fn insert(&self, id: u64, file: File, by: Acting) -> Arc<File> {
         self.insert_evicting(id, file, by).0
     }
 
@@ -71,7 +73,7 @@ impl OpenFiles {
         &self,
         id: u64,
         file: File,
-        by: u64,
+        by: Acting,
     ) -> (Arc<File>, Vec<(u64, Arc<File>)>) {
         let mut evicted = Vec::new();
         let mut inner = self.inner.lock();

@@ -110,7 +110,6 @@ struct Inner {
     by_id: HashMap<u64, Arc<Node>>,
     by_inode: HashMap<(u64, u64), u64>,
     order: VecDeque<u64>,
-    next_id: u64,
 }
 
 impl HandleTable {
@@ -127,7 +126,6 @@ impl HandleTable {
                 by_id,
                 by_inode,
                 order: VecDeque::new(),
-                next_id: ROOT_ID + 1,
             }),
         }
     }
@@ -163,8 +161,15 @@ impl HandleTable {
             };
             return (h, existing.clone());
         }
-        let id = inner.next_id;
-        inner.next_id += 1;
+        // Random, not sequential: a handle names its object directly, without the search
+        // permission of the directories above it, so one must not be guessable (only a
+        // lookup the caller was allowed to make hands it out).
+        let id = loop {
+            let id = rand::random::<u64>();
+            if id > ROOT_ID && !inner.by_id.contains_key(&id) {
+                break id;
+            }
+        };
         let node = Arc::new(node);
         inner.by_inode.insert((node.dev, node.ino), id);
         inner.by_id.insert(id, node.clone());

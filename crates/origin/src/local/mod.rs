@@ -269,18 +269,20 @@ impl LocalOrigin {
         if !self.opts.act_as_callers {
             return Ok(());
         }
-        creds::act_as(crate::caller::entered().as_deref()).map_err(|e| {
+        creds::act_as(crate::caller::entered().as_ref()).map_err(|e| {
             tracing::error!("cannot act as the caller: {e}");
             crate::OriginError::Fs(WireError::Io)
         })
     }
 
     /// Runs `f`, work for the export rather than for the caller (a watch, a repair), with
-    /// the process's credentials.
-    fn for_export(&self, f: impl FnOnce()) {
-        if let Err(e) = creds::as_process(f) {
-            tracing::error!("cannot return to the server's credentials: {e}");
-        }
+    /// the process's credentials. A failed switch (either way) fails the call: the thread's
+    /// credentials are then unknown, and nothing more runs with them.
+    fn for_export<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
+        creds::as_process(f).map_err(|e| {
+            tracing::error!("cannot switch between the caller's and the server's credentials: {e}");
+            crate::OriginError::Fs(WireError::Io)
+        })
     }
 
     /// The attributes of the object open at `fd` whose `stat` is `st`: with whether it
@@ -297,39 +299,40 @@ impl LocalOrigin {
     /// A descriptor cached for `id` (opened by identity `by`) used by the acting
     /// identity: allowed if that identity opened it, or if the kernel says it may access
     /// the file for `mask` too.
-    fn may_use(&self, node: &Node, by: u64, mask: u32) -> Result<()> {
+    fn may_use(&self, node: &Node, by: &creds::Acting, mask: u32) -> Result<()> {
         if !self.opts.act_as_callers {
             return Ok(());
         }
-        let me = creds::acting_key();
-        if me == by || me == 0 {
-            return Ok(());
+        match (creds::acting(), by) {
+            (creds::Acting::Process, _) => Ok(()),
+            (me @ creds::Acting::Caller(_), by) if me == *by => Ok(()),
+            _ => sys::access(node.fd.as_raw_fd(), mask).map_err(werr),
         }
-        sys::access(node.fd.as_raw_fd(), mask).map_err(werr)
     }
 
     /// Opens `name` under directory descriptor `dir` and registers it.
     fn open_child(&self, dir: i32, name: &CString) -> Result<Entry> {
         let fd = sys::openat_beneath(dir, name, libc::O_PATH | libc::O_NOFOLLOW).map_err(werr)?;
         let st = sys::fstat(fd.as_raw_fd()).map_err(werr)?;
-        Ok(self.register(fd, &st))
+        self.register(fd, &st)
     }
 
     /// A directory used again: watched if it is not (a directory refused a watch, over
     /// the bound, is refused again at each use, so that clients keep being told to
     /// revalidate while they use it, rather than trust a callback nobody keeps).
-    fn keep_watching(&self, node: &Arc<Node>) {
+    fn keep_watching(&self, node: &Arc<Node>) -> Result<()> {
         if node.kind == FileKind::Dir
             && !node.is_watched()
             && let Some(sub) = self.watch.get()
         {
-            self.for_export(|| sub.watch_dir(node));
+            self.for_export(|| sub.watch_dir(node))?;
         }
+        Ok(())
     }
 
     /// Registers the object open (`O_PATH`) at `fd`, whose `stat` is `st`, in the handle
     /// table; a directory also gets an inotify watch once [`Origin::subscribe`] was called.
-    fn register(&self, fd: OwnedFd, st: &libc::stat) -> Entry {
+    fn register(&self, fd: OwnedFd, st: &libc::stat) -> Result<Entry> {
         let attr = self.attr(st, fd.as_raw_fd());
         let (handle, node) = self
             .handles
@@ -344,26 +347,26 @@ impl LocalOrigin {
                 if let Some(Some(o)) = self.outside.get() {
                     o.watch_dir(&node);
                 }
-            });
+            })?;
         }
-        Entry { handle, attr }
+        Ok(Entry { handle, attr })
     }
 
     /// The cached read-only descriptor of regular file `node` (handle `id`), opening one
     /// (as the acting identity) if needed.
     fn open_file(&self, id: u64, node: &Node) -> Result<Arc<File>> {
         if let Some((f, by)) = self.files.get(id) {
-            self.may_use(node, by, libc::R_OK as u32)?;
+            self.may_use(node, &by, libc::R_OK as u32)?;
             return Ok(f);
         }
         let _miss = self.open_misses[id as usize % 16].lock();
         if let Some((f, by)) = self.files.get(id) {
-            self.may_use(node, by, libc::R_OK as u32)?;
+            self.may_use(node, &by, libc::R_OK as u32)?;
             return Ok(f);
         }
         let f = sys::reopen_read(self.proc_fd.as_raw_fd(), node.fd.as_raw_fd()).map_err(werr)?;
         self.opens.fetch_add(1, Ordering::Relaxed);
-        Ok(self.files.insert(id, f, creds::acting_key()))
+        Ok(self.files.insert(id, f, creds::acting()))
     }
 }
 
@@ -395,7 +398,7 @@ impl Origin for LocalOrigin {
     fn getattr(&self, handle: Handle) -> Result<Attr> {
         self.act()?;
         let node = self.handles.get(handle)?;
-        self.keep_watching(&node);
+        self.keep_watching(&node)?;
         let st = sys::fstat(node.fd.as_raw_fd()).map_err(werr)?;
         Ok(self.attr(&st, node.fd.as_raw_fd()))
     }
@@ -406,7 +409,7 @@ impl Origin for LocalOrigin {
         if node.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
         }
-        self.keep_watching(&node);
+        self.keep_watching(&node)?;
         self.live_stat(&node)?;
         let mut stream = sys::DirStream::open(node.fd.as_raw_fd()).map_err(werr)?;
         if cookie != 0 {

@@ -73,7 +73,7 @@ impl LocalOrigin {
                         .map_err(werr)?;
                     let entry = self.adopt(&dir, &name, path.into(), owner, Some(perm))?;
                     // The first write will not need to reopen the file.
-                    let by = super::creds::acting_key();
+                    let by = super::creds::acting();
                     let (_, evicted) = self.wfiles.insert_evicting(entry.handle.id, rw.into(), by);
                     self.sync_evicted(evicted);
                     return Ok(entry);
@@ -85,7 +85,7 @@ impl LocalOrigin {
                             return match sys::kind_of(st.st_mode) {
                                 FileKind::Dir => Err(WireError::IsDir.into()),
                                 FileKind::Symlink => Err(WireError::Loop.into()),
-                                _ => Ok(self.register(fd, &st)),
+                                _ => self.register(fd, &st),
                             };
                         }
                         // Removed in between: try to create it again.
@@ -174,7 +174,7 @@ impl LocalOrigin {
         sys_write::link_fd(node.fd.as_raw_fd(), dir.fd.as_raw_fd(), &name).map_err(werr_xdev)?;
         let fd = open_path(&dir, &name).map_err(werr)?;
         let st = sys::fstat(fd.as_raw_fd()).map_err(werr)?;
-        Ok(self.register(fd, &st))
+        self.register(fd, &st)
     }
 
     /// [`crate::Origin::unlink`] (`dir` false) and [`crate::Origin::rmdir`] (`dir` true).
@@ -263,7 +263,7 @@ impl LocalOrigin {
             BEFORE_ADOPT.with(|v| v.borrow_mut().push(st));
         }
         match self.apply_owner_and_mode(dir, &fd, owner, perm) {
-            Ok(st) => Ok(self.register(fd, &st)),
+            Ok(st) => self.register(fd, &st),
             Err(e) => {
                 // Remove the half-made object, unless its name was taken over meanwhile.
                 if let (Ok(st), Ok(now)) = (

@@ -65,7 +65,7 @@ impl LocalOrigin {
     /// needed (`O_RDWR`, or `O_WRONLY` when the file is not readable by the server).
     fn open_writable(&self, id: u64, node: &Node) -> Result<Arc<File>> {
         if let Some((f, by)) = self.wfiles.get(id) {
-            self.may_use(node, by, libc::W_OK as u32)?;
+            self.may_use(node, &by, libc::W_OK as u32)?;
             return Ok(f);
         }
         let proc_fd = self.proc_fd.as_raw_fd();
@@ -76,9 +76,7 @@ impl LocalOrigin {
             r => r,
         }
         .map_err(werr)?;
-        let (f, evicted) = self
-            .wfiles
-            .insert_evicting(id, f, super::creds::acting_key());
+        let (f, evicted) = self.wfiles.insert_evicting(id, f, super::creds::acting());
         self.sync_evicted(evicted);
         Ok(f)
     }
@@ -144,9 +142,8 @@ impl LocalOrigin {
         if node.bumped_to() != 0 && post_ns <= node.bumped_to() {
             // A repair for the export (setting an explicit mtime needs the owner's or the
             // server's privilege, which the writer may not have).
-            let mut moved = Ok(());
-            self.for_export(|| moved = super::outside::move_mtime(&node, file.as_raw_fd()));
-            moved.map_err(werr)?;
+            self.for_export(|| super::outside::move_mtime(&node, file.as_raw_fd()))?
+                .map_err(werr)?;
             post = sys::fstat(file.as_raw_fd()).map_err(werr)?;
         }
         self.writes.fetch_add(1, Ordering::Relaxed);
