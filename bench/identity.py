@@ -25,6 +25,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USERS = [2901, 2902, 2903, 2904]
+# The readers run as other users: an interpreter they can run (not one under /root).
+READER_PYTHON = shutil.which("python3", path="/usr/bin:/usr/local/bin") or sys.executable
 
 # One reader: O_DIRECT 4 KiB reads at random aligned offsets of its file for a fixed time;
 # prints the reads done.
@@ -61,7 +63,7 @@ def run_readers(files, uids, seconds):
     procs = []
     for f, uid in zip(files, uids):
         kw = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
-        procs.append(subprocess.Popen([sys.executable, "-c", READER, f, str(seconds)],
+        procs.append(subprocess.Popen([READER_PYTHON, "-c", READER, f, str(seconds)],
                                       stdout=subprocess.PIPE, text=True, **kw))
     total = 0
     for p in procs:

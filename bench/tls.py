@@ -29,9 +29,9 @@ MiB = 1 << 20
 
 
 def hoardfs_cpu():
-    """CPU seconds (user + system) used so far by every running hoardfs process."""
+    """CPU seconds (user + system) used so far by each running hoardfs process, by pid."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+    cpu = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -43,8 +43,16 @@ def hoardfs_cpu():
         comm = stat[stat.index("(") + 1:stat.rindex(")")]
         if comm == "hoardfs":
             fields = stat[stat.rindex(")") + 2:].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
+            cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return cpu
+
+
+def cpu_since(before):
+    """CPU seconds hoardfs processes used since `before` (a `hoardfs_cpu()`): what the
+    ones alive then used since, plus all of what newer ones used (one that exited in
+    between, e.g. an earlier mount's client, counts for nothing)."""
+    now = hoardfs_cpu()
+    return sum(c - before.get(pid, 0.0) for pid, c in now.items())
 
 
 def spawn_server(binary, export, state, plaintext, listen="127.0.0.1:0", wrap=None):
@@ -91,7 +99,7 @@ def read_all(paths, bs, cpu=None):
             raise RuntimeError("a reader failed")
     took = time.perf_counter() - t0
     if cpu is not None:
-        cpu[0] += hoardfs_cpu() - c0
+        cpu[0] += cpu_since(c0)
     return took
 
 

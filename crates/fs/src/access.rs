@@ -19,7 +19,7 @@
 //! Lock order: a node's `state` lock is taken for a lookup or a record only, never across
 //! the origin call.
 
-use hoardfs_origin::{Attr, Caller, Identities, WireError, caller};
+use hoardfs_origin::{Attr, Identities, WireError, caller};
 
 use crate::nodes::Node;
 use crate::superblock::Superblock;
@@ -80,13 +80,17 @@ impl Answers {
 /// Whether the ambient caller may access `node` (attributes `attr`) for `mask`
 /// (`MAY_READ` | `MAY_WRITE` | `MAY_EXEC`) as the server would decide; `Access` if not.
 pub(crate) fn check(sb: &Superblock, node: &Node, attr: &Attr, mask: u32) -> FsResult<()> {
-    let Some(me) = sb.origin.identities().acting_as(&caller::current()) else {
+    let identities = sb.origin.identities();
+    let Identities::Callers(map) = &*identities else {
         return Ok(());
     };
+    let claim = caller::current();
     if !attr.acl {
-        return decide_by_mode(&me, attr, mask);
+        // (Asked at every open: decided without building the mapped identity.)
+        let allowed = map.may_for(&claim, attr.kind, attr.perm, attr.uid, attr.gid, mask);
+        return refused_unless(allowed);
     }
-    let key = me.key();
+    let key = map.map(&claim).key();
     if let Some(allowed) = node.state.lock().access.get(key, mask) {
         return refused_unless(allowed);
     }
@@ -108,13 +112,6 @@ pub(crate) fn check(sb: &Superblock, node: &Node, attr: &Attr, mask: u32) -> FsR
     };
     node.state.lock().access.record(key, mask, allowed);
     refused_unless(allowed)
-}
-
-/// The decision for an object without an ACL: its mode bits for identity `me`.
-fn decide_by_mode(me: &Caller, attr: &Attr, mask: u32) -> FsResult<()> {
-    refused_unless(hoardfs_proto::may(
-        me, attr.kind, attr.perm, attr.uid, attr.gid, mask,
-    ))
 }
 
 fn refused_unless(allowed: bool) -> FsResult<()> {

@@ -269,8 +269,9 @@ pub trait Origin: Send + Sync + 'static {
     fn readlink(&self, handle: Handle) -> Result<Vec<u8>>;
     /// Whose credentials the origin performs calls with now (without contacting it):
     /// [`Identities::Server`], its own (the default), or the callers' as mapped.
-    fn identities(&self) -> Identities {
-        Identities::Server
+    fn identities(&self) -> Arc<Identities> {
+        static SERVER: std::sync::OnceLock<Arc<Identities>> = std::sync::OnceLock::new();
+        Arc::clone(SERVER.get_or_init(|| Arc::new(Identities::Server)))
     }
     /// Whether the ambient caller ([`caller::current`]) may access the object for `mask`
     /// (`MAY_READ` | `MAY_WRITE` | `MAY_EXEC`): `Ok`, or the refusal. Origins that perform

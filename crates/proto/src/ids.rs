@@ -197,6 +197,84 @@ impl IdMap {
     }
 }
 
+impl IdMap {
+    /// The uid and gid a claim maps to (what [`IdMap::map`] gives them), without building
+    /// the identity.
+    fn ids_of(&self, claim: &Caller) -> (u32, u32) {
+        let (uid, gid) = match &self.restrict {
+            Restrict::None => (claim.uid, claim.gid),
+            Restrict::User(user) => (user.uid, user.gid),
+            Restrict::Ranges { uids, gids } => (
+                if uids.contains(claim.uid) {
+                    claim.uid
+                } else {
+                    self.anon_uid
+                },
+                if gids.contains(claim.gid) {
+                    claim.gid
+                } else {
+                    self.anon_gid
+                },
+            ),
+        };
+        let (uid, gid) = match self.squash {
+            Squash::None => (uid, gid),
+            Squash::Root => (
+                if uid == 0 { self.anon_uid } else { uid },
+                if gid == 0 { self.anon_gid } else { gid },
+            ),
+            Squash::All => (self.anon_uid, self.anon_gid),
+        };
+        (
+            if uid == u32::MAX { self.anon_uid } else { uid },
+            if gid == u32::MAX { self.anon_gid } else { gid },
+        )
+    }
+
+    /// Whether the identity a claim maps to has `g` among its supplementary groups (what
+    /// [`IdMap::map`] keeps of them), without building it.
+    fn has_group(&self, claim: &Caller, g: u32) -> bool {
+        if g == u32::MAX {
+            return false;
+        }
+        let (source, gids) = match &self.restrict {
+            Restrict::None => (claim, None),
+            Restrict::User(user) => (user, None),
+            Restrict::Ranges { gids, .. } => (claim, Some(gids)),
+        };
+        // Only the first MAX_GROUPS (sorted) are kept: a claim over the bound is mapped.
+        if source.groups.len() > MAX_GROUPS {
+            return self.map(claim).groups.contains(&g);
+        }
+        let kept = |x: u32| gids.is_none_or(|r| r.contains(x));
+        match self.squash {
+            Squash::All => false,
+            Squash::None => source.groups.iter().any(|&x| x == g && kept(x)),
+            Squash::Root => source
+                .groups
+                .iter()
+                .any(|&x| kept(x) && (if x == 0 { self.anon_gid } else { x }) == g),
+        }
+    }
+
+    /// Whether the identity `claim` maps to may access an object (see [`may`]): the same
+    /// answer as `may(&self.map(claim), ..)`, without building that identity (this is
+    /// asked at every open a client answers itself).
+    pub fn may_for(
+        &self,
+        claim: &Caller,
+        kind: crate::FileKind,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+        mask: u32,
+    ) -> bool {
+        let (me, my_gid) = self.ids_of(claim);
+        let in_group = |g: u32| my_gid == g || self.has_group(claim, g);
+        may_ids(me, in_group, kind, perm, uid, gid, mask)
+    }
+}
+
 /// How a server performs requests, announced in `Hello`.
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -234,14 +312,27 @@ pub const MAY_EXEC: u32 = 1;
 /// read and write anything, and execute what has any execute bit (search any directory);
 /// others get the owner's, the group's or the others' bits, the first class they are in.
 pub fn may(who: &Caller, kind: crate::FileKind, perm: u16, uid: u32, gid: u32, mask: u32) -> bool {
+    may_ids(who.uid, |g| who.in_group(g), kind, perm, uid, gid, mask)
+}
+
+/// [`may`] for user `me`, whose group membership `in_group` tells.
+fn may_ids(
+    me: u32,
+    in_group: impl Fn(u32) -> bool,
+    kind: crate::FileKind,
+    perm: u16,
+    uid: u32,
+    gid: u32,
+    mask: u32,
+) -> bool {
     let mask = mask & 7;
-    if who.uid == 0 {
+    if me == 0 {
         let any_exec = perm & 0o111 != 0 || kind == crate::FileKind::Dir;
         return mask & MAY_EXEC == 0 || any_exec;
     }
-    let bits = if who.uid == uid {
+    let bits = if me == uid {
         (perm >> 6) & 7
-    } else if who.in_group(gid) {
+    } else if in_group(gid) {
         (perm >> 3) & 7
     } else {
         perm & 7
@@ -359,6 +450,57 @@ mod tests {
         assert!(may(&root, FileKind::Dir, 0o000, 1000, 100, MAY_EXEC));
         // An empty mask asks nothing.
         assert!(may(&eve, f, 0o000, 1000, 100, 0));
+    }
+
+    #[test]
+    fn deciding_without_building_the_identity_agrees_with_building_it() {
+        let range = IdRange {
+            first: 1000,
+            last: 1999,
+        };
+        let maps: Vec<IdMap> = [Squash::None, Squash::Root, Squash::All]
+            .into_iter()
+            .flat_map(|squash| {
+                [
+                    Restrict::None,
+                    Restrict::Ranges {
+                        uids: range,
+                        gids: range,
+                    },
+                    Restrict::User(caller(1500, 1500, &[0, 1501, 7])),
+                    Restrict::User(caller(0, 0, &[])),
+                ]
+                .into_iter()
+                .map(move |restrict| map(squash, restrict))
+            })
+            .collect();
+        let claims = [
+            caller(0, 0, &[0, 4]),
+            caller(1000, 100, &[7, 1001]),
+            caller(1500, 0, &[0, 1500]),
+            caller(2000, 2000, &[u32::MAX, 1000]),
+            caller(u32::MAX, u32::MAX, &[]),
+        ];
+        let ids = [0, 7, 8, 100, 1000, 1001, 1500, 1501, 2000];
+        for m in &maps {
+            for c in &claims {
+                let built = m.map(c);
+                for perm in [0o000, 0o007, 0o070, 0o700, 0o640, 0o755, 0o111] {
+                    for &owner in &ids {
+                        for &group in &ids {
+                            for mask in 0..8 {
+                                let kind = FileKind::File;
+                                assert_eq!(
+                                    m.may_for(c, kind, perm, owner, group, mask),
+                                    may(&built, kind, perm, owner, group, mask),
+                                    "{m:?} {c:?} {perm:o} {owner} {group} {mask}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -84,7 +84,7 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
     let _caller = caller::enter(Arc::new(rights.ids.map(&caller)));
     // Client identities and privileges are mapped before anything reaches the origin.
     let as_callers = matches!(
-        shared.origin.identities(),
+        *shared.origin.identities(),
         hoardfs_proto::Identities::Callers(_)
     );
     let op = match shared.cfg.id_map.apply(op, as_callers) {

@@ -31,6 +31,7 @@ use hoardfs_proto::Caller;
 
 /// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
 const CAP_VERSION_3: u32 = 0x2008_0522;
+const CAP_FOWNER: u32 = 3;
 const CAP_SETGID: u32 = 6;
 const CAP_SETUID: u32 = 7;
 
@@ -146,6 +147,37 @@ pub fn as_process<T>(f: impl FnOnce() -> T) -> io::Result<T> {
             Ok(f())
         }
     }
+}
+
+/// Runs `f` with `CAP_FOWNER` effective if this thread acts as a caller other than root
+/// (two `capset` calls), for a query the kernel allows only to a file's owner that the
+/// server makes for itself, not for the caller: `cachestat(2)`, whether a range is in the
+/// page cache before it is sent with `sendfile` (the caller's right to read the file was
+/// checked when its descriptor was taken). `f` must make no other file-system call.
+/// `None` if the capability could not be raised or dropped again (then the thread's
+/// credentials are unknown, and the next switch sets them all).
+pub fn with_fowner<T>(f: impl FnOnce() -> T) -> Option<T> {
+    let reduced = APPLIED.with(|a| matches!(&*a.borrow(), Applied::Caller(c) if c.uid != 0));
+    if !reduced {
+        return Some(f());
+    }
+    let p = process();
+    let mut caps = p.caps;
+    caps[0].effective &= (1 << CAP_SETUID) | (1 << CAP_SETGID);
+    caps[1].effective = 0;
+    let mut raised = caps;
+    raised[0].effective |= p.caps[0].permitted & (1 << CAP_FOWNER);
+    let unknown = || APPLIED.with(|a| *a.borrow_mut() = Applied::Unknown);
+    if capset(&raised).is_err() {
+        unknown();
+        return None;
+    }
+    let out = f();
+    if capset(&caps).is_err() {
+        unknown();
+        return None;
+    }
+    Some(out)
 }
 
 /// Who this thread acts as, for caches of what was opened by whom.
@@ -358,6 +390,42 @@ mod tests {
             // Root (not squashed) reads it.
             act_as(Some(&Arc::new(Caller::new(0, 0)))).unwrap();
             assert_eq!(std::fs::read(&secret).unwrap(), b"x");
+            act_as(None).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn the_server_asks_what_is_cached_of_a_file_its_caller_may_read_but_not_own() {
+        if !can_switch() {
+            eprintln!("skipped: not privileged");
+            return;
+        }
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let _ = std::fs::read(&path).unwrap();
+        std::thread::spawn(move || {
+            act_as(Some(&Arc::new(Caller::new(4321, 4321)))).unwrap();
+            let fd = f.as_raw_fd();
+            let plain = super::super::sys::all_cached(fd, 0, 8192);
+            if plain.as_ref().err().and_then(|e| e.raw_os_error()) == Some(libc::ENOSYS) {
+                eprintln!("skipped: no cachestat(2) in this kernel");
+                return;
+            }
+            assert_eq!(
+                plain.err().and_then(|e| e.raw_os_error()),
+                Some(libc::EPERM),
+                "the kernel tells only the owner"
+            );
+            let asked = with_fowner(|| super::super::sys::all_cached(fd, 0, 8192)).unwrap();
+            assert!(asked.unwrap(), "the file was just read: it is cached");
+            // And the capability is gone again.
+            let keep = (1 << CAP_SETUID) | (1 << CAP_SETGID);
+            assert_eq!(effective() & !keep, 0);
             act_as(None).unwrap();
         })
         .join()

@@ -106,6 +106,8 @@ pub struct LocalOrigin {
     watch: OnceLock<watch::Subscription>,
     /// Started with `watch` when it has the privilege (see `outside`).
     outside: OnceLock<Option<outside::OutsideWrites>>,
+    /// Whose credentials calls are performed with (`LocalOptions::act_as_callers`).
+    identities: Arc<hoardfs_proto::Identities>,
 }
 
 /// Maps an OS error to the wire's typed error set. `EXDEV` becomes `Access` (what `openat2`
@@ -175,6 +177,7 @@ impl LocalOrigin {
         let export_id = xxhash_rust::xxh3::xxh3_128(&id_bytes);
         let node = Node::new(fd, FileKind::Dir, st.st_dev, st.st_ino);
         let epoch = rand::random::<u64>() | 1;
+        let opts_act_as_callers = opts.act_as_callers;
         Ok(LocalOrigin {
             root_path,
             root_dev: st.st_dev,
@@ -195,6 +198,11 @@ impl LocalOrigin {
             bytes_written: AtomicU64::new(0),
             watch: OnceLock::new(),
             outside: OnceLock::new(),
+            identities: Arc::new(if opts_act_as_callers {
+                hoardfs_proto::Identities::Callers(hoardfs_proto::IdMap::default())
+            } else {
+                hoardfs_proto::Identities::Server
+            }),
         })
     }
 
@@ -381,7 +389,7 @@ impl Origin for LocalOrigin {
                 attr: self.getattr(self.root_handle())?,
             },
             read_only: self.opts.read_only,
-            identities: self.identities(),
+            identities: (*self.identities).clone(),
         })
     }
 
@@ -508,7 +516,14 @@ impl Origin for LocalOrigin {
         // for the disk: a range not wholly in the page cache gets `read` (on a blocking
         // thread, which also brings it into the cache), as does every range on a kernel
         // without `cachestat(2)`.
-        if !sys::all_cached(file.as_raw_fd(), offset, len as u64).unwrap_or(false) {
+        // (Asked as the server, not the caller: the kernel tells only a file's owner what
+        // of it is cached, and the caller may read the file but not own it.)
+        let fd = file.as_raw_fd();
+        let cached = match creds::with_fowner(|| sys::all_cached(fd, offset, len as u64)) {
+            Some(c) => c.unwrap_or(false),
+            None => return Err(WireError::Io.into()),
+        };
+        if !cached {
             return Ok(None);
         }
         // A range keeps its file open until it is sent (for a client that does not read,
@@ -536,14 +551,10 @@ impl Origin for LocalOrigin {
         sys::readlink(node.fd.as_raw_fd()).map_err(werr)
     }
 
-    fn identities(&self) -> hoardfs_proto::Identities {
+    fn identities(&self) -> Arc<hoardfs_proto::Identities> {
         // The mapping is the server's to announce; an export acting as its callers says
         // only that it does.
-        if self.opts.act_as_callers {
-            hoardfs_proto::Identities::Callers(hoardfs_proto::IdMap::default())
-        } else {
-            hoardfs_proto::Identities::Server
-        }
+        Arc::clone(&self.identities)
     }
 
     fn access(&self, handle: Handle, mask: u32) -> Result<()> {

@@ -85,6 +85,8 @@ struct State {
     conn: Option<Arc<Conn>>,
     /// What the latest successful handshake said.
     info: OriginInfo,
+    /// Its `identities`, shared (asked for at every request the file system answers).
+    identities: Arc<hoardfs_proto::Identities>,
     /// Number of successful handshakes so far.
     handshakes: u64,
     /// Connection attempts finished so far, successful or not.
@@ -140,6 +142,7 @@ impl RemoteOrigin {
             opts,
             state: Mutex::new(State {
                 conn: Some(Arc::new(conn)),
+                identities: Arc::new(info.identities.clone()),
                 info,
                 handshakes: 1,
                 attempts: 1,
@@ -172,6 +175,7 @@ impl RemoteOrigin {
             opts,
             state: Mutex::new(State {
                 conn: None,
+                identities: Arc::new(info.identities.clone()),
                 info,
                 handshakes: 0,
                 attempts: 0,
@@ -291,6 +295,9 @@ impl RemoteOrigin {
                     tracing::warn!(addr = %self.addr, "server now exports a different tree");
                 }
                 st.conn = Some(Arc::clone(&conn));
+                if *st.identities != info.identities {
+                    st.identities = Arc::new(info.identities.clone());
+                }
                 st.info = info;
                 st.handshakes += 1;
                 st.attempts += 1;
@@ -461,8 +468,8 @@ impl Origin for RemoteOrigin {
         }
     }
 
-    fn identities(&self) -> hoardfs_proto::Identities {
-        self.state.lock().info.identities.clone()
+    fn identities(&self) -> Arc<hoardfs_proto::Identities> {
+        Arc::clone(&self.state.lock().identities)
     }
 
     fn access(&self, handle: Handle, mask: u32) -> Result<()> {
