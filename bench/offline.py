@@ -203,6 +203,9 @@ def main():
         srv = subprocess.Popen(s0.in_ns(args.binary, "serve", os.path.join(WORK, "export"),
                                         "--listen", f"{s0.SRV_IP}:7070",
                                         "--allow-unauthenticated",
+                                        # The writers are root on both ends: not squashed
+                                        # to the anonymous user, who may not write here.
+                                        "--squash", "none",
                                         "--state-dir", os.path.join(WORK, "state")),
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         procs.append(srv)

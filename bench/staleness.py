@@ -80,7 +80,9 @@ class Rig:
             time.sleep(0.05)
 
     def serve(self, export):
-        p = self.spawn([self.binary, "serve", export, "--listen", "127.0.0.1:0"], "serve")
+        # The client case writes as root through a mount: root on both ends, not squashed.
+        p = self.spawn([self.binary, "serve", export, "--listen", "127.0.0.1:0",
+                        "--squash", "none"], "serve")
         marker = "hoardfs: serving"
         self.wait_for(p, lambda: marker in self.log_of(p), "hoardfs serve")
         line = next(l for l in self.log_of(p).splitlines() if l.startswith(marker))
