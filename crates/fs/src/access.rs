@@ -16,14 +16,11 @@
 //! A server that acts with its own credentials ([`Identities::Server`]) leaves the
 //! kernel's check as the only one, as before.
 //!
-//! Lock order: a node's `state` lock is taken for a lookup or a record only, never across
-//! the origin call.
+//! The decision itself is `Superblock::may_access`; this module keeps the rule's parts that
+//! need no superblock. Lock order: a node's `state` lock is taken for a lookup or a record
+//! only, never across the origin call.
 
-use hoardfs_origin::{Attr, Identities, WireError, caller};
-
-use crate::nodes::Node;
-use crate::superblock::Superblock;
-use crate::{FsError, FsResult};
+use hoardfs_origin::Identities;
 
 /// Most identities whose answers a node keeps (the oldest goes first).
 const MAX_ANSWERS: usize = 8;
@@ -36,7 +33,7 @@ pub(crate) struct Answers(Vec<(u64, u8, u8)>);
 impl Answers {
     /// The answer for `key` and `mask`, if known: allowed when every bit was allowed,
     /// refused when any was refused.
-    fn get(&self, key: u64, mask: u32) -> Option<bool> {
+    pub(crate) fn get(&self, key: u64, mask: u32) -> Option<bool> {
         let mask = (mask & 7) as u8;
         let (_, allowed, refused) = self.0.iter().find(|(k, ..)| *k == key)?;
         if allowed & mask == mask {
@@ -49,7 +46,7 @@ impl Answers {
     }
 
     /// Records the server's answer for `key` and `mask`.
-    fn record(&mut self, key: u64, mask: u32, allowed: bool) {
+    pub(crate) fn record(&mut self, key: u64, mask: u32, allowed: bool) {
         let mask = (mask & 7) as u8;
         let i = match self.0.iter().position(|(k, ..)| *k == key) {
             Some(i) => i,
@@ -74,51 +71,6 @@ impl Answers {
     /// Forgets every answer (the object's attributes changed).
     pub(crate) fn clear(&mut self) {
         self.0.clear();
-    }
-}
-
-/// Whether the ambient caller may access `node` (attributes `attr`) for `mask`
-/// (`MAY_READ` | `MAY_WRITE` | `MAY_EXEC`) as the server would decide; `Access` if not.
-pub(crate) fn check(sb: &Superblock, node: &Node, attr: &Attr, mask: u32) -> FsResult<()> {
-    let identities = sb.origin.identities();
-    let Identities::Callers(map) = &*identities else {
-        return Ok(());
-    };
-    let claim = caller::current();
-    if !attr.acl {
-        // (Asked at every open: decided without building the mapped identity.)
-        let allowed = map.may_for(&claim, attr.kind, attr.perm, attr.uid, attr.gid, mask);
-        return refused_unless(allowed);
-    }
-    let key = map.map(&claim).key();
-    if let Some(allowed) = node.state.lock().access.get(key, mask) {
-        return refused_unless(allowed);
-    }
-    let handle = node.handle();
-    let answer = sb.origin.access(handle, mask & 7);
-    let allowed = match answer {
-        Ok(()) => true,
-        Err(hoardfs_origin::OriginError::Fs(
-            WireError::Access | WireError::NotPermitted | WireError::ReadOnly,
-        )) => false,
-        Err(e) if e.is_offline() => {
-            tracing::debug!(
-                ino = node.ino,
-                "cannot ask the server about an object with an ACL: refused"
-            );
-            return Err(WireError::Access.into());
-        }
-        Err(e) => return Err(e.into()),
-    };
-    node.state.lock().access.record(key, mask, allowed);
-    refused_unless(allowed)
-}
-
-fn refused_unless(allowed: bool) -> FsResult<()> {
-    if allowed {
-        Ok(())
-    } else {
-        Err(FsError::Origin(WireError::Access))
     }
 }
 

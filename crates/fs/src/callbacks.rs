@@ -26,7 +26,9 @@ use std::sync::{Arc, Weak};
 use hoardfs_origin::{Break, Origin};
 use parking_lot::Mutex;
 
-use crate::nodes::{Ino, NodeTable};
+use crate::nodes::NodeTable;
+
+use crate::Ino;
 use crate::offline::OfflineWrites;
 use crate::trees::TreeAhead;
 use crate::{FsError, FsResult, HoardFs, error};

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use hoardfs_origin::DirEntry;
 
-use crate::nodes::Ino;
+use crate::Ino;
 
 /// A directory listing snapshot.
 #[derive(Debug)]

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 
 use parking_lot::Mutex;
 
-use crate::nodes::Ino;
+use crate::Ino;
 
 /// The state of one file's unsynced writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

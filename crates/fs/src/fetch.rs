@@ -13,12 +13,15 @@ use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 
 use hoardfs_cache::flight::Flights;
+use hoardfs_cache::{CachedObject, ObjectShape, meta::chunk_shift_for};
 use hoardfs_proto::buffers::Recycled;
 use parking_lot::Mutex;
 
+use crate::Ino;
 use crate::manage::Prefetched;
-use crate::nodes::{Ino, Node};
-use crate::read::{ModeKind, OpenFile, View};
+use crate::nodes::Node;
+use crate::open_files::OpenFile;
+use crate::opens::ModeKind;
 use crate::stats::Stats;
 use crate::superblock::Superblock;
 use crate::{CacheFault, FsConfig, FsResult, HoardFs};
@@ -37,53 +40,47 @@ struct PrefetchJob {
     chunk: u64,
 }
 
-/// Sequential-read detection of one open file, and its readahead window: it starts at
-/// the configured number of chunks and doubles (up to [`WINDOW_GROWTH`] times that) each
-/// time the reader keeps reading in order, so a long sequential read keeps more requests
-/// queued (what a store with a long first-byte latency needs), and drops back when the
-/// reader seeks.
-#[derive(Debug, Default)]
-pub(crate) struct Sequence {
-    /// Where the next read starts if the reader is sequential.
-    next: u64,
-    /// The highest chunk already scheduled for readahead.
-    scheduled_to: Option<u64>,
-    /// Current window in chunks (0: not started).
-    window: u64,
+/// The current state of a file as reads see it: its cached object (which writes through
+/// this client move forward in place) or, without one, its last known version and size.
+pub(crate) struct View {
+    pub(crate) object: Option<Arc<CachedObject>>,
+    pub(crate) version: u64,
+    pub(crate) size: u64,
+    pub(crate) chunk_shift: u32,
 }
 
-/// How far a readahead window grows, as a multiple of the configured one.
-pub(crate) const WINDOW_GROWTH: u64 = 4;
-
-impl Sequence {
-    /// A read of `offset..end` (last chunk `last`) of a file of `chunks` chunks: the chunks
-    /// to schedule now (`from..=to`), if the reader is sequential and any are left.
-    fn advance(
-        &mut self,
-        offset: u64,
-        end: u64,
-        last: u64,
-        base: u64,
-        chunks: u64,
-    ) -> Option<(u64, u64)> {
-        let sequential = offset == self.next || offset == 0;
-        self.next = end;
-        if !sequential {
-            self.window = 0;
-            return None;
+impl View {
+    pub(crate) fn of(node: &Node) -> View {
+        let st = node.state.lock();
+        match st.opens.object() {
+            Some(o) => {
+                let ObjectShape {
+                    version,
+                    size,
+                    chunk_size,
+                } = o.shape();
+                View {
+                    object: Some(o.clone()),
+                    version,
+                    size,
+                    chunk_shift: chunk_size.trailing_zeros(),
+                }
+            }
+            None => View {
+                object: None,
+                version: st.attr().version,
+                size: st.attr().size,
+                chunk_shift: chunk_shift_for(st.attr().size),
+            },
         }
-        self.window = if self.window == 0 {
-            base
-        } else {
-            (self.window * 2).min(base * WINDOW_GROWTH)
-        };
-        let from = self.scheduled_to.map_or(last + 1, |a| a.max(last) + 1);
-        let to = (last + self.window).min(chunks.saturating_sub(1));
-        if from > to {
-            return None;
-        }
-        self.scheduled_to = Some(to);
-        Some((from, to))
+    }
+    pub(crate) fn chunks(&self) -> u64 {
+        self.size.div_ceil(1 << self.chunk_shift)
+    }
+    pub(crate) fn chunk_range(&self, c: u64) -> (u64, u64) {
+        let start = c << self.chunk_shift;
+        let end = start.saturating_add(1 << self.chunk_shift);
+        (start, end.min(self.size))
     }
 }
 
@@ -352,7 +349,7 @@ mod tests {
 
     #[test]
     fn the_readahead_window_grows_while_reading_in_order_and_restarts_on_a_seek() {
-        let mut s = super::Sequence::default();
+        let mut s = crate::open_files::Sequence::default();
         let mb = 1 << 20;
         // 1 MiB reads of a 1000-chunk file with a base window of 8 chunks.
         assert_eq!(s.advance(0, mb, 0, 8, 1000), Some((1, 8)));

@@ -21,14 +21,16 @@ use crate::callbacks::{BreakApplier, Callbacks, KernelNotifier};
 use crate::error::retried;
 use crate::manage::{CachedEntry, Prefetched};
 use crate::namespace::NewFile;
-use crate::nodes::{Ino, Listing, MakeBacking, NodeTable, ROOT_INO};
+use crate::nodes::{Listing, NodeTable};
 use crate::offline_names::Created;
+use crate::opens::MakeBacking;
 use crate::read::{Access, FileHandle, Opened, ReadData};
 use crate::{
     FsConfig, FsResult, ListedNode, NamespaceSnapshot, NodeAttr, NodeEntry, Reintegrated, Stats,
     StatsSnapshot, fetch, log_view, namespace, objects, offline, read, reintegrate, superblock,
     trees, unlinked, write,
 };
+use crate::{Ino, ROOT_INO};
 
 /// The file system: the kernel-facing operations, each ordering the work of the
 /// operation families over the shared superblock (module docs).
@@ -526,7 +528,7 @@ impl HoardFs {
         let node = self.sb.node(ino)?;
         let attr = node.state.lock().attr();
         let mask = hoardfs_proto::MAY_READ | hoardfs_proto::MAY_EXEC;
-        crate::access::check(&self.sb, &node, &attr, mask)
+        self.sb.may_access(&node, &attr, mask)
     }
 
     /// Whether the origin performs requests as their callers (so the identity of each

@@ -25,8 +25,8 @@ use std::collections::{HashMap, VecDeque};
 
 use parking_lot::Mutex;
 
-use crate::nodes::Ino;
-use crate::read::FileHandle;
+use crate::Ino;
+use crate::open_files::FileHandle;
 
 /// Implicit opens kept at most (each pins its cached object against eviction).
 pub(crate) const IMPLICIT_OPENS: usize = 1024;

@@ -56,13 +56,18 @@ pub use cml::{Conflict, LogStats};
 pub use error::{CacheFault, FsError, FsResult, Shared};
 pub use hoardfs::HoardFs;
 pub use manage::{CachedEntry, Prefetched};
-pub use namespace::NodeEntry;
-pub use nodes::{Backing, BackingError, Ino, Listing, MakeBacking, Node, ROOT_INO};
+pub use nodes::{Listing, Node};
+pub use opens::{Backing, BackingError, MakeBacking};
 pub use read::{Access, FileHandle, OpenMode, Opened, ReadData};
 pub use reintegrate::Reintegrated;
 pub use sealed::Unsealed;
 pub use snapshot::{NamespaceSnapshot, SnapshotError};
 pub use stats::{Stats, StatsSnapshot};
+
+/// FUSE inode number.
+pub type Ino = u64;
+/// The root's inode number.
+pub const ROOT_INO: Ino = 1;
 
 /// Files of one listing whose cached records are read ahead at most (the first ones by
 /// name; the disk cache's queue bounds it further).
@@ -136,6 +141,18 @@ impl Default for FsConfig {
             host: "client".into(),
         }
     }
+}
+
+/// A name the kernel learns of (by lookup or creation): its node, the node's attributes
+/// and how long the kernel may cache both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeEntry {
+    /// The node.
+    pub ino: Ino,
+    /// Its attributes.
+    pub attr: Attr,
+    /// How long the kernel may keep the name and attributes.
+    pub ttl: Duration,
 }
 
 /// Attributes of a node and how long the kernel may cache them.

@@ -7,7 +7,9 @@
 
 use hoardfs_cache::{CacheDir, EvictError, Usage, VerifyReport};
 
-use crate::nodes::{Node, NodeTable, ROOT_INO};
+use crate::nodes::{Node, NodeTable};
+
+use crate::ROOT_INO;
 use crate::objects::Objects;
 use crate::{CacheFault, FsResult};
 

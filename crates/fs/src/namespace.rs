@@ -7,27 +7,14 @@
 //! already known (see `callbacks`).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use hoardfs_origin::{Attr, Entry, FileKind, Owner, RENAME_EXCHANGE, WireError};
+use hoardfs_origin::{Entry, FileKind, Owner, RENAME_EXCHANGE, WireError};
 
-use crate::nodes::Ino;
+use crate::Ino;
 use crate::offline_names::{Created, OfflineNames};
 use crate::superblock::Superblock;
 use crate::unlinked::Unlinked;
-use crate::{FsError, FsResult, ListedNode};
-
-/// A name the kernel learns of (by lookup or creation): its node, the node's attributes
-/// and how long the kernel may cache both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeEntry {
-    /// The node.
-    pub ino: Ino,
-    /// Its attributes.
-    pub attr: Attr,
-    /// How long the kernel may keep the name and attributes.
-    pub ttl: Duration,
-}
+use crate::{FsError, FsResult, ListedNode, NodeEntry};
 
 /// A regular file a create made or found (`Names::create`), to be opened.
 pub(crate) enum NewFile {

@@ -23,29 +23,7 @@ pub use crate::dirs::Listing;
 use crate::freshness::Freshness;
 use crate::opens::OpenState;
 
-/// FUSE inode number.
-pub type Ino = u64;
-/// The root's inode number.
-pub const ROOT_INO: Ino = 1;
-
-/// Passthrough backing registration, opaque to this layer (a `fuser::BackingId`).
-pub type Backing = Arc<dyn std::any::Any + Send + Sync>;
-
-/// Why the kernel did not take a cache file for passthrough.
-#[derive(Debug, thiserror::Error)]
-pub enum BackingError {
-    /// It takes none on this mount (no `CAP_SYS_ADMIN`, no passthrough support): passthrough
-    /// stays off for the rest of the mount.
-    #[error("the kernel refuses passthrough backing files: {0}")]
-    Refused(std::io::Error),
-    /// A passing failure (out of descriptors or memory): this open uses daemon reads, the
-    /// next one tries again.
-    #[error("passthrough registration failed: {0}")]
-    Failed(std::io::Error),
-}
-
-/// Registers a cache file with the kernel for passthrough (supplied by the FUSE bridge).
-pub type MakeBacking<'a> = dyn Fn(&std::fs::File) -> Result<Backing, BackingError> + 'a;
+use crate::{Ino, ROOT_INO};
 
 /// Mutable state of one node.
 pub struct NodeState {

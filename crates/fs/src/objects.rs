@@ -22,7 +22,9 @@ use parking_lot::Mutex;
 use hoardfs_cache::{CacheDir, CachedObject, ObjectKey, ObjectShape};
 use hoardfs_origin::{DirEntry, FileKind};
 
-use crate::nodes::{Ino, Listing, Node, NodeState};
+use crate::nodes::{Listing, Node, NodeState};
+
+use crate::Ino;
 use crate::stats::Stats;
 use crate::{CacheFault, FsResult, WARM_PER_LISTING};
 

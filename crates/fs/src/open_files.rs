@@ -13,10 +13,93 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use hoardfs_cache::OpenHold;
 use parking_lot::{Mutex, RwLock};
 
-use crate::fetch::Sequence;
 use crate::nodes::Node;
 use crate::opens::ModeKind;
-use crate::read::{Access, FileHandle};
+
+/// Kernel-visible file handle number.
+pub type FileHandle = u64;
+
+/// What an open asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Access {
+    /// Opened for reading (`O_RDONLY` or `O_RDWR`).
+    pub read: bool,
+    /// Opened for writing.
+    pub write: bool,
+    /// Writes append at the origin's end of file (`O_APPEND`).
+    pub append: bool,
+}
+
+/// A read-only open.
+pub(crate) const READ_ONLY: Access = Access {
+    read: true,
+    write: false,
+    append: false,
+};
+
+impl Access {
+    /// The access bits the open asks for (`MAY_READ` | `MAY_WRITE`).
+    pub fn mask(&self) -> u32 {
+        let mut m = 0;
+        if self.read {
+            m |= hoardfs_proto::MAY_READ;
+        }
+        if self.write {
+            m |= hoardfs_proto::MAY_WRITE;
+        }
+        m
+    }
+}
+
+/// Sequential-read detection of one open file, and its readahead window: it starts at
+/// the configured number of chunks and doubles (up to [`WINDOW_GROWTH`] times that) each
+/// time the reader keeps reading in order, so a long sequential read keeps more requests
+/// queued (what a store with a long first-byte latency needs), and drops back when the
+/// reader seeks.
+#[derive(Debug, Default)]
+pub(crate) struct Sequence {
+    /// Where the next read starts if the reader is sequential.
+    next: u64,
+    /// The highest chunk already scheduled for readahead.
+    scheduled_to: Option<u64>,
+    /// Current window in chunks (0: not started).
+    window: u64,
+}
+
+/// How far a readahead window grows, as a multiple of the configured one.
+pub(crate) const WINDOW_GROWTH: u64 = 4;
+
+impl Sequence {
+    /// A read of `offset..end` (last chunk `last`) of a file of `chunks` chunks: the chunks
+    /// to schedule now (`from..=to`), if the reader is sequential and any are left.
+    pub(crate) fn advance(
+        &mut self,
+        offset: u64,
+        end: u64,
+        last: u64,
+        base: u64,
+        chunks: u64,
+    ) -> Option<(u64, u64)> {
+        let sequential = offset == self.next || offset == 0;
+        self.next = end;
+        if !sequential {
+            self.window = 0;
+            return None;
+        }
+        self.window = if self.window == 0 {
+            base
+        } else {
+            (self.window * 2).min(base * WINDOW_GROWTH)
+        };
+        let from = self.scheduled_to.map_or(last + 1, |a| a.max(last) + 1);
+        let to = (last + self.window).min(chunks.saturating_sub(1));
+        if from > to {
+            return None;
+        }
+        self.scheduled_to = Some(to);
+        Some((from, to))
+    }
+}
 
 /// One file the kernel holds open.
 pub(crate) struct OpenFile {

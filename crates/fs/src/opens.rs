@@ -14,8 +14,50 @@ use std::sync::Arc;
 
 use hoardfs_cache::CachedObject;
 
-use crate::nodes::Backing;
-use crate::read::OpenMode;
+/// Passthrough backing registration, opaque to this layer (a `fuser::BackingId`).
+pub type Backing = Arc<dyn std::any::Any + Send + Sync>;
+
+/// Why the kernel did not take a cache file for passthrough.
+#[derive(Debug, thiserror::Error)]
+pub enum BackingError {
+    /// It takes none on this mount (no `CAP_SYS_ADMIN`, no passthrough support): passthrough
+    /// stays off for the rest of the mount.
+    #[error("the kernel refuses passthrough backing files: {0}")]
+    Refused(std::io::Error),
+    /// A passing failure (out of descriptors or memory): this open uses daemon reads, the
+    /// next one tries again.
+    #[error("passthrough registration failed: {0}")]
+    Failed(std::io::Error),
+}
+
+/// Registers a cache file with the kernel for passthrough (supplied by the FUSE bridge).
+pub type MakeBacking<'a> = dyn Fn(&std::fs::File) -> Result<Backing, BackingError> + 'a;
+
+/// How an open is served.
+#[derive(Clone)]
+pub enum OpenMode {
+    /// The kernel reads the cache file directly through this backing registration.
+    Passthrough(Backing),
+    /// Daemon reads through the page cache; `keep_cache` keeps pages from earlier opens.
+    Cached {
+        /// Whether the kernel may keep the pages it already has.
+        keep_cache: bool,
+    },
+    /// Daemon reads without the page cache (appends; also the answer when passthrough
+    /// opens of the inode outlast the wait for them, which the kernel then refuses).
+    Direct,
+}
+
+impl OpenMode {
+    /// The mode without its payload.
+    pub(crate) fn kind(&self) -> ModeKind {
+        match self {
+            OpenMode::Passthrough(_) => ModeKind::Passthrough,
+            OpenMode::Cached { .. } => ModeKind::Cached,
+            OpenMode::Direct => ModeKind::Direct,
+        }
+    }
+}
 
 /// How an open file is served (the kernel-facing [`crate::OpenMode`] without its payload).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -71,7 +71,8 @@ mod tests {
     use hoardfs_origin::local::{LocalOptions, LocalOrigin};
 
     use super::{MAX_DRAINING, PASSTHROUGH_DRAIN, PassthroughGate};
-    use crate::nodes::{Node, NodeTable, ROOT_INO};
+    use crate::ROOT_INO;
+    use crate::nodes::{Node, NodeTable};
 
     /// A node to wait on (the root of an empty export).
     fn node() -> Arc<Node> {

@@ -24,51 +24,29 @@
 
 use std::sync::Arc;
 
-use hoardfs_cache::{CachedObject, ObjectShape, meta::chunk_shift_for};
+use hoardfs_cache::CachedObject;
 use hoardfs_origin::{OriginError, ReadDst};
 use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::MutexGuard;
 
-use crate::nodes::{Backing, BackingError, Ino, MakeBacking, Node, NodeState};
+use crate::nodes::{Node, NodeState};
+pub use crate::opens::OpenMode;
+use crate::opens::{BackingError, MakeBacking};
+
+use crate::Ino;
+pub(crate) use crate::fetch::View;
 pub(crate) use crate::open_files::OpenFile;
+use crate::open_files::READ_ONLY;
+pub use crate::open_files::{Access, FileHandle};
 pub(crate) use crate::opens::ModeKind;
 use crate::passthrough::PassthroughGate;
 use crate::stats::Stats;
 use crate::superblock::Superblock;
 use crate::{FsError, FsResult};
 
-/// Kernel-visible file handle number.
-pub type FileHandle = u64;
-
 /// The bytes of one read, in a pooled buffer (back to the pool when dropped, once the
 /// FUSE reply is written).
 pub type ReadData = Recycled;
-
-/// How an open is served.
-#[derive(Clone)]
-pub enum OpenMode {
-    /// The kernel reads the cache file directly through this backing registration.
-    Passthrough(Backing),
-    /// Daemon reads through the page cache; `keep_cache` keeps pages from earlier opens.
-    Cached {
-        /// Whether the kernel may keep the pages it already has.
-        keep_cache: bool,
-    },
-    /// Daemon reads without the page cache (appends; also the answer when passthrough
-    /// opens of the inode outlast the wait for them, which the kernel then refuses).
-    Direct,
-}
-
-impl OpenMode {
-    /// The mode without its payload.
-    pub(crate) fn kind(&self) -> ModeKind {
-        match self {
-            OpenMode::Passthrough(_) => ModeKind::Passthrough,
-            OpenMode::Cached { .. } => ModeKind::Cached,
-            OpenMode::Direct => ModeKind::Direct,
-        }
-    }
-}
 
 /// What an open returns.
 pub struct Opened {
@@ -79,99 +57,6 @@ pub struct Opened {
     /// The file changed since the kernel last saw its attributes (`open` has invalidated
     /// the kernel's copy of them, the size included, through the notifier).
     pub changed: bool,
-}
-
-/// A node's attributes before and after an open's check with the origin
-/// (`Superblock::validated_attr`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Revalidated {
-    /// What the node (and so the kernel) had.
-    pub(crate) before: hoardfs_origin::Attr,
-    /// What the origin has now (the same, under a valid callback).
-    pub(crate) now: hoardfs_origin::Attr,
-}
-
-impl Revalidated {
-    /// Whether the kernel's copy is out of date: another version or size.
-    pub(crate) fn changed(&self) -> bool {
-        self.before.version != self.now.version || self.before.size != self.now.size
-    }
-}
-
-/// What an open asked for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Access {
-    /// Opened for reading (`O_RDONLY` or `O_RDWR`).
-    pub read: bool,
-    /// Opened for writing.
-    pub write: bool,
-    /// Writes append at the origin's end of file (`O_APPEND`).
-    pub append: bool,
-}
-
-/// A read-only open.
-const READ_ONLY: Access = Access {
-    read: true,
-    write: false,
-    append: false,
-};
-
-impl Access {
-    /// The access bits the open asks for (`MAY_READ` | `MAY_WRITE`).
-    pub fn mask(&self) -> u32 {
-        let mut m = 0;
-        if self.read {
-            m |= hoardfs_proto::MAY_READ;
-        }
-        if self.write {
-            m |= hoardfs_proto::MAY_WRITE;
-        }
-        m
-    }
-}
-
-/// The current state of a file as reads see it: its cached object (which writes through
-/// this client move forward in place) or, without one, its last known version and size.
-pub(crate) struct View {
-    pub(crate) object: Option<Arc<CachedObject>>,
-    pub(crate) version: u64,
-    pub(crate) size: u64,
-    pub(crate) chunk_shift: u32,
-}
-
-impl View {
-    pub(crate) fn of(node: &Node) -> View {
-        let st = node.state.lock();
-        match st.opens.object() {
-            Some(o) => {
-                let ObjectShape {
-                    version,
-                    size,
-                    chunk_size,
-                } = o.shape();
-                View {
-                    object: Some(o.clone()),
-                    version,
-                    size,
-                    chunk_shift: chunk_size.trailing_zeros(),
-                }
-            }
-            None => View {
-                object: None,
-                version: st.attr().version,
-                size: st.attr().size,
-                chunk_shift: chunk_shift_for(st.attr().size),
-            },
-        }
-    }
-    pub(crate) fn chunks(&self) -> u64 {
-        self.size.div_ceil(1 << self.chunk_shift)
-    }
-    pub(crate) fn chunk_range(&self, c: u64) -> (u64, u64) {
-        let start = c << self.chunk_shift;
-        let end = start.saturating_add(1 << self.chunk_shift);
-        (start, end.min(self.size))
-    }
 }
 
 /// Counts a fetch of `n` bytes made for one read alone (`Reads::read_uncached`).
@@ -255,13 +140,13 @@ impl Reads {
         let node = sb.file_node(ino)?;
         if sb.staged_of(&node).is_some() {
             let attr = node.state.lock().attr();
-            crate::access::check(sb, &node, &attr, access.mask())?;
+            sb.may_access(&node, &attr, access.mask())?;
             return Ok(self.open_pending(node, access));
         }
         let attrs = sb.validated_attr(&node)?;
         // Answered without asking the server whether the caller may: decided here as the
         // server would (`crate::access`).
-        crate::access::check(sb, &node, &attrs.now, access.mask())?;
+        sb.may_access(&node, &attrs.now, access.mask())?;
         // The kernel may still hold the old size (close-to-open: a file that changed must
         // show its new size to the reader that just opened it), so its copy of the
         // attributes is invalidated before the open is answered. Attributes only: what
@@ -722,7 +607,7 @@ impl Reads {
         // Each read of a file the kernel opened is the reader's: decided as an open would
         // be (the kernel's page cache serves later reads without asking; see SECURITY.md).
         let attr = of.node.state.lock().attr();
-        crate::access::check(sb, &of.node, &attr, hoardfs_proto::MAY_READ)?;
+        sb.may_access(&of.node, &attr, hoardfs_proto::MAY_READ)?;
         if offset == 0 {
             // Most likely a new open by the kernel, which the daemon does not see: start
             // sequential detection (and readahead) over, as a fresh open would.

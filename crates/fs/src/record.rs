@@ -4,9 +4,16 @@
 //! (`crate::sealed`). Records of the previous format are read and converted; the log
 //! (`crate::cml`) writes the current one at the next change.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use serde::{Deserialize, Serialize};
 
-use crate::cml::now_secs;
+/// Seconds since the epoch, now.
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
 
 const MAGIC: &[u8; 8] = b"HFSCML4\n";
 /// The format before records said who made the change (read, converted: sent back as

@@ -22,7 +22,7 @@ use crate::cml::{Conflict, Pending};
 use crate::replay_order::{CycleBreaker, ready};
 use crate::send_back::{ChangeSender, Outcome};
 
-use crate::nodes::Ino;
+use crate::Ino;
 use crate::offline::OfflineWrites;
 use crate::{FsError, HoardFs};
 

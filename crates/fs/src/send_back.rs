@@ -34,9 +34,9 @@ use std::time::SystemTime;
 
 use hoardfs_origin::{Entry, Handle, Owner, SetAttrs, WireError};
 
+use crate::Ino;
 use crate::cml::{Conflict, Inner, Kind, Pending, Phase, Record, now_secs};
 use crate::conflict_names::{conflict_candidate, conflict_name, orphans_dir, utc_stamp};
-use crate::nodes::Ino;
 use crate::offline::OfflineWrites;
 use crate::reintegrate::Found;
 use crate::replay_order::parking;

@@ -23,7 +23,8 @@ use hoardfs_origin::{Attr, DirEntry, Entry, FileKind, Handle, Identities, Origin
 use serde::{Deserialize, Serialize};
 
 use crate::dirs::Listing;
-use crate::nodes::{Ino, NodeTable, ROOT_INO};
+use crate::nodes::NodeTable;
+use crate::{Ino, ROOT_INO};
 
 const MAGIC: &[u8; 8] = b"HFSNS\x003\n";
 

@@ -15,15 +15,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use hoardfs_origin::{Attr, DirEntry, FileKind, Handle, Origin, OriginError, WireError};
+use hoardfs_origin::{
+    Attr, DirEntry, FileKind, Handle, Identities, Origin, OriginError, WireError, caller,
+};
 
 use crate::callbacks::{Callbacks, KernelNotifier};
 use crate::cml::Pending;
 use crate::manage::CacheManager;
-use crate::nodes::{Ino, Node, NodeTable, ROOT_INO};
+use crate::nodes::{Node, NodeTable};
 use crate::offline::{NAMES_WAIT, OfflineWrites};
 use crate::offline_names::OfflineNames;
-use crate::read::Revalidated;
 use crate::reintegrate::Found;
 use crate::staged::Staged;
 use crate::stats::Stats;
@@ -32,6 +33,24 @@ use crate::{
     FsConfig, FsError, FsResult, ListedNode, Listing, MAX_LISTING, MAX_LISTING_NAME_BYTES,
     NodeAttr, NodeEntry, objects::Objects,
 };
+use crate::{Ino, ROOT_INO};
+
+/// A node's attributes before and after an open's check with the origin
+/// (`Superblock::validated_attr`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Revalidated {
+    /// What the node (and so the kernel) had.
+    pub(crate) before: hoardfs_origin::Attr,
+    /// What the origin has now (the same, under a valid callback).
+    pub(crate) now: hoardfs_origin::Attr,
+}
+
+impl Revalidated {
+    /// Whether the kernel's copy is out of date: another version or size.
+    pub(crate) fn changed(&self) -> bool {
+        self.before.version != self.now.version || self.before.size != self.now.size
+    }
+}
 
 /// Shared state of a mount, borrowed by every operation family.
 pub(crate) struct Superblock {
@@ -725,5 +744,54 @@ impl Superblock {
             st.attr().file_id
         };
         off.log.get(file_id)
+    }
+}
+
+// Who may open what (`crate::access`: the rule and the answers kept).
+impl Superblock {
+    /// Whether the ambient caller may access `node` (attributes `attr`) for `mask`
+    /// (`MAY_READ` | `MAY_WRITE` | `MAY_EXEC`) as the server would decide; `Access` if not.
+    pub(crate) fn may_access(&self, node: &Node, attr: &Attr, mask: u32) -> FsResult<()> {
+        let identities = self.origin.identities();
+        let Identities::Callers(map) = &*identities else {
+            return Ok(());
+        };
+        let claim = caller::current();
+        if !attr.acl {
+            // (Asked at every open: decided without building the mapped identity.)
+            let allowed = map.may_for(&claim, attr.kind, attr.perm, attr.uid, attr.gid, mask);
+            return refused_unless(allowed);
+        }
+        let key = map.map(&claim).key();
+        if let Some(allowed) = node.state.lock().access.get(key, mask) {
+            return refused_unless(allowed);
+        }
+        let handle = node.handle();
+        let answer = self.origin.access(handle, mask & 7);
+        let allowed = match answer {
+            Ok(()) => true,
+            Err(hoardfs_origin::OriginError::Fs(
+                WireError::Access | WireError::NotPermitted | WireError::ReadOnly,
+            )) => false,
+            Err(e) if e.is_offline() => {
+                tracing::debug!(
+                    ino = node.ino,
+                    "cannot ask the server about an object with an ACL: refused"
+                );
+                return Err(WireError::Access.into());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        node.state.lock().access.record(key, mask, allowed);
+        refused_unless(allowed)
+    }
+}
+
+/// `Ok`, or the refusal of an access.
+fn refused_unless(allowed: bool) -> FsResult<()> {
+    if allowed {
+        Ok(())
+    } else {
+        Err(FsError::Origin(WireError::Access))
     }
 }

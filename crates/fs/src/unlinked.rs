@@ -29,7 +29,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::nodes::{Ino, Node, NodeState, ReleaseWaits};
+use crate::nodes::{Node, NodeState, ReleaseWaits};
+
+use crate::Ino;
 
 /// How long a removal waits for the releases of a file whose descriptors may all be
 /// closed before it hides the file as an open one. Releases come within microseconds

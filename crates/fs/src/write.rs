@@ -12,7 +12,9 @@
 
 use hoardfs_origin::{Attr, SetAttrs, WireError};
 
-use crate::nodes::{Ino, Node};
+use crate::nodes::Node;
+
+use crate::Ino;
 use crate::staged::Staged;
 use crate::stats::Stats;
 use std::sync::Arc;

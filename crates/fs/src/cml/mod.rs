@@ -54,6 +54,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::record::encode;
+pub(crate) use crate::record::now_secs;
 pub use crate::record::{AttrChange, Kind, Phase, Record, is_under};
 pub use conflicts::Conflict;
 pub use log::{ChangeLog, LogStats};
@@ -99,13 +100,6 @@ pub struct Inner {
     counted_names: bool,
     /// The log's number of changes to names.
     names: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-/// Seconds since the epoch, now.
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 impl Pending {
