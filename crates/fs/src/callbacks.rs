@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 use crate::nodes::NodeTable;
 
 use crate::Ino;
-use crate::offline::OfflineWrites;
+use crate::offline::state::OfflineWrites;
 use crate::trees::TreeAhead;
 use crate::{FsError, FsResult, HoardFs, error};
 
@@ -317,7 +317,7 @@ impl<'a> BreakApplier<'a> {
             return;
         }
         // While the log holds changes to names, this client's view of names is its own
-        // (`crate::offline_names`), and the break may be the server's report of a name
+        // (`crate::offline::names`), and the break may be the server's report of a name
         // being sent back right now (its node has this client's id until the reply is
         // in): the name stays. The directory expires (its listing kept), and the break
         // is applied once names no longer wait (`HoardFs::settle_names`).
@@ -326,7 +326,7 @@ impl<'a> BreakApplier<'a> {
             // log's: its attributes are the server's to tell.)
             if let Some(c) = &child {
                 let mut st = c.state.lock();
-                let ours = st.attr().file_id & crate::made::LOCAL_ID != 0;
+                let ours = st.attr().file_id & crate::offline::made::LOCAL_ID != 0;
                 if !st.has_change() && !ours {
                     st.expire();
                     drop(st);

@@ -22,13 +22,13 @@ use crate::error::retried;
 use crate::manage::{CachedEntry, Prefetched};
 use crate::namespace::NewFile;
 use crate::nodes::{Listing, NodeTable};
-use crate::offline_names::Created;
+use crate::offline::names::Created;
+use crate::offline::{log_view, reintegrate, state as offline};
 use crate::opens::MakeBacking;
 use crate::read::{Access, FileHandle, Opened, ReadData};
 use crate::{
     FsConfig, FsResult, ListedNode, NamespaceSnapshot, NodeAttr, NodeEntry, Reintegrated, Stats,
-    StatsSnapshot, fetch, log_view, namespace, objects, offline, read, reintegrate, superblock,
-    trees, unlinked, write,
+    StatsSnapshot, fetch, namespace, objects, read, superblock, trees, unlinked, write,
 };
 use crate::{Ino, ROOT_INO};
 

@@ -12,8 +12,6 @@
 
 mod access;
 mod callbacks;
-mod cml;
-mod conflict_names;
 mod dirs;
 mod durability;
 mod error;
@@ -21,30 +19,21 @@ mod fetch;
 mod freshness;
 mod hoardfs;
 mod kernel_opens;
-mod log_view;
-mod made;
 mod manage;
 mod namespace;
 mod nodes;
 mod objects;
 mod offline;
-mod offline_names;
 mod open_files;
 mod opens;
 mod passthrough;
 mod read;
-mod record;
-mod reintegrate;
-mod replay_order;
 mod sealed;
-mod send_back;
 mod snapshot;
-mod staged;
 mod stats;
 mod superblock;
 mod trees;
 mod unlinked;
-mod upload;
 mod write;
 
 use std::time::Duration;
@@ -52,14 +41,14 @@ use std::time::Duration;
 use hoardfs_origin::Attr;
 
 pub use callbacks::KernelNotifier;
-pub use cml::{Conflict, LogStats};
 pub use error::{CacheFault, FsError, FsResult, Shared};
 pub use hoardfs::HoardFs;
 pub use manage::{CachedEntry, Prefetched};
 pub use nodes::{Listing, Node};
+pub use offline::cml::{Conflict, LogStats};
+pub use offline::reintegrate::Reintegrated;
 pub use opens::{Backing, BackingError, MakeBacking};
 pub use read::{Access, FileHandle, OpenMode, Opened, ReadData};
-pub use reintegrate::Reintegrated;
 pub use sealed::Unsealed;
 pub use snapshot::{NamespaceSnapshot, SnapshotError};
 pub use stats::{Stats, StatsSnapshot};
@@ -112,7 +101,7 @@ pub struct FsConfig {
     /// Where hidden names are journaled until removed, so that the next run removes
     /// those a crash left behind (`crate::unlinked`).
     pub unlinked_journal: Option<std::path::PathBuf>,
-    /// Where client modify logs live (`crate::cml`; one subdirectory per export). A log
+    /// Where client modify logs live (`crate::offline::cml`; one subdirectory per export). A log
     /// left by an earlier mount is sent back whenever this is set.
     pub offline_log: Option<std::path::PathBuf>,
     /// `--offline-writes`: keep changes made while the origin is unreachable in the log

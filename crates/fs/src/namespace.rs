@@ -11,7 +11,7 @@ use std::sync::Arc;
 use hoardfs_origin::{Entry, FileKind, Owner, RENAME_EXCHANGE, WireError};
 
 use crate::Ino;
-use crate::offline_names::{Created, OfflineNames};
+use crate::offline::names::{Created, OfflineNames};
 use crate::superblock::Superblock;
 use crate::unlinked::Unlinked;
 use crate::{FsError, FsResult, ListedNode, NodeEntry};
@@ -264,7 +264,7 @@ impl Names {
         let child = dir.state.lock().child(name);
         // An object with a change not yet sent back (perhaps not even made on the origin)
         // is the log's until then, connected or not, and so are all names while the log
-        // holds changes to names: the removal is logged too, in order (`crate::offline_names`).
+        // holds changes to names: the removal is logged too, in order (`crate::offline::names`).
         // (An open file is not hidden then: that would rename it behind the log's back.)
         let child_pending = child
             .and_then(|c| sb.nodes.get(c))

@@ -17,10 +17,10 @@ use hoardfs_origin::{Attr, FileKind, Handle};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 use crate::FsConfig;
-use crate::cml::LocalChange;
 use crate::dirs::DirState;
 pub use crate::dirs::Listing;
 use crate::freshness::Freshness;
+use crate::offline::cml::LocalChange;
 use crate::opens::OpenState;
 
 use crate::{Ino, ROOT_INO};

@@ -20,13 +20,13 @@ use hoardfs_origin::{
 };
 
 use crate::callbacks::{Callbacks, KernelNotifier};
-use crate::cml::Pending;
 use crate::manage::CacheManager;
 use crate::nodes::{Node, NodeTable};
-use crate::offline::{NAMES_WAIT, OfflineWrites};
-use crate::offline_names::OfflineNames;
-use crate::reintegrate::Found;
-use crate::staged::Staged;
+use crate::offline::cml::Pending;
+use crate::offline::names::OfflineNames;
+use crate::offline::reintegrate::Found;
+use crate::offline::staged::Staged;
+use crate::offline::state::{NAMES_WAIT, OfflineWrites};
 use crate::stats::Stats;
 use crate::trees::{DirStamp, Kept, TreeAhead};
 use crate::{

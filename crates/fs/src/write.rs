@@ -15,7 +15,7 @@ use hoardfs_origin::{Attr, SetAttrs, WireError};
 use crate::nodes::Node;
 
 use crate::Ino;
-use crate::staged::Staged;
+use crate::offline::staged::Staged;
 use crate::stats::Stats;
 use std::sync::Arc;
 

@@ -567,7 +567,7 @@ fn a_removal_of_a_logged_file_waits_briefly_for_a_release_on_its_way() {
     let fs = r.fs.clone();
     let late = std::thread::spawn(move || {
         // Released once the removal waits for it (other tests' removals may wait too).
-        let waits = || crate::offline::removals_waiting() > 0;
+        let waits = || crate::offline::state::removals_waiting() > 0;
         assert!(hoardfs_testutil::wait_until(
             std::time::Duration::from_secs(10),
             waits

@@ -14,7 +14,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::conflicts::{conflict_line, parse_conflict};
 use super::{Conflict, Inner, Kind, LocalChange, Pending, Record, is_under, now_secs};
-use crate::record::{decode, encode};
+use crate::offline::cml::record::{decode, encode};
 
 /// The next change number (numbers are never reused), taken from `next_seq`'s value.
 fn take_seq(next: &mut u64) -> u64 {

@@ -1,8 +1,8 @@
 //! A file whose content is staged in the client modify log (`--offline-writes`): when a
 //! write or truncation fails because the origin is unreachable and the file's cached copy
 //! is complete, [`Staged::start`] copies its cached bytes into a staging file and records
-//! the change ([`crate::cml`]). From then on, until the change is sent back
-//! (`crate::reintegrate`), every write, truncation, read, open and `stat` of that file is
+//! the change ([`crate::offline::cml`]). From then on, until the change is sent back
+//! (`crate::offline::reintegrate`), every write, truncation, read, open and `stat` of that file is
 //! served from the staging file, whether or not the origin is back, so the file's changes
 //! reach the origin in order and whole. `fsync` and the writer's close make the staged
 //! bytes durable on this disk. A file not completely cached cannot be changed offline
@@ -15,10 +15,10 @@ use std::sync::Arc;
 
 use hoardfs_proto::buffers::Recycled;
 
-use crate::cml::Pending;
 use crate::nodes::Node;
-use crate::offline::kept;
-use crate::offline_names::OfflineNames;
+use crate::offline::cml::Pending;
+use crate::offline::names::OfflineNames;
+use crate::offline::state::kept;
 use crate::open_files::OpenFile;
 use crate::stats::Stats;
 use crate::superblock::Superblock;
@@ -77,7 +77,7 @@ impl<'a> Staged<'a> {
                     |origin| off.log.stage_if_new(path.clone(), origin, &attr, object),
                 )
                 .and_then(|p| {
-                    let meta = p.lock().record().kind == crate::cml::Kind::Meta;
+                    let meta = p.lock().record().kind == crate::offline::cml::Kind::Meta;
                     if meta {
                         off.log.stage(path, None, &attr, object)
                     } else {

@@ -6,11 +6,16 @@
 //! lies in to be in place and for a directory above it to move; a directory's removal
 //! for the changes that leave it); passes repeat while they make progress, and moves that
 //! wait for each other are broken by parking one object under a temporary name in the
-//! root (`CycleBreaker`). Each change goes back in its own steps (`crate::send_back`).
+//! root (`CycleBreaker`). Each change goes back in its own steps (`crate::offline::reintegrate::send_back`).
 //! Conflicts are logged and listed by `hoardfs conflicts`. A file sent back is fetched
 //! again into the cache at its new version, so that it can be changed offline again.
 //! Nothing is dropped: a change that cannot be sent for any other reason (permissions, a
 //! full disk on the server) stays pending and is tried again later.
+
+pub(crate) mod conflict_names;
+pub(crate) mod order;
+pub(crate) mod send_back;
+pub(crate) mod upload;
 
 use hoardfs_origin::{Entry, Handle};
 
@@ -18,12 +23,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::cml::{Conflict, Pending};
-use crate::replay_order::{CycleBreaker, ready};
-use crate::send_back::{ChangeSender, Outcome};
+use crate::offline::cml::{Conflict, Pending};
+use crate::offline::reintegrate::order::{CycleBreaker, ready};
+use crate::offline::reintegrate::send_back::{ChangeSender, Outcome};
 
 use crate::Ino;
-use crate::offline::OfflineWrites;
+use crate::offline::state::OfflineWrites;
 use crate::{FsError, HoardFs};
 
 /// What one pass of [`HoardFs::reintegrate`] did.

@@ -5,7 +5,7 @@
 use hoardfs_origin::{Handle, Origin, SetAttrs, WireError};
 
 use crate::FsError;
-use crate::cml::Inner;
+use crate::offline::cml::Inner;
 
 /// Bytes per write when sending a staged file back.
 const PIECE: usize = 1 << 20;
@@ -54,7 +54,7 @@ pub(crate) fn upload(
     while at < size {
         let piece = g
             .read(at, PIECE)
-            .map_err(|e| UploadFailed::new(crate::offline::kept(e), last))?;
+            .map_err(|e| UploadFailed::new(crate::offline::state::kept(e), last))?;
         if piece.is_empty() {
             break;
         }

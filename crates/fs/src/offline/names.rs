@@ -1,5 +1,5 @@
 //! Names changed while the origin is unreachable (`--offline-writes`; the writes of file
-//! contents are `crate::offline`).
+//! contents are `crate::offline::state`).
 //!
 //! Names change offline too, in directories listed while connected (so that this client
 //! knows which names are free): regular files are created (a node with an id of this
@@ -19,12 +19,12 @@
 //!
 use std::sync::Arc;
 
-use crate::cml::Pending;
 use crate::error::retried;
-use crate::made::{LOCAL_ID, made_here, now_stamp};
 use crate::nodes::Node;
-use crate::offline::OfflineWrites;
-use crate::offline::{closed, kept};
+use crate::offline::cml::Pending;
+use crate::offline::made::{LOCAL_ID, made_here, now_stamp};
+use crate::offline::state::OfflineWrites;
+use crate::offline::state::{closed, kept};
 use crate::superblock::Superblock;
 use crate::{FsError, FsResult, Ino, NodeAttr};
 
@@ -126,7 +126,7 @@ impl<'a> OfflineNames<'a> {
         off.log
             .records()
             .iter()
-            .any(|(_, r)| crate::cml::is_under(&r.path, &path))
+            .any(|(_, r)| crate::offline::cml::is_under(&r.path, &path))
     }
 
     /// The directory `parent` where a name is made offline, the made object's path, and
@@ -286,7 +286,7 @@ impl<'a> OfflineNames<'a> {
     pub(crate) fn local_target(&self, node: &Node) -> Option<Vec<u8>> {
         let p = self.sb.pending_of(node)?;
         let g = p.lock();
-        (g.record().kind == crate::cml::Kind::Symlink && !g.is_gone())
+        (g.record().kind == crate::offline::cml::Kind::Symlink && !g.is_gone())
             .then(|| g.record().target.clone())
     }
 
@@ -415,7 +415,7 @@ impl<'a> OfflineNames<'a> {
             hoardfs_origin::TimeSet::Now => now_stamp(),
             hoardfs_origin::TimeSet::At(t) => *t,
         };
-        let change = crate::cml::AttrChange {
+        let change = crate::offline::cml::AttrChange {
             perm: set.mode.map(|m| (m & 0o7777) as u16),
             atime: set.atime.as_ref().map(at),
             mtime: set.mtime.as_ref().map(at),
@@ -541,7 +541,7 @@ impl<'a> OfflineNames<'a> {
             let g = p.lock();
             let r = g.record();
             (
-                r.kind == crate::cml::Kind::Create && r.creates() && !r.create_in_flight(),
+                r.kind == crate::offline::cml::Kind::Create && r.creates() && !r.create_in_flight(),
                 r.create_in_flight(),
             )
         });

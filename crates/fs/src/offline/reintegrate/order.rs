@@ -1,4 +1,4 @@
-//! The order in which reintegration (`crate::reintegrate`) sends offline changes back:
+//! The order in which reintegration (`crate::offline::reintegrate`) sends offline changes back:
 //! which changes wait for others ([`ready`]), and how moves that wait for each other are
 //! broken (`CycleBreaker::break_cycle`: one object is parked under a temporary name in the
 //! root).
@@ -6,9 +6,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::cml::{Kind, Pending, Record};
-use crate::offline::OfflineWrites;
-use crate::reintegrate::Found;
+use crate::offline::cml::{Kind, Pending, Record};
+use crate::offline::reintegrate::Found;
+use crate::offline::state::OfflineWrites;
 use crate::{FsResult, HoardFs};
 
 /// Where [`CycleBreaker::break_cycle`] puts the object of change number `seq` on the origin
@@ -153,9 +153,10 @@ impl<'a> CycleBreaker<'a> {
         if r.is_dir {
             off.log
                 .moved_under(r.origin_loc(), &temp, true, &[p.seq].into())
-                .map_err(crate::offline::kept)?;
+                .map_err(crate::offline::state::kept)?;
         }
-        g.moved_on_origin(temp).map_err(crate::offline::kept)?;
+        g.moved_on_origin(temp)
+            .map_err(crate::offline::state::kept)?;
         Ok(true)
     }
 }

@@ -1,5 +1,5 @@
 //! One change of `--offline-writes` sent back to the origin (a [`ChangeSender`], for
-//! the passes of `crate::reintegrate`).
+//! the passes of `crate::offline::reintegrate`).
 //!
 //! A change is sent in steps: its move (from where the origin has the object to
 //! its path here), then its creation, content or removal, then its permission bits and
@@ -35,12 +35,14 @@ use std::time::SystemTime;
 use hoardfs_origin::{Entry, Handle, Owner, SetAttrs, WireError};
 
 use crate::Ino;
-use crate::cml::{Conflict, Inner, Kind, Pending, Phase, Record, now_secs};
-use crate::conflict_names::{conflict_candidate, conflict_name, orphans_dir, utc_stamp};
-use crate::offline::OfflineWrites;
-use crate::reintegrate::Found;
-use crate::replay_order::parking;
-use crate::upload::upload;
+use crate::offline::cml::{Conflict, Inner, Kind, Pending, Phase, Record, now_secs};
+use crate::offline::reintegrate::Found;
+use crate::offline::reintegrate::conflict_names::{
+    conflict_candidate, conflict_name, orphans_dir, utc_stamp,
+};
+use crate::offline::reintegrate::order::parking;
+use crate::offline::reintegrate::upload::upload;
+use crate::offline::state::OfflineWrites;
 use crate::{FsError, FsResult, HoardFs};
 
 /// How a change went back.
@@ -121,7 +123,7 @@ impl<'a> ChangeSender<'a> {
                 Moved::Lost if g.record().has_content() => {
                     // Its content goes to a conflict copy at the name it was given.
                     let at = g.record().path.clone();
-                    g.placed_at(at).map_err(crate::offline::kept)?;
+                    g.placed_at(at).map_err(crate::offline::state::kept)?;
                 }
                 Moved::Lost => {
                     let rec = g.record();
@@ -194,7 +196,7 @@ impl<'a> ChangeSender<'a> {
     fn attrs_sent(&self, g: &mut Inner, rec: &Record, e: &Entry) -> FsResult<()> {
         if rec.has_content() && !rec.set.is_empty() {
             g.upload_failed(e.attr.version)
-                .map_err(crate::offline::kept)?;
+                .map_err(crate::offline::state::kept)?;
         }
         Ok(())
     }
@@ -247,7 +249,7 @@ impl<'a> ChangeSender<'a> {
         let off = self.off;
         // No change is recorded with where the origin has its object while it moves.
         let moving = off.log.moving();
-        let kept = crate::offline::kept;
+        let kept = crate::offline::state::kept;
         let rec = g.record().clone();
         let from = rec.origin_loc().to_vec();
         let Found {
@@ -363,7 +365,7 @@ impl<'a> ChangeSender<'a> {
     ) -> FsResult<Outcome> {
         use hoardfs_origin::FileKind;
         let off = self.off;
-        let kept = crate::offline::kept;
+        let kept = crate::offline::state::kept;
         let rec = g.record().clone();
         let owner = Owner {
             uid: rec.uid,
@@ -538,7 +540,7 @@ impl<'a> ChangeSender<'a> {
                     && e.attr.kind == hoardfs_origin::FileKind::File =>
             {
                 g.created(e.attr.file_id, e.attr.version)
-                    .map_err(crate::offline::kept)?;
+                    .map_err(crate::offline::state::kept)?;
                 self.send_created(g, &e)?
             }
             (Kind::Create, Some(d), None) => {
@@ -546,7 +548,7 @@ impl<'a> ChangeSender<'a> {
                     uid: rec.uid,
                     gid: rec.gid,
                 };
-                g.start_upload().map_err(crate::offline::kept)?;
+                g.start_upload().map_err(crate::offline::state::kept)?;
                 match self
                     .fs
                     .sb
@@ -555,26 +557,26 @@ impl<'a> ChangeSender<'a> {
                 {
                     Ok(e) => {
                         g.created(e.attr.file_id, e.attr.version)
-                            .map_err(crate::offline::kept)?;
+                            .map_err(crate::offline::state::kept)?;
                         self.send_created(g, &e)?
                     }
                     // Taken meanwhile (not by this client): next time round it is a
                     // conflict.
                     Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => {
-                        g.not_started().map_err(crate::offline::kept)?;
+                        g.not_started().map_err(crate::offline::state::kept)?;
                         return Ok(None);
                     }
                     // Refused: not created, and tried afresh next time (a file made there
                     // by somebody else meanwhile is then a conflict, not taken for ours).
                     Err(hoardfs_origin::OriginError::Fs(w)) => {
-                        g.not_started().map_err(crate::offline::kept)?;
+                        g.not_started().map_err(crate::offline::state::kept)?;
                         return Err(w.into());
                     }
                     // Sent with no answer: it may have been made; the record says so
                     // (`Uploading`). Not sent: not made.
                     Err(e) => {
                         if !e.maybe_carried_out() {
-                            g.not_started().map_err(crate::offline::kept)?;
+                            g.not_started().map_err(crate::offline::state::kept)?;
                         }
                         return Err(e.into());
                     }
@@ -730,7 +732,7 @@ impl<'a> ChangeSender<'a> {
         handle: Handle,
         at_start: u64,
     ) -> FsResult<hoardfs_origin::Attr> {
-        g.start_upload().map_err(crate::offline::kept)?;
+        g.start_upload().map_err(crate::offline::state::kept)?;
         let attr = upload(&*self.fs.sb.origin, handle, g, at_start).map_err(|f| {
             // Cut short after a request was sent, that request may have been carried
             // out without an answer: the origin's version is not known, and the change
@@ -746,7 +748,7 @@ impl<'a> ChangeSender<'a> {
         // Sent whole: should what follows (permissions, times) fail, the next attempt
         // goes on only over this very version, never over somebody else's change.
         g.upload_failed(attr.version)
-            .map_err(crate::offline::kept)?;
+            .map_err(crate::offline::state::kept)?;
         Ok(attr)
     }
 

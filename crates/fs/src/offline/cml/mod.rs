@@ -9,7 +9,7 @@
 //! content changed (`Store`, `Create`) the staging file holds its whole new content: it
 //! starts as a copy of the complete cached object of the base version; writes and
 //! truncations apply to it; reads of the file come from it while it is pending. Other
-//! kinds leave it empty. Reintegration (`crate::reintegrate`, each change by `crate::send_back`) sends the change back and
+//! kinds leave it empty. Reintegration (`crate::offline::reintegrate`, each change by `crate::offline::reintegrate::send_back`) sends the change back and
 //! removes both.
 //!
 //! On disk, in `CACHE_DIR/cml/`: `SEQ.data` (the staging file) and `SEQ.rec` (the
@@ -44,6 +44,7 @@
 
 mod conflicts;
 mod log;
+pub(crate) mod record;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -53,9 +54,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::record::encode;
-pub(crate) use crate::record::now_secs;
-pub use crate::record::{AttrChange, Kind, Phase, Record, is_under};
+use crate::offline::cml::record::encode;
+pub(crate) use crate::offline::cml::record::now_secs;
+pub use crate::offline::cml::record::{AttrChange, Kind, Phase, Record, is_under};
 pub use conflicts::Conflict;
 pub use log::{ChangeLog, LogStats};
 

@@ -1,14 +1,14 @@
 //! Writes while the origin is unreachable (`--offline-writes`).
 //!
-//! The [`OfflineWrites`] value owns the client modify log ([`crate::cml`]) of a mount, and
+//! The [`OfflineWrites`] value owns the client modify log ([`crate::offline::cml`]) of a mount, and
 //! the name breaks put off while this client's changes to names wait to be sent back.
-//! Changes to file contents go through `crate::staged`, changes to names through
-//! `crate::offline_names`; reintegration (`crate::reintegrate`) sends them back. The
+//! Changes to file contents go through `crate::offline::staged`, changes to names through
+//! `crate::offline::names`; reintegration (`crate::offline::reintegrate`) sends them back. The
 //! superblock answers whether an object has a change (`pending_of`, `staged_of`) and
 //! routes name operations to the log (`names_logged`, `logged`, `names_offline`).
 
-use crate::cml::ChangeLog;
 use crate::nodes::Node;
+use crate::offline::cml::ChangeLog;
 use crate::{FsError, FsResult, Shared};
 
 /// The offline-writes state of a mount: the log and the name conflicts are kept under.

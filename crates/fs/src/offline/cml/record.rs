@@ -2,7 +2,7 @@
 //! which object, from which version, where it is here and on the origin) and its format
 //! on disk: a magic naming the format, the postcard body and an xxh3 checksum
 //! (`crate::sealed`). Records of the previous format are read and converted; the log
-//! (`crate::cml`) writes the current one at the next change.
+//! (`crate::offline::cml`) writes the current one at the next change.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

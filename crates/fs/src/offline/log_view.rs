@@ -1,18 +1,18 @@
 //! The names a restored namespace shows, made to agree with the log of offline changes
-//! (`crate::cml`): a saved namespace may predate the log's latest changes.
+//! (`crate::offline::cml`): a saved namespace may predate the log's latest changes.
 
 use std::sync::Arc;
 
-use crate::cml::ChangeLog;
-use crate::made::{LOCAL_ID, made_attr};
 use crate::nodes::{Node, NodeTable};
+use crate::offline::cml::ChangeLog;
+use crate::offline::made::{LOCAL_ID, made_attr};
 
 /// Makes the names this client shows agree with the log of offline changes, after a
 /// saved namespace was restored (it may predate the log's latest changes): objects
 /// the log removes leave their names, moved ones go to their new ones, and objects
 /// made offline that the saved namespace lacks are added (parents before children).
 pub(crate) fn log_into_view(nodes: &NodeTable, log: &ChangeLog) {
-    use crate::cml::Kind;
+    use crate::offline::cml::Kind;
     use hoardfs_origin::FileKind;
     let mut records: Vec<_> = log.records().into_iter().map(|(_, r)| r).collect();
     // Objects made offline whose change is gone (cancelled, or turned into a
