@@ -397,7 +397,9 @@ async fn handshake<R: AsyncRead + Unpin>(
                 );
             }
             // Past a few failures, answering slowly makes guessing slow. The wait still
-            // counts as a pending handshake: a newer connection or the deadline ends it.
+            // counts as a pending handshake, the first of its source's to make room for
+            // a newer one (module `handshakes`); the deadline ends it too.
+            ticket.refused();
             tokio::select! {
                 () = tokio::time::sleep(v.delay) => {}
                 () = ticket.evicted.notified() => {

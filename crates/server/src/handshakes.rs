@@ -3,9 +3,11 @@
 //! IPv6 /64), so that a flood of idle connections from a few sources keeps nobody else
 //! out (OpenSSH's `MaxStartups` and `PerSourceMaxStartups`):
 //!
-//! - a source at its share makes room by losing its own oldest pending connection that has
-//!   sent nothing yet (an honest client starts its TLS handshake at once, so behind the
-//!   same address as a flood of silent connections it is not the one to go);
+//! - a source at its share makes room by losing its own oldest pending connection that
+//!   is only waiting to be told its credential was refused (it loses nothing), else its
+//!   oldest that has sent nothing yet (an honest client starts its TLS handshake at once,
+//!   so behind the same address as a flood of silent connections or of wrong guesses it
+//!   is not the one to go), else its oldest;
 //! - a full table makes room the same way in the source that holds the most;
 //! - past half full, a new connection from a source that already has connections pending
 //!   is dropped at once with a probability that grows to 1 as the table fills (random
@@ -29,23 +31,36 @@ pub(crate) struct Handshakes {
     next: AtomicU64,
 }
 
+/// How far a pending handshake has come, in the order they are evicted.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Stage {
+    /// Its credential was refused; it waits out the delay that slows guessing.
+    Refused,
+    /// It has sent nothing yet.
+    Silent,
+    /// It has sent its first bytes.
+    Talking,
+}
+
 #[derive(Default)]
 struct Inner {
-    /// Oldest first: ticket id, source, what tells the connection to give up, and whether
-    /// it has sent anything yet.
-    queue: VecDeque<(u64, IpAddr, Arc<Notify>, bool)>,
+    /// Oldest first: ticket id, source, what tells the connection to give up, and how far
+    /// it has come.
+    queue: VecDeque<(u64, IpAddr, Arc<Notify>, Stage)>,
     by_source: HashMap<IpAddr, usize>,
 }
 
 impl Inner {
-    /// Evicts the oldest pending handshake of `source` that has sent nothing, or if all
-    /// have, its oldest.
+    /// Evicts the oldest pending handshake of `source` among those at the earliest stage
+    /// (refused, then silent, then talking).
     fn evict_oldest_of(&mut self, source: IpAddr) {
-        let silent = self
+        let i = self
             .queue
             .iter()
-            .position(|(_, s, _, talking)| *s == source && !talking);
-        let i = silent.or_else(|| self.queue.iter().position(|(_, s, ..)| *s == source));
+            .enumerate()
+            .filter(|(_, (_, s, ..))| *s == source)
+            .min_by_key(|(i, (.., stage))| (*stage, *i))
+            .map(|(i, _)| i);
         if let Some(i) = i {
             let (_, s, n, _) = self.queue.remove(i).expect("found above");
             n.notify_one();
@@ -78,9 +93,19 @@ impl HandshakeTicket {
     /// The connection sent its first bytes: among its source's, it is evicted after the
     /// silent ones.
     pub(crate) fn talking(&self) {
+        self.reach(Stage::Talking);
+    }
+
+    /// The connection's credential was refused and it waits to be told so: among its
+    /// source's, it is evicted first.
+    pub(crate) fn refused(&self) {
+        self.reach(Stage::Refused);
+    }
+
+    fn reach(&self, stage: Stage) {
         let mut inner = self.table.inner.lock();
         if let Some(e) = inner.queue.iter_mut().find(|(id, ..)| *id == self.id) {
-            e.3 = true;
+            e.3 = stage;
         }
     }
 }
@@ -143,7 +168,7 @@ impl Handshakes {
         let evicted = Arc::new(Notify::new());
         inner
             .queue
-            .push_back((id, source, Arc::clone(&evicted), false));
+            .push_back((id, source, Arc::clone(&evicted), Stage::Silent));
         *inner.by_source.entry(source).or_default() += 1;
         Some(HandshakeTicket {
             id,
@@ -218,6 +243,32 @@ mod tests {
         assert!(!was_evicted(&honest));
         assert!(early.iter().all(was_evicted));
         assert_eq!(flood.iter().filter(|t| !was_evicted(t)).count(), 7);
+    }
+
+    #[test]
+    fn behind_a_flood_of_wrong_guesses_a_client_that_talks_is_not_evicted() {
+        let h = Arc::new(Handshakes::new(256, 8));
+        let guesses: Vec<_> = (0..7)
+            .map(|_| h.begin(ip(1), soon(), 0.99).unwrap())
+            .collect();
+        let honest = h.begin(ip(1), soon(), 0.99).unwrap();
+        honest.talking();
+        for g in &guesses {
+            g.talking();
+            g.refused();
+        }
+        // More guesses, each talking and refused in turn: refused ones make the room.
+        let more: Vec<_> = (0..2000)
+            .filter_map(|_| {
+                let t = h.begin(ip(1), soon(), 0.99)?;
+                t.talking();
+                t.refused();
+                Some(t)
+            })
+            .collect();
+        assert!(!was_evicted(&honest));
+        assert!(guesses.iter().all(was_evicted));
+        assert_eq!(more.iter().filter(|t| !was_evicted(t)).count(), 7);
     }
 
     #[test]
