@@ -30,8 +30,9 @@ use crate::nodes::NodeTable;
 
 use crate::Ino;
 use crate::offline::state::OfflineWrites;
+use crate::superblock::Superblock;
 use crate::trees::TreeAhead;
-use crate::{FsError, FsResult, HoardFs, error};
+use crate::{FsError, FsResult, error};
 
 /// Tells the kernel to drop what it cached (implemented by the FUSE bridge).
 pub trait KernelNotifier: Send + Sync {
@@ -98,16 +99,16 @@ pub(crate) struct BreakQueue {
 }
 
 impl BreakQueue {
-    /// Starts the callback thread, which applies the breaks to `fs` until it is gone.
-    pub(crate) fn spawn(self, fs: Weak<HoardFs>) -> FsResult<()> {
+    /// Starts the callback thread, which applies the breaks to `sb` until it is gone.
+    pub(crate) fn spawn(self, sb: Weak<Superblock>) -> FsResult<()> {
         let BreakQueue { rx, backlog } = self;
         std::thread::Builder::new()
             .name("hoardfs-callbacks".into())
             .spawn(move || {
                 while let Ok(b) = rx.recv() {
                     backlog.taken(&b);
-                    let Some(fs) = fs.upgrade() else { return };
-                    fs.apply_breaks(b);
+                    let Some(sb) = sb.upgrade() else { return };
+                    sb.apply_breaks(b);
                 }
             })
             .map_err(|e| FsError::Thread {

@@ -4,7 +4,7 @@
 //! window and queue, the threads) and the fetch itself (origin I/O over a borrowed
 //! superblock, and the write into the cached object); it also prefetches whole files.
 //! Its threads reach the superblock through the file system they belong to
-//! (`HoardFs::read_ahead`).
+//! (`Fetcher::read_ahead`, through a `Weak` of the superblock that owns the fetcher).
 //!
 //! Lock ordering: the in-flight table is a leaf (never held while taking another lock or
 //! doing I/O), as is the readahead queue.
@@ -24,7 +24,7 @@ use crate::open_files::OpenFile;
 use crate::opens::ModeKind;
 use crate::stats::Stats;
 use crate::superblock::Superblock;
-use crate::{CacheFault, FsConfig, FsResult, HoardFs};
+use crate::{CacheFault, FsConfig, FsResult};
 
 /// A chunk of a version of a file: what one fetch is shared for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -98,9 +98,10 @@ pub(crate) struct Fetcher {
 }
 
 impl Fetcher {
-    /// The fetcher; readahead threads (running `fs`'s `read_ahead`) only with a disk cache
-    /// (`with_cache`): without one there is no readahead (see `read_uncached`).
-    pub(crate) fn new(fs: Weak<HoardFs>, config: &FsConfig, with_cache: bool) -> Fetcher {
+    /// The fetcher of the superblock `sb` (which owns it); readahead threads (running its
+    /// `read_ahead`) only with a disk cache (`with_cache`): without one there is no
+    /// readahead (see `read_uncached`).
+    pub(crate) fn new(sb: Weak<Superblock>, config: &FsConfig, with_cache: bool) -> Fetcher {
         let (tx, rx) = mpsc::channel::<PrefetchJob>();
         let rx = Arc::new(Mutex::new(rx));
         let threads = if with_cache {
@@ -109,15 +110,15 @@ impl Fetcher {
             0
         };
         for i in 0..threads {
-            let (rx, fs) = (rx.clone(), fs.clone());
+            let (rx, sb) = (rx.clone(), sb.clone());
             std::thread::Builder::new()
                 .name(format!("hoardfs-fetch-{i}"))
                 .spawn(move || {
                     loop {
                         let job = rx.lock().recv();
                         let Ok(job) = job else { return };
-                        let Some(fs) = fs.upgrade() else { return };
-                        fs.read_ahead(&job.open, job.chunk);
+                        let Some(sb) = sb.upgrade() else { return };
+                        sb.fetcher.read_ahead(&sb, &job.open, job.chunk);
                     }
                 })
                 .expect("spawn fetch thread");

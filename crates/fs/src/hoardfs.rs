@@ -15,9 +15,9 @@
 use std::sync::{Arc, OnceLock};
 
 use hoardfs_cache::{CacheDir, Usage, VerifyReport};
-use hoardfs_origin::{Attr, Break, Origin, Owner, SetAttrs, StatFs};
+use hoardfs_origin::{Attr, Origin, Owner, SetAttrs, StatFs};
 
-use crate::callbacks::{BreakApplier, Callbacks, KernelNotifier};
+use crate::callbacks::{Callbacks, KernelNotifier};
 use crate::error::retried;
 use crate::manage::{CachedEntry, Prefetched};
 use crate::namespace::NewFile;
@@ -36,7 +36,7 @@ use crate::{Ino, ROOT_INO};
 /// operation families over the shared superblock (module docs).
 pub struct HoardFs {
     /// What this client knows of the export, and the origin it asks.
-    pub(crate) sb: superblock::Superblock,
+    pub(crate) sb: Arc<superblock::Superblock>,
     /// Open files and reads.
     pub(crate) reads: read::Reads,
     /// Writes, attribute changes and syncs.
@@ -60,30 +60,33 @@ impl HoardFs {
         let unlinked =
             unlinked::Unlinked::new(config.client_id.clone(), config.unlinked_journal.clone());
         let offline = offline::OfflineWrites::open(&config, info.export_id)?;
-        let fs = Arc::new_cyclic(|weak| HoardFs {
-            reads: read::Reads::new(fetch::Fetcher::new(weak.clone(), &config, cache.is_some())),
+        let with_cache = cache.is_some();
+        let sb = Arc::new_cyclic(|weak| superblock::Superblock {
+            nodes: NodeTable::new(info.root.handle, info.root.attr),
+            origin,
+            objects: objects::Objects::new(cache, info.export_id, stats.clone()),
+            read_only: config.read_only || info.read_only,
+            fetcher: fetch::Fetcher::new(weak.clone(), &config, with_cache),
+            config,
+            stats,
+            callbacks,
+            notifier: OnceLock::new(),
+            offline,
+            trees: trees::TreeAhead::default(),
+        });
+        let fs = Arc::new(HoardFs {
+            reads: read::Reads::new(),
             writes: write::Writes::default(),
             names: namespace::Names::new(unlinked),
             reintegrating: parking_lot::Mutex::new(()),
-            sb: superblock::Superblock {
-                nodes: NodeTable::new(info.root.handle, info.root.attr),
-                origin,
-                objects: objects::Objects::new(cache, info.export_id, stats.clone()),
-                read_only: config.read_only || info.read_only,
-                config,
-                stats,
-                callbacks,
-                notifier: OnceLock::new(),
-                offline,
-                trees: trees::TreeAhead::default(),
-            },
+            sb,
         });
         if let Some(off) = &fs.sb.offline {
             for (file_id, change) in off.log.local_changes() {
                 fs.sb.nodes.set_local(file_id, Some(change));
             }
         }
-        breaks.spawn(Arc::downgrade(&fs))?;
+        breaks.spawn(Arc::downgrade(&fs.sb))?;
         if fs.sb.callbacks.held() {
             // The root's attributes came with the handshake, before breaks were subscribed
             // to, so they are trusted for the attribute timeout only; fetched once more
@@ -151,18 +154,6 @@ impl HoardFs {
     /// Counters of this mount.
     pub fn stats(&self) -> StatsSnapshot {
         self.sb.stats.snapshot(self.sb.origin.is_connected())
-    }
-
-    /// Handles breaks (on the callback thread): clears callbacks and tells the kernel.
-    pub(crate) fn apply_breaks(&self, breaks: Vec<Break>) {
-        let notifier = self.sb.notifier.get().map(|n| &**n);
-        BreakApplier::new(
-            &self.sb.nodes,
-            &self.sb.trees,
-            self.sb.offline.as_ref(),
-            notifier,
-        )
-        .apply(breaks);
     }
 
     /// Occupancy, limits and counters of the disk cache (`None` without one).
@@ -266,7 +257,7 @@ impl HoardFs {
 
     /// Stops the readahead threads and closes the disk cache in order (at unmount).
     pub fn shutdown(&self) {
-        self.reads.fetcher.stop();
+        self.sb.fetcher.stop();
         self.reads.release_implicit_opens(&self.sb);
         self.sb.objects.close();
     }
@@ -287,12 +278,7 @@ impl HoardFs {
 
     /// Fetches every missing chunk of file `ino` (current version) into the disk cache.
     pub fn prefetch(&self, ino: Ino) -> FsResult<Prefetched> {
-        self.reads.fetcher.prefetch(&self.sb, ino)
-    }
-
-    /// A queued readahead job (run by the fetcher's threads, see `Fetcher::read_ahead`).
-    pub(crate) fn read_ahead(&self, of: &Arc<read::OpenFile>, c: u64) {
-        self.reads.fetcher.read_ahead(&self.sb, of, c);
+        self.sb.prefetch(ino)
     }
 
     /// Releases every implicit open (at unmount, and in tests).
@@ -324,10 +310,7 @@ impl HoardFs {
     /// Changes attributes of `ino` (chmod, chown, truncate, utimens); returns the new ones
     /// and how long the kernel may cache them.
     pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<NodeAttr> {
-        retried(|| {
-            self.writes
-                .setattr(&self.sb, ino, set, &|ino| self.prefetch(ino))
-        })
+        retried(|| self.writes.setattr(&self.sb, ino, set))
     }
 
     /// Makes `ino`'s data (and with `!datasync` its metadata) durable on the origin. Fails
@@ -345,8 +328,7 @@ impl HoardFs {
     /// failed upload fails the `close()`.
     pub fn flush(&self, ino: Ino, fh: FileHandle, pid: u32) -> FsResult<()> {
         let of = self.reads.open_file(fh).ok();
-        self.writes
-            .flush(&self.sb, ino, of, pid, &|ino| self.prefetch(ino))
+        self.writes.flush(&self.sb, ino, of, pid)
     }
 
     /// Value of extended attribute `name`.
@@ -568,14 +550,7 @@ impl HoardFs {
     /// break of a name since sent back finds this client agreeing, and changes nothing).
     /// Called after reintegration and by the mount's keeper every second.
     pub fn settle_names(&self) {
-        let Some(off) = &self.sb.offline else { return };
-        if off.log.names_pending() {
-            return;
-        }
-        let breaks = off.take_skipped();
-        if !breaks.is_empty() {
-            self.apply_breaks(breaks);
-        }
+        self.sb.settle_names();
     }
 
     /// Sends pending offline changes back, in an order that respects their dependencies

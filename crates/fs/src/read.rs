@@ -83,7 +83,6 @@ pub(crate) struct Reads {
     /// Mount-wide passthrough admission.
     passthrough: PassthroughGate,
     /// Chunk fetches shared between readers, and readahead.
-    pub(crate) fetcher: crate::fetch::Fetcher,
     /// Opens of reads that came without one (`crate::kernel_opens`).
     implicit: crate::kernel_opens::ImplicitOpens,
 }
@@ -113,12 +112,11 @@ impl Closed {
 }
 
 impl Reads {
-    /// No open file yet; `fetcher` fetches the chunks.
-    pub(crate) fn new(fetcher: crate::fetch::Fetcher) -> Self {
+    /// No open file yet.
+    pub(crate) fn new() -> Self {
         Reads {
             files: Default::default(),
             passthrough: PassthroughGate::default(),
-            fetcher,
             implicit: Default::default(),
         }
     }
@@ -411,8 +409,7 @@ impl Reads {
         if uncached {
             return Ok(Route::Uncached(end));
         }
-        self.fetcher
-            .schedule(of, &view, offset, end, last, refusing);
+        sb.fetcher.schedule(of, &view, offset, end, last, refusing);
         Ok(Route::Cached(view, end))
     }
 
@@ -528,7 +525,7 @@ impl Reads {
                 Stats::add(&sb.stats.bytes_from_cache, dst.len() as u64);
                 return Ok(None);
             }
-            if let Some(bytes) = self.fetcher.ensure_chunk(sb, &of.node, view, c)? {
+            if let Some(bytes) = sb.fetcher.ensure_chunk(sb, &of.node, view, c)? {
                 return Ok(Some(bytes));
             }
         }

@@ -70,6 +70,8 @@ pub(crate) struct Superblock {
     pub(crate) offline: Option<OfflineWrites>,
     /// Listings read ahead of a walk.
     pub(crate) trees: TreeAhead,
+    /// Shared chunk fetches and readahead (its threads hold a `Weak` of this superblock).
+    pub(crate) fetcher: crate::fetch::Fetcher,
 }
 
 impl Superblock {
@@ -744,6 +746,39 @@ impl Superblock {
             st.attr().file_id
         };
         off.log.get(file_id)
+    }
+}
+
+// Work of the mount's background threads, which hold a `Weak` of the superblock.
+impl Superblock {
+    /// Handles breaks (on the callback thread): clears callbacks and tells the kernel.
+    pub(crate) fn apply_breaks(&self, breaks: Vec<hoardfs_origin::Break>) {
+        let notifier = self.notifier.get().map(|n| &**n);
+        crate::callbacks::BreakApplier::new(
+            &self.nodes,
+            &self.trees,
+            self.offline.as_ref(),
+            notifier,
+        )
+        .apply(breaks);
+    }
+
+    /// Once names no longer wait to be sent back, the name breaks put off meanwhile are
+    /// applied (see `HoardFs::settle_names`).
+    pub(crate) fn settle_names(&self) {
+        let Some(off) = &self.offline else { return };
+        if off.log.names_pending() {
+            return;
+        }
+        let breaks = off.take_skipped();
+        if !breaks.is_empty() {
+            self.apply_breaks(breaks);
+        }
+    }
+
+    /// Fetches every missing chunk of file `ino` (current version) into the disk cache.
+    pub(crate) fn prefetch(&self, ino: Ino) -> FsResult<crate::Prefetched> {
+        self.fetcher.prefetch(self, ino)
     }
 }
 

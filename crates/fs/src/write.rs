@@ -20,7 +20,6 @@ use crate::stats::Stats;
 use std::sync::Arc;
 
 use crate::durability::Durability;
-use crate::manage::Prefetched;
 use crate::open_files::OpenFile;
 use crate::superblock::Superblock;
 use crate::{FsError, FsResult, NodeAttr};
@@ -28,10 +27,6 @@ use crate::{FsError, FsResult, NodeAttr};
 /// Largest size a file held whole is fetched again at after a truncation, or after writes
 /// its cached copy could not follow.
 const REFETCH_AFTER_TRUNCATE: u64 = 64 << 20;
-
-/// Fetches a file again so that the cache holds it whole (`HoardFs::prefetch`), for a
-/// file held whole before a truncation or writes its copy could not follow.
-pub(crate) type Refetch<'a> = dyn Fn(Ino) -> FsResult<Prefetched> + 'a;
 
 /// The writing side of a mount: writes through to the origin, attribute changes, syncs
 /// and extended attributes; it owns what must be known of writes after they returned
@@ -199,13 +194,7 @@ impl Writes {
 
     /// Changes attributes of `ino` (chmod, chown, truncate, utimens); returns the new ones
     /// and how long the kernel may cache them.
-    pub(crate) fn setattr(
-        &self,
-        sb: &Superblock,
-        ino: Ino,
-        set: &SetAttrs,
-        refetch: &Refetch,
-    ) -> FsResult<NodeAttr> {
+    pub(crate) fn setattr(&self, sb: &Superblock, ino: Ino, set: &SetAttrs) -> FsResult<NodeAttr> {
         sb.check_writable()?;
         let node = sb.node(ino)?;
         // A truncation (times, which the kernel may send along, follow from it).
@@ -271,7 +260,7 @@ impl Writes {
             self.reset_object(sb, &node, &attr);
         }
         let installed = sb.install_attr(&node, attr, since);
-        if keep_whole && let Err(e) = refetch(node.ino) {
+        if keep_whole && let Err(e) = sb.prefetch(node.ino) {
             tracing::debug!(ino, "refetching a truncated file failed: {e}");
         }
         Ok(installed)
@@ -332,7 +321,6 @@ impl Writes {
         ino: Ino,
         of: Option<Arc<OpenFile>>,
         pid: u32,
-        refetch: &Refetch,
     ) -> FsResult<()> {
         if let Some(of) = &of {
             // (Marked under the node's lock, as the release reads it.)
@@ -352,7 +340,7 @@ impl Writes {
         if of.closed_by_writer(pid) {
             self.publish(sb, &of.node)?;
             let whole_before = of.node.state.lock().take_refetch();
-            if whole_before && let Err(e) = refetch(ino) {
+            if whole_before && let Err(e) = sb.prefetch(ino) {
                 tracing::debug!(ino, "refetching a written file failed: {e}");
             }
         }

@@ -518,14 +518,14 @@ fn while_names_wait_a_break_of_a_name_made_here_does_not_remove_it() {
     offline(&r, true);
     let made = create(&r, &reg, ROOT_INO, "new", b"made offline");
     offline(&r, false);
-    r.fs.apply_breaks(vec![hoardfs_origin::Break::Entry {
+    r.fs.sb.apply_breaks(vec![hoardfs_origin::Break::Entry {
         dir_id: root_id,
         name: b"new".to_vec(),
         file_id: Some(0x1234),
     }]);
     assert_eq!(r.fs.lookup(ROOT_INO, b"new").unwrap().ino, made);
     // Another client's change meanwhile (here: `f` gone) is put off too...
-    r.fs.apply_breaks(vec![hoardfs_origin::Break::Entry {
+    r.fs.sb.apply_breaks(vec![hoardfs_origin::Break::Entry {
         dir_id: root_id,
         name: b"f".to_vec(),
         file_id: None,
