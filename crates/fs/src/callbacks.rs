@@ -19,9 +19,9 @@
 //! (the rules of what each kind of break changes).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Weak};
 
 use hoardfs_origin::{Break, Origin};
 use parking_lot::Mutex;
@@ -30,7 +30,6 @@ use crate::nodes::NodeTable;
 
 use crate::Ino;
 use crate::offline::state::OfflineWrites;
-use crate::superblock::Superblock;
 use crate::trees::TreeAhead;
 use crate::{FsError, FsResult, error};
 
@@ -99,16 +98,18 @@ pub(crate) struct BreakQueue {
 }
 
 impl BreakQueue {
-    /// Starts the callback thread, which applies the breaks to `sb` until it is gone.
-    pub(crate) fn spawn(self, sb: Weak<Superblock>) -> FsResult<()> {
+    /// Starts the callback thread, which hands each batch of breaks to `apply` (the
+    /// superblock's `apply_breaks`) until it answers `false` (the superblock is gone).
+    pub(crate) fn spawn(self, apply: impl Fn(Vec<Break>) -> bool + Send + 'static) -> FsResult<()> {
         let BreakQueue { rx, backlog } = self;
         std::thread::Builder::new()
             .name("hoardfs-callbacks".into())
             .spawn(move || {
                 while let Ok(b) = rx.recv() {
                     backlog.taken(&b);
-                    let Some(sb) = sb.upgrade() else { return };
-                    sb.apply_breaks(b);
+                    if !apply(b) {
+                        return;
+                    }
                 }
             })
             .map_err(|e| FsError::Thread {

@@ -12,23 +12,23 @@
 //! through `Writes` before `Reads` lets go of the file, a create opens what `Names`
 //! made), this type calls them in order.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use hoardfs_cache::{CacheDir, Usage, VerifyReport};
 use hoardfs_origin::{Attr, Origin, Owner, SetAttrs, StatFs};
 
-use crate::callbacks::{Callbacks, KernelNotifier};
+use crate::callbacks::KernelNotifier;
 use crate::error::retried;
 use crate::manage::{CachedEntry, Prefetched};
 use crate::namespace::NewFile;
-use crate::nodes::{Listing, NodeTable};
+use crate::nodes::Listing;
 use crate::offline::names::Created;
-use crate::offline::{log_view, reintegrate, state as offline};
+use crate::offline::{log_view, reintegrate};
 use crate::opens::MakeBacking;
 use crate::read::{Access, FileHandle, Opened, ReadData};
 use crate::{
-    FsConfig, FsResult, ListedNode, NamespaceSnapshot, NodeAttr, NodeEntry, Reintegrated, Stats,
-    StatsSnapshot, fetch, namespace, objects, read, superblock, trees, unlinked, write,
+    FsConfig, FsResult, ListedNode, NamespaceSnapshot, NodeAttr, NodeEntry, Reintegrated,
+    StatsSnapshot, namespace, read, superblock, unlinked, write,
 };
 use crate::{Ino, ROOT_INO};
 
@@ -55,25 +55,9 @@ impl HoardFs {
         config: FsConfig,
     ) -> FsResult<Arc<HoardFs>> {
         let info = origin.info()?;
-        let stats = Arc::new(Stats::default());
-        let (callbacks, breaks) = Callbacks::subscribe(&*origin);
         let unlinked =
             unlinked::Unlinked::new(config.client_id.clone(), config.unlinked_journal.clone());
-        let offline = offline::OfflineWrites::open(&config, info.export_id)?;
-        let with_cache = cache.is_some();
-        let sb = Arc::new_cyclic(|weak| superblock::Superblock {
-            nodes: NodeTable::new(info.root.handle, info.root.attr),
-            origin,
-            objects: objects::Objects::new(cache, info.export_id, stats.clone()),
-            read_only: config.read_only || info.read_only,
-            fetcher: fetch::Fetcher::new(weak.clone(), &config, with_cache),
-            config,
-            stats,
-            callbacks,
-            notifier: OnceLock::new(),
-            offline,
-            trees: trees::TreeAhead::default(),
-        });
+        let sb = superblock::Superblock::new(origin, &info, cache, config)?;
         let fs = Arc::new(HoardFs {
             reads: read::Reads::new(),
             writes: write::Writes::default(),
@@ -81,12 +65,6 @@ impl HoardFs {
             reintegrating: parking_lot::Mutex::new(()),
             sb,
         });
-        if let Some(off) = &fs.sb.offline {
-            for (file_id, change) in off.log.local_changes() {
-                fs.sb.nodes.set_local(file_id, Some(change));
-            }
-        }
-        breaks.spawn(Arc::downgrade(&fs.sb))?;
         if fs.sb.callbacks.held() {
             // The root's attributes came with the handshake, before breaks were subscribed
             // to, so they are trusted for the attribute timeout only; fetched once more
@@ -562,7 +540,8 @@ impl HoardFs {
             return Reintegrated::default();
         };
         let _one_pass = self.reintegrating.lock();
-        let r = reintegrate::Reintegration::new(self, off).run();
+        let writing = |ino| self.reads.files.writing(ino);
+        let r = reintegrate::Reintegration::new(&self.sb, off, &writing).run();
         self.settle_names();
         r
     }

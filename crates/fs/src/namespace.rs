@@ -11,7 +11,9 @@ use std::sync::Arc;
 use hoardfs_origin::{Entry, FileKind, Owner, RENAME_EXCHANGE, WireError};
 
 use crate::Ino;
-use crate::offline::names::{Created, OfflineNames};
+use crate::nodes::Node;
+use crate::offline::Offline;
+use crate::offline::names::Created;
 use crate::superblock::Superblock;
 use crate::unlinked::Unlinked;
 use crate::{FsError, FsResult, ListedNode, NodeEntry};
@@ -99,31 +101,17 @@ impl Names {
         exclusive: bool,
         owner: Owner,
     ) -> FsResult<NewFile> {
-        let offline = |names: OfflineNames<'_>, why: String| {
-            names.create(parent, name, mode, exclusive, owner, why)
+        let online = || {
+            self.make(sb, parent, name, |h| {
+                sb.origin.create(h, name, mode, exclusive, owner)
+            })
+            .map(NewFile::Origin)
         };
-        if let Some(r) = sb.logged(offline) {
-            return r.map(NewFile::Offline);
-        }
-        match self.make(sb, parent, name, |h| {
-            sb.origin.create(h, name, mode, exclusive, owner)
-        }) {
-            Err(FsError::Offline(why)) => sb.names_offline(why, offline).map(NewFile::Offline),
-            r => r.map(NewFile::Origin),
-        }
-    }
-
-    /// An operation the log cannot take must follow its changes to names: `Offline`
-    /// while they are not on the origin yet. (They are not sent from here: the kernel
-    /// holds directories locked for this operation, and sending them back tells it to drop
-    /// names, which takes those locks. The mount's keeper sends them within a second.)
-    fn names_sent(&self, sb: &Superblock) -> FsResult<()> {
-        if sb.names_logged() {
-            return Err(FsError::Offline(
-                "earlier changes to names are not on the server yet".into(),
-            ));
-        }
-        Ok(())
+        Offline::of(sb).online_or_logged(false, online, |names, why| {
+            names
+                .create(parent, name, mode, exclusive, owner, why)
+                .map(NewFile::Offline)
+        })
     }
 
     /// Creates a special file (fifo, socket, device; `mode` includes the type bits).
@@ -136,7 +124,7 @@ impl Names {
         rdev: u64,
         owner: Owner,
     ) -> FsResult<NodeEntry> {
-        self.names_sent(sb)?;
+        Offline::of(sb).names_sent()?;
         self.make(sb, parent, name, |h| {
             sb.origin.mknod(h, name, mode, rdev, owner)
         })
@@ -151,15 +139,11 @@ impl Names {
         mode: u32,
         owner: Owner,
     ) -> FsResult<NodeEntry> {
-        let offline =
-            |names: OfflineNames<'_>, why| names.make(parent, name, mode, None, owner, why);
-        if let Some(r) = sb.logged(offline) {
-            return r;
-        }
-        match self.make(sb, parent, name, |h| sb.origin.mkdir(h, name, mode, owner)) {
-            Err(FsError::Offline(why)) => sb.names_offline(why, offline),
-            r => r,
-        }
+        Offline::of(sb).online_or_logged(
+            false,
+            || self.make(sb, parent, name, |h| sb.origin.mkdir(h, name, mode, owner)),
+            |names, why| names.make(parent, name, mode, None, owner, why),
+        )
     }
 
     /// Creates a symbolic link `name` → `target`.
@@ -171,24 +155,19 @@ impl Names {
         target: &[u8],
         owner: Owner,
     ) -> FsResult<NodeEntry> {
-        let offline =
-            |names: OfflineNames<'_>, why| names.make(parent, name, 0, Some(target), owner, why);
-        if let Some(r) = sb.logged(offline) {
-            return r;
-        }
-        match self.make(sb, parent, name, |h| {
-            sb.origin.symlink(h, name, target, owner)
-        }) {
-            Err(FsError::Offline(why)) => sb.names_offline(why, offline),
-            Ok(e) => {
-                // Known without a readlink (served while the origin is unreachable).
-                if let Some(n) = sb.nodes.get(e.ino) {
-                    n.state.lock().keep_target(target);
-                }
-                Ok(e)
+        let online = || {
+            let e = self.make(sb, parent, name, |h| {
+                sb.origin.symlink(h, name, target, owner)
+            })?;
+            // Known without a readlink (served while the origin is unreachable).
+            if let Some(n) = sb.nodes.get(e.ino) {
+                n.state.lock().keep_target(target);
             }
-            r => r,
-        }
+            Ok(e)
+        };
+        Offline::of(sb).online_or_logged(false, online, |names, why| {
+            names.make(parent, name, 0, Some(target), owner, why)
+        })
     }
 
     /// Creates hard link `parent/name` to `ino`.
@@ -199,9 +178,9 @@ impl Names {
         parent: Ino,
         name: &[u8],
     ) -> FsResult<NodeEntry> {
-        self.names_sent(sb)?;
+        Offline::of(sb).names_sent()?;
         let node = sb.node(ino)?;
-        if sb.pending_of(&node).is_some() {
+        if Offline::of(sb).owns(&node) {
             return Err(FsError::Offline(
                 "the file's change is not on the server yet".into(),
             ));
@@ -266,18 +245,28 @@ impl Names {
         // is the log's until then, connected or not, and so are all names while the log
         // holds changes to names: the removal is logged too, in order (`crate::offline::names`).
         // (An open file is not hidden then: that would rename it behind the log's back.)
-        let child_pending = child
+        let off = Offline::of(sb);
+        let owned = child
             .and_then(|c| sb.nodes.get(c))
-            .is_some_and(|n| sb.pending_of(&n).is_some());
-        if child_pending || sb.names_logged() {
-            let why = "the change is not on the server yet".to_string();
-            match sb.names_offline(why, |n, why| n.remove(parent, name, dir_wanted, why)) {
-                Err(FsError::Offline(_) | FsError::SentMeanwhile) if !child_pending => {
-                    self.names_sent(sb)?
-                }
-                r => return r,
-            }
-        }
+            .is_some_and(|n| off.owns(&n));
+        off.online_or_logged(
+            owned,
+            || self.remove_online(sb, &dir, child, name, dir_wanted),
+            |n, why| n.remove(parent, name, dir_wanted, why),
+        )
+    }
+
+    /// Removes `name` (whose node, if known, is `child`) from directory `dir` on the
+    /// origin, or hides it while it is open here.
+    fn remove_online(
+        &self,
+        sb: &Superblock,
+        dir: &Node,
+        child: Option<Ino>,
+        name: &[u8],
+        dir_wanted: bool,
+    ) -> FsResult<()> {
+        let parent = dir.ino;
         // Its last name, and it is open here: keep it reachable under a hidden name until
         // it is closed (module `unlinked`).
         // A file whose descriptors may all be closed waits a little for their releases
@@ -313,19 +302,13 @@ impl Names {
             }
             return Ok(());
         }
-        let removed = sb.with_handle(&dir, |h| {
+        sb.with_handle(dir, |h| {
             if dir_wanted {
                 sb.origin.rmdir(h, name)
             } else {
                 sb.origin.unlink(h, name)
             }
-        });
-        match removed {
-            Err(FsError::Offline(why)) => {
-                return sb.names_offline(why, |n, why| n.remove(parent, name, dir_wanted, why));
-            }
-            r => r?,
-        }
+        })?;
         dir.state.lock().remove_local_entry(name);
         if let Some(child) = child.and_then(|c| sb.nodes.get(c)) {
             // Its link count changed.
@@ -338,7 +321,7 @@ impl Names {
                 sb.nodes.unbind_file_id(child.ino, attr.file_id);
             }
         }
-        sb.dir_changed(&dir);
+        sb.dir_changed(dir);
         Ok(())
     }
 
@@ -361,32 +344,43 @@ impl Names {
         let replaced = new_dir.state.lock().child(new_name);
         // Objects with a change not yet sent back are the log's, and so are all names
         // while it holds changes to names (as in `remove`).
-        let pending = [moved, replaced]
+        let off = Offline::of(sb);
+        let owned = [moved, replaced]
             .into_iter()
             .flatten()
             .filter_map(|i| sb.nodes.get(i))
-            .any(|n| sb.pending_of(&n).is_some())
-            || moved.is_some_and(|m| sb.offline_names().is_some_and(|n| n.changes_inside(m)));
-        if pending || sb.names_logged() {
-            let why = "the change is not on the server yet".to_string();
-            let rename =
-                |n: OfflineNames<'_>, why| n.rename(parent, name, new_parent, new_name, flags, why);
-            match sb.names_offline(why, rename) {
-                Err(FsError::Offline(_) | FsError::SentMeanwhile) if !pending => {
-                    self.names_sent(sb)?
-                }
-                r => return r,
-            }
-        }
-        let renamed = sb.with_handle(&dir, |h| sb.origin.rename(h, name, target, new_name, flags));
-        match renamed {
-            Err(FsError::Offline(why)) => {
-                return sb.names_offline(why, |n, why| {
-                    n.rename(parent, name, new_parent, new_name, flags, why)
-                });
-            }
-            r => r?,
-        }
+            .any(|n| off.owns(&n))
+            || moved.is_some_and(|m| off.owns_inside(m));
+        off.online_or_logged(
+            owned,
+            || {
+                sb.with_handle(&dir, |h| sb.origin.rename(h, name, target, new_name, flags))?;
+                self.renamed(
+                    sb,
+                    &dir,
+                    &new_dir,
+                    (moved, name),
+                    (replaced, new_name),
+                    flags,
+                );
+                Ok(())
+            },
+            |n, why| n.rename(parent, name, new_parent, new_name, flags, why),
+        )
+    }
+
+    /// After a rename on the origin: the kept listings and the nodes follow (`moved` was
+    /// at `name` in `dir`, `replaced` at `new_name` in `new_dir`).
+    fn renamed(
+        &self,
+        sb: &Superblock,
+        dir: &Node,
+        new_dir: &Node,
+        (moved, name): (Option<Ino>, &[u8]),
+        (replaced, new_name): (Option<Ino>, &[u8]),
+        flags: u32,
+    ) {
+        let (parent, new_parent) = (dir.ino, new_dir.ino);
         // The kept listings follow (for use while the origin is unreachable).
         let entry_of = |ino: Ino, name: &[u8]| {
             sb.nodes.get(ino).map(|n| {
@@ -428,8 +422,7 @@ impl Names {
         if let Some(n) = moved.and_then(|m| sb.nodes.get(m)) {
             sb.expire_attr(&n);
         }
-        sb.dir_changed(&dir);
-        sb.dir_changed(&new_dir);
-        Ok(())
+        sb.dir_changed(dir);
+        sb.dir_changed(new_dir);
     }
 }

@@ -35,6 +35,7 @@ use crate::opens::{BackingError, MakeBacking};
 
 use crate::Ino;
 pub(crate) use crate::fetch::View;
+use crate::offline::Offline;
 pub(crate) use crate::open_files::OpenFile;
 use crate::open_files::READ_ONLY;
 pub use crate::open_files::{Access, FileHandle};
@@ -82,7 +83,6 @@ pub(crate) struct Reads {
     pub(crate) files: crate::open_files::OpenFiles,
     /// Mount-wide passthrough admission.
     passthrough: PassthroughGate,
-    /// Chunk fetches shared between readers, and readahead.
     /// Opens of reads that came without one (`crate::kernel_opens`).
     implicit: crate::kernel_opens::ImplicitOpens,
 }
@@ -136,7 +136,7 @@ impl Reads {
             sb.check_writable()?;
         }
         let node = sb.file_node(ino)?;
-        if sb.staged_of(&node).is_some() {
+        if sb.staged_change_of(&node).is_some() {
             let attr = node.state.lock().attr();
             sb.may_access(&node, &attr, access.mask())?;
             return Ok(self.open_pending(node, access));
@@ -386,7 +386,7 @@ impl Reads {
         size: u32,
     ) -> FsResult<Route> {
         Stats::add(&sb.stats.reads, 1);
-        if let Some(p) = sb.staged_of(&of.node)
+        if let Some(p) = Offline::of(sb).staged(&of.node)
             && let Some(data) = p.read(offset, size)?
         {
             return Ok(Route::Done(data));

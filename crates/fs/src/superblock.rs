@@ -20,13 +20,11 @@ use hoardfs_origin::{
 };
 
 use crate::callbacks::{Callbacks, KernelNotifier};
+use crate::fetch::fetcher::Fetcher;
 use crate::manage::CacheManager;
 use crate::nodes::{Node, NodeTable};
 use crate::offline::cml::Pending;
-use crate::offline::names::OfflineNames;
-use crate::offline::reintegrate::Found;
-use crate::offline::staged::Staged;
-use crate::offline::state::{NAMES_WAIT, OfflineWrites};
+use crate::offline::state::OfflineWrites;
 use crate::stats::Stats;
 use crate::trees::{DirStamp, Kept, TreeAhead};
 use crate::{
@@ -71,10 +69,63 @@ pub(crate) struct Superblock {
     /// Listings read ahead of a walk.
     pub(crate) trees: TreeAhead,
     /// Shared chunk fetches and readahead (its threads hold a `Weak` of this superblock).
-    pub(crate) fetcher: crate::fetch::Fetcher,
+    pub(crate) fetcher: Fetcher,
 }
 
 impl Superblock {
+    /// The superblock of a mount of `origin` (whose `info` was just asked), caching in
+    /// `cache`: subscribed to the origin's breaks, with the offline log opened and its
+    /// changes marked on their nodes. Its background threads (breaks, readahead) hold a
+    /// `Weak` of it and end when it goes.
+    pub(crate) fn new(
+        origin: Arc<dyn Origin>,
+        info: &hoardfs_origin::OriginInfo,
+        cache: Option<hoardfs_cache::CacheDir>,
+        config: FsConfig,
+    ) -> FsResult<Arc<Superblock>> {
+        let stats = Arc::new(Stats::default());
+        let (callbacks, breaks) = Callbacks::subscribe(&*origin);
+        let offline = OfflineWrites::open(&config, info.export_id)?;
+        let with_cache = cache.is_some();
+        let sb = Arc::new_cyclic(|weak: &std::sync::Weak<Superblock>| {
+            let weak = weak.clone();
+            let read_ahead = move |open: &Arc<crate::open_files::OpenFile>, chunk| {
+                let Some(sb) = weak.upgrade() else {
+                    return false;
+                };
+                sb.fetcher.read_ahead(&sb, open, chunk);
+                true
+            };
+            Superblock {
+                nodes: NodeTable::new(info.root.handle, info.root.attr),
+                origin,
+                objects: Objects::new(cache, info.export_id, stats.clone()),
+                read_only: config.read_only || info.read_only,
+                fetcher: Fetcher::new(&config, with_cache, read_ahead),
+                config,
+                stats,
+                callbacks,
+                notifier: OnceLock::new(),
+                offline,
+                trees: TreeAhead::default(),
+            }
+        });
+        if let Some(off) = &sb.offline {
+            for (file_id, change) in off.log.local_changes() {
+                sb.nodes.set_local(file_id, Some(change));
+            }
+        }
+        let weak = Arc::downgrade(&sb);
+        breaks.spawn(move |b| {
+            let Some(sb) = weak.upgrade() else {
+                return false;
+            };
+            sb.apply_breaks(b);
+            true
+        })?;
+        Ok(sb)
+    }
+
     // The mount as a whole.
 
     /// The origin's current write verifier (see `durability`).
@@ -217,36 +268,6 @@ impl Superblock {
         Ok(e.handle)
     }
 
-    /// Walks `path` from `root` on the origin: its directory's handle (`None` if a
-    /// component is gone) and its entry (`None` if absent).
-    pub(crate) fn find(&self, root: Handle, path: &[Vec<u8>]) -> FsResult<Found> {
-        let Some((name, dirs)) = path.split_last() else {
-            return Err(FsError::Origin(WireError::Invalid));
-        };
-        let mut dir = root;
-        for c in dirs {
-            dir = match self.origin.lookup(dir, c) {
-                Ok(e) if e.attr.kind == hoardfs_origin::FileKind::Dir => e.handle,
-                Ok(_) => return Ok(Found::NOWHERE),
-                Err(hoardfs_origin::OriginError::Fs(WireError::NotFound | WireError::NotDir)) => {
-                    return Ok(Found::NOWHERE);
-                }
-                Err(e) => return Err(e.into()),
-            };
-        }
-        match self.origin.lookup(dir, name) {
-            Ok(e) => Ok(Found {
-                dir: Some(dir),
-                entry: Some(e),
-            }),
-            Err(hoardfs_origin::OriginError::Fs(WireError::NotFound)) => Ok(Found {
-                dir: Some(dir),
-                entry: None,
-            }),
-            Err(e) => Err(e.into()),
-        }
-    }
-
     // Names and attributes: answered from what is known while it is fresh, from the
     // origin otherwise; what the origin answers is recorded here.
 
@@ -286,13 +307,7 @@ impl Superblock {
         let dir_id = dir.state.lock().attr().file_id;
         match self.with_handle(&dir, |h| self.origin.lookup(h, name)) {
             // An object moved here and not yet on the origin has this client's name only.
-            Ok(e)
-                if self
-                    .offline_names()
-                    .is_some_and(|n| n.moved_elsewhere(&e, parent, name)) =>
-            {
-                Err(WireError::NotFound.into())
-            }
+            Ok(e) if self.moved_elsewhere(&e, parent, name) => Err(WireError::NotFound.into()),
             Ok(e) => {
                 let ListedNode { ino, ttl, attr } =
                     self.remember(parent, name, &e, dir_id, since, None);
@@ -373,7 +388,7 @@ impl Superblock {
     /// Target of symlink `ino`.
     pub(crate) fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
         let node = self.node(ino)?;
-        if let Some(t) = self.offline_names().and_then(|n| n.local_target(&node)) {
+        if let Some(t) = self.offline_target(&node) {
             return Ok(t);
         }
         match self.with_handle(&node, |h| self.origin.readlink(h)) {
@@ -665,55 +680,13 @@ impl Superblock {
         })
     }
 
-    // The offline change log: which objects have a change, and the changes to names.
-
-    /// Whether new changes to names go to the log: offline writes are on and the log
-    /// still holds changes to names (they reach the origin first, in order).
-    pub(crate) fn names_logged(&self) -> bool {
-        self.offline
-            .as_ref()
-            .is_some_and(|o| o.keeps_new() && o.log.names_pending())
-    }
+    // The offline change log, as lookups and listings need it (the operation families
+    // reach it through `crate::offline::Offline`).
 
     /// Whether the log holds changes to names (until they reach the origin, this
     /// client's view of names is its own: lookups and listings are answered from it).
     pub(crate) fn names_pending(&self) -> bool {
         self.offline.as_ref().is_some_and(|o| o.log.names_pending())
-    }
-
-    /// Runs `op` (an offline variant of a namespace operation) instead of the origin's
-    /// when the log holds changes to names, so that the new change follows them (if the
-    /// log cannot take it, it fails: see `names_sent`); `None`: go to the origin.
-    pub(crate) fn logged<T>(
-        &self,
-        op: impl FnOnce(OfflineNames<'_>, String) -> FsResult<T>,
-    ) -> Option<FsResult<T>> {
-        let names = self.offline_names().filter(|_| self.names_logged())?;
-        Some(op(names, NAMES_WAIT.into()))
-    }
-
-    /// The changes to names of the change log (`None` when no log is open). A log is open
-    /// also on a mount without `--offline-writes` that still sends back an earlier
-    /// mount's changes: its operations then refuse new changes (`keeps_new`), except that
-    /// a removal may cancel or replace a logged one.
-    pub(crate) fn offline_names(&self) -> Option<OfflineNames<'_>> {
-        self.offline
-            .as_ref()
-            .map(|off| OfflineNames::new(self, off))
-    }
-
-    /// Runs `op` over the changes to names of the change log, for an operation the origin
-    /// failed with `why` or that must follow the log (`why` says which); with no log open
-    /// it fails with `Offline(why)`, as the origin did.
-    pub(crate) fn names_offline<T>(
-        &self,
-        why: String,
-        op: impl FnOnce(OfflineNames<'_>, String) -> FsResult<T>,
-    ) -> FsResult<T> {
-        match self.offline_names() {
-            Some(names) => op(names, why),
-            None => Err(FsError::Offline(why)),
-        }
     }
 
     /// The pending change of `node`'s object (content, name or attributes), if offline
@@ -722,10 +695,32 @@ impl Superblock {
         self.change_of(node, false)
     }
 
-    /// The pending change of `node`'s file whose content is staged here (reads, writes,
-    /// opens and syncs go to the staging file), if any.
-    pub(crate) fn staged_of(&self, node: &Node) -> Option<Staged<'_>> {
-        self.change_of(node, true).map(|p| Staged::new(self, p))
+    /// The pending change of `node`'s file whose content is staged here, if any.
+    pub(crate) fn staged_change_of(&self, node: &Node) -> Option<Arc<Pending>> {
+        self.change_of(node, true)
+    }
+
+    /// The target of symbolic link `node` made offline and not yet sent back.
+    fn offline_target(&self, node: &Node) -> Option<Vec<u8>> {
+        let p = self.pending_of(node)?;
+        let g = p.lock();
+        (g.record().kind == crate::offline::cml::Kind::Symlink && !g.is_gone())
+            .then(|| g.record().target.clone())
+    }
+
+    /// Whether the origin's entry `e` at `parent/name` is an object this client moved
+    /// away or removed, which has its new name only here until the log is sent back.
+    fn moved_elsewhere(&self, e: &hoardfs_origin::Entry, parent: Ino, name: &[u8]) -> bool {
+        if !self.names_pending() {
+            return false;
+        }
+        let Some(n) = self.nodes.by_file_id(e.attr.file_id) else {
+            return false;
+        };
+        let st = n.state.lock();
+        n.kind == e.attr.kind
+            && st.has_change()
+            && (st.is_deleted() || st.parent() != parent || st.name() != name)
     }
 
     fn change_of(&self, node: &Node, content: bool) -> Option<Arc<Pending>> {

@@ -15,7 +15,7 @@ use hoardfs_origin::{Attr, SetAttrs, WireError};
 use crate::nodes::Node;
 
 use crate::Ino;
-use crate::offline::staged::Staged;
+use crate::offline::Offline;
 use crate::stats::Stats;
 use std::sync::Arc;
 
@@ -35,6 +35,17 @@ const REFETCH_AFTER_TRUNCATE: u64 = 64 << 20;
 pub(crate) struct Writes {
     /// Writes acknowledged but not yet durable on the server.
     durability: Durability,
+}
+
+/// Where a write went: to the origin (its reply, and the break number and write verifier
+/// noted before it), or to the file's staged copy (the bytes written).
+enum Written {
+    Origin {
+        w: hoardfs_origin::WriteReply,
+        since: u64,
+        verifier: u64,
+    },
+    Staged(u32),
 }
 
 impl Writes {
@@ -59,29 +70,26 @@ impl Writes {
         }
         of.wrote_from(pid);
         let node = &of.node;
-        // A file changed offline stays local until reintegration sent it back.
-        if let Some(p) = sb.staged_of(node)
-            && let Some(n) = p.write(of, offset, data)?
-        {
-            return Ok(n);
-        }
-        let since = sb.callbacks.seq();
+        // A file changed offline stays local until reintegration sent it back; one the
+        // origin cannot take now is staged (what was written so far goes back whole).
         let append = of.access.append;
-        let verifier = sb.verifier();
         // A file removed elsewhere while open here answers `Stale` (ESTALE, as on NFS):
         // this client cannot tell it from one renamed elsewhere and then forgotten by a
         // restarted server, so it must not accept bytes that would go nowhere.
-        let w = match sb.with_handle(node, |h| sb.origin.write(h, offset, data, append)) {
-            Err(FsError::Offline(why)) => {
-                let p = Staged::start(sb, node, why)?;
-                // The staged copy holds every write made so far and goes back whole.
-                self.durability.forget(node.ino);
-                return match p.write(of, offset, data)? {
-                    Some(n) => Ok(n),
-                    None => Err(FsError::SentMeanwhile),
-                };
-            }
-            r => r?,
+        let online = || {
+            let (since, verifier) = (sb.callbacks.seq(), sb.verifier());
+            sb.with_handle(node, |h| sb.origin.write(h, offset, data, append))
+                .map(|w| Written::Origin { w, since, verifier })
+        };
+        let (w, since, verifier) = match Offline::of(sb).online_or_staged(
+            node,
+            false,
+            online,
+            |p| Ok(p.write(of, offset, data)?.map(Written::Staged)),
+            || self.durability.forget(node.ino),
+        )? {
+            Written::Staged(n) => return Ok(n),
+            Written::Origin { w, since, verifier } => (w, since, verifier),
         };
         // An origin cannot have written more than it was given (a remote one's replies
         // are checked for that, this guards any other).
@@ -161,7 +169,7 @@ impl Writes {
 
     /// Has an origin that publishes whole files (S3) publish `node`'s writes.
     pub(crate) fn publish(&self, sb: &Superblock, node: &Node) -> FsResult<()> {
-        if !sb.origin.publishes_on_close() || sb.read_only || sb.staged_of(node).is_some() {
+        if !sb.origin.publishes_on_close() || sb.read_only || sb.staged_change_of(node).is_some() {
             return Ok(());
         }
         let since = sb.callbacks.seq();
@@ -200,68 +208,54 @@ impl Writes {
         // A truncation (times, which the kernel may send along, follow from it).
         let truncation = set.mode.is_none() && set.uid.is_none() && set.gid.is_none();
         // An object with a change not yet sent back is the log's until then.
-        if sb.pending_of(&node).is_some() {
-            if let Some(size) = set.size.filter(|_| truncation)
-                && node.kind == hoardfs_origin::FileKind::File
-            {
-                let p = match sb.staged_of(&node) {
-                    Some(p) => p,
-                    None => {
-                        let p =
-                            Staged::start(sb, &node, "its change is not on the server yet".into())?;
-                        self.durability.forget(node.ino);
-                        p
-                    }
-                };
-                // (Gone: sent back while this waited for it; tried again, on the origin.)
-                return p.truncate(&node, size)?.ok_or(FsError::SentMeanwhile);
-            }
+        let off = Offline::of(sb);
+        let owned = off.owns(&node);
+        if let Some(size) = set.size.filter(|_| truncation)
+            && node.kind == hoardfs_origin::FileKind::File
+        {
+            // A truncation while the origin is unreachable is an offline change too.
+            return off.online_or_staged(
+                &node,
+                owned,
+                || self.setattr_online(sb, &node, set),
+                |p| p.truncate(&node, size),
+                || self.durability.forget(node.ino),
+            );
+        }
+        if owned {
             // Permission bits and times are kept with the change (set on the origin's
             // file before the staged content reaches it, they would change its version
-            // and turn this client's change into a conflict).
-            if set.size.is_none() && set.uid.is_none() && set.gid.is_none() {
-                return sb.names_offline("not on the server yet".into(), |n, why| {
-                    n.setattr(&node, set, why)
-                });
-            }
-            // Owners need the origin, and the change first (sent by the mount's keeper,
-            // not from here: see `names_sent`).
-            return Err(FsError::Offline(
+            // and turn this client's change into a conflict). Owners need the origin,
+            // and the change first (sent by the mount's keeper, not from here: see
+            // `Offline::names_sent`): the log refuses them.
+            return off.logged(
                 "the file's offline change is not on the server yet".into(),
-            ));
+                |n, why| n.setattr(&node, set, why),
+            );
         }
+        off.or_logged(self.setattr_online(sb, &node, set), |n, why| {
+            n.setattr(&node, set, why)
+        })
+    }
+
+    /// Changes attributes of `node` on the origin (a file this client holds whole is
+    /// fetched again after a truncation).
+    fn setattr_online(&self, sb: &Superblock, node: &Node, set: &SetAttrs) -> FsResult<NodeAttr> {
         // A file this client holds whole stays whole across a truncation (fetched again at
         // its new version: the origin does not say whether anybody else changed it in
         // between), so that it can still be read and changed offline; up to a bound.
         let keep_whole = set.size.is_some_and(|s| s <= REFETCH_AFTER_TRUNCATE)
             && node.kind == hoardfs_origin::FileKind::File
             && !sb.origin.publishes_on_close()
-            && self.cached_whole(sb, &node);
+            && self.cached_whole(sb, node);
         let since = sb.callbacks.seq();
-        let attr = match sb.with_handle(&node, |h| sb.origin.setattr(h, set)) {
-            // A truncation while the origin is unreachable is an offline change too.
-            Err(FsError::Offline(why))
-                if truncation
-                    && set.size.is_some()
-                    && node.kind == hoardfs_origin::FileKind::File =>
-            {
-                let p = Staged::start(sb, &node, why)?;
-                self.durability.forget(node.ino);
-                return p
-                    .truncate(&node, set.size.unwrap_or(0))?
-                    .ok_or(FsError::SentMeanwhile);
-            }
-            Err(FsError::Offline(why)) if set.size.is_none() => {
-                return sb.names_offline(why, |n, why| n.setattr(&node, set, why));
-            }
-            r => r?,
-        };
+        let attr = sb.with_handle(node, |h| sb.origin.setattr(h, set))?;
         if node.kind == hoardfs_origin::FileKind::File {
-            self.reset_object(sb, &node, &attr);
+            self.reset_object(sb, node, &attr);
         }
-        let installed = sb.install_attr(&node, attr, since);
+        let installed = sb.install_attr(node, attr, since);
         if keep_whole && let Err(e) = sb.prefetch(node.ino) {
-            tracing::debug!(ino, "refetching a truncated file failed: {e}");
+            tracing::debug!(ino = node.ino, "refetching a truncated file failed: {e}");
         }
         Ok(installed)
     }
@@ -286,7 +280,7 @@ impl Writes {
     /// them (module `durability`).
     pub(crate) fn fsync(&self, sb: &Superblock, ino: Ino, datasync: bool) -> FsResult<()> {
         let node = sb.node(ino)?;
-        if let Some(p) = sb.staged_of(&node) {
+        if let Some(p) = Offline::of(sb).staged(&node) {
             // Durable on this client's disk; it reaches the origin at reintegration.
             return p.sync();
         }
@@ -332,7 +326,7 @@ impl Writes {
         let Some(of) = of.filter(|of| of.access.write) else {
             return Ok(());
         };
-        if let Some(p) = sb.staged_of(&of.node) {
+        if let Some(p) = Offline::of(sb).staged(&of.node) {
             // As a local file system would not, but as close-to-open promises:
             // what was written is durable (here) once close returns.
             return p.sync();

@@ -37,7 +37,7 @@ pub(crate) enum Created {
 }
 
 /// The changes to names of the change log: the superblock and its log, borrowed for
-/// one operation (`Superblock::offline_names`). Each operation that makes a new change
+/// one operation (`Offline::names`). Each operation that makes a new change
 /// refuses unless the log takes new ones (`OfflineWrites::keeps_new`).
 pub(crate) struct OfflineNames<'a> {
     sb: &'a Superblock,
@@ -86,26 +86,6 @@ impl<'a> OfflineNames<'a> {
             cur = parent;
         }
         None
-    }
-
-    /// Whether the origin's entry `e`, found as `parent/name`, is an object this client
-    /// moved elsewhere (or removed) with a change not yet sent back.
-    pub(crate) fn moved_elsewhere(
-        &self,
-        e: &hoardfs_origin::Entry,
-        parent: crate::Ino,
-        name: &[u8],
-    ) -> bool {
-        if !self.off.log.names_pending() {
-            return false;
-        }
-        let Some(n) = self.sb.nodes.by_file_id(e.attr.file_id) else {
-            return false;
-        };
-        let st = n.state.lock();
-        n.kind == e.attr.kind
-            && st.has_change()
-            && (st.is_deleted() || st.parent() != parent || st.name() != name)
     }
 
     /// Whether the log holds changes of objects inside directory node `ino` (a move of
@@ -280,14 +260,6 @@ impl<'a> OfflineNames<'a> {
             attr,
             ttl: self.sb.config.attr_ttl,
         })
-    }
-
-    /// The target of symlink `node` if it was made offline and is not on the origin yet.
-    pub(crate) fn local_target(&self, node: &Node) -> Option<Vec<u8>> {
-        let p = self.sb.pending_of(node)?;
-        let g = p.lock();
-        (g.record().kind == crate::offline::cml::Kind::Symlink && !g.is_gone())
-            .then(|| g.record().target.clone())
     }
 
     /// Removes `parent/name` (a directory if `dir_wanted`) while the origin is

@@ -25,7 +25,7 @@ use crate::superblock::Superblock;
 use crate::{FsError, FsResult, NodeAttr};
 
 /// A file's pending change whose content is staged here, with the superblock it belongs to
-/// (`Superblock::staged_of`, or a change started with [`Staged::start`]).
+/// (`Offline::staged`, or a change started with [`Staged::start`]).
 pub(crate) struct Staged<'a> {
     sb: &'a Superblock,
     p: Arc<Pending>,

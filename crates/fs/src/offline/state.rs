@@ -4,8 +4,8 @@
 //! the name breaks put off while this client's changes to names wait to be sent back.
 //! Changes to file contents go through `crate::offline::staged`, changes to names through
 //! `crate::offline::names`; reintegration (`crate::offline::reintegrate`) sends them back. The
-//! superblock answers whether an object has a change (`pending_of`, `staged_of`) and
-//! routes name operations to the log (`names_logged`, `logged`, `names_offline`).
+//! superblock answers whether an object has a change (`pending_of`, `staged_change_of`);
+//! the operation families route each change through `crate::offline::Offline`.
 
 use crate::nodes::Node;
 use crate::offline::cml::ChangeLog;

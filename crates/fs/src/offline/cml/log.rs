@@ -22,6 +22,62 @@ fn take_seq(next: &mut u64) -> u64 {
     *next - 1
 }
 
+/// `next_seq` held: nothing takes a change's lock or `moves` meanwhile (the lock order of
+/// `crate::offline::cml`), checked in debug builds through [`NextSeq::held`].
+struct NextSeq<'a> {
+    guard: MutexGuard<'a, u64>,
+}
+
+thread_local! {
+    /// How many `next_seq` guards this thread holds (debug builds).
+    static NEXT_SEQ_HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+impl<'a> NextSeq<'a> {
+    fn lock(m: &'a Mutex<u64>) -> Self {
+        let guard = m.lock();
+        if cfg!(debug_assertions) {
+            NEXT_SEQ_HELD.with(|h| h.set(h.get() + 1));
+        }
+        NextSeq { guard }
+    }
+
+    /// Whether this thread holds `next_seq` (always `false` in release builds).
+    pub(super) fn held() -> bool {
+        cfg!(debug_assertions) && NEXT_SEQ_HELD.with(|h| h.get() > 0)
+    }
+}
+
+impl Drop for NextSeq<'_> {
+    fn drop(&mut self) {
+        if cfg!(debug_assertions) {
+            NEXT_SEQ_HELD.with(|h| h.set(h.get() - 1));
+        }
+    }
+}
+
+impl std::ops::Deref for NextSeq<'_> {
+    type Target = u64;
+    fn deref(&self) -> &u64 {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for NextSeq<'_> {
+    fn deref_mut(&mut self) -> &mut u64 {
+        &mut self.guard
+    }
+}
+
+/// Panics (debug builds) if this thread holds `next_seq`: called before taking a
+/// change's lock or `moves`.
+pub(super) fn check_not_under_next_seq(what: &str) {
+    debug_assert!(
+        !NextSeq::held(),
+        "lock order: {what} taken while holding the log's next_seq"
+    );
+}
+
 /// Why a change left by an earlier mount cannot be loaded.
 #[derive(Debug, thiserror::Error)]
 enum Unloadable {
@@ -259,6 +315,7 @@ impl ChangeLog {
     /// A move on the origin is made (and the changes inside it follow it) while the
     /// returned guard is held.
     pub fn moving(&self) -> MutexGuard<'_, u64> {
+        check_not_under_next_seq("moves");
         let mut g = self.moves.lock();
         *g += 1;
         g
@@ -272,6 +329,7 @@ impl ChangeLog {
         record: impl FnOnce(Option<Vec<Vec<u8>>>) -> T,
     ) -> T {
         loop {
+            check_not_under_next_seq("moves");
             let before = *self.moves.lock();
             let at = origin();
             let g = self.moves.lock();
@@ -340,7 +398,7 @@ impl ChangeLog {
         // (A `Meta` sent back meanwhile is finished, and leaves the table at once: a new
         // change starts.)
         for _ in 0..64 {
-            let next = self.next_seq.lock();
+            let next = NextSeq::lock(&self.next_seq);
             let Some(p) = self.get(file_id) else {
                 return self.stage_store(next, path, origin, base, object);
             };
@@ -386,7 +444,7 @@ impl ChangeLog {
         base: &hoardfs_origin::Attr,
         object: &CachedObject,
     ) -> std::io::Result<Arc<Pending>> {
-        let next = self.next_seq.lock();
+        let next = NextSeq::lock(&self.next_seq);
         if let Some(p) = self.get(base.file_id) {
             return Ok(p);
         }
@@ -397,7 +455,7 @@ impl ChangeLog {
     /// that the file is staged once.
     fn stage_store(
         &self,
-        next: MutexGuard<'_, u64>,
+        next: NextSeq<'_>,
         path: Vec<Vec<u8>>,
         origin: Option<Vec<Vec<u8>>>,
         base: &hoardfs_origin::Attr,
@@ -467,7 +525,7 @@ impl ChangeLog {
         base: &hoardfs_origin::Attr,
         from: &Path,
     ) -> std::io::Result<Arc<Pending>> {
-        let mut next = self.next_seq.lock();
+        let mut next = NextSeq::lock(&self.next_seq);
         let seq = take_seq(&mut next);
         let data_path = self.dir.join(format!("{seq:016}.data"));
         let mut record = Record::new(seq, path, base, Kind::Store);
@@ -509,7 +567,7 @@ impl ChangeLog {
         kind: Kind,
         target: &[u8],
     ) -> std::io::Result<Arc<Pending>> {
-        let mut next = self.next_seq.lock();
+        let mut next = NextSeq::lock(&self.next_seq);
         if let Some(p) = self.get(attr.file_id) {
             return Ok(p);
         }
@@ -648,5 +706,26 @@ mod tests {
             std::fs::read(d.path().join("0000000000000005.data")).unwrap(),
             b"precious"
         );
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn taking_moves_while_holding_next_seq_breaks_the_lock_order_and_is_caught() {
+        let d = tempfile::tempdir().unwrap();
+        let log = ChangeLog::open(d.path()).unwrap();
+        // In order: moves, then next_seq.
+        let moves = log.moving();
+        let next = NextSeq::lock(&log.next_seq);
+        drop((next, moves));
+        // Out of order: caught.
+        let next = NextSeq::lock(&log.next_seq);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            drop(log.moving());
+        }));
+        drop(next);
+        let msg = caught.expect_err("moves under next_seq must panic");
+        let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("lock order"), "{msg}");
+        assert!(!NextSeq::held());
     }
 }

@@ -37,7 +37,8 @@
 //! change's lock while holding `moves`, and only of changes no other sender holds;
 //! nothing takes a change's lock or `moves` while holding `next_seq`: under `at_origin`
 //! a file is staged with [`ChangeLog::stage_if_new`], and [`ChangeLog::stage`] locks an
-//! existing change only after letting `next_seq` go.
+//! existing change only after letting `next_seq` go. Debug builds check that last rule
+//! (`Pending::lock` and `ChangeLog::moving` panic on a thread holding `next_seq`).
 //!
 //! This module owns one change ([`Pending`], its locked state [`Inner`]); `log` owns the
 //! table of them ([`ChangeLog`]) and `conflicts` the conflict records.
@@ -139,6 +140,7 @@ impl Pending {
 
     /// Locks the change (its staging file's I/O, or an upload, happens under it).
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
+        log::check_not_under_next_seq("a change's lock");
         self.inner.lock()
     }
 

@@ -11,13 +11,28 @@
 //! again into the cache at its new version, so that it can be changed offline again.
 //! Nothing is dropped: a change that cannot be sent for any other reason (permissions, a
 //! full disk on the server) stays pending and is tried again later.
+//!
+//! A reintegration borrows the superblock, its log and one question about the open files
+//! ([`Writing`]: is this file being written here?), never the operation families; the
+//! files sent back are fetched again with `Superblock::prefetch`.
+//!
+//! Lock order (the log's own rules are `crate::offline::cml`'s):
+//! `HoardFs::reintegrating` (one pass at a time) → a change's lock (held across its
+//! staging file's I/O and the origin round trips of its upload: writes to that file wait)
+//! → `ChangeLog::moves` (a sender making a move) → the locks of the changes inside the
+//! moved directory (`ChangeLog::moved_under`, skipping the changes of this pass, so two
+//! senders never wait for each other); the log's table is a leaf; and a change's lock →
+//! `NodeTable::inner` → a node's `state` (the node moved back to the origin's file before
+//! the change is marked done). Nothing takes a change's lock while holding a node's
+//! `state`, `NodeTable::inner` or the log's `next_seq` (debug builds check the last). The
+//! kernel is notified only after a change's lock is released: an operation the kernel
+//! holds a directory locked for may be waiting for that lock.
 
 pub(crate) mod conflict_names;
+pub(crate) mod found;
 pub(crate) mod order;
 pub(crate) mod send_back;
 pub(crate) mod upload;
-
-use hoardfs_origin::{Entry, Handle};
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -27,11 +42,12 @@ use crate::offline::cml::{Conflict, Pending};
 use crate::offline::reintegrate::order::{CycleBreaker, ready};
 use crate::offline::reintegrate::send_back::{ChangeSender, Outcome};
 
+use crate::FsError;
 use crate::Ino;
 use crate::offline::state::OfflineWrites;
-use crate::{FsError, HoardFs};
+use crate::superblock::Superblock;
 
-/// What one pass of [`HoardFs::reintegrate`] did.
+/// What one pass of [`crate::HoardFs::reintegrate`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Reintegrated {
     /// Changes written over their file.
@@ -45,22 +61,6 @@ pub struct Reintegrated {
 /// Changes sent at once.
 const SENDERS: usize = 8;
 
-/// Where a path leads on the origin.
-pub(crate) struct Found {
-    /// Its directory (`None` if a component is gone).
-    pub(crate) dir: Option<Handle>,
-    /// Its entry (`None` if absent).
-    pub(crate) entry: Option<Entry>,
-}
-
-impl Found {
-    /// A component of the path is gone.
-    pub(crate) const NOWHERE: Found = Found {
-        dir: None,
-        entry: None,
-    };
-}
-
 /// What one pass did.
 struct Pass {
     /// Changes sent, conflicts written.
@@ -71,17 +71,22 @@ struct Pass {
     stopped: bool,
 }
 
-/// One reintegration: the file system and its change log, for the passes that send the
+/// Whether a file (by node) is open for writing here: the one thing reintegration asks
+/// of the open files (a change whose file is being written waits for its writer).
+pub(crate) type Writing<'a> = &'a (dyn Fn(Ino) -> bool + Sync);
+
+/// One reintegration: the superblock and its change log, for the passes that send the
 /// changes back (each by a `ChangeSender`).
 pub(crate) struct Reintegration<'a> {
-    fs: &'a HoardFs,
+    sb: &'a Superblock,
     off: &'a OfflineWrites,
+    writing: Writing<'a>,
 }
 
 impl<'a> Reintegration<'a> {
-    /// A reintegration of `off`'s changes through `fs`.
-    pub(crate) fn new(fs: &'a HoardFs, off: &'a OfflineWrites) -> Self {
-        Reintegration { fs, off }
+    /// A reintegration of `off`'s changes to the origin of `sb`.
+    pub(crate) fn new(sb: &'a Superblock, off: &'a OfflineWrites, writing: Writing<'a>) -> Self {
+        Reintegration { sb, off, writing }
     }
 
     /// Passes until no change is left or none can be sent now.
@@ -100,7 +105,7 @@ impl<'a> Reintegration<'a> {
             if now.is_empty() {
                 breaks += 1;
                 if breaks <= records.len()
-                    && CycleBreaker::new(self.fs, self.off).break_cycle(&records)
+                    && CycleBreaker::new(self.sb, self.off).break_cycle(&records)
                 {
                     continue;
                 }
@@ -129,7 +134,7 @@ impl<'a> Reintegration<'a> {
         // Cached again (fetched at the origin's new version), so that the files can be
         // changed offline at the next disconnection; after the log is empty, not before.
         for ino in sent {
-            if let Err(e) = self.fs.prefetch(ino) {
+            if let Err(e) = self.sb.prefetch(ino) {
                 tracing::debug!(ino, "refetching a file sent back failed: {e}");
             }
         }
@@ -160,7 +165,8 @@ impl<'a> Reintegration<'a> {
                         // would have judged it made online.
                         let by = std::sync::Arc::new(p.lock().record().sender());
                         let _by = hoardfs_origin::caller::enter(by);
-                        let outcome = ChangeSender::new(self.fs, self.off).send_back(p, &sending);
+                        let outcome = ChangeSender::new(self.sb, self.off, self.writing)
+                            .send_back(p, &sending);
                         let mut t = totals.lock();
                         match outcome {
                             Ok(Some((outcome, noted))) => {
@@ -208,12 +214,12 @@ impl<'a> Reintegration<'a> {
     /// Every name of this client's view was sent back: directories are asked again
     /// (their names on the origin may differ where conflicts were kept).
     fn names_sent_back(&self) {
-        for node in self.fs.sb.nodes.all() {
+        for node in self.sb.nodes.all() {
             if node.kind != hoardfs_origin::FileKind::Dir {
                 continue;
             }
             node.state.lock().expire();
-            if let Some(n) = self.fs.sb.notifier.get() {
+            if let Some(n) = self.sb.notifier.get() {
                 n.inval_inode(node.ino);
             }
         }

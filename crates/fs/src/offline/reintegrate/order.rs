@@ -6,10 +6,11 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use crate::FsResult;
 use crate::offline::cml::{Kind, Pending, Record};
-use crate::offline::reintegrate::Found;
+use crate::offline::reintegrate::found::Found;
 use crate::offline::state::OfflineWrites;
-use crate::{FsResult, HoardFs};
+use crate::superblock::Superblock;
 
 /// Where [`CycleBreaker::break_cycle`] puts the object of change number `seq` on the origin
 /// while the moves that wait for each other go: `/.hoardfs-moving-SEQ`.
@@ -84,16 +85,17 @@ pub(crate) fn ready(records: &[(Arc<Pending>, Record)]) -> Vec<Arc<Pending>> {
 }
 
 /// Breaks cycles of renames for one reintegration, by parking one object (see the module
-/// docs): the file system to move it on, and the change log to record the move in.
+/// docs): the superblock whose origin to move it on, and the change log to record the
+/// move in.
 pub(crate) struct CycleBreaker<'a> {
-    fs: &'a HoardFs,
+    sb: &'a Superblock,
     off: &'a OfflineWrites,
 }
 
 impl<'a> CycleBreaker<'a> {
-    /// A cycle breaker moving objects through `fs` and recording it in `off`.
-    pub(crate) fn new(fs: &'a HoardFs, off: &'a OfflineWrites) -> Self {
-        CycleBreaker { fs, off }
+    /// A cycle breaker moving objects on `sb`'s origin and recording it in `off`.
+    pub(crate) fn new(sb: &'a Superblock, off: &'a OfflineWrites) -> Self {
+        CycleBreaker { sb, off }
     }
 
     /// Renames waiting for each other (a swap, `a→b` and `b→a`; a directory moved into
@@ -125,15 +127,15 @@ impl<'a> CycleBreaker<'a> {
         // (The change's lock, then the moves' guard, as a sender takes them.)
         let mut g = p.lock();
         let _moving = off.log.moving();
-        let root = self.fs.sb.origin.info()?.root.handle;
+        let root = self.sb.origin.info()?.root.handle;
         let temp = parking(r.seq);
-        let here = match self.fs.sb.find(root, r.origin_loc())? {
+        let here = match Found::at(&*self.sb.origin, root, r.origin_loc())? {
             Found {
                 dir: Some(dir),
                 entry: Some(e),
             } if e.attr.file_id == r.origin_id() => {
                 let name = r.origin_loc().last().expect("a path has a name");
-                self.fs.sb.origin.rename(
+                self.sb.origin.rename(
                     dir,
                     name,
                     root,
@@ -143,7 +145,7 @@ impl<'a> CycleBreaker<'a> {
                 true
             }
             _ => matches!(
-                self.fs.sb.find(root, &temp)?.entry,
+                Found::at(&*self.sb.origin, root, &temp)?.entry,
                 Some(e) if e.attr.file_id == r.origin_id()
             ),
         };

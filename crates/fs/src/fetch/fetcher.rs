@@ -1,30 +1,23 @@
-//! Misses into the disk cache: fetching chunks from the origin, one fetch per chunk
-//! however many readers want it, and readahead for sequential readers on a small pool of
-//! threads. The [`Fetcher`] owns that machinery (the in-flight table, the readahead
-//! window and queue, the threads) and the fetch itself (origin I/O over a borrowed
-//! superblock, and the write into the cached object); it also prefetches whole files.
-//! Its threads reach the superblock through the file system they belong to
-//! (`Fetcher::read_ahead`, through a `Weak` of the superblock that owns the fetcher).
+//! The [`Fetcher`]'s machinery: the in-flight table (one fetch per chunk however many
+//! readers want it), the readahead window and queue, and the pool of threads that runs
+//! the queued jobs (each through the closure it was started with). It knows nothing of
+//! the superblock that owns it; the fetch itself is `super::fill`'s.
 //!
 //! Lock ordering: the in-flight table is a leaf (never held while taking another lock or
 //! doing I/O), as is the readahead queue.
 
+use std::sync::Arc;
 use std::sync::mpsc;
-use std::sync::{Arc, Weak};
 
 use hoardfs_cache::flight::Flights;
 use hoardfs_cache::{CachedObject, ObjectShape, meta::chunk_shift_for};
 use hoardfs_proto::buffers::Recycled;
 use parking_lot::Mutex;
 
-use crate::Ino;
-use crate::manage::Prefetched;
 use crate::nodes::Node;
 use crate::open_files::OpenFile;
 use crate::opens::ModeKind;
-use crate::stats::Stats;
-use crate::superblock::Superblock;
-use crate::{CacheFault, FsConfig, FsResult};
+use crate::{FsConfig, FsResult, Ino};
 
 /// A chunk of a version of a file: what one fetch is shared for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,7 +77,7 @@ impl View {
     }
 }
 
-type FetchResult = FsResult<Arc<Recycled>>;
+pub(super) type FetchResult = FsResult<Arc<Recycled>>;
 
 /// Shared fetches and readahead: one fetch per chunk however many readers want it, and
 /// readahead jobs for sequential readers, run by a small pool of threads.
@@ -98,10 +91,15 @@ pub(crate) struct Fetcher {
 }
 
 impl Fetcher {
-    /// The fetcher of the superblock `sb` (which owns it); readahead threads (running its
-    /// `read_ahead`) only with a disk cache (`with_cache`): without one there is no
-    /// readahead (see `read_uncached`).
-    pub(crate) fn new(sb: Weak<Superblock>, config: &FsConfig, with_cache: bool) -> Fetcher {
+    /// A fetcher whose readahead threads run each queued job with `run` (the owner's
+    /// `read_ahead`; `false`: the owner is gone and the thread ends), only with a disk
+    /// cache (`with_cache`): without one there is no readahead (see `read_uncached`).
+    pub(crate) fn new(
+        config: &FsConfig,
+        with_cache: bool,
+        run: impl Fn(&Arc<OpenFile>, u64) -> bool + Send + Sync + 'static,
+    ) -> Fetcher {
+        let run = Arc::new(run);
         let (tx, rx) = mpsc::channel::<PrefetchJob>();
         let rx = Arc::new(Mutex::new(rx));
         let threads = if with_cache {
@@ -110,15 +108,16 @@ impl Fetcher {
             0
         };
         for i in 0..threads {
-            let (rx, sb) = (rx.clone(), sb.clone());
+            let (rx, run) = (rx.clone(), run.clone());
             std::thread::Builder::new()
                 .name(format!("hoardfs-fetch-{i}"))
                 .spawn(move || {
                     loop {
                         let job = rx.lock().recv();
                         let Ok(job) = job else { return };
-                        let Some(sb) = sb.upgrade() else { return };
-                        sb.fetcher.read_ahead(&sb, &job.open, job.chunk);
+                        if !run(&job.open, job.chunk) {
+                            return;
+                        }
                     }
                 })
                 .expect("spawn fetch thread");
@@ -201,148 +200,9 @@ impl Fetcher {
     }
 }
 
-impl Fetcher {
-    /// Fetches every missing chunk of file `ino` (current version) into the disk cache.
-    pub(crate) fn prefetch(&self, sb: &Superblock, ino: Ino) -> FsResult<Prefetched> {
-        sb.objects.dir()?;
-        let node = sb.file_node(ino)?;
-        let attr = sb.validated_attr(&node)?.now;
-        let object = sb
-            .objects
-            .object_for(&node, attr.file_id, attr.version, attr.size);
-        let Some(object) = object else {
-            return Err(CacheFault::CannotHold.into());
-        };
-        // Held like an open file, so the chunks fetched first are not evicted meanwhile.
-        let _hold = object.hold_open();
-        // It may have been emptied between its creation and the hold: fetch what is missing.
-        let view = View::of(&node);
-        let mut done = Prefetched {
-            size: attr.size,
-            ..Prefetched::default()
-        };
-        for c in 0..view.chunks() {
-            // A cache without room would drop the rest: stop (the file is reported as
-            // not fully cached) rather than download it for nothing. Below the stop
-            // threshold nothing is tried; otherwise a chunk the cache did not keep (a size
-            // limit of pinned and open files, or a new version meanwhile) ends this file.
-            if object.has_chunk(c) {
-                continue;
-            }
-            if object.cache_below_stop() {
-                break;
-            }
-            if let Some(bytes) = self.ensure_chunk(sb, &node, &view, c)? {
-                done.fetched += bytes.len() as u64;
-                if !object.has_chunk(c) {
-                    break;
-                }
-            }
-        }
-        done.complete = object.is_complete();
-        drop(_hold);
-        drop(object);
-        // Not an open: a file nobody has open lets go of its object (its descriptors), so
-        // that prefetching a tree of any size does not hold two descriptors per file; the
-        // next open finds the object in the cache again.
-        let mut st = node.state.lock();
-        if !st.is_open() {
-            st.opens.set_object(None);
-        }
-        Ok(done)
-    }
-
-    /// A queued readahead job: fetches chunk `c` for `of` into the disk cache unless the
-    /// open was released, the file has no cached object any more, shrank below the chunk,
-    /// or the reader already asked for all of it.
-    pub(crate) fn read_ahead(&self, sb: &Superblock, of: &Arc<OpenFile>, c: u64) {
-        if of.is_closed() {
-            return;
-        }
-        let view = View::of(&of.node);
-        // No object any more (replaced by an uncacheable version), or one whose cache has
-        // no room: nothing to fill.
-        if view.object.as_ref().is_none_or(|o| o.cache_refusing())
-            || c >= view.chunks()
-            || view.chunk_range(c).1 <= of.read_to()
-        {
-            return;
-        }
-        // Fetched on the opener's behalf: the server reads as the opener.
-        let _opener = hoardfs_origin::caller::enter(Arc::clone(&of.caller));
-        if let Err(e) = self.ensure_chunk(sb, &of.node, &view, c) {
-            tracing::debug!("readahead of chunk {c} failed: {e}");
-        }
-    }
-
-    /// Makes chunk `c` available: `None` if it is in the disk cache, otherwise its bytes
-    /// (fetched now, or by a concurrent fetch of the same chunk that we wait for).
-    pub(crate) fn ensure_chunk(
-        &self,
-        sb: &Superblock,
-        node: &Node,
-        view: &View,
-        c: u64,
-    ) -> FsResult<Option<Arc<Recycled>>> {
-        if view.object.as_ref().is_some_and(|o| o.has_chunk(c)) {
-            return Ok(None);
-        }
-        let result = self.shared(node.ino, view.version, c, || {
-            self.fetch_chunk(sb, node, view, c)
-        });
-        result.map(Some)
-    }
-
-    /// Fetches chunk `c` from the origin and stores it in the cache if it is exactly the
-    /// version this open is for.
-    fn fetch_chunk(&self, sb: &Superblock, node: &Node, view: &View, c: u64) -> FsResult<Vec<u8>> {
-        const PIECE: u64 = 4 << 20;
-        const MAX_RESERVE: u64 = 64 << 20;
-        let (start, end) = view.chunk_range(c);
-        let mut data = Vec::new();
-        let mut cacheable = true;
-        while (data.len() as u64) < end - start {
-            let pos = start + data.len() as u64;
-            let len = (end - pos).min(PIECE) as u32;
-            let mut r = sb.with_handle(node, |h| sb.origin.read(h, pos, len))?;
-            r.data.truncate(len as usize);
-            cacheable &= r.version == view.version;
-            let short = (r.data.len() as u32) < len;
-            if data.is_empty() {
-                // Usually the whole chunk: keep the received buffer rather than copy it.
-                // Room for the rest is reserved up front only up to a bound, so that the
-                // size a server claims cannot by itself make us allocate (chunks of
-                // huge files are large): beyond it the buffer grows as bytes arrive.
-                data = r.data;
-                let rest = (end - start).saturating_sub(data.len() as u64);
-                data.reserve_exact(rest.min(MAX_RESERVE) as usize);
-            } else {
-                data.extend_from_slice(&r.data);
-            }
-            if short {
-                cacheable = false;
-                break;
-            }
-        }
-        Stats::add(&sb.stats.chunk_fetches, 1);
-        Stats::add(&sb.stats.bytes_from_network, data.len() as u64);
-        match &view.object {
-            Some(obj) if cacheable => {
-                if let Err(e) = obj.write_chunk(c, &data, view.version) {
-                    tracing::warn!("cache write failed, serving uncached: {e}");
-                    Stats::add(&sb.stats.cache_errors, 1);
-                }
-            }
-            Some(_) => Stats::add(&sb.stats.uncacheable_fetches, 1),
-            None => {}
-        }
-        Ok(data)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Weak};
+    use std::sync::Arc;
     use std::time::Duration;
 
     use super::Fetcher;
@@ -374,7 +234,7 @@ mod tests {
 
     #[test]
     fn concurrent_misses_of_one_chunk_share_one_fetch() {
-        let f = Arc::new(Fetcher::new(Weak::new(), &FsConfig::default(), false));
+        let f = Arc::new(Fetcher::new(&FsConfig::default(), false, |_, _| false));
         let mut follower = None;
         let led = f.shared(1, 7, 0, || {
             let g = f.clone();
@@ -397,7 +257,7 @@ mod tests {
 
     #[test]
     fn a_failed_fetch_is_not_kept() {
-        let f = Fetcher::new(Weak::new(), &FsConfig::default(), false);
+        let f = Fetcher::new(&FsConfig::default(), false, |_, _| false);
         assert!(!f.reads_ahead());
         let failed = f.shared(1, 7, 0, || Err(FsError::BadHandle));
         assert_eq!(failed.unwrap_err(), FsError::BadHandle);
