@@ -65,7 +65,7 @@ impl HoardFs {
             reintegrating: parking_lot::Mutex::new(()),
             sb,
         });
-        if fs.sb.callbacks.held() {
+        if fs.sb.callbacks().held() {
             // The root's attributes came with the handshake, before breaks were subscribed
             // to, so they are trusted for the attribute timeout only; fetched once more
             // now, they are held under a callback like every other node's. (A mount that
@@ -75,7 +75,7 @@ impl HoardFs {
             }
             let _ = fs.getattr(ROOT_INO);
         }
-        if !fs.sb.read_only {
+        if !fs.sb.read_only() {
             fs.names.remove_leftover_hidden_names(&fs.sb);
         }
         Ok(fs)
@@ -83,16 +83,16 @@ impl HoardFs {
 
     /// Where kernel invalidations go (set once by the FUSE bridge when the session exists).
     pub fn set_notifier(&self, n: Arc<dyn KernelNotifier>) {
-        let _ = self.sb.notifier.set(n);
+        self.sb.set_notifier(n);
     }
 
     /// The namespace this mount knows now (see [`NamespaceSnapshot`]), for a later mount
     /// to start from while the server is unreachable.
     pub fn namespace_snapshot(&self, source: &str) -> FsResult<NamespaceSnapshot> {
-        let info = self.sb.origin.info()?;
-        let publishes = self.sb.origin.publishes_on_close();
+        let info = self.sb.origin().info()?;
+        let publishes = self.sb.origin().publishes_on_close();
         Ok(NamespaceSnapshot::capture(
-            &self.sb.nodes,
+            self.sb.nodes(),
             source,
             info,
             publishes,
@@ -103,12 +103,12 @@ impl HoardFs {
     /// without callbacks; returns how many were added. Meant for a mount that starts
     /// disconnected, before the kernel looks anything up.
     pub fn restore_namespace(&self, snap: &NamespaceSnapshot) -> usize {
-        self.sb.callbacks.presume_all_broken();
-        let added = snap.restore_into(&self.sb.nodes);
+        self.sb.callbacks().presume_all_broken();
+        let added = snap.restore_into(self.sb.nodes());
         // The snapshot may be older than the offline changes (a client killed before
         // its next save): they are what this client's view must show.
-        if let Some(off) = &self.sb.offline {
-            log_view::log_into_view(&self.sb.nodes, &off.log);
+        if let Some(off) = self.sb.offline_writes() {
+            log_view::log_into_view(self.sb.nodes(), &off.log);
         }
         added
     }
@@ -116,22 +116,22 @@ impl HoardFs {
     /// Tries to reach the origin now if it is not connected (for commands a person
     /// waits on: `hoardfs sync`, `prefetch`).
     pub fn reconnect_now(&self) {
-        self.sb.origin.reconnect_now();
+        self.sb.origin().reconnect_now();
     }
 
     /// Whether the mount refuses modifications.
     pub fn is_read_only(&self) -> bool {
-        self.sb.read_only
+        self.sb.read_only()
     }
 
     /// Mount configuration.
     pub fn config(&self) -> &FsConfig {
-        &self.sb.config
+        self.sb.config()
     }
 
     /// Counters of this mount.
     pub fn stats(&self) -> StatsSnapshot {
-        self.sb.stats.snapshot(self.sb.origin.is_connected())
+        self.sb.stats().snapshot(self.sb.origin().is_connected())
     }
 
     /// Occupancy, limits and counters of the disk cache (`None` without one).
@@ -147,7 +147,7 @@ impl HoardFs {
     /// Pins (keeps from eviction) or unpins file `ino`.
     pub fn pin(&self, ino: Ino, pinned: bool, priority: u16) -> FsResult<()> {
         // A mount without a cache says so before anything about `ino`.
-        self.sb.objects.dir()?;
+        self.sb.objects().dir()?;
         let node = self.sb.file_node(ino)?;
         self.sb.manager().pin(&node, pinned, priority)
     }
@@ -155,7 +155,7 @@ impl HoardFs {
     /// Drops file `ino` from the disk cache; returns the bytes freed (0 if nothing of it
     /// was cached). Pinned and open files are refused.
     pub fn evict(&self, ino: Ino) -> FsResult<u64> {
-        self.sb.objects.dir()?;
+        self.sb.objects().dir()?;
         let node = self.sb.file_node(ino)?;
         self.sb.manager().evict(&node)
     }
@@ -168,7 +168,7 @@ impl HoardFs {
 
     /// The kernel forgot `n` lookups of `ino`.
     pub fn forget(&self, ino: Ino, n: u64) {
-        if self.sb.nodes.forget(ino, n) {
+        if self.sb.nodes().forget(ino, n) {
             // No descriptor of it is left to fsync or close.
             self.writes.forget(ino);
         }
@@ -235,9 +235,9 @@ impl HoardFs {
 
     /// Stops the readahead threads and closes the disk cache in order (at unmount).
     pub fn shutdown(&self) {
-        self.sb.fetcher.stop();
+        self.sb.fetcher().stop();
         self.reads.release_implicit_opens(&self.sb);
-        self.sb.objects.close();
+        self.sb.objects().close();
     }
 
     /// Whether the kernel opens files itself (see `crate::kernel_opens`): asked for, and
@@ -368,7 +368,7 @@ impl HoardFs {
         access: Access,
         make_backing: &crate::MakeBacking,
     ) -> FsResult<(NodeEntry, Opened)> {
-        let ttl = self.sb.config.attr_ttl;
+        let ttl = self.sb.config().attr_ttl;
         match created {
             // (Its attributes as the open left them: checked with the origin, or staged.)
             Created::Existing(ino) => {
@@ -494,7 +494,7 @@ impl HoardFs {
     /// Whether the origin performs requests as their callers (so the identity of each
     /// caller, groups included, matters to it).
     pub fn acts_as_callers(&self) -> bool {
-        crate::access::checks_callers(&self.sb.origin.identities())
+        crate::access::checks_callers(&self.sb.origin().identities())
     }
 
     /// Records that a listing entry was handed to the kernel with its attributes
@@ -520,7 +520,7 @@ impl HoardFs {
 
     /// Statistics of the exported file system.
     pub fn statfs(&self) -> FsResult<StatFs> {
-        Ok(self.sb.origin.statfs()?)
+        Ok(self.sb.origin().statfs()?)
     }
 
     /// Once names no longer wait to be sent back (sent, or their changes cancelled), the
@@ -536,7 +536,7 @@ impl HoardFs {
     /// is unreachable, or refuses). Safe to call at any time and from any thread (one pass
     /// at a time).
     pub fn reintegrate(&self) -> Reintegrated {
-        let Some(off) = &self.sb.offline else {
+        let Some(off) = self.sb.offline_writes() else {
             return Reintegrated::default();
         };
         let _one_pass = self.reintegrating.lock();
@@ -548,19 +548,18 @@ impl HoardFs {
 
     /// Number of changes waiting to be sent back.
     pub fn pending_changes(&self) -> u64 {
-        self.sb.offline.as_ref().map_or(0, |o| o.log.count() as u64)
+        self.sb.offline_writes().map_or(0, |o| o.log.count() as u64)
     }
 
     /// The offline change log's counters; `None` without `--offline-writes`.
     pub fn offline_stats(&self) -> Option<crate::LogStats> {
-        self.sb.offline.as_ref().map(|o| o.log.stats())
+        self.sb.offline_writes().map(|o| o.log.stats())
     }
 
     /// The conflicts recorded in this cache directory, oldest first.
     pub fn conflicts(&self) -> Vec<crate::Conflict> {
         self.sb
-            .offline
-            .as_ref()
+            .offline_writes()
             .map(|o| o.log.conflicts())
             .unwrap_or_default()
     }

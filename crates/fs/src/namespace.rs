@@ -66,7 +66,7 @@ impl Names {
         sb.check_writable()?;
         let dir = sb.dir(parent)?;
         let dir_id = dir.state.lock().attr().file_id;
-        let since = sb.callbacks.seq();
+        let since = sb.callbacks().seq();
         let e = sb.with_handle(&dir, op)?;
         let ListedNode { ino, ttl, attr } = sb.remember(parent, name, &e, dir_id, since, None);
         let listed = hoardfs_origin::DirEntry {
@@ -75,7 +75,7 @@ impl Names {
         };
         dir.state.lock().add_local_entry(listed, ino);
         if attr.kind == FileKind::Dir
-            && let Some(made) = sb.nodes.get(ino)
+            && let Some(made) = sb.nodes().get(ino)
         {
             // Empty when made: listed without asking (and served while the origin is
             // unreachable).
@@ -103,7 +103,7 @@ impl Names {
     ) -> FsResult<NewFile> {
         let online = || {
             self.make(sb, parent, name, |h| {
-                sb.origin.create(h, name, mode, exclusive, owner)
+                sb.origin().create(h, name, mode, exclusive, owner)
             })
             .map(NewFile::Origin)
         };
@@ -126,7 +126,7 @@ impl Names {
     ) -> FsResult<NodeEntry> {
         Offline::of(sb).names_sent()?;
         self.make(sb, parent, name, |h| {
-            sb.origin.mknod(h, name, mode, rdev, owner)
+            sb.origin().mknod(h, name, mode, rdev, owner)
         })
     }
 
@@ -141,7 +141,11 @@ impl Names {
     ) -> FsResult<NodeEntry> {
         Offline::of(sb).online_or_logged(
             false,
-            || self.make(sb, parent, name, |h| sb.origin.mkdir(h, name, mode, owner)),
+            || {
+                self.make(sb, parent, name, |h| {
+                    sb.origin().mkdir(h, name, mode, owner)
+                })
+            },
             |names, why| names.make(parent, name, mode, None, owner, why),
         )
     }
@@ -157,10 +161,10 @@ impl Names {
     ) -> FsResult<NodeEntry> {
         let online = || {
             let e = self.make(sb, parent, name, |h| {
-                sb.origin.symlink(h, name, target, owner)
+                sb.origin().symlink(h, name, target, owner)
             })?;
             // Known without a readlink (served while the origin is unreachable).
-            if let Some(n) = sb.nodes.get(e.ino) {
+            if let Some(n) = sb.nodes().get(e.ino) {
                 n.state.lock().keep_target(target);
             }
             Ok(e)
@@ -186,7 +190,7 @@ impl Names {
             ));
         }
         let target = node.handle();
-        self.make(sb, parent, name, |h| sb.origin.link(target, h, name))
+        self.make(sb, parent, name, |h| sb.origin().link(target, h, name))
     }
 
     /// Removes a non-directory name.
@@ -203,7 +207,7 @@ impl Names {
             let Some((name, dirs)) = path.split_last() else {
                 continue;
             };
-            let root = match sb.origin.info() {
+            let root = match sb.origin().info() {
                 Ok(i) => i.root.handle,
                 Err(_) => {
                     left.push(path);
@@ -212,9 +216,9 @@ impl Names {
             };
             let mut h = Ok(root);
             for d in dirs {
-                h = h.and_then(|h| sb.origin.lookup(h, d).map(|e| e.handle));
+                h = h.and_then(|h| sb.origin().lookup(h, d).map(|e| e.handle));
             }
-            let r = h.and_then(|h| sb.origin.unlink(h, name));
+            let r = h.and_then(|h| sb.origin().unlink(h, name));
             match r.map_err(FsError::from) {
                 Ok(()) => tracing::info!(
                     name = %String::from_utf8_lossy(name),
@@ -247,7 +251,7 @@ impl Names {
         // (An open file is not hidden then: that would rename it behind the log's back.)
         let off = Offline::of(sb);
         let owned = child
-            .and_then(|c| sb.nodes.get(c))
+            .and_then(|c| sb.nodes().get(c))
             .is_some_and(|n| off.owns(&n));
         off.online_or_logged(
             owned,
@@ -273,7 +277,7 @@ impl Names {
         // first (`Unlinked::wait_for_releases`).
         let open_last_name = child
             .filter(|_| !dir_wanted)
-            .and_then(|c| sb.nodes.get(c))
+            .and_then(|c| sb.nodes().get(c))
             .filter(|n| n.kind == FileKind::File)
             .and_then(|n| {
                 let mut st = n.state.lock();
@@ -304,13 +308,13 @@ impl Names {
         }
         sb.with_handle(dir, |h| {
             if dir_wanted {
-                sb.origin.rmdir(h, name)
+                sb.origin().rmdir(h, name)
             } else {
-                sb.origin.unlink(h, name)
+                sb.origin().unlink(h, name)
             }
         })?;
         dir.state.lock().remove_local_entry(name);
-        if let Some(child) = child.and_then(|c| sb.nodes.get(c)) {
+        if let Some(child) = child.and_then(|c| sb.nodes().get(c)) {
             // Its link count changed.
             sb.expire_attr(&child);
             // A symbolic link's last name is gone, and with it the object: its id (an
@@ -318,7 +322,7 @@ impl Names {
             // kept target.
             let (kind, attr) = (child.kind, child.state.lock().attr());
             if kind == FileKind::Symlink && attr.nlink <= 1 {
-                sb.nodes.unbind_file_id(child.ino, attr.file_id);
+                sb.nodes().unbind_file_id(child.ino, attr.file_id);
             }
         }
         sb.dir_changed(dir);
@@ -348,13 +352,15 @@ impl Names {
         let owned = [moved, replaced]
             .into_iter()
             .flatten()
-            .filter_map(|i| sb.nodes.get(i))
+            .filter_map(|i| sb.nodes().get(i))
             .any(|n| off.owns(&n))
             || moved.is_some_and(|m| off.owns_inside(m));
         off.online_or_logged(
             owned,
             || {
-                sb.with_handle(&dir, |h| sb.origin.rename(h, name, target, new_name, flags))?;
+                sb.with_handle(&dir, |h| {
+                    sb.origin().rename(h, name, target, new_name, flags)
+                })?;
                 self.renamed(
                     sb,
                     &dir,
@@ -383,7 +389,7 @@ impl Names {
         let (parent, new_parent) = (dir.ino, new_dir.ino);
         // The kept listings follow (for use while the origin is unreachable).
         let entry_of = |ino: Ino, name: &[u8]| {
-            sb.nodes.get(ino).map(|n| {
+            sb.nodes().get(ino).map(|n| {
                 let st = n.state.lock();
                 hoardfs_origin::DirEntry {
                     name: name.to_vec(),
@@ -401,7 +407,7 @@ impl Names {
                 Some(e) => new_dir.state.lock().add_local_entry(e, m),
                 None => new_dir.state.lock().add_child(new_name, m),
             }
-            if let Some(n) = sb.nodes.get(m) {
+            if let Some(n) = sb.nodes().get(m) {
                 n.state.lock().moved(new_parent, new_name);
             }
         }
@@ -411,15 +417,15 @@ impl Names {
                     Some(e) => dir.state.lock().add_local_entry(e, r),
                     None => dir.state.lock().add_child(name, r),
                 }
-                if let Some(n) = sb.nodes.get(r) {
+                if let Some(n) = sb.nodes().get(r) {
                     n.state.lock().moved(parent, name);
                 }
             }
-            if let Some(n) = sb.nodes.get(r) {
+            if let Some(n) = sb.nodes().get(r) {
                 sb.expire_attr(&n);
             }
         }
-        if let Some(n) = moved.and_then(|m| sb.nodes.get(m)) {
+        if let Some(n) = moved.and_then(|m| sb.nodes().get(m)) {
             sb.expire_attr(&n);
         }
         sb.dir_changed(dir);

@@ -62,8 +62,8 @@ pub struct Opened {
 
 /// Counts a fetch of `n` bytes made for one read alone (`Reads::read_uncached`).
 fn fetched_alone(sb: &Superblock, n: usize) {
-    Stats::add(&sb.stats.chunk_fetches, 1);
-    Stats::add(&sb.stats.bytes_from_network, n as u64);
+    Stats::add(&sb.stats().chunk_fetches, 1);
+    Stats::add(&sb.stats().bytes_from_network, n as u64);
 }
 
 /// Which way a read goes (`Reads::route`).
@@ -150,7 +150,7 @@ impl Reads {
         // attributes is invalidated before the open is answered. Attributes only: what
         // happens to the page cache is the open reply's to say.
         let (attr, changed) = (attrs.now, attrs.changed());
-        if changed && let Some(n) = sb.notifier.get() {
+        if changed && let Some(n) = sb.notifier() {
             n.inval_attr(ino);
         }
         Ok(self.open_node(sb, node, attr, access, changed, make_backing))
@@ -167,7 +167,7 @@ impl Reads {
         make_backing: &MakeBacking,
     ) -> Opened {
         let object = sb
-            .objects
+            .objects()
             .object_for(&node, attr.file_id, attr.version, attr.size);
         // Held before anything looks at its chunks: from here on it cannot be evicted, so
         // a passthrough open never sees its data file emptied under it.
@@ -245,7 +245,7 @@ impl Reads {
         object: &Arc<CachedObject>,
         make_backing: &MakeBacking,
     ) -> Option<OpenMode> {
-        if !sb.config.passthrough
+        if !sb.config().passthrough
             || sb.kernel_opens()
             || self.passthrough.refused()
             || st.opens.has_daemon_opens()
@@ -262,7 +262,7 @@ impl Reads {
             None if st.opens.may_register() => {
                 match object.open_backing().map(|f| make_backing(&f)) {
                     Ok(Ok(id)) => {
-                        Stats::add(&sb.stats.passthrough_registrations, 1);
+                        Stats::add(&sb.stats().passthrough_registrations, 1);
                         st.opens
                             .admit_registered_passthrough(object.clone(), id.clone());
                         id
@@ -286,7 +286,7 @@ impl Reads {
             }
             None => return None,
         };
-        Stats::add(&sb.stats.passthrough_opens, 1);
+        Stats::add(&sb.stats().passthrough_opens, 1);
         Some(OpenMode::Passthrough(id))
     }
 
@@ -300,7 +300,7 @@ impl Reads {
         attr: &hoardfs_origin::Attr,
         access: Access,
     ) -> OpenMode {
-        Stats::add(&sb.stats.daemon_opens, 1);
+        Stats::add(&sb.stats().daemon_opens, 1);
         if st.opens.passthrough_opens() > 0 {
             // The kernel refuses any non-passthrough open of an inode open in passthrough
             // (EIO): neither a write open nor one of a newer version can succeed on this
@@ -385,7 +385,7 @@ impl Reads {
         offset: u64,
         size: u32,
     ) -> FsResult<Route> {
-        Stats::add(&sb.stats.reads, 1);
+        Stats::add(&sb.stats().reads, 1);
         if let Some(p) = Offline::of(sb).staged(&of.node)
             && let Some(data) = p.read(offset, size)?
         {
@@ -409,7 +409,8 @@ impl Reads {
         if uncached {
             return Ok(Route::Uncached(end));
         }
-        sb.fetcher.schedule(of, &view, offset, end, last, refusing);
+        sb.fetcher()
+            .schedule(of, &view, offset, end, last, refusing);
         Ok(Route::Cached(view, end))
     }
 
@@ -464,7 +465,7 @@ impl Reads {
         end: u64,
     ) -> FsResult<ReadData> {
         let len = (end - offset) as u32;
-        let mut r = sb.with_handle(node, |h| sb.origin.read(h, offset, len))?;
+        let mut r = sb.with_handle(node, |h| sb.origin().read(h, offset, len))?;
         // Never more than asked (a remote origin's replies are checked for that already).
         r.data.truncate(len as usize);
         fetched_alone(sb, r.data.len());
@@ -490,7 +491,7 @@ impl Reads {
                     "the reader was answered already".into(),
                 ));
             };
-            sb.origin.read_direct(h, offset, len, d).map_err(|f| {
+            sb.origin().read_direct(h, offset, len, d).map_err(|f| {
                 dst = f.dst;
                 f.error
             })
@@ -521,11 +522,11 @@ impl Reads {
             if let Some(obj) = &view.object
                 && obj.read_chunk_at(c, dst, from)?
             {
-                Stats::add(&sb.stats.chunk_hits, 1);
-                Stats::add(&sb.stats.bytes_from_cache, dst.len() as u64);
+                Stats::add(&sb.stats().chunk_hits, 1);
+                Stats::add(&sb.stats().bytes_from_cache, dst.len() as u64);
                 return Ok(None);
             }
-            if let Some(bytes) = sb.fetcher.ensure_chunk(sb, &of.node, view, c)? {
+            if let Some(bytes) = sb.fetcher().ensure_chunk(sb, &of.node, view, c)? {
                 return Ok(Some(bytes));
             }
         }
@@ -562,19 +563,19 @@ impl Reads {
             deleted,
         } = closed;
         if idle {
-            sb.nodes.forget(of.node.ino, 0);
+            sb.nodes().forget(of.node.ino, 0);
         } else if !still_open {
-            sb.objects.closed(&of.node);
+            sb.objects().closed(&of.node);
         }
         drop(of);
         if !still_open
             && let Some(file_id) = deleted
-            && let Some(cache) = sb.objects.dir_if_any()
+            && let Some(cache) = sb.objects().dir_if_any()
         {
             // A file deleted on the origin, closed for good (its open file's hold on the
             // object is dropped): its cached bytes, with this client's writes that the
             // origin never saw, must not outlive it.
-            match cache.evict(&sb.objects.key(file_id)) {
+            match cache.evict(&sb.objects().key(file_id)) {
                 Ok(b) => tracing::debug!(file_id, b, "cached object of a deleted file evicted"),
                 Err(e) => tracing::debug!(file_id, "cached object of a deleted file kept: {e}"),
             }

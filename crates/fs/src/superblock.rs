@@ -52,24 +52,24 @@ impl Revalidated {
 
 /// Shared state of a mount, borrowed by every operation family.
 pub(crate) struct Superblock {
-    pub(crate) origin: Arc<dyn Origin>,
+    origin: Arc<dyn Origin>,
     /// The disk cache (if any) and which object belongs to which file.
-    pub(crate) objects: Objects,
-    pub(crate) config: FsConfig,
-    pub(crate) nodes: NodeTable,
-    pub(crate) stats: Arc<Stats>,
+    objects: Objects,
+    config: FsConfig,
+    nodes: NodeTable,
+    stats: Arc<Stats>,
     /// The origin's change reports (callbacks) and the breaks received.
-    pub(crate) callbacks: Callbacks,
+    callbacks: Callbacks,
     /// Where kernel invalidations go (set once the FUSE session exists).
-    pub(crate) notifier: OnceLock<Arc<dyn KernelNotifier>>,
+    notifier: OnceLock<Arc<dyn KernelNotifier>>,
     /// The mount refuses modifications.
-    pub(crate) read_only: bool,
+    read_only: bool,
     /// The client modify log of `--offline-writes`.
-    pub(crate) offline: Option<OfflineWrites>,
+    offline: Option<OfflineWrites>,
     /// Listings read ahead of a walk.
-    pub(crate) trees: TreeAhead,
+    trees: TreeAhead,
     /// Shared chunk fetches and readahead (its threads hold a `Weak` of this superblock).
-    pub(crate) fetcher: Fetcher,
+    fetcher: Fetcher,
 }
 
 impl Superblock {
@@ -124,6 +124,69 @@ impl Superblock {
             true
         })?;
         Ok(sb)
+    }
+
+    // What the superblock holds, lent to the operation families for one call.
+
+    /// The origin this mount serves (asked through `with_handle` where a node's handle
+    /// may have gone stale).
+    pub(crate) fn origin(&self) -> &dyn Origin {
+        &*self.origin
+    }
+
+    /// The node table: FUSE inodes and what is known of their objects.
+    pub(crate) fn nodes(&self) -> &NodeTable {
+        &self.nodes
+    }
+
+    /// The disk cache and which of its objects belongs to which file.
+    pub(crate) fn objects(&self) -> &Objects {
+        &self.objects
+    }
+
+    /// The mount's configuration.
+    pub(crate) fn config(&self) -> &FsConfig {
+        &self.config
+    }
+
+    /// The mount's counters.
+    pub(crate) fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// The origin's callbacks: break numbers to note before a request, and grants.
+    pub(crate) fn callbacks(&self) -> &Callbacks {
+        &self.callbacks
+    }
+
+    /// The listings read ahead of a walk.
+    pub(crate) fn trees(&self) -> &TreeAhead {
+        &self.trees
+    }
+
+    /// Shared chunk fetches and readahead.
+    pub(crate) fn fetcher(&self) -> &Fetcher {
+        &self.fetcher
+    }
+
+    /// The offline change log of this mount, if one is open.
+    pub(crate) fn offline_writes(&self) -> Option<&OfflineWrites> {
+        self.offline.as_ref()
+    }
+
+    /// Where kernel invalidations go, once the FUSE session exists.
+    pub(crate) fn notifier(&self) -> Option<&dyn KernelNotifier> {
+        self.notifier.get().map(|n| &**n)
+    }
+
+    /// Sets where kernel invalidations go (once; later calls are ignored).
+    pub(crate) fn set_notifier(&self, n: Arc<dyn KernelNotifier>) {
+        let _ = self.notifier.set(n);
+    }
+
+    /// Whether the mount refuses modifications.
+    pub(crate) fn read_only(&self) -> bool {
+        self.read_only
     }
 
     // The mount as a whole.

@@ -133,7 +133,7 @@ fn uncached_reads_fetch_the_bytes_asked_for_and_no_more() {
     assert_eq!(fetched(), 210);
     // Sequential reads from the start: nothing is fetched ahead either (there is nothing
     // to fetch ahead with: no readahead threads without a cache).
-    assert!(!fs.sb.fetcher.reads_ahead());
+    assert!(!fs.sb.fetcher().reads_ahead());
     for at in [0, 4096] {
         let got = fs.read(fh, at, 4096).unwrap();
         assert_eq!(&got[..], &all[at as usize..at as usize + 4096]);

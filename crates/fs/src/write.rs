@@ -77,8 +77,8 @@ impl Writes {
         // this client cannot tell it from one renamed elsewhere and then forgotten by a
         // restarted server, so it must not accept bytes that would go nowhere.
         let online = || {
-            let (since, verifier) = (sb.callbacks.seq(), sb.verifier());
-            sb.with_handle(node, |h| sb.origin.write(h, offset, data, append))
+            let (since, verifier) = (sb.callbacks().seq(), sb.verifier());
+            sb.with_handle(node, |h| sb.origin().write(h, offset, data, append))
                 .map(|w| Written::Origin { w, since, verifier })
         };
         let (w, since, verifier) = match Offline::of(sb).online_or_staged(
@@ -101,11 +101,11 @@ impl Writes {
             )));
         };
         self.durability.wrote(node.ino, verifier, sb.verifier());
-        Stats::add(&sb.stats.writes, 1);
-        Stats::add(&sb.stats.bytes_written, w.written as u64);
+        Stats::add(&sb.stats().writes, 1);
+        Stats::add(&sb.stats().bytes_written, w.written as u64);
         self.follow_write(sb, node, &w, written);
         sb.install_attr(node, w.attr, since);
-        if append && let Some(n) = sb.notifier.get() {
+        if append && let Some(n) = sb.notifier() {
             // The kernel guessed the offset from a size that may be stale.
             n.inval_attr(node.ino);
         }
@@ -120,7 +120,7 @@ impl Writes {
         w: &hoardfs_origin::WriteReply,
         data: &[u8],
     ) {
-        if !sb.objects.enabled() {
+        if !sb.objects().enabled() {
             return;
         }
         let mut st = node.state.lock();
@@ -130,7 +130,7 @@ impl Writes {
             // that a complete copy stays complete.
             let before = st.origin_attr();
             if before.version == w.pre_version && before.file_id == w.attr.file_id {
-                sb.objects
+                sb.objects()
                     .replace_object(&mut st, before.file_id, before.version, before.size);
             }
         }
@@ -142,7 +142,7 @@ impl Writes {
         if !matches!(followed, Ok(true))
             && was_whole
             && w.attr.size <= REFETCH_AFTER_TRUNCATE
-            && !sb.origin.publishes_on_close()
+            && !sb.origin().publishes_on_close()
         {
             // A copy held whole could not follow (the file grew past a chunk size, or
             // somebody else changed it too): fetched again when the writer closes it, so
@@ -154,13 +154,13 @@ impl Writes {
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!("cache update after a write failed: {e}");
-                Stats::add(&sb.stats.cache_errors, 1);
+                Stats::add(&sb.stats().cache_errors, 1);
             }
         }
         // Somebody else changed the file too (or there was no object): start an empty
         // object for the new version, holding at least what we just wrote.
         let (file_id, v, size) = (w.attr.file_id, w.attr.version, w.attr.size);
-        if let Some(fresh) = sb.objects.replace_object(&mut st, file_id, v, size)
+        if let Some(fresh) = sb.objects().replace_object(&mut st, file_id, v, size)
             && let Err(e) = fresh.apply_write(v, w.offset, data, v, size)
         {
             tracing::warn!("cache update after a write failed: {e}");
@@ -169,11 +169,14 @@ impl Writes {
 
     /// Has an origin that publishes whole files (S3) publish `node`'s writes.
     pub(crate) fn publish(&self, sb: &Superblock, node: &Node) -> FsResult<()> {
-        if !sb.origin.publishes_on_close() || sb.read_only || sb.staged_change_of(node).is_some() {
+        if !sb.origin().publishes_on_close()
+            || sb.read_only()
+            || sb.staged_change_of(node).is_some()
+        {
             return Ok(());
         }
-        let since = sb.callbacks.seq();
-        if let Some((pre, attr)) = sb.with_handle(node, |h| sb.origin.flush(h))? {
+        let since = sb.callbacks().seq();
+        if let Some((pre, attr)) = sb.with_handle(node, |h| sb.origin().flush(h))? {
             self.follow_publish(node, pre, &attr);
             sb.install_attr(node, attr, since);
         }
@@ -195,7 +198,7 @@ impl Writes {
     /// whose effect on the content this client cannot reproduce (e.g. a truncate).
     fn reset_object(&self, sb: &Superblock, node: &Node, attr: &Attr) {
         if node.state.lock().opens.object().is_some() {
-            sb.objects
+            sb.objects()
                 .object_for(node, attr.file_id, attr.version, attr.size);
         }
     }
@@ -246,10 +249,10 @@ impl Writes {
         // between), so that it can still be read and changed offline; up to a bound.
         let keep_whole = set.size.is_some_and(|s| s <= REFETCH_AFTER_TRUNCATE)
             && node.kind == hoardfs_origin::FileKind::File
-            && !sb.origin.publishes_on_close()
+            && !sb.origin().publishes_on_close()
             && self.cached_whole(sb, node);
-        let since = sb.callbacks.seq();
-        let attr = sb.with_handle(node, |h| sb.origin.setattr(h, set))?;
+        let since = sb.callbacks().seq();
+        let attr = sb.with_handle(node, |h| sb.origin().setattr(h, set))?;
         if node.kind == hoardfs_origin::FileKind::File {
             self.reset_object(sb, node, &attr);
         }
@@ -269,9 +272,9 @@ impl Writes {
         if let Some(o) = object {
             return o.is_complete() && o.shape().version == attr.version;
         }
-        sb.objects
+        sb.objects()
             .dir_if_any()
-            .and_then(|c| c.peek(&sb.objects.key(attr.file_id)))
+            .and_then(|c| c.peek(&sb.objects().key(attr.file_id)))
             .is_some_and(|m| m.version == attr.version && m.is_complete())
     }
 
@@ -287,11 +290,11 @@ impl Writes {
         // Only the server can make the writes durable, and only its verifier tells whether
         // it lost them: a mount that believes it is offline asks it now rather than failing
         // until the background reconnect comes round (a server just back from a restart).
-        if !sb.origin.is_connected() {
-            sb.origin.reconnect_now();
+        if !sb.origin().is_connected() {
+            sb.origin().reconnect_now();
         }
         let verifier = sb.verifier();
-        match sb.with_handle(&node, |h| sb.origin.fsync(h, datasync)) {
+        match sb.with_handle(&node, |h| sb.origin().fsync(h, datasync)) {
             // Deleted on the origin: nothing of it can ever be read back after a crash, as
             // with a local file without a name, so there is nothing to make durable.
             Err(FsError::Origin(WireError::Stale)) if node.state.lock().is_deleted() => {
@@ -365,13 +368,13 @@ impl Writes {
     /// Value of extended attribute `name`.
     pub(crate) fn getxattr(&self, sb: &Superblock, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
         let node = sb.node(ino)?;
-        sb.with_handle(&node, |h| sb.origin.getxattr(h, name))
+        sb.with_handle(&node, |h| sb.origin().getxattr(h, name))
     }
 
     /// Extended attribute names, each NUL-terminated.
     pub(crate) fn listxattr(&self, sb: &Superblock, ino: Ino) -> FsResult<Vec<u8>> {
         let node = sb.node(ino)?;
-        sb.with_handle(&node, |h| sb.origin.listxattr(h))
+        sb.with_handle(&node, |h| sb.origin().listxattr(h))
     }
 
     /// Sets extended attribute `name` (`flags`: 1 create only, 2 replace only).
@@ -385,7 +388,7 @@ impl Writes {
     ) -> FsResult<()> {
         sb.check_writable()?;
         let node = sb.node(ino)?;
-        sb.with_handle(&node, |h| sb.origin.setxattr(h, name, value, flags))?;
+        sb.with_handle(&node, |h| sb.origin().setxattr(h, name, value, flags))?;
         sb.expire_attr(&node);
         Ok(())
     }
@@ -394,7 +397,7 @@ impl Writes {
     pub(crate) fn removexattr(&self, sb: &Superblock, ino: Ino, name: &[u8]) -> FsResult<()> {
         sb.check_writable()?;
         let node = sb.node(ino)?;
-        sb.with_handle(&node, |h| sb.origin.removexattr(h, name))?;
+        sb.with_handle(&node, |h| sb.origin().removexattr(h, name))?;
         sb.expire_attr(&node);
         Ok(())
     }

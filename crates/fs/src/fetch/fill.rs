@@ -18,11 +18,11 @@ use crate::{CacheFault, FsResult, Ino};
 impl Fetcher {
     /// Fetches every missing chunk of file `ino` (current version) into the disk cache.
     pub(crate) fn prefetch(&self, sb: &Superblock, ino: Ino) -> FsResult<Prefetched> {
-        sb.objects.dir()?;
+        sb.objects().dir()?;
         let node = sb.file_node(ino)?;
         let attr = sb.validated_attr(&node)?.now;
         let object = sb
-            .objects
+            .objects()
             .object_for(&node, attr.file_id, attr.version, attr.size);
         let Some(object) = object else {
             return Err(CacheFault::CannotHold.into());
@@ -118,7 +118,7 @@ impl Fetcher {
         while (data.len() as u64) < end - start {
             let pos = start + data.len() as u64;
             let len = (end - pos).min(PIECE) as u32;
-            let mut r = sb.with_handle(node, |h| sb.origin.read(h, pos, len))?;
+            let mut r = sb.with_handle(node, |h| sb.origin().read(h, pos, len))?;
             r.data.truncate(len as usize);
             cacheable &= r.version == view.version;
             let short = (r.data.len() as u32) < len;
@@ -138,16 +138,16 @@ impl Fetcher {
                 break;
             }
         }
-        Stats::add(&sb.stats.chunk_fetches, 1);
-        Stats::add(&sb.stats.bytes_from_network, data.len() as u64);
+        Stats::add(&sb.stats().chunk_fetches, 1);
+        Stats::add(&sb.stats().bytes_from_network, data.len() as u64);
         match &view.object {
             Some(obj) if cacheable => {
                 if let Err(e) = obj.write_chunk(c, &data, view.version) {
                     tracing::warn!("cache write failed, serving uncached: {e}");
-                    Stats::add(&sb.stats.cache_errors, 1);
+                    Stats::add(&sb.stats().cache_errors, 1);
                 }
             }
-            Some(_) => Stats::add(&sb.stats.uncacheable_fetches, 1),
+            Some(_) => Stats::add(&sb.stats().uncacheable_fetches, 1),
             None => {}
         }
         Ok(data)

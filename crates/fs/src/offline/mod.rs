@@ -50,7 +50,7 @@ impl<'a> Offline<'a> {
     }
 
     fn writes(&self) -> Option<&'a OfflineWrites> {
-        self.sb.offline.as_ref()
+        self.sb.offline_writes()
     }
 
     /// The changes to names of the change log (`None` when no log is open). A log is open

@@ -61,7 +61,7 @@ impl<'a> OfflineNames<'a> {
                 parts.reverse();
                 return Some(parts);
             }
-            let n = self.sb.nodes.get(cur)?;
+            let n = self.sb.nodes().get(cur)?;
             let (changed, file_id, name, parent) = {
                 let st = n.state.lock();
                 (
@@ -97,7 +97,7 @@ impl<'a> OfflineNames<'a> {
         }
         let is_dir = self
             .sb
-            .nodes
+            .nodes()
             .get(ino)
             .is_some_and(|n| n.kind == hoardfs_origin::FileKind::Dir);
         let Some(path) = self.sb.components_of(ino).filter(|_| is_dir) else {
@@ -126,7 +126,7 @@ impl<'a> OfflineNames<'a> {
             let st = dir.state.lock();
             (st.child(name), st.last_listing().is_some())
         };
-        if child.and_then(|c| self.sb.nodes.get(c)).is_some() {
+        if child.and_then(|c| self.sb.nodes().get(c)).is_some() {
             return Err(hoardfs_origin::WireError::Exists.into());
         }
         let path = self.sb.components_of(parent);
@@ -151,14 +151,14 @@ impl<'a> OfflineNames<'a> {
         let handle = hoardfs_origin::Handle { epoch: 0, id: 0 };
         let node = self
             .sb
-            .nodes
+            .nodes()
             .remember(dir.ino, name, handle, attr, None, |_| false);
         if attr.kind == hoardfs_origin::FileKind::Dir {
             // Empty, and known to be: names can be made in it.
             node.state.lock().keep_listing(Arc::new(crate::Listing {
                 entries: Vec::new(),
                 fetched: std::time::Instant::now(),
-                since: self.sb.callbacks.seq(),
+                since: self.sb.callbacks().seq(),
             }));
         }
         let entry = hoardfs_origin::DirEntry {
@@ -170,14 +170,14 @@ impl<'a> OfflineNames<'a> {
             Ok(p) => p,
             Err(e) => {
                 dir.state.lock().remove_local_entry(name);
-                self.sb.nodes.unbind_file_id(node.ino, attr.file_id);
+                self.sb.nodes().unbind_file_id(node.ino, attr.file_id);
                 node.state.lock().mark_deleted();
                 return Err(kept(e));
             }
         };
         let g = p.lock();
         if !g.is_gone() {
-            self.sb.nodes.set_local(attr.file_id, Some(g.local()));
+            self.sb.nodes().set_local(attr.file_id, Some(g.local()));
         }
         drop(g);
         Ok(node)
@@ -201,7 +201,7 @@ impl<'a> OfflineNames<'a> {
         }
         let off = self.off;
         let existing = self.sb.node(parent)?.state.lock().child(name);
-        if let Some(existing) = existing.filter(|e| self.sb.nodes.get(*e).is_some()) {
+        if let Some(existing) = existing.filter(|e| self.sb.nodes().get(*e).is_some()) {
             if exclusive {
                 return Err(hoardfs_origin::WireError::Exists.into());
             }
@@ -258,7 +258,7 @@ impl<'a> OfflineNames<'a> {
         Ok(crate::NodeEntry {
             ino: node.ino,
             attr,
-            ttl: self.sb.config.attr_ttl,
+            ttl: self.sb.config().attr_ttl,
         })
     }
 
@@ -282,7 +282,7 @@ impl<'a> OfflineNames<'a> {
             let st = dir.state.lock();
             (st.child(name), st.last_listing().is_some())
         };
-        let Some(node) = child.and_then(|c| self.sb.nodes.get(c)) else {
+        let Some(node) = child.and_then(|c| self.sb.nodes().get(c)) else {
             return Err(if listed && off.keeps_new() {
                 WireError::NotFound.into()
             } else {
@@ -340,9 +340,9 @@ impl<'a> OfflineNames<'a> {
             }
             None => return Err(FsError::Offline(why)),
         }
-        self.sb.nodes.set_local(base.file_id, None);
+        self.sb.nodes().set_local(base.file_id, None);
         // The origin may give the id to a new object once this one is gone.
-        self.sb.nodes.unbind_file_id(node.ino, base.file_id);
+        self.sb.nodes().unbind_file_id(node.ino, base.file_id);
         dir.state.lock().remove_local_entry(name);
         let mut st = node.state.lock();
         st.mark_deleted();
@@ -412,12 +412,12 @@ impl<'a> OfflineNames<'a> {
             return Err(FsError::SentMeanwhile);
         }
         g.set_attrs(change).map_err(kept)?;
-        self.sb.nodes.set_local(p.file_id, Some(g.local()));
+        self.sb.nodes().set_local(p.file_id, Some(g.local()));
         drop(g);
         let st = node.state.lock();
         Ok(NodeAttr {
             attr: st.attr(),
-            ttl: self.sb.config.attr_ttl,
+            ttl: self.sb.config().attr_ttl,
         })
     }
 
@@ -465,7 +465,7 @@ impl<'a> OfflineNames<'a> {
             let st = dir.state.lock();
             (st.child(name), st.last_listing().is_some())
         };
-        let Some(src) = src.and_then(|c| self.sb.nodes.get(c)) else {
+        let Some(src) = src.and_then(|c| self.sb.nodes().get(c)) else {
             return Err(if listed {
                 WireError::NotFound.into()
             } else {
@@ -476,7 +476,7 @@ impl<'a> OfflineNames<'a> {
             let st = new_dir.state.lock();
             (st.child(new_name), st.last_listing().is_some())
         };
-        let dst = dst.and_then(|c| self.sb.nodes.get(c));
+        let dst = dst.and_then(|c| self.sb.nodes().get(c));
         if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
             return Ok(());
         }
@@ -569,9 +569,9 @@ impl<'a> OfflineNames<'a> {
             if g.is_void() {
                 // Back at its name on the origin, nothing else changed.
                 off.log.finish(src_attr.file_id, &mut g);
-                self.sb.nodes.set_local(src_attr.file_id, None);
+                self.sb.nodes().set_local(src_attr.file_id, None);
             } else {
-                self.sb.nodes.set_local(src_attr.file_id, Some(g.local()));
+                self.sb.nodes().set_local(src_attr.file_id, Some(g.local()));
             }
         }
         if src.kind == FileKind::Dir {
@@ -649,15 +649,15 @@ impl<'a> OfflineNames<'a> {
         drop(g);
         // The renamed node is the origin's file now (as the kernel sees it: the name leads
         // to the renamed inode); the replaced node is gone.
-        self.sb.nodes.set_local(src_attr.file_id, None);
-        self.sb.nodes.unbind_file_id(d.ino, d_attr.file_id);
+        self.sb.nodes().set_local(src_attr.file_id, None);
+        self.sb.nodes().unbind_file_id(d.ino, d_attr.file_id);
         d.state.lock().mark_deleted();
         let entry = hoardfs_origin::Entry {
             handle: d_handle,
             attr: d_attr,
         };
-        self.sb.nodes.rebind(src.ino, src_attr.file_id, &entry);
-        self.sb.nodes.set_local(d_attr.file_id, local);
+        self.sb.nodes().rebind(src.ino, src_attr.file_id, &entry);
+        self.sb.nodes().set_local(d_attr.file_id, local);
         src.state.lock().moved(new_dir.ino, new_name);
         dir.state.lock().remove_local_entry(name);
         let listed = hoardfs_origin::DirEntry {
@@ -673,9 +673,9 @@ impl<'a> OfflineNames<'a> {
     fn remove_sent(&self, dir: &Node, name: &[u8], is_dir: bool) -> FsResult<()> {
         self.sb.with_handle(dir, |h| {
             if is_dir {
-                self.sb.origin.rmdir(h, name)
+                self.sb.origin().rmdir(h, name)
             } else {
-                self.sb.origin.unlink(h, name)
+                self.sb.origin().unlink(h, name)
             }
         })?;
         dir.state.lock().remove_child(name);

@@ -41,7 +41,7 @@ impl<'a> Staged<'a> {
     /// the file's complete cached copy becomes its staging file. Without offline writes,
     /// or without a complete copy, the change fails as the origin did.
     pub(crate) fn start(sb: &'a Superblock, node: &Node, why: String) -> FsResult<Staged<'a>> {
-        let Some(off) = sb.offline.as_ref().filter(|o| o.keeps_new()) else {
+        let Some(off) = sb.offline_writes().filter(|o| o.keeps_new()) else {
             return Err(FsError::Offline(why));
         };
         let (attr, object) = {
@@ -90,12 +90,12 @@ impl<'a> Staged<'a> {
             // (Under the change's lock: a sender finishing it meanwhile clears it after.)
             let g = p.lock();
             if !g.is_gone() {
-                sb.nodes.set_local(attr.file_id, Some(g.local()));
+                sb.nodes().set_local(attr.file_id, Some(g.local()));
             }
         }
         // Pages cached from the origin's version are the staged content's too, but its
         // size and times change from here on.
-        if let Some(n) = sb.notifier.get() {
+        if let Some(n) = sb.notifier() {
             n.inval_attr(node.ino);
         }
         tracing::info!(
@@ -117,12 +117,12 @@ impl<'a> Staged<'a> {
         let offset = if of.access.append { g.size() } else { offset };
         g.write(offset, data).map_err(kept)?;
         p.note_size(&g);
-        self.sb.nodes.set_local(p.file_id, Some(g.local()));
+        self.sb.nodes().set_local(p.file_id, Some(g.local()));
         drop(g);
-        Stats::add(&self.sb.stats.writes, 1);
-        Stats::add(&self.sb.stats.bytes_written, data.len() as u64);
+        Stats::add(&self.sb.stats().writes, 1);
+        Stats::add(&self.sb.stats().bytes_written, data.len() as u64);
         if of.access.append
-            && let Some(n) = self.sb.notifier.get()
+            && let Some(n) = self.sb.notifier()
         {
             n.inval_attr(of.node.ino);
         }
@@ -139,12 +139,12 @@ impl<'a> Staged<'a> {
         }
         g.truncate(size).map_err(kept)?;
         p.note_size(&g);
-        self.sb.nodes.set_local(p.file_id, Some(g.local()));
+        self.sb.nodes().set_local(p.file_id, Some(g.local()));
         drop(g);
         let st = node.state.lock();
         Ok(Some(NodeAttr {
             attr: st.attr(),
-            ttl: st.kernel_ttl(&self.sb.config),
+            ttl: st.kernel_ttl(self.sb.config()),
         }))
     }
 
@@ -166,7 +166,7 @@ impl<'a> Staged<'a> {
             return Ok(None);
         }
         let data = g.read(offset, size as usize).map_err(kept)?;
-        Stats::add(&self.sb.stats.bytes_from_cache, data.len() as u64);
+        Stats::add(&self.sb.stats().bytes_from_cache, data.len() as u64);
         Ok(Some(Recycled::from(data)))
     }
 }

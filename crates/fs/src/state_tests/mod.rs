@@ -666,7 +666,7 @@ fn a_forgotten_node_lets_go_of_its_object_once_closed() {
     let (r, reg, f) = cached_file(&data, false, config(Duration::from_secs(600)));
     let object = || {
         r.fs.sb
-            .nodes
+            .nodes()
             .get(f)
             .unwrap()
             .state
@@ -676,7 +676,10 @@ fn a_forgotten_node_lets_go_of_its_object_once_closed() {
             .cloned()
     };
     let (o, _) = open_read(&r, f, READ, &reg);
-    assert!(!r.fs.sb.nodes.forget(f, 1), "still open: still referenced");
+    assert!(
+        !r.fs.sb.nodes().forget(f, 1),
+        "still open: still referenced"
+    );
     assert!(object().is_some());
     r.fs.release(o.fh);
     assert!(object().is_none(), "the last release lets go of it");

@@ -392,7 +392,7 @@ fn closed_files_keep_their_objects_only_up_to_a_bound() {
     }
     let holding = |ino: &Ino| {
         r.fs.sb
-            .nodes
+            .nodes()
             .get(*ino)
             .is_some_and(|n| n.state.lock().opens.object().is_some())
     };
@@ -442,7 +442,7 @@ fn a_file_reopened_over_and_over_keeps_its_object_and_registration() {
     );
     let holding = |ino: Ino| {
         r.fs.sb
-            .nodes
+            .nodes()
             .get(ino)
             .is_some_and(|n| n.state.lock().opens.object().is_some())
     };

@@ -690,7 +690,7 @@ fn a_logged_change_of_the_roots_attributes_is_dropped_and_listed_not_retried() {
     // (Logged by an earlier build, which took the root's attributes offline.)
     let (r, _reg, _) = offline_rig(b"f");
     let root = r.fs.getattr(ROOT_INO).unwrap().attr;
-    let off = r.fs.sb.offline.as_ref().unwrap();
+    let off = r.fs.sb.offline_writes().unwrap();
     off.log.stage_meta(Vec::new(), None, &root).unwrap();
     assert_eq!(r.fs.pending_changes(), 1);
     let done = r.fs.reintegrate();

@@ -214,12 +214,12 @@ impl<'a> Reintegration<'a> {
     /// Every name of this client's view was sent back: directories are asked again
     /// (their names on the origin may differ where conflicts were kept).
     fn names_sent_back(&self) {
-        for node in self.sb.nodes.all() {
+        for node in self.sb.nodes().all() {
             if node.kind != hoardfs_origin::FileKind::Dir {
                 continue;
             }
             node.state.lock().expire();
-            if let Some(n) = self.sb.notifier.get() {
+            if let Some(n) = self.sb.notifier() {
                 n.inval_inode(node.ino);
             }
         }

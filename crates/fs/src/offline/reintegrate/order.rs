@@ -127,15 +127,15 @@ impl<'a> CycleBreaker<'a> {
         // (The change's lock, then the moves' guard, as a sender takes them.)
         let mut g = p.lock();
         let _moving = off.log.moving();
-        let root = self.sb.origin.info()?.root.handle;
+        let root = self.sb.origin().info()?.root.handle;
         let temp = parking(r.seq);
-        let here = match Found::at(&*self.sb.origin, root, r.origin_loc())? {
+        let here = match Found::at(self.sb.origin(), root, r.origin_loc())? {
             Found {
                 dir: Some(dir),
                 entry: Some(e),
             } if e.attr.file_id == r.origin_id() => {
                 let name = r.origin_loc().last().expect("a path has a name");
-                self.sb.origin.rename(
+                self.sb.origin().rename(
                     dir,
                     name,
                     root,
@@ -145,7 +145,7 @@ impl<'a> CycleBreaker<'a> {
                 true
             }
             _ => matches!(
-                Found::at(&*self.sb.origin, root, &temp)?.entry,
+                Found::at(self.sb.origin(), root, &temp)?.entry,
                 Some(e) if e.attr.file_id == r.origin_id()
             ),
         };

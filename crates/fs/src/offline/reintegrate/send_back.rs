@@ -114,7 +114,7 @@ impl<'a> ChangeSender<'a> {
             };
             return self.finish_change(p, g, Outcome::Conflict(c), None);
         }
-        let root = self.sb.origin.info()?.root.handle;
+        let root = self.sb.origin().info()?.root.handle;
         let mut noted = None;
         let before = g.record().path.clone();
         // A directory moved or made now: its permissions and times wait for what is to go
@@ -147,7 +147,7 @@ impl<'a> ChangeSender<'a> {
         let outcome = match rec.kind {
             Kind::Mkdir | Kind::Symlink => self.send_made(&mut g, root, sending, &mut noted)?,
             Kind::Rmdir => self.send_rmdir(&rec, root)?,
-            Kind::Meta => match Found::at(&*self.sb.origin, root, &rec.path)?.entry {
+            Kind::Meta => match Found::at(self.sb.origin(), root, &rec.path)?.entry {
                 Some(e) if e.attr.file_id == rec.origin_id() => Outcome::Sent(e, None),
                 _ => Outcome::Conflict(Conflict {
                     at: now_secs(),
@@ -218,7 +218,7 @@ impl<'a> ChangeSender<'a> {
             mtime: rec.set.mtime.map(hoardfs_origin::TimeSet::At),
             ..Default::default()
         };
-        let attr = match self.sb.origin.setattr(e.handle, &set) {
+        let attr = match self.sb.origin().setattr(e.handle, &set) {
             Ok(a) => a,
             Err(hoardfs_origin::OriginError::Fs(
                 w @ (WireError::Access | WireError::NotPermitted),
@@ -259,14 +259,14 @@ impl<'a> ChangeSender<'a> {
         let Found {
             dir: src_dir,
             entry: found,
-        } = Found::at(&*self.sb.origin, root, &from)?;
+        } = Found::at(self.sb.origin(), root, &from)?;
         let src_dir = match (src_dir, found) {
             (Some(d), Some(e)) if e.attr.file_id == rec.origin_id() => d,
             _ => {
                 // Parked by `break_cycle`, by a client killed before it noted that?
                 let parked = parking(rec.seq);
                 if from != parked
-                    && let Some(e) = Found::at(&*self.sb.origin, root, &parked)?.entry
+                    && let Some(e) = Found::at(self.sb.origin(), root, &parked)?.entry
                     && e.attr.file_id == rec.origin_id()
                 {
                     if rec.is_dir {
@@ -279,7 +279,7 @@ impl<'a> ChangeSender<'a> {
                     return self.send_rename(g, root, sending);
                 }
                 // Sent already (a client killed before it noted that)?
-                if let Some(e) = Found::at(&*self.sb.origin, root, &rec.path)?.entry
+                if let Some(e) = Found::at(self.sb.origin(), root, &rec.path)?.entry
                     && e.attr.file_id == rec.origin_id()
                 {
                     if rec.is_dir {
@@ -293,7 +293,7 @@ impl<'a> ChangeSender<'a> {
                 return Ok(Moved::Lost);
             }
         };
-        let dst_dir = Found::at(&*self.sb.origin, root, &rec.path)?.dir;
+        let dst_dir = Found::at(self.sb.origin(), root, &rec.path)?.dir;
         let Some(dst_dir) = dst_dir else {
             // The directory it moved to is gone on the origin: it stays where it is.
             g.placed_at(from.clone()).map_err(kept)?;
@@ -318,7 +318,7 @@ impl<'a> ChangeSender<'a> {
         for n in 1..100 {
             let to = g.record().path.clone();
             let at = to.last().expect("a path has a name");
-            match self.sb.origin.rename(
+            match self.sb.origin().rename(
                 src_dir,
                 src_name,
                 dst_dir,
@@ -379,7 +379,7 @@ impl<'a> ChangeSender<'a> {
         let same = |e: &Entry| -> FsResult<bool> {
             Ok(match e.attr.kind {
                 FileKind::Dir => is_dir,
-                FileKind::Symlink if !is_dir => self.sb.origin.readlink(e.handle)? == rec.target,
+                FileKind::Symlink if !is_dir => self.sb.origin().readlink(e.handle)? == rec.target,
                 _ => false,
             })
         };
@@ -387,16 +387,16 @@ impl<'a> ChangeSender<'a> {
         for n in 1..100 {
             let at = g.record().path.clone();
             let (name, parent) = at.split_last().expect("a path has a name");
-            let Found { dir, entry: found } = Found::at(&*self.sb.origin, root, &at)?;
+            let Found { dir, entry: found } = Found::at(self.sb.origin(), root, &at)?;
             let taken = match (dir, found) {
                 (Some(d), None) => {
                     // Recorded as on its way first: an answer lost leaves it perhaps
                     // made, neither cancelled nor made elsewhere meanwhile.
                     g.start_upload().map_err(kept)?;
                     let made = if is_dir {
-                        self.sb.origin.mkdir(d, name, u32::from(rec.perm), owner)
+                        self.sb.origin().mkdir(d, name, u32::from(rec.perm), owner)
                     } else {
-                        self.sb.origin.symlink(d, name, &rec.target, owner)
+                        self.sb.origin().symlink(d, name, &rec.target, owner)
                     };
                     match made {
                         Ok(e) => {
@@ -436,7 +436,7 @@ impl<'a> ChangeSender<'a> {
                 next
             } else {
                 // Its directory is gone: in its maker's private directory of orphans.
-                let (dir, _) = orphans_dir(&*self.sb.origin, root, &rec.sender())?;
+                let (dir, _) = orphans_dir(self.sb.origin(), root, &rec.sender())?;
                 vec![
                     dir,
                     conflict_candidate(&rec.path.join(&b'_'), &off.host, &stamp, n),
@@ -464,7 +464,7 @@ impl<'a> ChangeSender<'a> {
 
     /// Removes the change's directory on the origin; one that gained entries there stays.
     fn send_rmdir(&self, rec: &Record, root: Handle) -> FsResult<Outcome> {
-        let Found { dir, entry: found } = Found::at(&*self.sb.origin, root, rec.origin_loc())?;
+        let Found { dir, entry: found } = Found::at(self.sb.origin(), root, rec.origin_loc())?;
         let (Some(d), Some(e)) = (dir, found) else {
             return Ok(Outcome::Removed);
         };
@@ -472,7 +472,7 @@ impl<'a> ChangeSender<'a> {
             return Ok(Outcome::Removed);
         }
         let name = rec.origin_loc().last().expect("a path has a name");
-        match self.sb.origin.rmdir(d, name) {
+        match self.sb.origin().rmdir(d, name) {
             Ok(()) => Ok(Outcome::Removed),
             Err(hoardfs_origin::OriginError::Fs(WireError::NotEmpty)) => {
                 Ok(Outcome::Conflict(Conflict {
@@ -492,7 +492,7 @@ impl<'a> ChangeSender<'a> {
         let rec = g.record().clone();
         let loc = rec.origin_loc().to_vec();
         let name = loc.last().expect("a path has a name").clone();
-        let Found { dir, entry: found } = Found::at(&*self.sb.origin, root, &loc)?;
+        let Found { dir, entry: found } = Found::at(self.sb.origin(), root, &loc)?;
         // Whether the file holds what this change started from (or this change's own
         // half upload).
         let phase_allows = |e: &Entry| match rec.phase {
@@ -504,7 +504,7 @@ impl<'a> ChangeSender<'a> {
             (Kind::Remove, Some(d), Some(e)) if e.attr.file_id == rec.origin_id() => {
                 // (Or this client's own half upload of a change it then removed.)
                 if phase_allows(&e) || e.attr.kind != hoardfs_origin::FileKind::File {
-                    self.sb.origin.unlink(*d, &name)?;
+                    self.sb.origin().unlink(*d, &name)?;
                     Outcome::Removed
                 } else {
                     Outcome::Conflict(Conflict {
@@ -555,7 +555,7 @@ impl<'a> ChangeSender<'a> {
                 g.start_upload().map_err(crate::offline::state::kept)?;
                 match self
                     .sb
-                    .origin
+                    .origin()
                     .create(*d, &name, u32::from(rec.perm), true, owner)
                 {
                     Ok(e) => {
@@ -609,7 +609,7 @@ impl<'a> ChangeSender<'a> {
             (_, None, _) => {
                 // Not in the export root, where everyone would see it: in its maker's
                 // private directory there.
-                let (dir, orphans) = orphans_dir(&*self.sb.origin, root, &rec.sender())?;
+                let (dir, orphans) = orphans_dir(self.sb.origin(), root, &rec.sender())?;
                 let flat = loc.join(&b'_');
                 let copy = self.conflict_copy(orphans, &flat, g, &off.host)?;
                 Outcome::Conflict(Conflict {
@@ -638,8 +638,8 @@ impl<'a> ChangeSender<'a> {
     ) -> FsResult<Option<(Outcome, Option<Conflict>)>> {
         let off = self.off;
         let rec = g.record().clone();
-        self.sb.nodes.set_local(p.file_id, None);
-        let node = self.sb.nodes.by_file_id(p.file_id);
+        self.sb.nodes().set_local(p.file_id, None);
+        let node = self.sb.nodes().by_file_id(p.file_id);
         let (mut stale_entry, mut stale_dir) = (None, None);
         if let Some(node) = &node {
             let mut lost = None;
@@ -664,15 +664,15 @@ impl<'a> ChangeSender<'a> {
                 }
             }
             if let Outcome::Created(entry, _) = &outcome {
-                self.sb.nodes.rebind(node.ino, p.file_id, entry);
+                self.sb.nodes().rebind(node.ino, p.file_id, entry);
                 if rec.kind == Kind::Symlink {
                     // Known without a readlink (served while the origin is unreachable).
                     node.state.lock().keep_target(&rec.target);
                 }
             }
-            if let Some(parent) = lost.and_then(|pi| self.sb.nodes.get(pi)) {
+            if let Some(parent) = lost.and_then(|pi| self.sb.nodes().get(pi)) {
                 if rec.kind == Kind::Create && matches!(outcome, Outcome::Conflict(_)) {
-                    self.sb.nodes.unbind_file_id(node.ino, p.file_id);
+                    self.sb.nodes().unbind_file_id(node.ino, p.file_id);
                 }
                 let known = node.state.lock().name().to_vec();
                 // The name is asked for again.
@@ -683,19 +683,19 @@ impl<'a> ChangeSender<'a> {
         }
         let parent_ino = node.as_ref().map(|n| n.state.lock().parent());
         if let (Outcome::Conflict(_), Kind::Remove | Kind::Rmdir) = (&outcome, rec.kind)
-            && let Some(parent) = parent_ino.and_then(|i| self.sb.nodes.get(i))
+            && let Some(parent) = parent_ino.and_then(|i| self.sb.nodes().get(i))
         {
             // The origin's object stays: the directory's names are asked for again.
             parent.state.lock().contents_changed();
             stale_dir = Some(parent.ino);
         }
         // Names changed on the origin: listings read ahead may not have the change.
-        self.sb.trees.forget_all();
+        self.sb.trees().forget_all();
         off.log.finish(p.file_id, &mut g);
         drop(g);
         // The kernel is told only now: an operation it holds a directory locked for may be
         // waiting for this change's lock.
-        if let Some(n) = self.sb.notifier.get() {
+        if let Some(n) = self.sb.notifier() {
             if let Some((dir, name)) = &stale_entry {
                 n.inval_entry(*dir, name);
             }
@@ -705,7 +705,7 @@ impl<'a> ChangeSender<'a> {
         }
         let mut outcome = outcome;
         if let Some(node) = node {
-            if let Some(n) = self.sb.notifier.get() {
+            if let Some(n) = self.sb.notifier() {
                 n.inval_inode(node.ino);
             }
             if let Outcome::Sent(_, ino) | Outcome::Created(_, ino) = &mut outcome
@@ -736,7 +736,7 @@ impl<'a> ChangeSender<'a> {
         at_start: u64,
     ) -> FsResult<hoardfs_origin::Attr> {
         g.start_upload().map_err(crate::offline::state::kept)?;
-        let attr = upload(&*self.sb.origin, handle, g, at_start).map_err(|f| {
+        let attr = upload(self.sb.origin(), handle, g, at_start).map_err(|f| {
             // Cut short after a request was sent, that request may have been carried
             // out without an answer: the origin's version is not known, and the change
             // stays `Uploading` (sent whole again over the same object, as after a
@@ -758,7 +758,7 @@ impl<'a> ChangeSender<'a> {
     /// Whether the file of change `rec` is open for writing here.
     fn writing(&self, rec: &Record) -> bool {
         self.sb
-            .nodes
+            .nodes()
             .by_file_id(rec.file_id)
             .is_some_and(|node| (self.writing)(node.ino))
     }
@@ -773,10 +773,10 @@ impl<'a> ChangeSender<'a> {
         };
         let (copy, Entry { handle, attr }) = conflict_name(name, host, |n| {
             self.sb
-                .origin
+                .origin()
                 .create(dir, n, u32::from(rec.perm), true, owner)
         })?;
-        upload(&*self.sb.origin, handle, g, attr.version).map_err(|f| f.error)?;
+        upload(self.sb.origin(), handle, g, attr.version).map_err(|f| f.error)?;
         Ok(copy)
     }
 }
