@@ -194,17 +194,17 @@ impl HoardFs {
         self.reads.read(&self.sb, fh, offset, size)
     }
 
-    /// Like [`HoardFs::read`], answering `dst` (the FUSE io_uring entry's payload): bytes
-    /// fetched for this read alone go straight from the network into it. On failure it
-    /// comes back to be answered, unless it was answered already.
-    #[allow(clippy::type_complexity)]
+    /// Like [`HoardFs::read`], answering the destination in `dst` (the FUSE io_uring
+    /// entry's payload): bytes fetched for this read alone go straight from the network
+    /// into it. On failure the destination is left in `dst` for the caller to answer
+    /// with the error, unless it was answered already.
     pub fn read_into(
         &self,
         fh: FileHandle,
         offset: u64,
         size: u32,
-        dst: Box<dyn hoardfs_origin::ReadDst>,
-    ) -> Result<(), (crate::FsError, Option<Box<dyn hoardfs_origin::ReadDst>>)> {
+        dst: &mut hoardfs_origin::ReadSlot,
+    ) -> FsResult<()> {
         self.reads.read_into(&self.sb, fh, offset, size, dst)
     }
 

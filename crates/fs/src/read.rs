@@ -25,7 +25,7 @@
 use std::sync::Arc;
 
 use hoardfs_cache::CachedObject;
-use hoardfs_origin::{OriginError, ReadDst};
+use hoardfs_origin::ReadSlot;
 use hoardfs_proto::buffers::{self, Recycled};
 use parking_lot::MutexGuard;
 
@@ -346,34 +346,27 @@ impl Reads {
         }
     }
 
-    /// Reads up to `size` bytes at `offset` through open file `fh` into `dst`, answering
-    /// it: bytes fetched for this read alone (`read_uncached`) go straight from the
-    /// network into it, others are copied in. On failure the destination comes back to be
-    /// answered, unless it was answered already (`ReadDst`).
+    /// Reads up to `size` bytes at `offset` through open file `fh` into the destination in
+    /// `dst`, answering it: bytes fetched for this read alone (`read_uncached`) go
+    /// straight from the network into it, others are copied in. On failure the
+    /// destination is left in `dst` unless it was answered already (`ReadSlot`).
     pub(crate) fn read_into(
         &self,
         sb: &Superblock,
         fh: FileHandle,
         offset: u64,
         size: u32,
-        dst: Box<dyn ReadDst>,
-    ) -> Result<(), (FsError, Option<Box<dyn ReadDst>>)> {
-        let of = match self.open_file(fh) {
-            Ok(of) => of,
-            Err(e) => return Err((e, Some(dst))),
-        };
-        let data = match self.route(sb, &of, offset, size) {
-            Ok(Route::Done(data)) => data,
-            Ok(Route::Uncached(end)) => {
+        dst: &mut ReadSlot,
+    ) -> FsResult<()> {
+        let of = self.open_file(fh)?;
+        let data = match self.route(sb, &of, offset, size)? {
+            Route::Done(data) => data,
+            Route::Uncached(end) => {
                 return self.read_uncached_into(sb, &of.node, offset, end, dst);
             }
-            Ok(Route::Cached(view, end)) => match self.read_cached(sb, &of, &view, offset, end) {
-                Ok(data) => data,
-                Err(e) => return Err((e, Some(dst))),
-            },
-            Err(e) => return Err((e, Some(dst))),
+            Route::Cached(view, end) => self.read_cached(sb, &of, &view, offset, end)?,
         };
-        hoardfs_origin::answer_with(dst, &data).map_err(|f| (f.error.into(), None))
+        Ok(dst.answer_with(&data)?)
     }
 
     /// Which way a read goes: answered already (a staged file, or nothing to read), bytes
@@ -472,37 +465,24 @@ impl Reads {
         Ok(Recycled::from(r.data))
     }
 
-    /// `read_uncached`, the bytes written by the origin straight into `dst`.
+    /// `read_uncached`, the bytes written by the origin straight into the destination in
+    /// `dst`.
     fn read_uncached_into(
         &self,
         sb: &Superblock,
         node: &Node,
         offset: u64,
         end: u64,
-        dst: Box<dyn ReadDst>,
-    ) -> Result<(), (FsError, Option<Box<dyn ReadDst>>)> {
+        dst: &mut ReadSlot,
+    ) -> FsResult<()> {
         let len = (end - offset) as u32;
-        let mut dst = Some(dst);
-        let read = sb.with_handle(node, |h| {
-            // (Tried again with a fresh handle only after a `Stale` answer, which leaves
-            // the destination unanswered.)
-            let Some(d) = dst.take() else {
-                return Err(OriginError::Protocol(
-                    "the reader was answered already".into(),
-                ));
-            };
-            sb.origin().read_direct(h, offset, len, d).map_err(|f| {
-                dst = f.dst;
-                f.error
-            })
-        });
-        match read {
-            Ok(n) => {
-                fetched_alone(sb, n as usize);
-                Ok(())
-            }
-            Err(e) => Err((e, dst)),
-        }
+        // (Tried again with a fresh handle only after a `Stale` answer, which leaves the
+        // destination unanswered in `dst`.)
+        let n = sb.with_handle(node, |h| {
+            hoardfs_origin::read_into(sb.origin(), h, offset, len, dst)
+        })?;
+        fetched_alone(sb, n as usize);
+        Ok(())
     }
 
     /// Fills `dst` (chunk `c`'s bytes from offset `from`) from the disk cache and returns

@@ -265,8 +265,9 @@ impl Filesystem for FuseBridge {
                 // Over io_uring: the bytes go into the ring entry's buffer, straight from
                 // the network when they are fetched for this read alone.
                 Ok(direct) => {
-                    let dst = Box::new(RingDst(direct));
-                    if let Err((e, Some(dst))) = self.fs.read_into(fh.0, offset, size, dst) {
+                    // (Dropped unanswered, the entry answers EIO.)
+                    let mut dst = hoardfs_origin::ReadSlot::new(Box::new(RingDst(direct)));
+                    if let Err(e) = self.fs.read_into(fh.0, offset, size, &mut dst) {
                         dst.fail(errno(&e).code());
                     }
                     return;

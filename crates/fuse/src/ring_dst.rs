@@ -1,6 +1,7 @@
 //! [`RingDst`]: a READ's io_uring entry as the destination the file-system layer writes
 //! the read's bytes into (`hoardfs_origin::ReadDst`), straight from the network when they
-//! are fetched for that read alone.
+//! are fetched for that read alone. Dropped unanswered, it answers `EIO` (fuser's
+//! `ReplyDirect`), so a reader is never left waiting whatever path a read takes.
 
 /// A READ's io_uring entry, as the destination `hoardfs_fs` writes a read's bytes into.
 pub(crate) struct RingDst(pub(crate) fuser::ReplyDirect);

@@ -1,10 +1,17 @@
 //! Origins: the authoritative source of files that a hoardfs client caches.
 //!
 //! [`Origin`] is the one interface the file-system layer uses to reach data it does not
-//! have. Two implementations exist: [`local::LocalOrigin`], a directory on this machine
-//! (also what `hoardfs serve` exports), and [`remote::RemoteOrigin`], a `hoardfs serve`
-//! process reached over TCP. Both name objects by [`Handle`] and report a change attribute
-//! (`Attr::version`) with every attribute set.
+//! have. Four implementations exist: [`local::LocalOrigin`], a directory on this machine
+//! (also what `hoardfs serve` exports), [`remote::RemoteOrigin`], a `hoardfs serve`
+//! process reached over TCP, [`s3::S3Origin`], a bucket, and the cache tier's caching
+//! origin (`hoardfs_server::tier`, an origin in front of another). All name objects by
+//! [`Handle`] and report a change attribute (`Attr::version`) with every attribute set.
+//!
+//! Transport tricks are capabilities an origin may offer, not methods every one carries:
+//! [`DirectReads`] (a remote origin writes a read's reply straight into its reader's
+//! destination, a FUSE io_uring entry) through [`Origin::direct_reads`] and [`read_into`],
+//! and [`FileRanges`] (a local directory offers ranges of open files for the server to
+//! `sendfile`) through [`Origin::file_ranges`].
 
 use std::fs::File;
 use std::sync::Arc;
@@ -99,7 +106,8 @@ pub struct ReadReply {
 /// Where a read's bytes can go straight from the network, answering the reader: a FUSE
 /// io_uring entry's payload buffer (the bridge's type), written by the connection's
 /// receive thread instead of through a buffer that another copy then moves
-/// ([`Origin::read_direct`]).
+/// ([`DirectReads`]). Dropped unanswered, a destination answers its reader `EIO`: a
+/// reader is never left waiting.
 pub trait ReadDst: Send {
     /// The most bytes it holds.
     fn capacity(&self) -> usize;
@@ -115,49 +123,117 @@ pub trait ReadDst: Send {
     fn fail(self: Box<Self>, errno: i32);
 }
 
-/// Answers `dst` with a copy of `data` (bytes that came some other way). A failure means
-/// the reader was answered with an I/O error.
-pub fn answer_with(dst: Box<dyn ReadDst>, data: &[u8]) -> std::result::Result<(), DirectFailed> {
-    let copied = dst.fill(data.len(), &mut |buf| {
-        buf.copy_from_slice(data);
-        Ok(())
-    });
-    copied.map_err(|e| DirectFailed {
-        error: OriginError::Protocol(format!("answering the reader: {e}")),
-        dst: None,
-    })
-}
+/// A read's destination on its way down the layers: each borrows the slot, and whoever
+/// answers the reader takes the destination out of it. Ownership never comes back up
+/// through a result: a read that fails returns its error, and the slot's owner (the FUSE
+/// bridge) answers what is still in it with that error's number ([`ReadSlot::fail`]).
+pub struct ReadSlot(Option<Box<dyn ReadDst>>);
 
-/// Why [`Origin::read_direct`] did not fill its destination: with the destination, for
-/// the caller to answer, unless it was answered already (an I/O error: the connection
-/// failed while the bytes were being written into it).
-pub struct DirectFailed {
-    /// What went wrong.
-    pub error: OriginError,
-    /// The destination, still to be answered.
-    pub dst: Option<Box<dyn ReadDst>>,
-}
+impl ReadSlot {
+    /// A slot holding `dst`, unanswered.
+    pub fn new(dst: Box<dyn ReadDst>) -> ReadSlot {
+        ReadSlot(Some(dst))
+    }
 
-impl DirectFailed {
-    /// `error`, with `dst` still to be answered.
-    pub fn unanswered(error: OriginError, dst: Box<dyn ReadDst>) -> DirectFailed {
-        DirectFailed {
-            error,
-            dst: Some(dst),
+    /// Takes the destination to answer it (`None`: answered already).
+    pub fn take(&mut self) -> Option<Box<dyn ReadDst>> {
+        self.0.take()
+    }
+
+    /// Puts back a destination taken and not answered.
+    pub fn put_back(&mut self, dst: Box<dyn ReadDst>) {
+        self.0 = Some(dst);
+    }
+
+    /// Whether the reader was answered (the destination was taken).
+    pub fn answered(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The most bytes the destination holds (0 once answered).
+    pub fn capacity(&self) -> usize {
+        self.0.as_ref().map_or(0, |d| d.capacity())
+    }
+
+    /// Answers the reader with a copy of `data` (bytes that came some other way). A
+    /// failure means the reader was answered with an I/O error.
+    pub fn answer_with(&mut self, data: &[u8]) -> Result<()> {
+        let Some(dst) = self.take() else {
+            return Err(OriginError::Protocol(
+                "the reader was answered already".into(),
+            ));
+        };
+        let copied = dst.fill(data.len(), &mut |buf| {
+            buf.copy_from_slice(data);
+            Ok(())
+        });
+        copied.map_err(|e| OriginError::Protocol(format!("answering the reader: {e}")))
+    }
+
+    /// Answers the reader with error number `errno`, unless it was answered already.
+    pub fn fail(&mut self, errno: i32) {
+        if let Some(dst) = self.take() {
+            dst.fail(errno);
         }
     }
 }
 
-impl std::fmt::Debug for DirectFailed {
+impl std::fmt::Debug for ReadSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DirectFailed")
-            .field("error", &self.error)
-            .field("answered", &self.dst.is_none())
+        f.debug_struct("ReadSlot")
+            .field("answered", &self.answered())
             .finish()
     }
 }
 
-/// Bytes of a file offered by [`Origin::read_range`] to be sent straight from the page
+/// The capability of an origin whose replies can be written straight into their reader's
+/// destination (a remote origin: its connection's receive thread does it), offered by
+/// [`Origin::direct_reads`]. Reads of any origin go through [`read_into`].
+pub trait DirectReads: Send + Sync {
+    /// Like [`Origin::read`], the bytes written into the destination in `dst` (which is
+    /// answered, and whose length is returned). On failure the destination is left in
+    /// `dst` unless it was answered already (the connection failed while the bytes were
+    /// being written into it: answered `EIO`).
+    fn read_direct(&self, handle: Handle, offset: u64, len: u32, dst: &mut ReadSlot)
+    -> Result<u32>;
+}
+
+/// Reads up to `len` bytes at `offset` of `handle` on `origin` into the destination in
+/// `dst`, answering it: written straight in where the origin can ([`DirectReads`]),
+/// otherwise read and copied in. Returns the bytes answered; see [`DirectReads`] for
+/// what a failure leaves in `dst`.
+pub fn read_into(
+    origin: &dyn Origin,
+    handle: Handle,
+    offset: u64,
+    len: u32,
+    dst: &mut ReadSlot,
+) -> Result<u32> {
+    if let Some(direct) = origin.direct_reads() {
+        return direct.read_direct(handle, offset, len, dst);
+    }
+    let r = origin.read(handle, offset, len)?;
+    let n = r.data.len().min(len as usize);
+    dst.answer_with(&r.data[..n]).map(|()| n as u32)
+}
+
+/// The capability of an origin that can offer ranges of open files for the server to send
+/// without copying (`sendfile`; a local directory), offered by [`Origin::file_ranges`].
+pub trait FileRanges: Send + Sync {
+    /// Offers up to `len` bytes at `offset` as a range of an open file for the caller to
+    /// send without copying, if the file has not changed for at least `unchanged_for` and
+    /// the range is in memory already (sending it must not wait for a disk); `None`
+    /// means: call [`Origin::read`].
+    fn read_range(
+        &self,
+        handle: Handle,
+        offset: u64,
+        len: u32,
+        unchanged_for: Duration,
+    ) -> Result<Option<FileRange>>;
+}
+
+/// Bytes of a file offered by [`FileRanges::read_range`] to be sent straight from the page
 /// cache (`sendfile`), without passing through the caller's memory.
 #[derive(Debug)]
 pub struct FileRange {
@@ -236,34 +312,15 @@ pub trait Origin: Send + Sync + 'static {
     }
     /// Reads up to `len` bytes at `offset`.
     fn read(&self, handle: Handle, offset: u64, len: u32) -> Result<ReadReply>;
-    /// Like [`Origin::read`], the bytes written into `dst` (which is answered, and
-    /// whose length is returned); see [`ReadDst`]. The default reads, then copies.
-    fn read_direct(
-        &self,
-        handle: Handle,
-        offset: u64,
-        len: u32,
-        dst: Box<dyn ReadDst>,
-    ) -> std::result::Result<u32, DirectFailed> {
-        let r = match self.read(handle, offset, len) {
-            Ok(r) => r,
-            Err(error) => return Err(DirectFailed::unanswered(error, dst)),
-        };
-        let n = r.data.len().min(len as usize);
-        answer_with(dst, &r.data[..n]).map(|()| n as u32)
+    /// Writes reads straight into their readers' destinations, if this origin can
+    /// ([`read_into`] asks; the default: it cannot, and reads are copied in).
+    fn direct_reads(&self) -> Option<&dyn DirectReads> {
+        None
     }
-    /// Offers up to `len` bytes at `offset` as a range of an open file for the caller to
-    /// send without copying, if the origin can (a local file), the file has not changed
-    /// for at least `unchanged_for` and the range is in memory already (sending it must
-    /// not wait for a disk); `None` means: call [`Origin::read`].
-    fn read_range(
-        &self,
-        _handle: Handle,
-        _offset: u64,
-        _len: u32,
-        _unchanged_for: Duration,
-    ) -> Result<Option<FileRange>> {
-        Ok(None)
+    /// Offers ranges of open files to send without copying, if this origin can (the
+    /// server asks, for plaintext replies; the default: it cannot).
+    fn file_ranges(&self) -> Option<&dyn FileRanges> {
+        None
     }
     /// Target of a symlink.
     fn readlink(&self, handle: Handle) -> Result<Vec<u8>>;

@@ -105,10 +105,13 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
         // Zero-copy where the origin offers it; otherwise (or for a file changed recently)
         // the read below copies and checks the version after. A read reply names no file,
         // so it registers no callback.
-        match origin.read_range(*handle, *offset, *len, quiet) {
-            Ok(Some(range)) => return Outgoing::file(id, range),
-            Ok(None) => {}
-            Err(e) => return Outgoing::new(id, Err(wire_error(e)), Vec::new()),
+        let range = origin
+            .file_ranges()
+            .map(|r| r.read_range(*handle, *offset, *len, quiet));
+        match range {
+            Some(Ok(Some(range))) => return Outgoing::file(id, range),
+            None | Some(Ok(None)) => {}
+            Some(Err(e)) => return Outgoing::new(id, Err(wire_error(e)), Vec::new()),
         }
     }
     let seq_before = shared.callbacks.seq();

@@ -15,13 +15,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use hoardfs_cache::flight::Flights;
 use hoardfs_cache::{CacheDir, CachedObject, ObjectKey};
 use hoardfs_origin::{
-    Attr, BreakSink, DirPage, Entry, FileKind, FileRange, Handle, Origin, OriginError, OriginInfo,
-    Owner, ReadReply, Result, SetAttrs, StatFs, TreeDir, WriteReply,
+    Attr, BreakSink, DirPage, Entry, FileKind, Handle, Origin, OriginError, OriginInfo, Owner,
+    ReadReply, Result, SetAttrs, StatFs, TreeDir, WriteReply,
 };
 use parking_lot::Mutex;
 
@@ -256,9 +255,6 @@ impl Origin for CachingOrigin {
             data: out,
             version: k.version,
         })
-    }
-    fn read_range(&self, _h: Handle, _o: u64, _l: u32, _u: Duration) -> Result<Option<FileRange>> {
-        Ok(None)
     }
     fn readlink(&self, handle: Handle) -> Result<Vec<u8>> {
         self.inner.readlink(handle)

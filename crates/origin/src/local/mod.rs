@@ -91,7 +91,7 @@ pub struct LocalOrigin {
     /// first reads of one file (a client's read and its readahead) open it once.
     open_misses: [parking_lot::Mutex<()>; 16],
     wfiles: OpenFiles,
-    /// Files held open by the ranges of [`Origin::read_range`] not yet sent.
+    /// Files held open by the ranges of [`crate::FileRanges::read_range`] not yet sent.
     held: HeldFiles,
     /// Files (device, inode) whose writable descriptor failed its fsync when it left
     /// `wfiles`: the next fsync of the file, through any handle, reports the failure.
@@ -485,61 +485,8 @@ impl Origin for LocalOrigin {
         unreachable!("loop returns on its last attempt")
     }
 
-    fn read_range(
-        &self,
-        handle: Handle,
-        offset: u64,
-        len: u32,
-        unchanged_for: Duration,
-    ) -> Result<Option<FileRange>> {
-        self.act()?;
-        let node = self.handles.get(handle)?;
-        if node.kind != FileKind::File {
-            return Ok(None);
-        }
-        let file = self.open_file(handle.id, &node)?;
-        node.note_io();
-        let st = sys::fstat(file.as_raw_fd()).map_err(werr)?;
-        // A file written recently may be written again while the kernel copies the range
-        // (after its version was taken): those get `read`, which checks the version after.
-        let changed = std::time::UNIX_EPOCH
-            + Duration::new(st.st_ctime.max(0) as u64, st.st_ctime_nsec as u32);
-        let quiet = std::time::SystemTime::now()
-            .duration_since(changed)
-            .is_ok_and(|d| d >= unchanged_for);
-        if !quiet {
-            return Ok(None);
-        }
-        let size = st.st_size.max(0) as u64;
-        let len = size.saturating_sub(offset).min(len as u64) as u32;
-        // The caller sends the range from its async writer, where `sendfile` must not wait
-        // for the disk: a range not wholly in the page cache gets `read` (on a blocking
-        // thread, which also brings it into the cache), as does every range on a kernel
-        // without `cachestat(2)`.
-        // (Asked as the server, not the caller: the kernel tells only a file's owner what
-        // of it is cached, and the caller may read the file but not own it.)
-        let fd = file.as_raw_fd();
-        let cached = match creds::with_fowner(|| sys::all_cached(fd, offset, len as u64)) {
-            Some(c) => c.unwrap_or(false),
-            None => return Err(WireError::Io.into()),
-        };
-        if !cached {
-            return Ok(None);
-        }
-        // A range keeps its file open until it is sent (for a client that does not read,
-        // until its connection ends): beyond the bound, `read` copies instead.
-        let Some(held) = self.held.take() else {
-            return Ok(None);
-        };
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
-        Ok(Some(FileRange {
-            file,
-            offset,
-            len,
-            version: sys::version_of(&st),
-            held: Some(held),
-        }))
+    fn file_ranges(&self) -> Option<&dyn crate::FileRanges> {
+        Some(self)
     }
 
     fn readlink(&self, handle: Handle) -> Result<Vec<u8>> {
@@ -670,6 +617,65 @@ impl Origin for LocalOrigin {
     fn removexattr(&self, handle: Handle, name: &[u8]) -> Result<()> {
         self.act()?;
         self.remove_xattr(handle, name)
+    }
+}
+
+impl crate::FileRanges for LocalOrigin {
+    fn read_range(
+        &self,
+        handle: Handle,
+        offset: u64,
+        len: u32,
+        unchanged_for: Duration,
+    ) -> Result<Option<FileRange>> {
+        self.act()?;
+        let node = self.handles.get(handle)?;
+        if node.kind != FileKind::File {
+            return Ok(None);
+        }
+        let file = self.open_file(handle.id, &node)?;
+        node.note_io();
+        let st = sys::fstat(file.as_raw_fd()).map_err(werr)?;
+        // A file written recently may be written again while the kernel copies the range
+        // (after its version was taken): those get `read`, which checks the version after.
+        let changed = std::time::UNIX_EPOCH
+            + Duration::new(st.st_ctime.max(0) as u64, st.st_ctime_nsec as u32);
+        let quiet = std::time::SystemTime::now()
+            .duration_since(changed)
+            .is_ok_and(|d| d >= unchanged_for);
+        if !quiet {
+            return Ok(None);
+        }
+        let size = st.st_size.max(0) as u64;
+        let len = size.saturating_sub(offset).min(len as u64) as u32;
+        // The caller sends the range from its async writer, where `sendfile` must not wait
+        // for the disk: a range not wholly in the page cache gets `read` (on a blocking
+        // thread, which also brings it into the cache), as does every range on a kernel
+        // without `cachestat(2)`.
+        // (Asked as the server, not the caller: the kernel tells only a file's owner what
+        // of it is cached, and the caller may read the file but not own it.)
+        let fd = file.as_raw_fd();
+        let cached = match creds::with_fowner(|| sys::all_cached(fd, offset, len as u64)) {
+            Some(c) => c.unwrap_or(false),
+            None => return Err(WireError::Io.into()),
+        };
+        if !cached {
+            return Ok(None);
+        }
+        // A range keeps its file open until it is sent (for a client that does not read,
+        // until its connection ends): beyond the bound, `read` copies instead.
+        let Some(held) = self.held.take() else {
+            return Ok(None);
+        };
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(Some(FileRange {
+            file,
+            offset,
+            len,
+            version: sys::version_of(&st),
+            held: Some(held),
+        }))
     }
 }
 

@@ -7,6 +7,7 @@ mod outside;
 mod watch;
 
 use super::*;
+use crate::FileRanges;
 use std::os::unix::fs::symlink;
 
 /// A writable export of a fresh directory holding `sub/` and `a.txt` ("hello"); returns the

@@ -21,7 +21,7 @@ use hoardfs_proto::{Break, Op, PING_INTERVAL, Reply, Request, ServerMessage};
 use parking_lot::Mutex;
 
 use super::tls::{self, TlsRead, TlsWrite};
-use crate::{BreakSink, DirectFailed, OriginError, ReadDst, Result};
+use crate::{BreakSink, OriginError, ReadDst, ReadSlot, Result};
 use hoardfs_tls::ClientTls;
 
 /// Where callback breaks go; shared by every connection of one origin, set by `subscribe`.
@@ -238,38 +238,37 @@ impl Conn {
     }
 
     /// Sends read `op` (of at most `asked` bytes) as request `id`; the reader thread
-    /// writes the reply's data straight into `dst` and answers it. Returns the reply (with
-    /// an empty data section when `dst` was filled): `Ok` with `None` then, or with `dst`
-    /// back when the reply carried its data in the ordinary way (an error, or nothing).
-    #[allow(clippy::type_complexity)]
+    /// writes the reply's data straight into the destination in `dst` and answers it
+    /// (taking it out of the slot). Returns the reply, with an empty data section when
+    /// the destination was filled; a destination the reader did not take is left in `dst`
+    /// (the reply carried its data in the ordinary way: an error, or nothing).
     pub(crate) fn call_direct(
         &self,
         id: u64,
         op: Op,
         asked: u32,
-        dst: Box<dyn ReadDst>,
+        dst: &mut ReadSlot,
         timeout: Duration,
-    ) -> std::result::Result<(Answer, Option<Box<dyn ReadDst>>), DirectFailed> {
+    ) -> Result<Answer> {
         let direct = Direct {
-            dst: Arc::new(Mutex::new(Some(dst))),
+            dst: Arc::new(Mutex::new(dst.take())),
             asked,
         };
         let answer = self.call_to(id, op, &[], Some(direct.clone()), timeout);
         // (The reader no longer holds the request: what it did not take is ours.)
-        let dst = direct.dst.lock().take();
-        match answer {
-            Ok(a) => Ok((a, dst)),
-            Err(error) => {
-                if dst.is_none() {
-                    // The reader thread took the destination and is still writing into it
-                    // (a reply stalled partway through its data, which a timeout alone
-                    // would not end if other frames came first): only ending the
-                    // connection ends that read, and answers the reader EIO.
-                    self.kill(&format!("a read's reply stalled: {error}"));
-                }
-                Err(DirectFailed { error, dst })
-            }
+        if let Some(d) = direct.dst.lock().take() {
+            dst.put_back(d);
         }
+        if let Err(error) = &answer
+            && dst.answered()
+        {
+            // The reader thread took the destination and is still writing into it (a
+            // reply stalled partway through its data, which a timeout alone would not end
+            // if other frames came first): only ending the connection ends that read,
+            // and answers the reader EIO.
+            self.kill(&format!("a read's reply stalled: {error}"));
+        }
+        answer
     }
 
     fn call_to(

@@ -26,8 +26,8 @@ use hoardfs_proto::{
 use parking_lot::Mutex;
 
 use crate::{
-    Attr, BreakSink, DirPage, DirectFailed, Entry, Origin, OriginError, OriginInfo, ReadDst,
-    ReadReply, Result, StatFs, WriteReply,
+    Attr, BreakSink, DirPage, DirectReads, Entry, Origin, OriginError, OriginInfo, ReadReply,
+    ReadSlot, Result, StatFs, WriteReply,
 };
 use conn::{Answer, Conn, SinkSlot};
 use hello::{Greeting, handshake};
@@ -418,47 +418,8 @@ impl Origin for RemoteOrigin {
         }
     }
 
-    fn read_direct(
-        &self,
-        handle: Handle,
-        offset: u64,
-        len: u32,
-        dst: Box<dyn ReadDst>,
-    ) -> std::result::Result<u32, DirectFailed> {
-        let conn = match self.conn() {
-            Ok(c) => c,
-            Err(error) => return Err(DirectFailed::unanswered(error, dst)),
-        };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let op = Op::Read {
-            handle,
-            offset,
-            len,
-        };
-        let expect = validate::Expect::of(&op, 0);
-        let (answer, dst) = conn.call_direct(
-            id,
-            op,
-            len.min(dst.capacity() as u32),
-            dst,
-            self.opts.request_timeout,
-        )?;
-        let failed = |error, dst| Err(DirectFailed { error, dst });
-        let Some(dst) = dst else {
-            // Filled and answered by the reader thread, which took it only for a `Data`
-            // reply whose data section matched its length, within what was asked.
-            return match answer {
-                (Reply::Data { len, .. }, _) => Ok(len),
-                (other, _) => failed(unexpected(&(other, Vec::new())), None),
-            };
-        };
-        match validate::answer(&expect, answer) {
-            // The data came the ordinary way (a destination smaller than the reply, for
-            // one): copied here.
-            Ok((Reply::Data { len, .. }, data)) => crate::answer_with(dst, &data).map(|()| len),
-            Ok(other) => failed(unexpected(&other), Some(dst)),
-            Err(error) => failed(error, Some(dst)),
-        }
+    fn direct_reads(&self) -> Option<&dyn DirectReads> {
+        Some(self)
     }
 
     fn readlink(&self, handle: Handle) -> Result<Vec<u8>> {
@@ -692,6 +653,41 @@ impl Origin for RemoteOrigin {
     fn removexattr(&self, handle: Handle, name: &[u8]) -> Result<()> {
         let name = name.to_vec();
         self.done(Op::RemoveXattr { handle, name }, &[])
+    }
+}
+
+impl DirectReads for RemoteOrigin {
+    fn read_direct(
+        &self,
+        handle: Handle,
+        offset: u64,
+        len: u32,
+        dst: &mut ReadSlot,
+    ) -> Result<u32> {
+        let conn = self.conn()?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let op = Op::Read {
+            handle,
+            offset,
+            len,
+        };
+        let expect = validate::Expect::of(&op, 0);
+        let asked = len.min(dst.capacity() as u32);
+        let answer = conn.call_direct(id, op, asked, dst, self.opts.request_timeout)?;
+        if dst.answered() {
+            // Filled and answered by the reader thread, which took it only for a `Data`
+            // reply whose data section matched its length, within what was asked.
+            return match answer {
+                (Reply::Data { len, .. }, _) => Ok(len),
+                (other, _) => Err(unexpected(&(other, Vec::new()))),
+            };
+        }
+        match validate::answer(&expect, answer)? {
+            // The data came the ordinary way (a destination smaller than the reply, for
+            // one): copied here.
+            (Reply::Data { len, .. }, data) => dst.answer_with(&data).map(|()| len),
+            other => Err(unexpected(&other)),
+        }
     }
 }
 

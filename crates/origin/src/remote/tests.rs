@@ -1,6 +1,7 @@
 //! Unit tests of [`RemoteOrigin`] against a tiny in-test fake server (std threads only).
 
 use super::*;
+use crate::ReadDst;
 use hoardfs_proto::frame::{self, Limits};
 use hoardfs_proto::{
     Attr, FileKind, PROTOCOL_VERSION, Request, Response, ServerMessage, Timestamp,
@@ -422,11 +423,12 @@ fn a_direct_read_is_written_into_its_destination_by_the_reader_thread() {
     let o = RemoteOrigin::connect(&fake.addr, Security::default(), opts()).unwrap();
     let h = o.info().unwrap().root.handle;
     let got = Arc::new(Mutex::new(None));
-    let dst = Box::new(VecDst {
+    let mut dst = ReadSlot::new(Box::new(VecDst {
         cap: 1 << 20,
         got: Arc::clone(&got),
-    });
-    assert_eq!(o.read_direct(h, 3, 100_000, dst).unwrap(), 100_000);
+    }));
+    assert_eq!(o.read_direct(h, 3, 100_000, &mut dst).unwrap(), 100_000);
+    assert!(dst.answered());
     assert_eq!(got.lock().take(), Some(Ok(vec![b'x'; 100_000])));
     let on = FILLED_ON.lock().take().unwrap_or_default();
     assert!(
@@ -438,18 +440,18 @@ fn a_direct_read_is_written_into_its_destination_by_the_reader_thread() {
 
     // A reply larger than the destination holds is refused whole, not written past it:
     // the reader is answered EIO (the data came the ordinary way and did not fit).
-    let small = Box::new(VecDst {
+    let mut small = ReadSlot::new(Box::new(VecDst {
         cap: 10,
         got: Arc::clone(&got),
-    });
-    let e = o.read_direct(h, 1, 20, small).unwrap_err();
-    assert!(e.dst.is_none(), "answered");
+    }));
+    o.read_direct(h, 1, 20, &mut small).unwrap_err();
+    assert!(small.answered());
     assert_eq!(got.lock().take(), Some(Err(libc::EIO)));
     assert_eq!(o.read(h, 1, 10).unwrap().data, vec![b'x'; 10]);
 }
 
 #[test]
-fn a_direct_read_that_fails_gives_its_destination_back_unanswered() {
+fn a_direct_read_that_fails_leaves_its_destination_unanswered() {
     let h = Arc::new(|req: Request, w: &Writer| {
         reply(w, req.id, Err(WireError::Io), &[]);
         true
@@ -458,17 +460,13 @@ fn a_direct_read_that_fails_gives_its_destination_back_unanswered() {
     let o = RemoteOrigin::connect(&fake.addr, Security::default(), opts()).unwrap();
     let handle = o.info().unwrap().root.handle;
     let got = Arc::new(Mutex::new(None));
-    let dst = Box::new(VecDst {
+    let mut dst = ReadSlot::new(Box::new(VecDst {
         cap: 1 << 20,
         got: Arc::clone(&got),
-    });
-    let e = o.read_direct(handle, 0, 10, dst).unwrap_err();
-    assert!(
-        matches!(e.error, OriginError::Fs(WireError::Io)),
-        "{:?}",
-        e.error
-    );
-    let dst = e.dst.expect("still to be answered");
+    }));
+    let e = o.read_direct(handle, 0, 10, &mut dst).unwrap_err();
+    assert!(matches!(e, OriginError::Fs(WireError::Io)), "{e:?}");
+    assert!(!dst.answered(), "still to be answered");
     assert!(got.lock().is_none());
     dst.fail(libc::ENOENT);
     assert_eq!(got.lock().take(), Some(Err(libc::ENOENT)));
@@ -502,12 +500,12 @@ fn a_direct_read_whose_reply_stalls_partway_is_answered_when_its_caller_gives_up
     let o = RemoteOrigin::connect(&fake.addr, Security::default(), o).unwrap();
     let handle = o.info().unwrap().root.handle;
     let got = Arc::new(Mutex::new(None));
-    let dst = Box::new(VecDst {
+    let mut dst = ReadSlot::new(Box::new(VecDst {
         cap: 1 << 20,
         got: Arc::clone(&got),
-    });
-    let e = o.read_direct(handle, 0, 100_000, dst).unwrap_err();
-    assert!(e.dst.is_none(), "the reader thread held it");
+    }));
+    o.read_direct(handle, 0, 100_000, &mut dst).unwrap_err();
+    assert!(dst.answered(), "the reader thread held it");
     // The connection ends, and with it the read: answered EIO, not left waiting.
     hoardfs_testutil::assert_eventually("the stalled read is answered", || got.lock().is_some());
     assert_eq!(got.lock().take(), Some(Err(libc::EIO)));
