@@ -28,6 +28,17 @@ use crate::offline::state::{closed, kept};
 use crate::superblock::Superblock;
 use crate::{FsError, FsResult, Ino, NodeAttr};
 
+/// A rename this client can make offline: the directories, the object moved and the one
+/// it replaces, and the paths from and to (`OfflineNames::resolve_move`).
+struct Move {
+    dir: Arc<Node>,
+    new_dir: Arc<Node>,
+    src: Arc<Node>,
+    dst: Option<Arc<Node>>,
+    old_path: Vec<Vec<u8>>,
+    new_path: Vec<Vec<u8>>,
+}
+
 /// What an offline create found or made, for its caller to open.
 pub(crate) enum Created {
     /// The name was taken (the create was not exclusive): that file.
@@ -450,13 +461,94 @@ impl<'a> OfflineNames<'a> {
         why: String,
     ) -> FsResult<()> {
         use hoardfs_origin::{FileKind, WireError};
-        if !self.off.keeps_new() {
+        if !self.off.keeps_new() || flags & hoardfs_origin::RENAME_EXCHANGE != 0 {
             return Err(FsError::Offline(why));
         }
         let off = self.off;
-        if flags & hoardfs_origin::RENAME_EXCHANGE != 0 {
+        let Some(mv) = self.resolve_move((parent, name), (new_parent, new_name), flags, &why)?
+        else {
+            return Ok(());
+        };
+        let src_attr = mv.src.state.lock().origin_attr();
+        let change = off
+            .log
+            .get(src_attr.file_id)
+            .filter(|p| !p.lock().is_gone());
+        let (created, half_sent) = change.as_ref().map_or((false, false), |p| {
+            let g = p.lock();
+            let r = g.record();
+            (
+                r.kind == crate::offline::cml::Kind::Create && r.creates() && !r.create_in_flight(),
+                r.create_in_flight(),
+            )
+        });
+        if half_sent {
+            // Created on the origin already (or perhaps), and not all of it sent.
             return Err(FsError::Offline(why));
         }
+        if let Some(d) = &mv.dst {
+            match (mv.src.kind == FileKind::Dir, d.kind == FileKind::Dir) {
+                (true, false) => return Err(WireError::NotDir.into()),
+                (false, true) => return Err(WireError::IsDir.into()),
+                _ => {}
+            }
+            let d_attr = d.state.lock().origin_attr();
+            // (Over a file with a change of its own, the ordinary way below: its change
+            // becomes its removal, and the new file is made at the name.)
+            if created
+                && d.kind == FileKind::File
+                && d_attr.file_id & LOCAL_ID == 0
+                && off.log.get(d_attr.file_id).is_none()
+            {
+                let p = change.expect("a created file has its change");
+                return self.save_over(
+                    &p,
+                    &mv.src,
+                    d,
+                    (&mv.dir, name),
+                    (&mv.new_dir, new_name),
+                    mv.new_path,
+                    &why,
+                );
+            }
+            self.remove(new_parent, new_name, d.kind == FileKind::Dir, why.clone())?;
+        }
+        let p = match change {
+            Some(p) => p,
+            None => off
+                .log
+                .at_origin(
+                    || self.origin_components_of(mv.src.ino),
+                    |origin| off.log.stage_meta(mv.old_path.clone(), origin, &src_attr),
+                )
+                .map_err(kept)?,
+        };
+        self.record_move(&p, &mv, &src_attr)?;
+        mv.dir.state.lock().remove_local_entry(name);
+        mv.src.state.lock().moved(new_parent, new_name);
+        let entry = hoardfs_origin::DirEntry {
+            name: new_name.to_vec(),
+            entry: hoardfs_origin::Entry {
+                handle: mv.src.handle(),
+                attr: src_attr,
+            },
+        };
+        mv.new_dir.state.lock().add_local_entry(entry, mv.src.ino);
+        Ok(())
+    }
+
+    /// The objects and paths of a rename of `parent/name` to `new_parent/new_name`
+    /// (`None`: both names are the same object, nothing to do), checked as the origin
+    /// would check them (`Offline(why)` where this client cannot tell).
+    fn resolve_move(
+        &self,
+        (parent, name): (crate::Ino, &[u8]),
+        (new_parent, new_name): (crate::Ino, &[u8]),
+        flags: u32,
+        why: &str,
+    ) -> FsResult<Option<Move>> {
+        use hoardfs_origin::{FileKind, WireError};
+        let offline = || FsError::Offline(why.to_string());
         let (dir, new_dir) = (self.sb.node(parent)?, self.sb.node(new_parent)?);
         if new_dir.kind != FileKind::Dir {
             return Err(WireError::NotDir.into());
@@ -469,7 +561,7 @@ impl<'a> OfflineNames<'a> {
             return Err(if listed {
                 WireError::NotFound.into()
             } else {
-                FsError::Offline(why)
+                offline()
             });
         };
         let (dst, new_listed) = {
@@ -478,10 +570,10 @@ impl<'a> OfflineNames<'a> {
         };
         let dst = dst.and_then(|c| self.sb.nodes().get(c));
         if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
-            return Ok(());
+            return Ok(None);
         }
         if dst.is_none() && !new_listed {
-            return Err(FsError::Offline(why));
+            return Err(offline());
         }
         if dst.is_some() && flags & hoardfs_origin::RENAME_NOREPLACE != 0 {
             return Err(WireError::Exists.into());
@@ -500,64 +592,24 @@ impl<'a> OfflineNames<'a> {
             self.sb.components_of(parent),
             self.sb.components_of(new_parent),
         ) else {
-            return Err(FsError::Offline(why));
+            return Err(offline());
         };
         old_path.push(name.to_vec());
         new_path.push(new_name.to_vec());
-        let src_attr = src.state.lock().origin_attr();
-        let change = off
-            .log
-            .get(src_attr.file_id)
-            .filter(|p| !p.lock().is_gone());
-        let (created, half_sent) = change.as_ref().map_or((false, false), |p| {
-            let g = p.lock();
-            let r = g.record();
-            (
-                r.kind == crate::offline::cml::Kind::Create && r.creates() && !r.create_in_flight(),
-                r.create_in_flight(),
-            )
-        });
-        if half_sent {
-            // Created on the origin already (or perhaps), and not all of it sent.
-            return Err(FsError::Offline(why));
-        }
-        if let Some(d) = &dst {
-            match (src.kind == FileKind::Dir, d.kind == FileKind::Dir) {
-                (true, false) => return Err(WireError::NotDir.into()),
-                (false, true) => return Err(WireError::IsDir.into()),
-                _ => {}
-            }
-            let d_attr = d.state.lock().origin_attr();
-            // (Over a file with a change of its own, the ordinary way below: its change
-            // becomes its removal, and the new file is made at the name.)
-            if created
-                && d.kind == FileKind::File
-                && d_attr.file_id & LOCAL_ID == 0
-                && off.log.get(d_attr.file_id).is_none()
-            {
-                let p = change.expect("a created file has its change");
-                return self.save_over(
-                    &p,
-                    &src,
-                    d,
-                    (&dir, name),
-                    (&new_dir, new_name),
-                    new_path,
-                    &why,
-                );
-            }
-            self.remove(new_parent, new_name, d.kind == FileKind::Dir, why.clone())?;
-        }
-        let p = match change {
-            Some(p) => p,
-            None => off
-                .log
-                .at_origin(
-                    || self.origin_components_of(src.ino),
-                    |origin| off.log.stage_meta(old_path.clone(), origin, &src_attr),
-                )
-                .map_err(kept)?,
-        };
+        Ok(Some(Move {
+            dir,
+            new_dir,
+            src,
+            dst,
+            old_path,
+            new_path,
+        }))
+    }
+
+    /// Records move `mv` in change `p` of its object (`src_attr`: as the origin has it),
+    /// and the changes inside a moved directory follow it.
+    fn record_move(&self, p: &Pending, mv: &Move, src_attr: &hoardfs_origin::Attr) -> FsResult<()> {
+        let off = self.off;
         // (Taken before the change's lock: it locks the other changes in turn.)
         let vacated = off.log.vacated(&Default::default());
         {
@@ -565,7 +617,7 @@ impl<'a> OfflineNames<'a> {
             if g.is_gone() {
                 return Err(FsError::SentMeanwhile);
             }
-            g.moved_to(new_path.clone(), &vacated).map_err(kept)?;
+            g.moved_to(mv.new_path.clone(), &vacated).map_err(kept)?;
             if g.is_void() {
                 // Back at its name on the origin, nothing else changed.
                 off.log.finish(src_attr.file_id, &mut g);
@@ -574,21 +626,11 @@ impl<'a> OfflineNames<'a> {
                 self.sb.nodes().set_local(src_attr.file_id, Some(g.local()));
             }
         }
-        if src.kind == FileKind::Dir {
+        if mv.src.kind == hoardfs_origin::FileKind::Dir {
             off.log
-                .moved_under(&old_path, &new_path, false, &[p.seq].into())
+                .moved_under(&mv.old_path, &mv.new_path, false, &[p.seq].into())
                 .map_err(kept)?;
         }
-        dir.state.lock().remove_local_entry(name);
-        src.state.lock().moved(new_parent, new_name);
-        let entry = hoardfs_origin::DirEntry {
-            name: new_name.to_vec(),
-            entry: hoardfs_origin::Entry {
-                handle: src.handle(),
-                attr: src_attr,
-            },
-        };
-        new_dir.state.lock().add_local_entry(entry, src.ino);
         Ok(())
     }
 

@@ -488,7 +488,6 @@ impl<'a> ChangeSender<'a> {
 
     /// Sends a file's content, creation or removal back; `None` if it cannot be done yet.
     fn send_file(&self, g: &mut Inner, root: Handle) -> FsResult<Option<Outcome>> {
-        let off = self.off;
         let rec = g.record().clone();
         let loc = rec.origin_loc().to_vec();
         let name = loc.last().expect("a path has a name").clone();
@@ -547,80 +546,103 @@ impl<'a> ChangeSender<'a> {
                     .map_err(crate::offline::state::kept)?;
                 self.send_created(g, &e)?
             }
-            (Kind::Create, Some(d), None) => {
-                let owner = Owner {
-                    uid: rec.uid,
-                    gid: rec.gid,
-                };
-                g.start_upload().map_err(crate::offline::state::kept)?;
-                match self
-                    .sb
-                    .origin()
-                    .create(*d, &name, u32::from(rec.perm), true, owner)
-                {
-                    Ok(e) => {
-                        g.created(e.attr.file_id, e.attr.version)
-                            .map_err(crate::offline::state::kept)?;
-                        self.send_created(g, &e)?
-                    }
-                    // Taken meanwhile (not by this client): next time round it is a
-                    // conflict.
-                    Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => {
-                        g.not_started().map_err(crate::offline::state::kept)?;
-                        return Ok(None);
-                    }
-                    // Refused: not created, and tried afresh next time (a file made there
-                    // by somebody else meanwhile is then a conflict, not taken for ours).
-                    Err(hoardfs_origin::OriginError::Fs(w)) => {
-                        g.not_started().map_err(crate::offline::state::kept)?;
-                        return Err(w.into());
-                    }
-                    // Sent with no answer: it may have been made; the record says so
-                    // (`Uploading`). Not sent: not made.
-                    Err(e) => {
-                        if !e.maybe_carried_out() {
-                            g.not_started().map_err(crate::offline::state::kept)?;
-                        }
-                        return Err(e.into());
-                    }
-                }
-            }
+            (Kind::Create, Some(d), None) => match self.create_and_send(g, *d, &name)? {
+                Some(outcome) => outcome,
+                None => return Ok(None),
+            },
             // A conflict copy of a file still open for writing here waits for its
             // writer to close it: made now, the later writes would go through to the
             // server's file, which is somebody else's version.
             _ if self.writing(&rec) => return Ok(None),
-            (_, Some(d), found) => {
-                let reason = match (rec.kind, found) {
-                    (Kind::Create, _) => "a file of that name was created on the server",
-                    (_, None) => "removed on the server",
-                    (_, Some(e)) if e.attr.file_id != rec.origin_id() => "replaced on the server",
-                    _ => "changed on the server since the change began",
-                };
-                let copy = self.conflict_copy(*d, &name, g, &off.host)?;
-                let mut at = loc[..loc.len() - 1].to_vec();
-                at.push(copy);
-                Outcome::Conflict(Conflict {
-                    at: now_secs(),
-                    path: shown(&loc),
-                    copy: shown(&at),
-                    reason: reason.into(),
-                })
-            }
-            (_, None, _) => {
-                // Not in the export root, where everyone would see it: in its maker's
-                // private directory there.
-                let (dir, orphans) = orphans_dir(self.sb.origin(), root, &rec.sender())?;
-                let flat = loc.join(&b'_');
-                let copy = self.conflict_copy(orphans, &flat, g, &off.host)?;
-                Outcome::Conflict(Conflict {
-                    at: now_secs(),
-                    path: shown(&loc),
-                    copy: shown(&[dir, copy]),
-                    reason: "its directory was removed on the server".into(),
-                })
-            }
+            (_, dir, found) => self.conflict_copy_of(g, root, dir, found.as_ref(), &loc)?,
         };
         Ok(Some(outcome))
+    }
+
+    /// A `Create` whose name is free on the origin (in directory `d`): the file is made
+    /// (noted first, so that a client killed meanwhile takes it for its own) and its
+    /// content sent; `None` if the name was taken meanwhile (a conflict next time round).
+    fn create_and_send(&self, g: &mut Inner, d: Handle, name: &[u8]) -> FsResult<Option<Outcome>> {
+        let rec = g.record().clone();
+        let owner = Owner {
+            uid: rec.uid,
+            gid: rec.gid,
+        };
+        g.start_upload().map_err(crate::offline::state::kept)?;
+        match self
+            .sb
+            .origin()
+            .create(d, name, u32::from(rec.perm), true, owner)
+        {
+            Ok(e) => {
+                g.created(e.attr.file_id, e.attr.version)
+                    .map_err(crate::offline::state::kept)?;
+                self.send_created(g, &e).map(Some)
+            }
+            // Taken meanwhile (not by this client): next time round it is a conflict.
+            Err(hoardfs_origin::OriginError::Fs(WireError::Exists)) => {
+                g.not_started().map_err(crate::offline::state::kept)?;
+                Ok(None)
+            }
+            // Refused: not created, and tried afresh next time (a file made there by
+            // somebody else meanwhile is then a conflict, not taken for ours).
+            Err(hoardfs_origin::OriginError::Fs(w)) => {
+                g.not_started().map_err(crate::offline::state::kept)?;
+                Err(w.into())
+            }
+            // Sent with no answer: it may have been made; the record says so
+            // (`Uploading`). Not sent: not made.
+            Err(e) => {
+                if !e.maybe_carried_out() {
+                    g.not_started().map_err(crate::offline::state::kept)?;
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// This client's version of the file at `loc` written to a conflict copy: next to the
+    /// origin's (in `dir`, where `found` is what the name leads to now), or, its directory
+    /// gone, in its maker's private directory in the root.
+    fn conflict_copy_of(
+        &self,
+        g: &Inner,
+        root: Handle,
+        dir: &Option<Handle>,
+        found: Option<&Entry>,
+        loc: &[Vec<u8>],
+    ) -> FsResult<Outcome> {
+        let rec = g.record();
+        let name = loc.last().expect("a path has a name");
+        let host = &self.off.host;
+        let Some(d) = dir else {
+            // Not in the export root, where everyone would see it: in its maker's
+            // private directory there.
+            let (dir, orphans) = orphans_dir(self.sb.origin(), root, &rec.sender())?;
+            let flat = loc.join(&b'_');
+            let copy = self.conflict_copy(orphans, &flat, g, host)?;
+            return Ok(Outcome::Conflict(Conflict {
+                at: now_secs(),
+                path: shown(loc),
+                copy: shown(&[dir, copy]),
+                reason: "its directory was removed on the server".into(),
+            }));
+        };
+        let reason = match (rec.kind, found) {
+            (Kind::Create, _) => "a file of that name was created on the server",
+            (_, None) => "removed on the server",
+            (_, Some(e)) if e.attr.file_id != rec.origin_id() => "replaced on the server",
+            _ => "changed on the server since the change began",
+        };
+        let copy = self.conflict_copy(*d, name, g, host)?;
+        let mut at = loc[..loc.len() - 1].to_vec();
+        at.push(copy);
+        Ok(Outcome::Conflict(Conflict {
+            at: now_secs(),
+            path: shown(loc),
+            copy: shown(&at),
+            reason: reason.into(),
+        }))
     }
 
     /// Marks the change done (`outcome`) and brings its node along: the node leaves the
