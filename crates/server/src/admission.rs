@@ -33,10 +33,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::credentials::{Check, Credentials, Gone};
 pub(crate) use crate::handshakes::HandshakeTicket;
-use crate::handshakes::Handshakes;
-
-/// Granularity of the memory budgets.
-pub(crate) const UNIT: usize = 64 << 10;
+use crate::handshakes::{Handshakes, network_of};
+use crate::units::UNIT;
 
 /// The admission state of one server.
 pub(crate) struct Admission {
@@ -83,7 +81,7 @@ impl Admission {
     /// Registers a connection from `peer` in its handshake (module `handshakes`);
     /// `None`: dropped at once to keep room for others.
     pub(crate) fn begin_handshake(&self, peer: IpAddr) -> Option<HandshakeTicket> {
-        let deadline = tokio::time::Instant::now() + crate::conn::HELLO_TIMEOUT;
+        let deadline = tokio::time::Instant::now() + crate::handshakes::HELLO_TIMEOUT;
         self.handshakes.begin(peer, deadline, rand::random::<f64>())
     }
 
@@ -199,11 +197,6 @@ impl Drop for SessionGuard {
     }
 }
 
-/// Units a request's data costs (at least one, so that every reply in the queue counts).
-pub(crate) fn units_for(bytes: usize) -> u32 {
-    bytes.div_ceil(UNIT).max(1) as u32
-}
-
 /// Failed credential attempts by source address.
 #[derive(Default)]
 pub(crate) struct Failures {
@@ -278,19 +271,6 @@ impl Failures {
     /// Forgets an address's failures (after it authenticated).
     pub(crate) fn clear(&self, addr: IpAddr) {
         self.by_addr.lock().remove(&network_of(addr));
-    }
-}
-
-/// The unit failures are counted by: an IPv4 address, or an IPv6 /64.
-pub(crate) fn network_of(addr: IpAddr) -> IpAddr {
-    // An IPv4 peer of a dual-stack listener arrives as ::ffff:a.b.c.d: its own address.
-    match addr.to_canonical() {
-        v4 @ IpAddr::V4(_) => v4,
-        IpAddr::V6(v6) => {
-            let mut o = v6.octets();
-            o[8..].fill(0);
-            IpAddr::from(o)
-        }
     }
 }
 

@@ -37,7 +37,7 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::conn::Outgoing;
+use crate::outgoing::Outgoing;
 
 /// Most objects one connection may hold callbacks on.
 pub(crate) const MAX_CALLBACKS_PER_CONN: usize = 1 << 20;
@@ -95,7 +95,7 @@ pub struct Callbacks {
     recent: Mutex<std::collections::VecDeque<(u64, Arc<Vec<Break>>)>>,
     /// Bytes of the reports in `recent`.
     recent_bytes: AtomicUsize,
-    /// The server's memory budget (units of `admission::UNIT`), once the server runs.
+    /// The server's memory budget (units of `units::UNIT`), once the server runs.
     memory: std::sync::OnceLock<Arc<Semaphore>>,
     next_conn: AtomicU64,
     sent: AtomicU64,
@@ -136,7 +136,7 @@ impl Callbacks {
         self.conns.lock().remove(&id);
     }
 
-    /// Charges callback sets to `memory` (the server's budget, in `admission::UNIT`s).
+    /// Charges callback sets to `memory` (the server's budget, in `units::UNIT`s).
     pub(crate) fn charge_to(&self, memory: Arc<Semaphore>) {
         let _ = self.memory.set(memory);
     }
@@ -245,7 +245,7 @@ impl Callbacks {
         let Some(memory) = self.memory.get() else {
             return true;
         };
-        let unit = crate::admission::UNIT;
+        let unit = crate::units::UNIT;
         let want = set_bytes(c.files.capacity()).div_ceil(unit) as u32;
         let held = c.charged.as_ref().map_or(0, |p| p.num_permits() as u32);
         if want <= held {
@@ -368,8 +368,7 @@ mod tests {
         let small: Vec<u64> = (0..10_000).collect();
         c.register(conn, &small, c.seq());
         let used = 16 - memory.available_permits();
-        let want =
-            set_bytes(c.conns.lock()[&conn].files.capacity()).div_ceil(crate::admission::UNIT);
+        let want = set_bytes(c.conns.lock()[&conn].files.capacity()).div_ceil(crate::units::UNIT);
         assert_eq!(used, want, "charged as it grew");
         assert!(rx.try_recv().is_err(), "no break while it fits");
         // Growing beyond the budget: dropped, the client told, the charge given back.

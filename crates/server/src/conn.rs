@@ -25,8 +25,7 @@ use hoardfs_origin::FileRange;
 use hoardfs_proto::buffers;
 use hoardfs_proto::frame::{self, FrameError, FrameHeader, HEADER_LEN, Limits};
 use hoardfs_proto::{
-    IdMap, Identities, MIN_PROTOCOL_VERSION, Op, PROTOCOL_VERSION, Reply, Request, Response,
-    ServerMessage, WireError,
+    IdMap, Identities, MIN_PROTOCOL_VERSION, Op, PROTOCOL_VERSION, Reply, Request, WireError,
 };
 use tokio::io::{
     AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, Interest,
@@ -36,14 +35,14 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
-use crate::admission::{self, HandshakeTicket, Principal, SessionGuard};
+use crate::admission::{HandshakeTicket, Principal, SessionGuard};
 use crate::callbacks::ConnId;
 use crate::credentials::{self, Check};
 use crate::decode::{Decoded, Phase, decode_request};
+use crate::handshakes::HELLO_TIMEOUT;
+use crate::outgoing::{Held, Outgoing};
 use crate::{Shared, Stats};
 
-/// How long a new connection may take to send its `Hello`.
-pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// What is accepted before authentication: a `Hello` body and nothing else.
 const HELLO_LIMITS: Limits = Phase::Hello.limits();
 /// Socket buffer sizes of the reader and writer.
@@ -52,68 +51,6 @@ const IO_BUF: usize = 64 << 10;
 const TLS_SEND_BUFFER: usize = 256 << 10;
 /// How long a refused peer gets to receive the error reply before the socket closes.
 const REFUSAL_LINGER: Duration = Duration::from_secs(5);
-
-/// An encoded frame waiting for the writer.
-pub(crate) struct Outgoing {
-    body: Vec<u8>,
-    data: Vec<u8>,
-    /// A data section sent from a file with `sendfile` instead of `data`.
-    file: Option<FileRange>,
-    /// A callback-break frame (counted in the connection's pending breaks until written).
-    is_break: bool,
-    /// What its request holds until this is written.
-    held: Option<Held>,
-}
-
-impl Outgoing {
-    /// Encodes a reply; a body the client would reject as too large becomes `Io`.
-    pub(crate) fn new(id: u64, result: Result<Reply, WireError>, data: Vec<u8>) -> Outgoing {
-        let msg = ServerMessage::Response(Response { id, result });
-        let out = Outgoing {
-            data,
-            ..Outgoing::message(&msg, false)
-        };
-        if out.body.len() > Limits::RESPONSE.max_body as usize {
-            tracing::warn!(id, len = out.body.len(), "reply too large for the wire");
-            return Outgoing::new(id, Err(WireError::Io), Vec::new());
-        }
-        out
-    }
-
-    /// Encodes a read reply whose bytes the writer sends from `range` without copying them.
-    pub(crate) fn file(id: u64, range: FileRange) -> Outgoing {
-        let reply = Reply::Data {
-            len: range.len,
-            version: range.version,
-        };
-        Outgoing {
-            file: Some(range),
-            ..Outgoing::new(id, Ok(reply), Vec::new())
-        }
-    }
-
-    /// Encodes any server message without a data section.
-    pub(crate) fn message(msg: &ServerMessage, is_break: bool) -> Outgoing {
-        Outgoing {
-            body: frame::encode_body(msg),
-            data: Vec::new(),
-            file: None,
-            is_break,
-            held: None,
-        }
-    }
-
-    /// Bytes of the frame's body.
-    pub(crate) fn body_len(&self) -> usize {
-        self.body.len()
-    }
-
-    /// Keeps `held` until this reply has been written.
-    fn holding(mut self, held: Held) -> Outgoing {
-        self.held = Some(held);
-        self
-    }
-}
 
 /// Aborts the wrapped task when dropped.
 struct AbortOnDrop<T>(JoinHandle<T>);
@@ -335,8 +272,9 @@ struct Session {
     revoked: Arc<Notify>,
 }
 
-/// The handshake: reads `Hello`, checks version and credential, admits the connection
-/// and answers. `Err` says how the connection ends instead.
+/// The handshake: reads `Hello` (`read_hello`), decides on it (`judge`: version and
+/// credential, no socket I/O), and admits the connection and answers (`welcome`). `Err`
+/// says how the connection ends instead.
 async fn handshake<R: AsyncRead + Unpin>(
     rd: &mut R,
     tx: &mpsc::UnboundedSender<Outgoing>,
@@ -345,6 +283,65 @@ async fn handshake<R: AsyncRead + Unpin>(
     ticket: HandshakeTicket,
     register: impl FnOnce() -> ConnId,
 ) -> Result<Session, End> {
+    let hello = read_hello(rd, &ticket, shared).await?;
+    match judge(shared, peer, &hello) {
+        Verdict::Admit { name, rights } => {
+            drop(ticket);
+            welcome(tx, peer, shared, hello, (name, rights), register).await
+        }
+        Verdict::Refuse {
+            err,
+            reason,
+            bad,
+            delay,
+        } => {
+            if let Some(delay) = delay {
+                // Past a few failures, answering slowly makes guessing slow. The wait
+                // still counts as a pending handshake, the first of its source's to make
+                // room for a newer one (module `handshakes`); the deadline ends it too.
+                ticket.refused();
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = ticket.evicted.notified() => {
+                        return Err(End::Ended("dropped a delayed refusal to make room".into()));
+                    }
+                    () = tokio::time::sleep_until(ticket.deadline) => {
+                        return Err(End::Closed(Some(io::ErrorKind::TimedOut.into())));
+                    }
+                }
+            }
+            drop(ticket);
+            Err(hello.refuse(err, reason, bad))
+        }
+    }
+}
+
+/// A client's `Hello`: its request id, protocol version and credential.
+struct Hello {
+    id: u64,
+    version: u32,
+    token: Vec<u8>,
+}
+
+impl Hello {
+    /// Ends the connection with `err` as the reply to this `Hello` (`reason` logged;
+    /// `bad`: the client misbehaved).
+    fn refuse(&self, err: WireError, reason: String, bad: bool) -> End {
+        End::Refuse {
+            reason,
+            reply: Box::new(Outgoing::new(self.id, Err(err), Vec::new())),
+            bad,
+        }
+    }
+}
+
+/// Reads the connection's first frame, which must be a `Hello`, by the ticket's deadline
+/// (or until the ticket is evicted to make room).
+async fn read_hello<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    ticket: &HandshakeTicket,
+    shared: &Shared,
+) -> Result<Hello, End> {
     let hello = tokio::select! {
         r = tokio::time::timeout_at(ticket.deadline, read_frame(rd, HELLO_LIMITS)) => r,
         () = ticket.evicted.notified() => {
@@ -366,24 +363,56 @@ async fn handshake<R: AsyncRead + Unpin>(
     let Op::Hello { version, token } = req.op else {
         return Err(End::Bad("request before hello".into()));
     };
-    let refuse = |err, reason: String, bad| {
-        Err(End::Refuse {
-            reason,
-            reply: Box::new(Outgoing::new(req.id, Err(err), Vec::new())),
-            bad,
-        })
-    };
+    Ok(Hello {
+        id: req.id,
+        version,
+        token,
+    })
+}
+
+/// What the server decides about a `Hello`.
+enum Verdict {
+    /// Let in as `name` (`None`: no credential is required) with `rights`.
+    Admit {
+        name: Option<String>,
+        rights: credentials::Rights,
+    },
+    /// Answered `err` (after `delay`, for a refused credential); `reason` is logged,
+    /// `bad` counts the client as misbehaving.
+    Refuse {
+        err: WireError,
+        reason: String,
+        bad: bool,
+        delay: Option<Duration>,
+    },
+}
+
+/// Decides on `hello` from `peer`: its protocol version, then its credential (a refusal
+/// is counted against the peer's address, and past a few answered slowly; an acceptance
+/// clears the count). No socket I/O.
+fn judge(shared: &Shared, peer: SocketAddr, hello: &Hello) -> Verdict {
+    let version = hello.version;
     if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
-        let reason = format!(
-            "client speaks protocol {version}, we speak {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}"
-        );
-        return refuse(WireError::Protocol, reason, true);
+        return Verdict::Refuse {
+            err: WireError::Protocol,
+            reason: format!(
+                "client speaks protocol {version}, we speak {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}"
+            ),
+            bad: true,
+            delay: None,
+        };
     }
-    let (name, rights) = match shared.credentials.check(&token) {
-        Check::Open => (None, credentials::Rights::default()),
+    match shared.credentials.check(&hello.token) {
+        Check::Open => Verdict::Admit {
+            name: None,
+            rights: credentials::Rights::default(),
+        },
         Check::Accepted(name, rights) => {
             shared.admission.failures.clear(peer.ip());
-            (Some(name), rights)
+            Verdict::Admit {
+                name: Some(name),
+                rights,
+            }
         }
         Check::Refused(claimed) => {
             let v = shared.admission.failures.record(peer.ip(), Instant::now());
@@ -396,35 +425,38 @@ async fn handshake<R: AsyncRead + Unpin>(
                     "refused a credential"
                 );
             }
-            // Past a few failures, answering slowly makes guessing slow. The wait still
-            // counts as a pending handshake, the first of its source's to make room for
-            // a newer one (module `handshakes`); the deadline ends it too.
-            ticket.refused();
-            tokio::select! {
-                () = tokio::time::sleep(v.delay) => {}
-                () = ticket.evicted.notified() => {
-                    return Err(End::Ended("dropped a delayed refusal to make room".into()));
-                }
-                () = tokio::time::sleep_until(ticket.deadline) => {
-                    return Err(End::Closed(Some(io::ErrorKind::TimedOut.into())));
-                }
+            Verdict::Refuse {
+                err: WireError::AuthFailed,
+                reason: String::new(),
+                bad: true,
+                delay: Some(v.delay),
             }
-            drop(ticket);
-            return refuse(WireError::AuthFailed, String::new(), true);
         }
-    };
-    drop(ticket);
+    }
+}
+
+/// Admits a connection whose `hello` was accepted (as `name`, with `rights`): takes its
+/// place among the `--max-connections`, opens its session, and answers with the export's
+/// root, holding a callback on it.
+async fn welcome(
+    tx: &mpsc::UnboundedSender<Outgoing>,
+    peer: SocketAddr,
+    shared: &Arc<Shared>,
+    hello: Hello,
+    (name, rights): (Option<String>, credentials::Rights),
+    register: impl FnOnce() -> ConnId,
+) -> Result<Session, End> {
     let Some(slot) = shared.admission.admit() else {
         let reason = format!(
             "connection limit reached ({} authenticated connections)",
             shared.cfg.max_connections
         );
-        return refuse(WireError::Busy, reason, false);
+        return Err(hello.refuse(WireError::Busy, reason, false));
     };
     let principal = match &name {
         Some(n) => Principal::Named {
             name: n.clone(),
-            digest: credentials::sha256(&token),
+            digest: credentials::sha256(&hello.token),
         },
         // Sessions let in while no credential was required are ended once one is.
         None => Principal::Open,
@@ -432,10 +464,10 @@ async fn handshake<R: AsyncRead + Unpin>(
     let Some((revoked, guard)) =
         shared
             .admission
-            .open_session(principal, &shared.credentials, &token, &rights)
+            .open_session(principal, &shared.credentials, &hello.token, &rights)
     else {
         tracing::warn!(%peer, credential = name.as_deref(), "credential revoked during the handshake");
-        return refuse(WireError::AuthFailed, String::new(), true);
+        return Err(hello.refuse(WireError::AuthFailed, String::new(), true));
     };
     let conn = register();
     let seq_before = shared.callbacks.seq();
@@ -444,9 +476,11 @@ async fn handshake<R: AsyncRead + Unpin>(
         Ok(Ok(info)) => info,
         Ok(Err(e)) => {
             let reason = format!("origin unavailable: {e}");
-            return refuse(crate::handle::wire_error(e), reason, false);
+            return Err(hello.refuse(crate::handle::wire_error(e), reason, false));
         }
-        Err(e) => return refuse(WireError::Io, format!("origin panicked: {e}"), false),
+        Err(e) => {
+            return Err(hello.refuse(WireError::Io, format!("origin panicked: {e}"), false));
+        }
     };
     let root_id = info.root.attr.file_id;
     let rights = Arc::new(crate::handle::SessionRights {
@@ -460,8 +494,8 @@ async fn handshake<R: AsyncRead + Unpin>(
     });
     // The connection speaks the client's version (an older client never sends what it
     // does not know).
-    let hello = Reply::Hello {
-        version,
+    let reply = Reply::Hello {
+        version: hello.version,
         export_id: info.export_id,
         root: info.root,
         read_only: shared.cfg.read_only || info.read_only || rights.read_only,
@@ -474,7 +508,7 @@ async fn handshake<R: AsyncRead + Unpin>(
     };
     let raced = shared.callbacks.register(conn, &[root_id], seq_before);
     if tx
-        .send(Outgoing::new(req.id, Ok(hello), Vec::new()))
+        .send(Outgoing::new(hello.id, Ok(reply), Vec::new()))
         .is_err()
     {
         return Err(End::Closed(None));
@@ -499,14 +533,6 @@ async fn handshake<R: AsyncRead + Unpin>(
         _guard: guard,
         revoked,
     })
-}
-
-/// What a request holds until its reply has been written: its slot among the
-/// connection's requests in flight and its memory charges.
-pub(crate) struct Held {
-    _slot: OwnedSemaphorePermit,
-    _conn: OwnedSemaphorePermit,
-    _server: OwnedSemaphorePermit,
 }
 
 /// Waits for `fut` unless the connection is closing (writer gone) or revoked.
@@ -584,7 +610,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             _ => data.len(),
         };
         let units =
-            admission::units_for(cost.min(shared.admission.per_conn_units * admission::UNIT));
+            crate::units::units_for(cost.min(shared.admission.per_conn_units * crate::units::UNIT));
         let conn_units =
             match unless_ending(Arc::clone(&budget).acquire_many_owned(units), tx, revoked).await {
                 Ok(Ok(p)) => p,

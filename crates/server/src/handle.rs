@@ -16,7 +16,7 @@ use hoardfs_proto::{
 
 use crate::Shared;
 use crate::callbacks::ConnId;
-use crate::conn::Outgoing;
+use crate::outgoing::Outgoing;
 
 /// One decoded request.
 pub(crate) struct Req {

@@ -23,6 +23,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+/// How long a new connection may take to finish its TLS handshake and send its `Hello`.
+pub(crate) const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The source a peer counts as (for pending handshakes and failed credentials): an
+/// IPv4 address, or an IPv6 /64.
+pub(crate) fn network_of(addr: IpAddr) -> IpAddr {
+    // An IPv4 peer of a dual-stack listener arrives as ::ffff:a.b.c.d: its own address.
+    match addr.to_canonical() {
+        v4 @ IpAddr::V4(_) => v4,
+        IpAddr::V6(v6) => {
+            let mut o = v6.octets();
+            o[8..].fill(0);
+            IpAddr::from(o)
+        }
+    }
+}
+
 /// The pending handshakes of one server.
 pub(crate) struct Handshakes {
     inner: Mutex<Inner>,
@@ -139,7 +156,7 @@ impl Handshakes {
         deadline: tokio::time::Instant,
         roll: f64,
     ) -> Option<HandshakeTicket> {
-        let source = crate::admission::network_of(peer);
+        let source = network_of(peer);
         let mut inner = self.inner.lock();
         let pending = inner.queue.len();
         let mine = inner.by_source.get(&source).copied().unwrap_or(0);

@@ -17,7 +17,9 @@ mod decode;
 mod handle;
 mod handshakes;
 mod idmap;
+mod outgoing;
 pub mod tier;
+mod units;
 
 pub use hoardfs_proto::{ANON_ID, Squash};
 pub use idmap::IdMapping;
