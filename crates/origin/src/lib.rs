@@ -23,6 +23,7 @@ pub use hoardfs_proto::{
 };
 
 pub mod caller;
+pub mod handle_table;
 pub mod held;
 pub mod local;
 pub mod remote;

@@ -40,7 +40,7 @@ use hoardfs_proto::{
 use crate::held::HeldFiles;
 use crate::{BreakSink, DirPage, FileRange, Origin, OriginInfo, ReadReply, Result, WriteReply};
 use files::OpenFiles;
-use handles::{HandleTable, Node, ROOT_ID};
+use handles::{HandleTable, Node};
 
 /// Tunables of a local export.
 #[derive(Debug, Clone)]
@@ -264,10 +264,7 @@ impl LocalOrigin {
     }
 
     fn root_handle(&self) -> Handle {
-        Handle {
-            epoch: self.handles.epoch(),
-            id: ROOT_ID,
-        }
+        self.handles.root()
     }
 
     /// Sets this thread's credentials to the ambient caller's (or the process's own, where

@@ -200,7 +200,7 @@ impl LocalOrigin {
         if victim.st_nlink > 1 && victim.st_mode & libc::S_IFMT != libc::S_IFDIR {
             return;
         }
-        if let Some(id) = self.handles.remove_inode(victim.st_dev, victim.st_ino) {
+        if let Some(id) = self.handles.remove(&(victim.st_dev, victim.st_ino)) {
             self.files.remove(id);
             self.wfiles.remove(id);
         }

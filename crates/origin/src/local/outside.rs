@@ -269,7 +269,7 @@ impl Inner {
                 if st.st_mode & libc::S_IFMT != libc::S_IFREG {
                     continue;
                 }
-                if let Some(node) = self.handles.by_inode(st.st_dev, st.st_ino)
+                if let Some(node) = self.handles.find(&(st.st_dev, st.st_ino))
                     && node.io_within(RACE_WINDOW)
                 {
                     self.bump(&node, fd.as_raw_fd());
@@ -281,7 +281,7 @@ impl Inner {
     /// Events were lost: moves the mtime of every file served within the window.
     fn bump_all_in_use(&self) {
         tracing::warn!("moving the mtime of every file in use, since writes may have been missed");
-        for node in self.handles.used_within(RACE_WINDOW) {
+        for node in self.handles.select(|n| n.io_within(RACE_WINDOW)) {
             self.bump(&node, node.fd.as_raw_fd());
         }
     }

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hoardfs_proto::Break;
+use hoardfs_proto::{Break, FileKind};
 use parking_lot::Mutex;
 
 use super::handles::Node;
@@ -449,7 +449,7 @@ impl LocalOrigin {
             .get(self.root_handle())
             .ok()
             .map(|n| (n.dev, n.ino));
-        let mut dirs = self.handles.dirs();
+        let mut dirs = self.handles.select(|n| n.kind == FileKind::Dir);
         dirs.sort_by_key(|n| Some((n.dev, n.ino)) != root);
         for node in dirs {
             sub.watch_dir(&node);

@@ -116,7 +116,11 @@ impl S3Origin {
             .unwrap_or_default();
         Ok(S3Origin {
             client: Arc::new(client),
-            table: Arc::new(NodeTable::new(rand::random::<u64>() | 1, 1 << 20)),
+            table: Arc::new(NodeTable::new(
+                rand::random::<u64>() | 1,
+                1 << 20,
+                S3Node::root(),
+            )),
             listings: Arc::new(listings),
             watched: Arc::default(),
             stop: Arc::default(),

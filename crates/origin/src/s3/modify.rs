@@ -5,6 +5,7 @@
 
 use hoardfs_proto::{Entry, FileKind, Handle, RENAME_EXCHANGE, RENAME_NOREPLACE, WireError};
 
+use super::nodes::S3Node;
 use super::{S3Origin, client, io_error};
 use crate::{OriginError, Result};
 
@@ -62,7 +63,7 @@ impl S3Origin {
             let r = self.client.delete(&self.opts.location.key(&path));
             self.ok(r)?;
         }
-        self.table.forget(&path, FileKind::File);
+        self.table.remove(&S3Node::key_of(&path, FileKind::File));
         self.changed(&path);
         self.report(&path, None);
         Ok(())
@@ -77,9 +78,12 @@ impl S3Origin {
             // A directory that existed only through the keys under it vanished with the
             // last of them (`rm -r` removes the files first): removing it succeeds.
             Err(OriginError::Fs(WireError::NotFound))
-                if self.table.known(&path, FileKind::Dir).is_some() =>
+                if self
+                    .table
+                    .find(&S3Node::key_of(&path, FileKind::Dir))
+                    .is_some() =>
             {
-                self.table.forget(&path, FileKind::Dir);
+                self.table.remove(&S3Node::key_of(&path, FileKind::Dir));
                 self.changed(&path);
                 return Ok(());
             }
@@ -94,7 +98,7 @@ impl S3Origin {
         }
         let r = self.client.delete(&prefix);
         self.ok(r)?;
-        self.table.forget(&path, FileKind::Dir);
+        self.table.remove(&S3Node::key_of(&path, FileKind::Dir));
         self.changed(&path);
         self.listings.expire(&prefix);
         // A store's listing may show the marker for a moment after its delete (Garage
@@ -145,8 +149,8 @@ impl S3Origin {
         self.ok(r)?;
         let r = self.client.delete(&self.opts.location.key(&from));
         self.ok(r)?;
-        self.table.forget(&from, FileKind::File);
-        self.table.forget(&to, FileKind::File);
+        self.table.remove(&S3Node::key_of(&from, FileKind::File));
+        self.table.remove(&S3Node::key_of(&to, FileKind::File));
         self.changed(&from);
         self.changed(&to);
         self.report(&from, None);

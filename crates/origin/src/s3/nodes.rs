@@ -4,19 +4,13 @@
 //! on every client), and its `version` a hash of ETag and size, which changes with every
 //! new object written there.
 //!
-//! The table is bounded; beyond its capacity the oldest handles are forgotten, and a
-//! caller holding one gets `Stale` and resolves the name again.
+//! The table is the shared [`crate::handle_table::HandleTable`]: bounded, epoch-checked,
+//! one handle per path and kind.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
-
-use hoardfs_proto::{FileKind, Handle, WireError};
-use parking_lot::Mutex;
+use hoardfs_proto::FileKind;
 
 use super::client::ObjectInfo;
-
-/// Id of the root in every epoch.
-pub const ROOT_ID: u64 = 1;
+use crate::handle_table::Keyed;
 
 /// What a handle names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,162 +41,36 @@ pub fn version(info: &ObjectInfo) -> u64 {
     h.digest().max(1)
 }
 
-struct Inner {
-    by_id: HashMap<u64, Arc<S3Node>>,
-    by_path: HashMap<(String, bool), u64>,
-    order: VecDeque<u64>,
-    next: u64,
-}
+impl S3Node {
+    /// The table's key for the object of `kind` at `path`.
+    pub fn key_of(path: &str, kind: FileKind) -> (String, bool) {
+        (path.to_string(), kind == FileKind::Dir)
+    }
 
-/// Bounded map between handles and nodes. Lock: one mutex, never held across a request.
-pub struct NodeTable {
-    epoch: u64,
-    cap: usize,
-    inner: Mutex<Inner>,
-}
-
-impl NodeTable {
-    /// A table (with the root) whose handles carry `epoch`.
-    pub fn new(epoch: u64, cap: usize) -> NodeTable {
-        let root = Arc::new(S3Node {
+    /// The root of the mount.
+    pub fn root() -> S3Node {
+        S3Node {
             path: String::new(),
             kind: FileKind::Dir,
             info: None,
-        });
-        let mut by_id = HashMap::new();
-        by_id.insert(ROOT_ID, root);
-        let mut by_path = HashMap::new();
-        by_path.insert((String::new(), true), ROOT_ID);
-        NodeTable {
-            epoch,
-            cap: cap.max(16),
-            inner: Mutex::new(Inner {
-                by_id,
-                by_path,
-                order: VecDeque::new(),
-                next: ROOT_ID + 1,
-            }),
-        }
-    }
-
-    /// The root's handle.
-    pub fn root(&self) -> Handle {
-        Handle {
-            epoch: self.epoch,
-            id: ROOT_ID,
-        }
-    }
-
-    /// The node `h` names, or `Stale`.
-    pub fn get(&self, h: Handle) -> Result<Arc<S3Node>, WireError> {
-        if h.epoch != self.epoch {
-            return Err(WireError::Stale);
-        }
-        self.inner
-            .lock()
-            .by_id
-            .get(&h.id)
-            .cloned()
-            .ok_or(WireError::Stale)
-    }
-
-    /// The handle of `node` (the same one as before for the same path and kind), with the
-    /// node's information replaced by `node`'s.
-    pub fn put(&self, node: S3Node) -> Handle {
-        let key = (node.path.clone(), node.kind == FileKind::Dir);
-        let mut g = self.inner.lock();
-        let id = match g.by_path.get(&key) {
-            Some(&id) => id,
-            None => {
-                let id = g.next;
-                g.next += 1;
-                g.by_path.insert(key, id);
-                g.order.push_back(id);
-                id
-            }
-        };
-        g.by_id.insert(id, Arc::new(node));
-        while g.order.len() > self.cap {
-            if let Some(old) = g.order.pop_front()
-                && let Some(n) = g.by_id.remove(&old)
-            {
-                g.by_path.remove(&(n.path.clone(), n.kind == FileKind::Dir));
-            }
-        }
-        Handle {
-            epoch: self.epoch,
-            id,
-        }
-    }
-
-    /// The object of `kind` at `path`, if a handle names it.
-    pub fn known(&self, path: &str, kind: FileKind) -> Option<Arc<S3Node>> {
-        let g = self.inner.lock();
-        let id = g.by_path.get(&(path.to_string(), kind == FileKind::Dir))?;
-        g.by_id.get(id).cloned()
-    }
-
-    /// Replaces what is known of `node`'s path, if a handle names it (no new handle).
-    pub fn refresh(&self, node: S3Node) {
-        let mut g = self.inner.lock();
-        if let Some(&id) = g
-            .by_path
-            .get(&(node.path.clone(), node.kind == FileKind::Dir))
-        {
-            g.by_id.insert(id, Arc::new(node));
-        }
-    }
-
-    /// Forgets the file at `path` (deleted or renamed away): its handles become stale.
-    pub fn forget(&self, path: &str, kind: FileKind) {
-        let mut g = self.inner.lock();
-        if let Some(id) = g.by_path.remove(&(path.to_string(), kind == FileKind::Dir)) {
-            g.by_id.remove(&id);
-            g.order.retain(|&i| i != id);
         }
     }
 }
+
+impl Keyed for S3Node {
+    /// The path, and whether it is a directory.
+    type Key = (String, bool);
+    fn key(&self) -> (String, bool) {
+        S3Node::key_of(&self.path, self.kind)
+    }
+}
+
+/// Handles of the objects and directories below the prefix, keyed by path and kind.
+pub type NodeTable = crate::handle_table::HandleTable<S3Node>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn file(path: &str, etag: &str) -> S3Node {
-        S3Node {
-            path: path.into(),
-            kind: FileKind::File,
-            info: Some(ObjectInfo {
-                size: 1,
-                etag: etag.into(),
-                mtime: 0,
-            }),
-        }
-    }
-
-    #[test]
-    fn a_path_keeps_its_handle_and_gets_new_information() {
-        let t = NodeTable::new(7, 100);
-        let a = t.put(file("a", "1"));
-        let b = t.put(file("a", "2"));
-        assert_eq!(a, b);
-        assert_eq!(t.get(a).unwrap().info.as_ref().unwrap().etag, "2");
-        assert_eq!(t.get(Handle { epoch: 8, id: a.id }), Err(WireError::Stale));
-        t.forget("a", FileKind::File);
-        assert_eq!(t.get(a), Err(WireError::Stale));
-        assert_eq!(t.get(t.root()).unwrap().kind, FileKind::Dir);
-    }
-
-    #[test]
-    fn the_table_is_bounded_and_never_forgets_the_root() {
-        let t = NodeTable::new(1, 16);
-        let first = t.put(file("f0", "e"));
-        for i in 1..100 {
-            t.put(file(&format!("f{i}"), "e"));
-        }
-        assert_eq!(t.get(first), Err(WireError::Stale));
-        assert!(t.get(t.root()).is_ok());
-        assert!(t.inner.lock().by_id.len() <= 17);
-    }
 
     #[test]
     fn identities_depend_on_path_kind_and_content() {

@@ -169,7 +169,7 @@ impl S3Origin {
     /// clients were told before, subscribers hear of it: whichever request notices a
     /// change (a lookup, a getattr, a listing) reports it, so none goes unreported.
     pub(super) fn learn(&self, path: &str, info: ObjectInfo) -> Handle {
-        let before = self.table.known(path, FileKind::File);
+        let before = self.table.find(&S3Node::key_of(path, FileKind::File));
         let sink = self.sink.lock().clone();
         if let Some(prev) = before.as_ref().and_then(|n| n.info.as_ref())
             && *prev != info
@@ -291,7 +291,7 @@ impl S3Origin {
         if let Some(attr) = self.staging.attr(path, self) {
             // Being written here: the staged attributes, and what the store has (if
             // anything) stays known, for change reports.
-            let handle = match self.table.known(path, FileKind::File) {
+            let handle = match self.table.find(&S3Node::key_of(path, FileKind::File)) {
                 Some(n) => self.table.put((*n).clone()),
                 None => self.table.put(S3Node {
                     path: path.into(),

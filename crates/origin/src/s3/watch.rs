@@ -224,7 +224,7 @@ pub fn diff(dir: &str, old: Option<&Snapshot>, new: &Snapshot, table: &NodeTable
         if let Listed::File(info) = l {
             // What clients were told last (the table), else the last listing.
             let was = table
-                .known(&path, FileKind::File)
+                .find(&S3Node::key_of(&path, FileKind::File))
                 .and_then(|n| n.info.clone())
                 .or_else(|| match before {
                     Some(Listed::File(i)) => Some(i.clone()),
@@ -302,7 +302,7 @@ mod tests {
 
     #[test]
     fn listing_differences_become_breaks() {
-        let t = NodeTable::new(1, 100);
+        let t = NodeTable::new(1, 100, S3Node::root());
         let old = snap(&[("a", Some("1")), ("b", Some("1")), ("d", None)]);
         let new = snap(&[("a", Some("2")), ("c", Some("1")), ("d", None)]);
         let b = diff("x", Some(&old), &new, &t);
@@ -333,7 +333,7 @@ mod tests {
 
     #[test]
     fn a_file_looked_up_before_its_first_listing_is_compared_too() {
-        let t = NodeTable::new(1, 100);
+        let t = NodeTable::new(1, 100, S3Node::root());
         t.put(S3Node {
             path: "f".into(),
             kind: FileKind::File,
@@ -353,7 +353,7 @@ mod tests {
             }]
         );
         assert_eq!(
-            t.known("f", FileKind::File)
+            t.find(&S3Node::key_of("f", FileKind::File))
                 .unwrap()
                 .info
                 .as_ref()

@@ -50,7 +50,7 @@ fn another_process_writing_a_served_file_moves_its_mtime_by_a_nanosecond() {
     let m = std::fs::metadata(&p).unwrap();
     let node = o
         .handles
-        .by_inode(m.dev(), m.ino())
+        .find(&(m.dev(), m.ino()))
         .expect("a.txt is registered");
     let guard = o.locks.lock(&node);
     write_from_another_process(&p, "HE");
