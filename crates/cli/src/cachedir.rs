@@ -1,6 +1,7 @@
 //! `hoardfs cache status|ls|evict|verify`: on a mount through its control socket, or on a
 //! cache directory opened directly (refused while a client holds it).
 
+use crate::error::{CliError, CliResult};
 use std::path::Path;
 
 use hoardfs_cache::CacheDir;
@@ -15,23 +16,23 @@ enum Target {
     Dir(CacheDir),
 }
 
-fn target(p: &Path) -> Result<Target, String> {
+fn target(p: &Path) -> CliResult<Target> {
     if p.join("HOARDFS-CACHE").is_file() {
         return CacheDir::open_for_inspection(p)
             .map(Target::Dir)
             .map_err(|e| match e {
-                hoardfs_cache::CacheError::Locked(_) => format!(
+                hoardfs_cache::CacheError::Locked(_) => CliError::Failed(format!(
                     "{} is in use by a running hoardfs client: run this on its mount point",
                     p.display()
-                ),
-                e => e.to_string(),
+                )),
+                e => CliError::Failed(e.to_string()),
             });
     }
     Ok(Target::Mount(Control::connect(&mount_of(p)?)?))
 }
 
 /// Runs a `cache` subcommand.
-pub fn cache(cmd: CacheCommand) -> Result<(), String> {
+pub fn cache(cmd: CacheCommand) -> CliResult<()> {
     match cmd {
         CacheCommand::Status { target: t, json } => {
             let usage = match target(&t)? {
@@ -114,7 +115,8 @@ pub fn cache(cmd: CacheCommand) -> Result<(), String> {
                 return Err(format!(
                     "{} could not be evicted",
                     crate::tools::plural(failed, "file")
-                ));
+                )
+                .into());
             }
             Ok(())
         }

@@ -3,6 +3,7 @@
 //! line each way. `hoardfs stats`, `cache`, `prefetch`, `pin`, `unpin`, `sync` and
 //! `conflicts` find it from the mount point (`socket_path`). The same counters feed the Prometheus exporter.
 
+use crate::error::{CliError, CliResult};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
@@ -18,7 +19,7 @@ use serde_json::{Value, json};
 /// Directory holding control sockets: `/run/hoardfs` for root, else the user's runtime
 /// directory. Never a directory in a place others can write to (such as `/tmp`), where
 /// another user could create it first and watch or fake the sockets.
-fn runtime_dir() -> Result<PathBuf, String> {
+fn runtime_dir() -> CliResult<PathBuf> {
     // SAFETY: geteuid has no preconditions.
     runtime_dir_for(
         unsafe { libc::geteuid() },
@@ -26,7 +27,7 @@ fn runtime_dir() -> Result<PathBuf, String> {
     )
 }
 
-fn runtime_dir_for(uid: u32, xdg: Option<std::ffi::OsString>) -> Result<PathBuf, String> {
+fn runtime_dir_for(uid: u32, xdg: Option<std::ffi::OsString>) -> CliResult<PathBuf> {
     if uid == 0 {
         return Ok(PathBuf::from("/run/hoardfs"));
     }
@@ -43,13 +44,14 @@ fn runtime_dir_for(uid: u32, xdg: Option<std::ffi::OsString>) -> Result<PathBuf,
 
 /// Checks that `dir` is a directory (not a symlink) owned by `uid` that nobody else can
 /// write to, in a parent that nobody else can rename it in (or one with the sticky bit).
-fn check_dir(dir: &Path, uid: u32) -> Result<(), String> {
+fn check_dir(dir: &Path, uid: u32) -> CliResult<()> {
     let md = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     if !md.file_type().is_dir() {
         return Err(format!(
             "{} is not a directory: refusing to use it for control sockets",
             dir.display()
-        ));
+        )
+        .into());
     }
     if md.uid() != uid {
         return Err(format!(
@@ -57,7 +59,8 @@ fn check_dir(dir: &Path, uid: u32) -> Result<(), String> {
              (remove it, or point XDG_RUNTIME_DIR elsewhere)",
             dir.display(),
             md.uid()
-        ));
+        )
+        .into());
     }
     if md.mode() & 0o022 != 0 {
         return Err(format!(
@@ -65,7 +68,8 @@ fn check_dir(dir: &Path, uid: u32) -> Result<(), String> {
              sockets (chmod 700 it)",
             dir.display(),
             md.mode() & 0o7777
-        ));
+        )
+        .into());
     }
     if let Some(parent) = dir.parent()
         && let Ok(p) = std::fs::metadata(parent)
@@ -76,17 +80,18 @@ fn check_dir(dir: &Path, uid: u32) -> Result<(), String> {
             "{} is writable by others without the sticky bit: refusing to keep control \
              sockets in it",
             parent.display()
-        ));
+        )
+        .into());
     }
     Ok(())
 }
 
 /// Creates `dir` (mode 0700) unless it exists, then checks it with [`check_dir`].
-fn ensure_dir(dir: &Path, uid: u32) -> Result<(), String> {
+fn ensure_dir(dir: &Path, uid: u32) -> CliResult<()> {
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+        Err(e) => return Err(format!("cannot create {}: {e}", dir.display()).into()),
     }
     check_dir(dir, uid)
 }
@@ -94,14 +99,14 @@ fn ensure_dir(dir: &Path, uid: u32) -> Result<(), String> {
 /// The control socket of the mount at `mountpoint`, an absolute path without symlinks (as
 /// /proc/self/mountinfo shows it; not canonicalised here, since a path on a mount that is
 /// not served yet would hang).
-pub fn socket_path(mountpoint: &Path) -> Result<PathBuf, String> {
+pub fn socket_path(mountpoint: &Path) -> CliResult<PathBuf> {
     let h = xxhash_rust::xxh3::xxh3_64(mountpoint.as_os_str().as_bytes());
     Ok(runtime_dir()?.join(format!("{h:016x}.sock")))
 }
 
 /// [`socket_path`], for connecting: its directory must pass [`check_dir`] (a socket in a
 /// directory someone else controls may be someone else's).
-pub fn checked_socket_path(mountpoint: &Path) -> Result<PathBuf, String> {
+pub fn checked_socket_path(mountpoint: &Path) -> CliResult<PathBuf> {
     let path = socket_path(mountpoint)?;
     if let Some(dir) = path.parent() {
         // SAFETY: geteuid has no preconditions.
@@ -135,7 +140,7 @@ pub struct MountInfo {
 }
 
 /// Binds the control socket of `info.mountpoint` (canonical) and serves it on a thread.
-pub fn start(fs: Arc<HoardFs>, info: MountInfo) -> Result<ControlServer, String> {
+pub fn start(fs: Arc<HoardFs>, info: MountInfo) -> CliResult<ControlServer> {
     let path = socket_path(&info.mountpoint)?;
     let dir = path
         .parent()
@@ -151,7 +156,8 @@ pub fn start(fs: Arc<HoardFs>, info: MountInfo) -> Result<ControlServer, String>
             return Err(format!(
                 "{} is already mounted by a running hoardfs client",
                 info.mountpoint.display()
-            ));
+            )
+            .into());
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
@@ -234,14 +240,14 @@ fn serve_conn(fs: &HoardFs, info: &MountInfo, stream: UnixStream) {
         let Ok(line) = line else { return };
         let reply = match serde_json::from_str::<Value>(&line) {
             Ok(req) => handle(fs, info, &req),
-            Err(e) => Err(format!("malformed request: {e}")),
+            Err(e) => Err(CliError::Failed(format!("malformed request: {e}"))),
         };
         let v = match reply {
             Ok(mut v) => {
                 v["ok"] = json!(true);
                 v
             }
-            Err(e) => json!({"ok": false, "error": e}),
+            Err(e) => json!({"ok": false, "error": e.to_string()}),
         };
         if writeln!(out, "{v}").is_err() {
             return;
@@ -253,7 +259,7 @@ fn fs_err(e: FsError) -> String {
     e.to_string()
 }
 
-fn handle(fs: &HoardFs, info: &MountInfo, req: &Value) -> Result<Value, String> {
+fn handle(fs: &HoardFs, info: &MountInfo, req: &Value) -> CliResult<Value> {
     let ino = || {
         req["ino"]
             .as_u64()
@@ -324,7 +330,7 @@ fn handle(fs: &HoardFs, info: &MountInfo, req: &Value) -> Result<Value, String> 
                       "damaged_objects": r.damaged_objects}),
             )
         }
-        other => Err(format!("unknown request {other:?}")),
+        other => Err(format!("unknown request {other:?}").into()),
     }
 }
 
@@ -396,7 +402,7 @@ mod tests {
             runtime_dir_for(1000, Some("/run/user/1000".into())).unwrap(),
             PathBuf::from("/run/user/1000/hoardfs")
         );
-        let e = runtime_dir_for(1000, None).unwrap_err();
+        let e = runtime_dir_for(1000, None).unwrap_err().to_string();
         assert!(e.contains("XDG_RUNTIME_DIR") && e.contains("root"), "{e}");
         assert!(runtime_dir_for(1000, Some("relative".into())).is_err());
         assert!(runtime_dir_for(1000, Some("".into())).is_err());
@@ -437,12 +443,12 @@ mod tests {
         // Writable by others: refused.
         for m in [0o777, 0o770, 0o702, 0o1777] {
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(m)).unwrap();
-            let e = ensure_dir(&dir, me).unwrap_err();
+            let e = ensure_dir(&dir, me).unwrap_err().to_string();
             assert!(e.contains("writable"), "{m:o}: {e}");
         }
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         // Someone else's: refused.
-        let e = check_dir(&dir, me + 1).unwrap_err();
+        let e = check_dir(&dir, me + 1).unwrap_err().to_string();
         assert!(e.contains("belongs to uid"), "{e}");
         // A symlink to a good directory, or a file: refused.
         let link = t.path().join("link");
@@ -450,6 +456,7 @@ mod tests {
         assert!(
             check_dir(&link, me)
                 .unwrap_err()
+                .to_string()
                 .contains("not a directory")
         );
         let file = t.path().join("file");
@@ -459,7 +466,9 @@ mod tests {
         let open = t.path().join("open");
         std::fs::create_dir(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let e = ensure_dir(&open.join("hoardfs"), me).unwrap_err();
+        let e = ensure_dir(&open.join("hoardfs"), me)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("sticky"), "{e}");
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
         ensure_dir(&open.join("hoardfs"), me).unwrap();

@@ -3,6 +3,7 @@
 //! (Server / None / COLD / PGCACHE / HOT) with the bytes each read pulled from the server.
 //! Everything it creates is removed at the end.
 
+use crate::error::{CliError, CliResult};
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -44,7 +45,7 @@ impl Drop for Proc {
 }
 
 /// Starts `hoardfs ARGS`, waits for its ready line on stdout and returns the line.
-fn start(args: &[&str], ready: &str) -> Result<(Proc, String), String> {
+fn start(args: &[&str], ready: &str) -> CliResult<(Proc, String)> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
         .args(args)
@@ -57,20 +58,25 @@ fn start(args: &[&str], ready: &str) -> Result<(Proc, String), String> {
     out.read_line(&mut line).map_err(|e| e.to_string())?;
     if !line.starts_with(ready) {
         let _ = child.kill();
-        return Err(format!("hoardfs {} did not start", args[0]));
+        return Err(format!("hoardfs {} did not start", args[0]).into());
     }
     // Keep draining stdout so the child never blocks on it.
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     Ok((Proc(child), line.trim().to_owned()))
 }
 
-fn drop_caches() -> Result<(), String> {
+fn drop_caches() -> CliResult<()> {
     let _ = Command::new("sync").status();
-    std::fs::write("/proc/sys/vm/drop_caches", "3")
-        .map_err(|e| format!("cannot drop the page cache: {e}"))
+    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(|e| {
+        CliError::io(
+            "cannot drop the page cache: writing",
+            Path::new("/proc/sys/vm/drop_caches"),
+            e,
+        )
+    })
 }
 
-fn timed_read(p: &Path) -> Result<f64, String> {
+fn timed_read(p: &Path) -> CliResult<f64> {
     let t = Instant::now();
     let mut f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
     let mut buf = vec![0u8; 1 << 20];
@@ -86,32 +92,17 @@ fn umount(p: &Path) {
     let _ = Command::new("umount").arg(p).status();
 }
 
-/// Runs the demo.
-pub fn run(a: DemoArgs) -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
-        return Err("the demo mounts FUSE file systems with passthrough: run it as root on a machine with /dev/fuse (apt-get install fuse3)".into());
-    }
-    let tmp = tempfile::Builder::new()
-        .prefix("hoardfs-demo-")
-        .tempdir_in(&a.work_dir)
-        .map_err(|e| e.to_string())?;
-    let (exp, mnt, cache) = (
-        tmp.path().join("export"),
-        tmp.path().join("mnt"),
-        tmp.path().join("cache"),
-    );
-    std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(exp.join("src")).map_err(|e| e.to_string())?;
+/// The demo's export: a `size_mib` MiB file of pseudo-random bytes and 100 small files.
+fn generate(exp: &Path, size_mib: u64) -> CliResult<()> {
     eprintln!(
         "generating a {} MiB file and 100 small files in {}",
-        a.size_mib,
+        size_mib,
         exp.display()
     );
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut chunk = vec![0u8; 1 << 20];
     let mut big = std::fs::File::create(exp.join("big.bin")).map_err(|e| e.to_string())?;
-    for _ in 0..a.size_mib {
+    for _ in 0..size_mib {
         for b in chunk.iter_mut() {
             x ^= x << 13;
             x ^= x >> 7;
@@ -128,6 +119,47 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?;
     }
+    Ok(())
+}
+
+/// Prints the table of the demo's reads: per row its name, seconds and bytes the server
+/// sent.
+fn print_table(size_mib: u64, rows: &[(&str, f64, u64)]) {
+    let mib = size_mib as f64;
+    println!(
+        "\nhoardfs demo: reading a {} MiB file over loopback (no link shaping; see bench/ for the 100 Mbit/s table)\n",
+        size_mib
+    );
+    println!(
+        "{:<36} {:>10} {:>12} {:>16}",
+        "Cache (state)", "seconds", "MiB/s", "bytes from server"
+    );
+    for (name, secs, bytes) in rows {
+        println!("{name:<36} {secs:>10.3} {:>12.0} {bytes:>16}", mib / secs);
+    }
+    println!(
+        "\nHOT and PGCACHE rows pull no file data from the server: the persistent cache answers."
+    );
+}
+
+/// Runs the demo.
+pub fn run(a: DemoArgs) -> CliResult<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
+        return Err("the demo mounts FUSE file systems with passthrough: run it as root on a machine with /dev/fuse (apt-get install fuse3)".into());
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("hoardfs-demo-")
+        .tempdir_in(&a.work_dir)
+        .map_err(|e| e.to_string())?;
+    let (exp, mnt, cache) = (
+        tmp.path().join("export"),
+        tmp.path().join("mnt"),
+        tmp.path().join("cache"),
+    );
+    std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(exp.join("src")).map_err(|e| e.to_string())?;
+    generate(&exp, a.size_mib)?;
     let state = tmp.path().join("state");
     let (server, line) = start(
         &[
@@ -155,7 +187,7 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     let file = exp.join("big.bin");
     let target = mnt.join("big.bin");
     let mut rows: Vec<(&str, f64, u64)> = Vec::new();
-    let mut measure = |name: &'static str, path: &Path, drop_first: bool| -> Result<(), String> {
+    let mut measure = |name: &'static str, path: &Path, drop_first: bool| -> CliResult<()> {
         if drop_first {
             drop_caches()?;
         }
@@ -210,20 +242,6 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     umount(&mnt);
     m.finish();
     drop(server);
-    let mib = a.size_mib as f64;
-    println!(
-        "\nhoardfs demo: reading a {} MiB file over loopback (no link shaping; see bench/ for the 100 Mbit/s table)\n",
-        a.size_mib
-    );
-    println!(
-        "{:<36} {:>10} {:>12} {:>16}",
-        "Cache (state)", "seconds", "MiB/s", "bytes from server"
-    );
-    for (name, secs, bytes) in &rows {
-        println!("{name:<36} {secs:>10.3} {:>12.0} {bytes:>16}", mib / secs);
-    }
-    println!(
-        "\nHOT and PGCACHE rows pull no file data from the server: the persistent cache answers."
-    );
+    print_table(a.size_mib, &rows);
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! pages generated from the command-line definitions, so they never disagree with
 //! `--help`. Packaging runs both (dist/deb.sh).
 
+use crate::error::CliResult;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -28,17 +29,17 @@ pub struct ManArgs {
 }
 
 /// Prints the completion script for `a.shell` to stdout.
-pub fn completions(a: CompletionsArgs, mut cmd: clap::Command) -> Result<(), String> {
+pub fn completions(a: CompletionsArgs, mut cmd: clap::Command) -> CliResult<()> {
     let mut script = Vec::new();
     clap_complete::generate(a.shell, &mut cmd, "hoardfs", &mut script);
     match std::io::stdout().write_all(&script) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}").into()),
         _ => Ok(()),
     }
 }
 
 /// Writes one man page per command and subcommand into `a.dir`.
-pub fn man(a: ManArgs, cmd: clap::Command) -> Result<(), String> {
+pub fn man(a: ManArgs, cmd: clap::Command) -> CliResult<()> {
     std::fs::create_dir_all(&a.dir).map_err(|e| format!("{}: {e}", a.dir.display()))?;
     let mut cmd = cmd.disable_help_subcommand(true);
     cmd.build();

@@ -2,6 +2,7 @@
 //! mount` (the client's cache) and `hoardfs serve --origin` (the tier's cache), and turned
 //! into the cache's [`Limits`].
 
+use crate::error::CliResult;
 use clap::Args;
 use hoardfs_cache::Limits;
 
@@ -34,7 +35,7 @@ pub struct FreeSpaceArgs {
 impl FreeSpaceArgs {
     /// The cache's limits: these thresholds and `max_bytes`, checked
     /// (`stop < cull < run < 100`).
-    pub fn limits(&self, max_bytes: Option<u64>) -> Result<Limits, String> {
+    pub fn limits(&self, max_bytes: Option<u64>) -> CliResult<Limits> {
         let d = Limits::default();
         let l = Limits {
             max_bytes,

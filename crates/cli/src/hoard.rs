@@ -9,6 +9,7 @@
 //! /textures/**/*.png    10
 //! ```
 
+use crate::error::{CliError, CliResult};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,7 +29,7 @@ pub struct HoardEntry {
 }
 
 /// Parses a hoard file.
-pub fn parse(text: &str) -> Result<Vec<HoardEntry>, String> {
+pub fn parse(text: &str) -> CliResult<Vec<HoardEntry>> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -43,7 +44,7 @@ pub fn parse(text: &str) -> Result<Vec<HoardEntry>, String> {
         };
         let pattern = pattern.trim_start_matches('/').to_string();
         if pattern.split('/').any(|c| c == "..") {
-            return Err(format!("hoard file line {}: \"..\" is not allowed", n + 1));
+            return Err(format!("hoard file line {}: \"..\" is not allowed", n + 1).into());
         }
         glob(&pattern).map_err(|e| format!("hoard file line {}: {e}", n + 1))?;
         out.push(HoardEntry { pattern, priority });
@@ -52,12 +53,12 @@ pub fn parse(text: &str) -> Result<Vec<HoardEntry>, String> {
     Ok(out)
 }
 
-fn glob(pattern: &str) -> Result<GlobMatcher, String> {
+fn glob(pattern: &str) -> CliResult<GlobMatcher> {
     GlobBuilder::new(pattern)
         .literal_separator(true)
         .build()
         .map(|g| g.compile_matcher())
-        .map_err(|e| e.to_string())
+        .map_err(|e| CliError::Usage(e.to_string()))
 }
 
 /// The directory to walk for `pattern`: its components before the first glob character.

@@ -2,6 +2,7 @@
 //! appended to `--log-file FILE` (never coloured). `HOARDFS_LOG` sets the filter
 //! (tracing's `EnvFilter` syntax, default `warn` plus hoard-file summaries).
 
+use crate::error::{CliError, CliResult};
 use std::io::IsTerminal;
 use std::path::Path;
 
@@ -12,14 +13,14 @@ use tracing_subscriber::fmt::writer::BoxMakeWriter;
 const DEFAULT_FILTER: &str = "warn,hoardfs::hoard=info,hoardfs_cache::space_alarm=info,fuser=error";
 
 /// Opens `path` for appending (created mode 0640 if missing).
-pub fn open_log_file(path: &Path) -> Result<std::fs::File, String> {
+pub fn open_log_file(path: &Path) -> CliResult<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .append(true)
         .create(true)
         .mode(0o640)
         .open(path)
-        .map_err(|e| format!("cannot open log file {}: {e}", path.display()))
+        .map_err(|e| CliError::io("cannot open log file", path, e))
 }
 
 /// Installs the global subscriber: to `file` if given, else to stderr.

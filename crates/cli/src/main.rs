@@ -7,6 +7,7 @@ mod demo;
 mod descriptors;
 mod disconnected;
 mod docs;
+mod error;
 mod free_space;
 mod hoard;
 mod instance;
@@ -24,6 +25,7 @@ mod source;
 mod token;
 mod tools;
 
+use crate::error::{CliError, CliResult};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -99,7 +101,7 @@ fn main() -> ExitCode {
         && let Err(e) = mount::maybe_daemonize(args)
     {
         eprintln!("hoardfs: {e}");
-        return ExitCode::FAILURE;
+        return e.exit_code();
     }
     if matches!(cli.command, Command::Serve(_) | Command::Mount(_)) {
         // While the process is still single-threaded (logging may start a thread).
@@ -129,20 +131,19 @@ fn main() -> ExitCode {
                 tracing::error!("{e}");
             }
             eprintln!("hoardfs: {e}");
-            ExitCode::FAILURE
+            e.exit_code()
         }
     }
 }
 
 /// Reads a token file: its content without trailing newline; refuses an empty token.
-pub fn read_token(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    let mut t = std::fs::read(path)
-        .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
+pub fn read_token(path: &std::path::Path) -> CliResult<Vec<u8>> {
+    let mut t = std::fs::read(path).map_err(|e| CliError::io("cannot read token file", path, e))?;
     while t.last().is_some_and(|b| b.is_ascii_whitespace()) {
         t.pop();
     }
     if t.is_empty() {
-        return Err(format!("token file {} is empty", path.display()));
+        return Err(format!("token file {} is empty", path.display()).into());
     }
     Ok(t)
 }

@@ -3,6 +3,7 @@
 //! served on its own thread with read and write timeouts, at most [`MAX_SCRAPES`] at once;
 //! a port alone binds loopback.
 
+use crate::error::CliResult;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
@@ -95,7 +96,7 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where `--metrics-listen ADDR` binds: `PORT` or `:PORT` is loopback (127.0.0.1), anything
 /// else is taken as given (`HOST:PORT`, `[V6]:PORT`); only an explicit address reaches
 /// beyond this machine.
-pub fn listen_addrs(addr: &str) -> Result<Vec<SocketAddr>, String> {
+pub fn listen_addrs(addr: &str) -> CliResult<Vec<SocketAddr>> {
     let port_only = addr.strip_prefix(':').unwrap_or(addr);
     if let Ok(port) = port_only.parse::<u16>() {
         return Ok(vec![SocketAddr::from((Ipv4Addr::LOCALHOST, port))]);
@@ -105,13 +106,13 @@ pub fn listen_addrs(addr: &str) -> Result<Vec<SocketAddr>, String> {
         .map_err(|e| format!("--metrics-listen {addr}: {e} (give PORT or HOST:PORT)"))?
         .collect();
     if addrs.is_empty() {
-        return Err(format!("--metrics-listen {addr}: resolves to no address"));
+        return Err(format!("--metrics-listen {addr}: resolves to no address").into());
     }
     Ok(addrs)
 }
 
 /// Binds `addr` (see [`listen_addrs`]) and serves metrics on a thread.
-pub fn start(addr: &str, fs: Arc<HoardFs>, info: MountInfo) -> Result<(), String> {
+pub fn start(addr: &str, fs: Arc<HoardFs>, info: MountInfo) -> CliResult<()> {
     let addrs = listen_addrs(addr)?;
     let l = TcpListener::bind(&addrs[..]).map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
     if let Ok(a) = l.local_addr()
@@ -128,7 +129,7 @@ pub fn start(addr: &str, fs: Arc<HoardFs>, info: MountInfo) -> Result<(), String
 fn serve(
     l: TcpListener,
     body: impl Fn() -> String + Send + Sync + 'static,
-) -> Result<Arc<AtomicUsize>, String> {
+) -> CliResult<Arc<AtomicUsize>> {
     let body = Arc::new(body);
     let active = Arc::new(AtomicUsize::new(0));
     let answering = active.clone();

@@ -2,6 +2,7 @@
 //! with a persistent disk cache. Runs until unmounted (`umount`, `fusermount3 -u`, SIGINT or
 //! SIGTERM); `--daemon` returns once the mount is ready.
 
+use crate::error::{CliError, CliResult};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -24,7 +25,7 @@ static READY_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// With `--daemon`, forks: the parent waits until the child reports the mount ready (exit
 /// 0) or failed (its message, exit 1). Must run before any thread is started.
-pub fn maybe_daemonize(args: &MountArgs) -> Result<(), String> {
+pub fn maybe_daemonize(args: &MountArgs) -> CliResult<()> {
     let a = args.resolve()?;
     if !a.daemon {
         return Ok(());
@@ -32,11 +33,11 @@ pub fn maybe_daemonize(args: &MountArgs) -> Result<(), String> {
     let mut fds = [0i32; 2];
     // SAFETY: plain pipe(2) into a local array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()).into());
     }
     // SAFETY: single-threaded at this point (checked by the caller's ordering).
     match unsafe { libc::fork() } {
-        -1 => Err(format!("fork: {}", std::io::Error::last_os_error())),
+        -1 => Err(format!("fork: {}", std::io::Error::last_os_error()).into()),
         0 => {
             // SAFETY: closing our copy of the read end; setsid detaches from the terminal.
             unsafe {
@@ -84,7 +85,7 @@ static MOUNTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::n
 
 /// Mounts and serves until unmounted. A mount that fails leaves nothing behind: a cache
 /// directory it created (with any missing parents) is removed again.
-pub fn run(args: MountArgs) -> Result<(), String> {
+pub fn run(args: MountArgs) -> CliResult<()> {
     let created = args
         .resolve()
         .ok()
@@ -98,7 +99,7 @@ pub fn run(args: MountArgs) -> Result<(), String> {
         {
             let _ = std::fs::remove_dir_all(&dir);
         }
-        if report_to_parent(e) {
+        if report_to_parent(&e.to_string()) {
             // The waiting parent prints the message: it is said once, by one process.
             std::process::exit(1);
         }
@@ -126,7 +127,7 @@ pub const CLIENT_EXIT_WAIT: Duration = Duration::from_secs(5);
 
 /// Opens the cache directory, waiting up to [`CLIENT_EXIT_WAIT`] for a client that is
 /// exiting to release it.
-fn open_cache(dir: &Path, limits: Limits) -> Result<CacheDir, String> {
+fn open_cache(dir: &Path, limits: Limits) -> CliResult<CacheDir> {
     let deadline = Instant::now() + CLIENT_EXIT_WAIT;
     loop {
         match CacheDir::open_with(dir, limits, None) {
@@ -140,9 +141,10 @@ fn open_cache(dir: &Path, limits: Limits) -> Result<CacheDir, String> {
                      MOUNTPOINT` names a mount's cache)",
                     p.display(),
                     CLIENT_EXIT_WAIT.as_secs()
-                ));
+                )
+                .into());
             }
-            r => return r.map_err(|e| e.to_string()),
+            r => return r.map_err(|e| CliError::Failed(e.to_string())),
         }
     }
 }
@@ -183,7 +185,7 @@ fn host_name() -> String {
 /// The id of the client that uses cache directory `dir` (16 hex digits, random, made at
 /// its first mount and kept in `dir/client-id`): hidden names carry it, so that the next
 /// mount of `dir` knows which ones it may remove after a crash.
-fn client_id(dir: &Path) -> Result<String, String> {
+fn client_id(dir: &Path) -> CliResult<String> {
     let p = dir.join(CLIENT_ID);
     if let Ok(text) = std::fs::read_to_string(&p) {
         let id = text.trim();
@@ -218,7 +220,7 @@ impl OpenedOrigin {
     }
 }
 
-fn open_origin(a: &MountArgs) -> Result<OpenedOrigin, String> {
+fn open_origin(a: &MountArgs) -> CliResult<OpenedOrigin> {
     if let Some(loc) = hoardfs_origin::s3::location::S3Location::parse(&a.source) {
         let state = a
             .cache_dir
@@ -268,7 +270,7 @@ fn open_origin(a: &MountArgs) -> Result<OpenedOrigin, String> {
                 crate::disconnected::start_offline(dir, &a.source, sec.security.clone(), opts, &e)
             });
             let Some((o, snap)) = offline else {
-                return Err(sec.explain(&a.source, &e));
+                return Err(sec.explain(&a.source, &e).into());
             };
             eprintln!(
                 "hoardfs: {} is unreachable ({e}); starting disconnected from the cache: \
@@ -286,37 +288,22 @@ fn open_origin(a: &MountArgs) -> Result<OpenedOrigin, String> {
     }
 }
 
-fn mount_and_serve(args: MountArgs) -> Result<(), String> {
+/// Mounts and serves until unmounted, in phases: the arguments checked and the hoard
+/// file read, the cache and the origin opened (`open_cache`, `open_origin`), the file
+/// system started (`fs_config`), the FUSE session made (`session_config`) and run, and
+/// what must outlive the mount saved (`after_unmount`).
+fn mount_and_serve(args: MountArgs) -> CliResult<()> {
     let mut a = args.resolve()?;
     if let crate::source::Source::Server(addr) = crate::source::parse(&a.source)? {
         a.source = addr;
     }
     if !a.mountpoint.is_dir() {
-        return Err(format!(
-            "mount point {} is not a directory",
-            a.mountpoint.display()
-        ));
+        return Err(format!("mount point {} is not a directory", a.mountpoint.display()).into());
     }
     let limits = a.free_space.limits(a.cache_size)?;
-    let hoard = match &a.hoard_file {
-        Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .map_err(|e| format!("cannot read hoard file {}: {e}", p.display()))?;
-            crate::hoard::parse(&text)?
-        }
-        None => Vec::new(),
-    };
+    let hoard = read_hoard(&a)?;
     let cache = match (&a.cache_dir, a.no_cache) {
-        (Some(dir), false) => {
-            if dir.exists() && !dir.is_dir() {
-                return Err(format!(
-                    "--cache-dir {} is a file, not a directory: give a directory (it is \
-                     created if missing)",
-                    dir.display()
-                ));
-            }
-            Some(open_cache(dir, limits)?)
-        }
+        (Some(dir), false) => Some(open_cache_dir(dir, limits)?),
         _ => None,
     };
     let OpenedOrigin {
@@ -342,22 +329,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         // Never revalidated: a year stands for forever.
         a.attr_timeout = 365.0 * 86400.0;
     }
-    let client_id = cache_dir.map(client_id).transpose()?;
-    let config = FsConfig {
-        client_id,
-        unlinked_journal: cache_dir.map(|d| d.join(UNLINKED_JOURNAL)),
-        attr_ttl: Duration::from_secs_f64(a.attr_timeout),
-        callback_ttl: Duration::from_secs_f64(a.callback_timeout),
-        read_only: a.read_only,
-        dir_ttl: Duration::from_secs_f64(a.attr_timeout),
-        passthrough: !a.no_passthrough,
-        xattrs: a.xattrs,
-        kernel_opens: a.kernel_opens,
-        offline_log: cache_dir.map(|d| d.join(OFFLINE_LOG)),
-        offline_writes: a.offline_writes,
-        host: host_name(),
-        ..Default::default()
-    };
+    let config = fs_config(&a, cache_dir)?;
     let fs = HoardFs::new(origin, cache, config).map_err(|e| format!("cannot start: {e}"))?;
     if let Some(snap) = &restored {
         let n = fs.restore_namespace(snap);
@@ -377,6 +349,107 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         known_names: Arc::new(known_names),
     };
     let _control = crate::control::start(fs.clone(), info.clone())?;
+    let cfg = session_config(&a, fs.is_read_only())?;
+    let bridge = FuseBridge::new(fs.clone());
+    // The canonical path: a daemon leaves its working directory, and unmounts by path.
+    let mut session = fuser::Session::new(bridge, &info.mountpoint, &cfg)
+        .map_err(|e| format!("cannot mount on {}: {e}", a.mountpoint.display()))?;
+    if a.fuse_transport == crate::mount_args::FuseTransport::IoUring && !session.io_uring() {
+        return Err(format!(
+            "--fuse-transport io-uring: the kernel did not enable FUSE over io_uring on \
+             {} (the log says why)",
+            a.mountpoint.display()
+        )
+        .into());
+    }
+    if a.readahead_kb > 0 {
+        set_readahead(&info.mountpoint, a.readahead_kb);
+    }
+    fs.set_notifier(Arc::new(hoardfs_fuse::FuseNotifier(session.notifier())));
+    if let Some(addr) = &a.metrics_listen {
+        crate::metrics::start(addr, fs.clone(), info.clone())?;
+    }
+    if !hoard.is_empty() {
+        crate::hoard::start(fs.clone(), info.mountpoint.clone(), hoard);
+    }
+    unmount_on_signals(session.unmount_callable(), a.mountpoint.clone())?;
+    announce(&a, &info.mountpoint);
+    session
+        .run()
+        .map_err(|e| format!("FUSE session ended with an error: {e}"))?;
+    after_unmount(
+        &fs,
+        &a.source,
+        cache_dir,
+        export_id,
+        namespace_file.as_deref(),
+    );
+    Ok(())
+}
+
+/// The hoard file's entries (none without `--hoard-file`).
+fn read_hoard(a: &MountArgs) -> CliResult<Vec<crate::hoard::HoardEntry>> {
+    let Some(p) = &a.hoard_file else {
+        return Ok(Vec::new());
+    };
+    let text = std::fs::read_to_string(p)
+        .map_err(|e| format!("cannot read hoard file {}: {e}", p.display()))?;
+    crate::hoard::parse(&text)
+}
+
+/// Opens the cache directory `dir` (created if missing; a file there is an error).
+fn open_cache_dir(dir: &Path, limits: Limits) -> CliResult<CacheDir> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(format!(
+            "--cache-dir {} is a file, not a directory: give a directory (it is \
+             created if missing)",
+            dir.display()
+        )
+        .into());
+    }
+    open_cache(dir, limits)
+}
+
+/// Says the mount is up: on stdout, to systemd, and to the parent of a daemon (which
+/// then detaches).
+fn announce(a: &MountArgs, mountpoint: &Path) {
+    println!(
+        "hoardfs: mounted {} on {}",
+        a.source,
+        a.mountpoint.display()
+    );
+    let _ = std::io::stdout().flush();
+    MOUNTED.store(true, Ordering::SeqCst);
+    crate::notify::ready(&format!("mounted {} on {}", a.source, mountpoint.display()));
+    if READY_FD.load(Ordering::SeqCst) >= 0 {
+        report_to_parent("ok");
+        detach();
+    }
+}
+
+/// The file system's configuration from the mount's arguments (`cache_dir`: absolute).
+fn fs_config(a: &MountArgs, cache_dir: Option<&Path>) -> CliResult<FsConfig> {
+    let client_id = cache_dir.map(client_id).transpose()?;
+    Ok(FsConfig {
+        client_id,
+        unlinked_journal: cache_dir.map(|d| d.join(UNLINKED_JOURNAL)),
+        attr_ttl: Duration::from_secs_f64(a.attr_timeout),
+        callback_ttl: Duration::from_secs_f64(a.callback_timeout),
+        read_only: a.read_only,
+        dir_ttl: Duration::from_secs_f64(a.attr_timeout),
+        passthrough: !a.no_passthrough,
+        xattrs: a.xattrs,
+        kernel_opens: a.kernel_opens,
+        offline_log: cache_dir.map(|d| d.join(OFFLINE_LOG)),
+        offline_writes: a.offline_writes,
+        host: host_name(),
+        ..Default::default()
+    })
+}
+
+/// The FUSE session's configuration: mount options, who may use the mount, threads and
+/// transport.
+fn session_config(a: &MountArgs, read_only: bool) -> CliResult<Config> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let mut cfg = Config::default();
@@ -385,7 +458,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         MountOption::Subtype("hoardfs".into()),
         // The kernel checks permissions against the server's uid/gid/mode.
         MountOption::DefaultPermissions,
-        if fs.is_read_only() {
+        if read_only {
             MountOption::RO
         } else {
             MountOption::RW
@@ -413,34 +486,19 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
     cfg.n_threads = Some(8);
     cfg.clone_fd = true;
     cfg.io_uring = ring_config(a.fuse_transport)?;
-    let bridge = FuseBridge::new(fs.clone());
-    // The canonical path: a daemon leaves its working directory, and unmounts by path.
-    let mut session = fuser::Session::new(bridge, &info.mountpoint, &cfg)
-        .map_err(|e| format!("cannot mount on {}: {e}", a.mountpoint.display()))?;
-    if a.fuse_transport == crate::mount_args::FuseTransport::IoUring && !session.io_uring() {
-        return Err(format!(
-            "--fuse-transport io-uring: the kernel did not enable FUSE over io_uring on \
-             {} (the log says why)",
-            a.mountpoint.display()
-        ));
-    }
-    if a.readahead_kb > 0 {
-        set_readahead(&info.mountpoint, a.readahead_kb);
-    }
-    fs.set_notifier(Arc::new(hoardfs_fuse::FuseNotifier(session.notifier())));
-    if let Some(addr) = &a.metrics_listen {
-        crate::metrics::start(addr, fs.clone(), info.clone())?;
-    }
-    if !hoard.is_empty() {
-        crate::hoard::start(fs.clone(), info.mountpoint.clone(), hoard);
-    }
-    let mut unmounter = session.unmount_callable();
+    Ok(cfg)
+}
+
+/// Unmounts `mnt` (through `unmounter`) on the first SIGINT or SIGTERM.
+fn unmount_on_signals(
+    mut unmounter: fuser::SessionUnmounter,
+    mnt: std::path::PathBuf,
+) -> CliResult<()> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
     ])
     .map_err(|e| format!("signals: {e}"))?;
-    let mnt = a.mountpoint.clone();
     std::thread::Builder::new()
         .name("hoardfs-signals".into())
         .spawn(move || {
@@ -452,25 +510,18 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
             }
         })
         .map_err(|e| e.to_string())?;
-    println!(
-        "hoardfs: mounted {} on {}",
-        a.source,
-        a.mountpoint.display()
-    );
-    let _ = std::io::stdout().flush();
-    MOUNTED.store(true, Ordering::SeqCst);
-    crate::notify::ready(&format!(
-        "mounted {} on {}",
-        a.source,
-        info.mountpoint.display()
-    ));
-    if READY_FD.load(Ordering::SeqCst) >= 0 {
-        report_to_parent("ok");
-        detach();
-    }
-    session
-        .run()
-        .map_err(|e| format!("FUSE session ended with an error: {e}"))?;
+    Ok(())
+}
+
+/// Once unmounted: the names of cached files and the namespace saved for the next mount,
+/// offline changes not yet sent reported, and the file system shut down.
+fn after_unmount(
+    fs: &HoardFs,
+    source: &str,
+    cache_dir: Option<&Path>,
+    export_id: u128,
+    namespace_file: Option<&Path>,
+) {
     if let Some(dir) = cache_dir
         && let Ok(entries) = fs.cache_entries()
         && let Err(e) = crate::names::save(dir, export_id, &entries)
@@ -480,8 +531,8 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
             dir.display()
         );
     }
-    if let Some(p) = &namespace_file {
-        crate::disconnected::save(&fs, p, &a.source, &mut None, true);
+    if let Some(p) = namespace_file {
+        crate::disconnected::save(fs, p, source, &mut None, true);
     }
     if let Some(s) = fs.offline_stats().filter(|s| s.files > 0) {
         eprintln!(
@@ -489,7 +540,7 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
              server yet; they are kept in {} and sent at the next mount of this cache \
              directory",
             s.files,
-            a.source,
+            source,
             s.bytes,
             cache_dir.map_or_else(String::new, |d| format!(
                 "{}/{export_id:032x}",
@@ -498,7 +549,6 @@ fn mount_and_serve(args: MountArgs) -> Result<(), String> {
         );
     }
     fs.shutdown();
-    Ok(())
 }
 
 /// Sets the kernel readahead of the FUSE mount on `mountpoint` (its backing device info,
@@ -580,7 +630,7 @@ fn detach() {
 /// The kernel offers io_uring at INIT only while the fuse module's `enable_uring` parameter
 /// is set, so `io-uring` checks it here to fail with a clear message rather than quietly
 /// serving /dev/fuse.
-fn ring_config(t: crate::mount_args::FuseTransport) -> Result<Option<fuser::RingConfig>, String> {
+fn ring_config(t: crate::mount_args::FuseTransport) -> CliResult<Option<fuser::RingConfig>> {
     use crate::mount_args::FuseTransport;
     const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
     let rc = fuser::RingConfig::default();
@@ -592,11 +642,13 @@ fn ring_config(t: crate::mount_args::FuseTransport) -> Result<Option<fuser::Ring
             Ok(_) => Err(format!(
                 "--fuse-transport io-uring: the kernel does not offer FUSE over io_uring: \
                  {PARAM} is N (as root: echo Y > {PARAM}, then mount again)"
-            )),
+            )
+            .into()),
             Err(e) => Err(format!(
                 "--fuse-transport io-uring: this kernel has no FUSE over io_uring ({PARAM}: {e}; \
                  it needs Linux 6.14+ built with CONFIG_FUSE_IO_URING)"
-            )),
+            )
+            .into()),
         },
     }
 }

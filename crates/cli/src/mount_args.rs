@@ -2,6 +2,7 @@
 //! options (as mount(8) and fstab pass them), the generic options mount(8) adds, and the
 //! argument shape `mount.fuse3` uses to run this program as the `fuse.hoardfs` helper.
 
+use crate::error::{CliError, CliResult};
 use std::path::PathBuf;
 
 use clap::Args;
@@ -239,8 +240,8 @@ pub fn log_file(args: &MountArgs) -> Option<PathBuf> {
 }
 
 impl MountArgs {
-    /// Folds `-o` options into the typed flags.
-    pub(crate) fn resolve(&self) -> Result<MountArgs, String> {
+    /// Folds `-o` options into the typed flags, then checks that they go together.
+    pub(crate) fn resolve(&self) -> CliResult<MountArgs> {
         let mut a = self.clone();
         for opt in self
             .options
@@ -248,100 +249,115 @@ impl MountArgs {
             .flat_map(|o| o.split(','))
             .filter(|o| !o.is_empty())
         {
-            let (k, v) = match opt.split_once('=') {
-                Some((k, v)) => (k, Some(v)),
-                None => (opt, None),
-            };
-            let need = || v.ok_or_else(|| format!("mount option {k} needs a value"));
-            let num = || -> Result<f64, String> {
-                need()?
-                    .parse()
-                    .map_err(|_| format!("mount option {k}: not a number"))
-            };
-            let pct = || -> Result<u8, String> {
-                need()?
-                    .parse()
-                    .map_err(|_| format!("mount option {k}: not a percentage"))
-            };
-            if let Some((_, on, off)) = KERNEL_FLAGS.iter().find(|f| f.0 == k) {
-                a.kernel_flags.retain(|f| f != on && f != off);
-                a.kernel_flags.push(on.clone());
-                continue;
-            }
-            if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") || k == "comment" {
-                continue;
-            }
-            match k {
-                "cache_dir" => a.cache_dir = Some(need()?.into()),
-                "log_file" => a.log_file = Some(need()?.into()),
-                "token_file" => a.security.token_file = Some(need()?.into()),
-                "server_fingerprint" => a.security.server_fingerprint = Some(need()?.into()),
-                "tls_ca" => a.security.tls_ca = Some(need()?.into()),
-                "insecure_plaintext" => a.security.insecure_plaintext = true,
-                "no_cache" => a.no_cache = true,
-                "daemon" => a.daemon = true,
-                "attr_timeout" => a.attr_timeout = num()?,
-                "callback_timeout" => a.callback_timeout = num()?,
-                "ro" | "read_only" => a.read_only = true,
-                "timeout" => a.timeout = num()?,
-                "no_passthrough" => a.no_passthrough = true,
-                "kernel_opens" => a.kernel_opens = true,
-                "fuse_transport" => {
-                    a.fuse_transport = <FuseTransport as clap::ValueEnum>::from_str(need()?, false)
-                        .map_err(|_| format!("mount option {k}: one of auto, io-uring, dev-fuse"))?
-                }
-                "xattrs" => a.xattrs = true,
-                "offline_writes" => a.offline_writes = true,
-                "allow_other" => a.allow_other = true,
-                "endpoint_url" => a.endpoint_url = Some(need()?.into()),
-                "region" => a.region = Some(need()?.into()),
-                "force_path_style" => a.force_path_style = true,
-                "metadata_ttl" => a.metadata_ttl = Some(num()?),
-                "immutable" => a.immutable = true,
-                "uid" => {
-                    a.uid = Some(
-                        need()?
-                            .parse()
-                            .map_err(|_| format!("mount option {k}: not a uid"))?,
-                    )
-                }
-                "gid" => {
-                    a.gid = Some(
-                        need()?
-                            .parse()
-                            .map_err(|_| format!("mount option {k}: not a gid"))?,
-                    )
-                }
-                "file_mode" => a.file_mode = Some(parse_mode(need()?)?),
-                "dir_mode" => a.dir_mode = Some(parse_mode(need()?)?),
-                "cache_size" => a.cache_size = Some(parse_size(need()?)?),
-                k if crate::free_space::FreeSpaceArgs::NAMES.contains(&k) => {
-                    let p = pct()?;
-                    a.free_space.set(k, p);
-                }
-                "hoard_file" => a.hoard_file = Some(need()?.into()),
-                "metrics_listen" => a.metrics_listen = Some(need()?.into()),
-                "readahead_kb" => {
-                    a.readahead_kb = need()?
-                        .parse()
-                        .map_err(|_| format!("mount option {k}: not a number"))?
-                }
-                "fd" | "drop_privileges" => {
-                    return Err(format!(
-                        "mount option {k}: hoardfs opens /dev/fuse and mounts by itself; \
-                         drop mount.fuse3's drop_privileges"
-                    ));
-                }
-                _ => {
-                    return Err(format!(
-                        "unknown mount option {opt:?} (see hoardfs mount --help)"
-                    ));
-                }
-            }
+            a.apply_option(opt).map_err(CliError::into_usage)?;
         }
         if let Some(t) = a.metadata_ttl {
             a.attr_timeout = t;
         }
+        a.check().map_err(CliError::into_usage)?;
+        Ok(a)
+    }
+
+    /// Applies one `-o` option (`KEY` or `KEY=VALUE`).
+    fn apply_option(&mut self, opt: &str) -> CliResult<()> {
+        let a = self;
+        let (k, v) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let need = || v.ok_or_else(|| format!("mount option {k} needs a value"));
+        let num = || -> CliResult<f64> {
+            need()?
+                .parse()
+                .map_err(|_| CliError::Usage(format!("mount option {k}: not a number")))
+        };
+        let pct = || -> CliResult<u8> {
+            need()?
+                .parse()
+                .map_err(|_| CliError::Usage(format!("mount option {k}: not a percentage")))
+        };
+        if let Some((_, on, off)) = KERNEL_FLAGS.iter().find(|f| f.0 == k) {
+            a.kernel_flags.retain(|f| f != on && f != off);
+            a.kernel_flags.push(on.clone());
+            return Ok(());
+        }
+        if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") || k == "comment" {
+            return Ok(());
+        }
+        match k {
+            "cache_dir" => a.cache_dir = Some(need()?.into()),
+            "log_file" => a.log_file = Some(need()?.into()),
+            "token_file" => a.security.token_file = Some(need()?.into()),
+            "server_fingerprint" => a.security.server_fingerprint = Some(need()?.into()),
+            "tls_ca" => a.security.tls_ca = Some(need()?.into()),
+            "insecure_plaintext" => a.security.insecure_plaintext = true,
+            "no_cache" => a.no_cache = true,
+            "daemon" => a.daemon = true,
+            "attr_timeout" => a.attr_timeout = num()?,
+            "callback_timeout" => a.callback_timeout = num()?,
+            "ro" | "read_only" => a.read_only = true,
+            "timeout" => a.timeout = num()?,
+            "no_passthrough" => a.no_passthrough = true,
+            "kernel_opens" => a.kernel_opens = true,
+            "fuse_transport" => {
+                a.fuse_transport = <FuseTransport as clap::ValueEnum>::from_str(need()?, false)
+                    .map_err(|_| format!("mount option {k}: one of auto, io-uring, dev-fuse"))?
+            }
+            "xattrs" => a.xattrs = true,
+            "offline_writes" => a.offline_writes = true,
+            "allow_other" => a.allow_other = true,
+            "endpoint_url" => a.endpoint_url = Some(need()?.into()),
+            "region" => a.region = Some(need()?.into()),
+            "force_path_style" => a.force_path_style = true,
+            "metadata_ttl" => a.metadata_ttl = Some(num()?),
+            "immutable" => a.immutable = true,
+            "uid" => {
+                a.uid = Some(
+                    need()?
+                        .parse()
+                        .map_err(|_| format!("mount option {k}: not a uid"))?,
+                )
+            }
+            "gid" => {
+                a.gid = Some(
+                    need()?
+                        .parse()
+                        .map_err(|_| format!("mount option {k}: not a gid"))?,
+                )
+            }
+            "file_mode" => a.file_mode = Some(parse_mode(need()?)?),
+            "dir_mode" => a.dir_mode = Some(parse_mode(need()?)?),
+            "cache_size" => a.cache_size = Some(parse_size(need()?)?),
+            k if crate::free_space::FreeSpaceArgs::NAMES.contains(&k) => {
+                let p = pct()?;
+                a.free_space.set(k, p);
+            }
+            "hoard_file" => a.hoard_file = Some(need()?.into()),
+            "metrics_listen" => a.metrics_listen = Some(need()?.into()),
+            "readahead_kb" => {
+                a.readahead_kb = need()?
+                    .parse()
+                    .map_err(|_| CliError::Usage(format!("mount option {k}: not a number")))?
+            }
+            "fd" | "drop_privileges" => {
+                return Err(format!(
+                    "mount option {k}: hoardfs opens /dev/fuse and mounts by itself; \
+                     drop mount.fuse3's drop_privileges"
+                )
+                .into());
+            }
+            _ => {
+                return Err(
+                    format!("unknown mount option {opt:?} (see hoardfs mount --help)").into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the flags go together (and their values are in range).
+    fn check(&self) -> CliResult<()> {
+        let a = self;
         let s3 = a.source.starts_with("s3://");
         if !s3
             && (a.endpoint_url.is_some()
@@ -389,20 +405,22 @@ impl MountArgs {
         if a.cache_dir.is_none() && !a.no_cache {
             return Err("--cache-dir DIR is required (or --no-cache to read through)".into());
         }
-        Ok(a)
+        Ok(())
     }
 }
 
 /// Permission bits in octal (`644`, `0750`), at most 7777.
-pub fn parse_mode(s: &str) -> Result<u16, String> {
+pub fn parse_mode(s: &str) -> CliResult<u16> {
     match u16::from_str_radix(s, 8) {
         Ok(m) if m <= 0o7777 => Ok(m),
-        _ => Err(format!("{s:?} is not an octal mode such as 644")),
+        _ => Err(CliError::Usage(format!(
+            "{s:?} is not an octal mode such as 644"
+        ))),
     }
 }
 
 /// Parses a byte size: a number with an optional K/M/G/T suffix (powers of 1024).
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> CliResult<u64> {
     let t = s.trim().trim_end_matches(['B', 'b']).trim_end_matches('i');
     let (num, mult) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
@@ -411,7 +429,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
                 'M' => 1 << 20,
                 'G' => 1 << 30,
                 'T' => 1 << 40,
-                _ => return Err(format!("{s:?}: unknown size suffix")),
+                _ => return Err(CliError::Usage(format!("{s:?}: unknown size suffix"))),
             };
             (&t[..i], m)
         }
@@ -420,9 +438,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let n: f64 = num
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 50G, 512M, 1048576)"))?;
+        .map_err(|_| CliError::Usage(format!("{s:?} is not a size (e.g. 50G, 512M, 1048576)")))?;
     if n.is_nan() || n <= 0.0 {
-        return Err(format!("{s:?}: the size must be positive"));
+        return Err(CliError::Usage(format!("{s:?}: the size must be positive")));
     }
     Ok((n * mult as f64) as u64)
 }
@@ -459,7 +477,7 @@ mod tests {
             let r = parse(&["-o", &opt, "--no-cache"]).resolve();
             if let Err(e) = &r {
                 assert!(
-                    !e.contains("unknown mount option"),
+                    !e.to_string().contains("unknown mount option"),
                     "--{long} has no -o form: {e}"
                 );
             }
@@ -488,8 +506,13 @@ mod tests {
             vec![MountOption::Exec, MountOption::NoAtime]
         );
         let e = parse(&["-o", "cache_dir=/c,bogus"]).resolve().unwrap_err();
+        assert!(matches!(e, CliError::Usage(_)), "a usage error: {e:?}");
+        let e = e.to_string();
         assert!(e.contains("unknown mount option \"bogus\""), "{e}");
-        let e = parse(&["-o", "cache_dir=/c,fd=3"]).resolve().unwrap_err();
+        let e = parse(&["-o", "cache_dir=/c,fd=3"])
+            .resolve()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("drop_privileges"), "{e}");
     }
 

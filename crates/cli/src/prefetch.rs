@@ -2,6 +2,7 @@
 //! (over the control socket, several connections in parallel) to fetch each file into the
 //! cache and/or pin it, with a progress bar (files, bytes, rate, ETA) and a summary.
 
+use crate::error::{CliError, CliResult};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -48,12 +49,12 @@ struct Pin {
 }
 
 /// `hoardfs prefetch`.
-pub fn prefetch(a: PrefetchArgs) -> Result<(), String> {
+pub fn prefetch(a: PrefetchArgs) -> CliResult<()> {
     run(a, None)
 }
 
 /// `hoardfs pin`.
-pub fn pin(a: PinArgs) -> Result<(), String> {
+pub fn pin(a: PinArgs) -> CliResult<()> {
     let pin = Pin {
         priority: a.priority,
         fetch: !a.no_fetch,
@@ -70,7 +71,7 @@ pub struct UnpinArgs {
 }
 
 /// Fetches (prefetch, or pin unless --no-fetch) and/or pins the files.
-fn run(a: PrefetchArgs, pin: Option<Pin>) -> Result<(), String> {
+fn run(a: PrefetchArgs, pin: Option<Pin>) -> CliResult<()> {
     let (mp, files) = collect_files(&a.paths)?;
     let total_bytes: u64 = files.iter().map(|f| f.2).sum();
     let fetch = pin.as_ref().is_none_or(|p| p.fetch);
@@ -90,7 +91,7 @@ fn run(a: PrefetchArgs, pin: Option<Pin>) -> Result<(), String> {
     let queue = Mutex::new(files.into_iter());
     let (done, fetched, failed) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let start = Instant::now();
-    let worker = || -> Result<(), String> {
+    let worker = || -> CliResult<()> {
         let mut c = Control::connect(&mp)?;
         loop {
             let Some((path, ino, size)) = queue.lock().expect("queue").next() else {
@@ -121,15 +122,15 @@ fn run(a: PrefetchArgs, pin: Option<Pin>) -> Result<(), String> {
             bar.inc(size);
         }
     };
-    let errors: Vec<String> = std::thread::scope(|s| {
+    let errors: Vec<CliError> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..a.jobs.max(1)).map(|_| s.spawn(worker)).collect();
         hs.into_iter()
             .filter_map(|h| h.join().expect("worker").err())
             .collect()
     });
     bar.finish_and_clear();
-    if let Some(e) = errors.first() {
-        return Err(e.clone());
+    if let Some(e) = errors.into_iter().next() {
+        return Err(e);
     }
     let f = fetched.load(Relaxed);
     let from_server = if fetch {
@@ -150,12 +151,12 @@ fn run(a: PrefetchArgs, pin: Option<Pin>) -> Result<(), String> {
     );
     match failed.load(Relaxed) {
         0 => Ok(()),
-        n => Err(format!("{} failed", plural(n, "file"))),
+        n => Err(format!("{} failed", plural(n, "file")).into()),
     }
 }
 
 /// `hoardfs unpin`.
-pub fn unpin(a: UnpinArgs) -> Result<(), String> {
+pub fn unpin(a: UnpinArgs) -> CliResult<()> {
     let (mp, files) = collect_files(&a.paths)?;
     let mut c = Control::connect(&mp)?;
     for (path, ino, _) in &files {

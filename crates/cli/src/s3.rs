@@ -1,6 +1,7 @@
 //! `s3://` sources: the S3 origin's settings from the command line, the environment and
 //! the AWS profile files (shared by `hoardfs mount` and `hoardfs serve --origin`).
 
+use crate::error::CliResult;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -31,7 +32,7 @@ pub struct S3Args {
 }
 
 /// The S3 origin for `loc`, keeping its listings and staged writes under `state`.
-pub fn open(loc: S3Location, a: &S3Args, state: Option<PathBuf>) -> Result<S3Origin, String> {
+pub fn open(loc: S3Location, a: &S3Args, state: Option<PathBuf>) -> CliResult<S3Origin> {
     let env = &process_env;
     let region = credentials::region(a.region.as_deref(), env);
     let endpoint = credentials::endpoint(a.endpoint_url.as_deref(), &region, env);

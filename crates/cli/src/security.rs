@@ -2,6 +2,7 @@
 //! and, for clients (`mount`, `server-stats`), whom to trust and which credential to
 //! present, including trust on first use recorded in the cache directory.
 
+use crate::error::{CliError, CliResult};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
@@ -49,7 +50,7 @@ pub struct ClientSecurity {
 
 impl ClientSecurityArgs {
     /// Builds the client's security; `cache_dir` holds the trust-on-first-use record.
-    pub fn build(&self, cache_dir: Option<&Path>) -> Result<ClientSecurity, String> {
+    pub fn build(&self, cache_dir: Option<&Path>) -> CliResult<ClientSecurity> {
         let token = self
             .token_file
             .as_deref()
@@ -94,7 +95,7 @@ impl ClientSecurityArgs {
 impl ClientSecurity {
     /// After a successful connection: records the server's fingerprint when it was
     /// trusted on first use or pinned anew, and says so.
-    pub fn connected(&self, server: &str) -> Result<(), String> {
+    pub fn connected(&self, server: &str) -> CliResult<()> {
         let Some(tls) = &self.security.tls else {
             return Ok(());
         };
@@ -162,7 +163,7 @@ impl ClientSecurity {
     }
 }
 
-fn read_record(p: &Path) -> Result<Option<Fingerprint>, String> {
+fn read_record(p: &Path) -> CliResult<Option<Fingerprint>> {
     let read = hoardfs_cache::private::file_options()
         .read(true)
         .open(p)
@@ -189,14 +190,14 @@ fn read_record(p: &Path) -> Result<Option<Fingerprint>, String> {
         Ok(text) => {
             let first = text.split_whitespace().next().unwrap_or("");
             first.parse().map(Some).map_err(|e| {
-                format!(
+                CliError::Failed(format!(
                     "{}: {e}; delete the file to trust the server again on first use",
                     p.display()
-                )
+                ))
             })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("cannot read {}: {e}", p.display())),
+        Err(e) => Err(format!("cannot read {}: {e}", p.display()).into()),
     }
 }
 
@@ -238,9 +239,11 @@ impl ServerTlsArgs {
     }
 
     /// Loads (or generates) the server's identity.
-    pub fn identity(&self) -> Result<ServerIdentity, String> {
+    pub fn identity(&self) -> CliResult<ServerIdentity> {
         match (&self.tls_cert, &self.tls_key) {
-            (Some(c), Some(k)) => ServerIdentity::load_pem(c, k).map_err(|e| e.to_string()),
+            (Some(c), Some(k)) => {
+                ServerIdentity::load_pem(c, k).map_err(|e| CliError::Failed(e.to_string()))
+            }
             _ => {
                 let dir = self.state_dir();
                 let (id, fresh) = ServerIdentity::load_or_generate(&dir).map_err(|e| {

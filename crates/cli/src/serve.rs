@@ -1,5 +1,6 @@
 //! `hoardfs serve DIR`: export a directory.
 
+use crate::error::{CliError, CliResult};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -102,7 +103,7 @@ pub struct ServeArgs {
 }
 
 /// Runs the server until SIGINT/SIGTERM.
-pub fn run(a: ServeArgs) -> Result<(), String> {
+pub fn run(a: ServeArgs) -> CliResult<()> {
     if a.print_fingerprint {
         println!("{}", a.tls.identity()?.fingerprint());
         return Ok(());
@@ -119,7 +120,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     }
     let dir = a.dir.clone().expect("clap requires DIR");
     if !dir.is_dir() {
-        return Err(format!("{} is not a directory", dir.display()));
+        return Err(format!("{} is not a directory", dir.display()).into());
     }
     let (cfg, identity, limits) = server_config(&a, &dir.display().to_string())?;
     let opts = LocalOptions {
@@ -161,13 +162,13 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         let _ = out.flush();
         crate::notify::ready(&format!("serving {dir} on {addr}"));
     })
-    .map_err(|e| format!("cannot serve on {}: {e}", a.listen))?;
+    .map_err(|e| CliError::Failed(format!("cannot serve on {}: {e}", a.listen)))?;
     instance.stopped_cleanly(&root);
     Ok(())
 }
 
 /// The server configuration shared by directory exports and tiers.
-fn server_config(a: &ServeArgs, what: &str) -> Result<(ServerConfig, String, FdBudget), String> {
+fn server_config(a: &ServeArgs, what: &str) -> CliResult<(ServerConfig, String, FdBudget)> {
     let state_dir = a.tls.state_dir();
     let named_tokens = state_dir
         .join(hoardfs_server::credentials::TOKENS_FILE)
@@ -182,13 +183,14 @@ fn server_config(a: &ServeArgs, what: &str) -> Result<(ServerConfig, String, FdB
              Create client credentials with `hoardfs token add NAME` (or pass --token-file FILE), \
              or pass --allow-unauthenticated on a trusted network",
             a.listen,
-        ));
+        ).into());
     }
     if !(a.idle_timeout.is_finite() && a.idle_timeout > 0.0) {
         return Err(format!(
             "--idle-timeout {} must be a positive number of seconds",
             a.idle_timeout
-        ));
+        )
+        .into());
     }
     // Idle clients send something at least every PING_INTERVAL.
     let min_idle = 2.0 * hoardfs_proto::PING_INTERVAL.as_secs_f64();
@@ -233,11 +235,11 @@ fn server_config(a: &ServeArgs, what: &str) -> Result<(ServerConfig, String, FdB
 }
 
 /// `hoardfs serve --origin s3://…`: a shared cache tier in front of a bucket.
-fn run_tier(a: ServeArgs) -> Result<(), String> {
+fn run_tier(a: ServeArgs) -> CliResult<()> {
     let url = a.origin.clone().expect("checked by the caller");
     let loc = match hoardfs_origin::s3::location::S3Location::parse(&url) {
         Some(l) => l?,
-        None => return Err(format!("--origin {url:?}: expected s3://BUCKET[/PREFIX]")),
+        None => return Err(format!("--origin {url:?}: expected s3://BUCKET[/PREFIX]").into()),
     };
     let cache_dir = a
         .cache_dir
@@ -281,7 +283,7 @@ fn run_tier(a: ServeArgs) -> Result<(), String> {
         let _ = out.flush();
         crate::notify::ready(&format!("serving {url} on {addr}"));
     })
-    .map_err(|e| format!("cannot serve on {}: {e}", a.listen))
+    .map_err(|e| CliError::Failed(format!("cannot serve on {}: {e}", a.listen)))
 }
 
 /// Reads the address and, with TLS, the identity out of the line `serve` prints when it is

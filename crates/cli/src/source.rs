@@ -2,6 +2,7 @@
 //! (port 7070 when omitted, as `hoardfs serve` listens by default), or, for `mount`, an
 //! absolute path to a local directory or an S3 bucket, `s3://BUCKET[/PREFIX]`.
 
+use crate::error::{CliError, CliResult};
 use std::path::{Path, PathBuf};
 
 /// The port `hoardfs serve` listens on by default, and clients assume without one.
@@ -20,9 +21,13 @@ pub enum Source {
 
 /// Parses a mount source: an absolute path, or a server address (see [`server_addr`]).
 /// A relative path is refused with the absolute one to use instead.
-pub fn parse(s: &str) -> Result<Source, String> {
+pub fn parse(s: &str) -> CliResult<Source> {
+    parse_source(s).map_err(CliError::into_usage)
+}
+
+fn parse_source(s: &str) -> CliResult<Source> {
     if let Some(l) = hoardfs_origin::s3::location::S3Location::parse(s) {
-        return l.map(Source::S3);
+        return l.map(Source::S3).map_err(CliError::Usage);
     }
     if s.starts_with('/') {
         return Ok(Source::Local(PathBuf::from(s)));
@@ -34,14 +39,15 @@ pub fn parse(s: &str) -> Result<Source, String> {
         return Err(format!(
             "{s:?} looks like a relative path: a local directory source must be absolute \
              (e.g. {abs}); a server is HOST:PORT (e.g. fileserver:{DEFAULT_PORT})"
-        ));
+        )
+        .into());
     }
     server_addr(s).map(Source::Server)
 }
 
 /// `HOST:PORT` from `HOST`, `HOST:PORT`, `[V6]`, `[V6]:PORT` or a bare IPv6 address; a
 /// missing port is [`DEFAULT_PORT`].
-pub fn server_addr(s: &str) -> Result<String, String> {
+pub fn server_addr(s: &str) -> CliResult<String> {
     let bad = |why: &str| {
         format!(
             "{s:?} is not a server address ({why}): expected HOST:PORT or HOST (port \
@@ -66,7 +72,7 @@ pub fn server_addr(s: &str) -> Result<String, String> {
         }
     };
     if host.is_empty() || host == "[]" {
-        return Err(bad("no host"));
+        return Err(bad("no host").into());
     }
     let port = match port {
         None => DEFAULT_PORT,
@@ -102,12 +108,12 @@ mod tests {
             "[::1",
             "[::1]x",
         ] {
-            let e = server_addr(bad).unwrap_err();
+            let e = server_addr(bad).unwrap_err().to_string();
             assert!(e.contains("HOST:PORT"), "{bad}: {e}");
         }
         assert_eq!(parse("/srv/x").unwrap(), Source::Local("/srv/x".into()));
         assert_eq!(parse("srv").unwrap(), Source::Server("srv:7070".into()));
-        let e = parse("data/share").unwrap_err();
+        let e = parse("data/share").unwrap_err().to_string();
         assert!(
             e.contains("must be absolute") && e.contains("/data/share"),
             "{e}"

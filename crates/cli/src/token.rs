@@ -1,6 +1,7 @@
 //! `hoardfs token add|list|revoke`: a server's named client credentials, kept hashed in
 //! its state directory (see `hoardfs_server::credentials`).
 
+use crate::error::CliResult;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
@@ -73,7 +74,7 @@ pub enum TokenCommand {
 }
 
 /// Runs a `token` subcommand.
-pub fn run(cmd: TokenCommand) -> Result<(), String> {
+pub fn run(cmd: TokenCommand) -> CliResult<()> {
     match cmd {
         TokenCommand::Add {
             name,
@@ -120,7 +121,7 @@ pub fn run(cmd: TokenCommand) -> Result<(), String> {
                     if let Some(p) = &output {
                         let _ = std::fs::remove_file(p);
                     }
-                    return Err(e);
+                    return Err(e.into());
                 }
             };
             match (file, output) {

@@ -2,6 +2,7 @@
 //! socket (found from the mount point through /proc/self/mountinfo), and of a cache
 //! directory directly when no client is using it.
 
+use crate::error::{CliError, CliResult};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
@@ -20,7 +21,7 @@ pub struct Control {
 
 impl Control {
     /// Connects to the mount at `mountpoint`.
-    pub fn connect(mountpoint: &Path) -> Result<Control, String> {
+    pub fn connect(mountpoint: &Path) -> CliResult<Control> {
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
         if let Some(owner) = hoardfs_mounts()?
@@ -34,7 +35,8 @@ impl Control {
                  client (its control socket is private to that user): run this command as \
                  uid {owner}",
                 mountpoint.display()
-            ));
+            )
+            .into());
         }
         let path = checked_socket_path(mountpoint)?;
         let s = UnixStream::connect(&path).map_err(|e| match e.kind() {
@@ -55,7 +57,7 @@ impl Control {
     }
 
     /// Sends one request; returns the reply or its error message.
-    pub fn call(&mut self, req: Value) -> Result<Value, String> {
+    pub fn call(&mut self, req: Value) -> CliResult<Value> {
         writeln!(self.out, "{req}").map_err(|e| format!("control socket: {e}"))?;
         let mut line = String::new();
         self.input
@@ -68,7 +70,11 @@ impl Control {
         if v["ok"] == json!(true) {
             Ok(v)
         } else {
-            Err(v["error"].as_str().unwrap_or("request failed").to_string())
+            Err(v["error"]
+                .as_str()
+                .unwrap_or("request failed")
+                .to_string()
+                .into())
         }
     }
 }
@@ -81,7 +87,7 @@ struct HoardfsMount {
 }
 
 /// Every hoardfs mount this process can see.
-fn hoardfs_mounts() -> Result<Vec<HoardfsMount>, String> {
+fn hoardfs_mounts() -> CliResult<Vec<HoardfsMount>> {
     let info = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
     let mut out = Vec::new();
@@ -111,7 +117,7 @@ fn hoardfs_mounts() -> Result<Vec<HoardfsMount>, String> {
 }
 
 /// Mount point of the hoardfs mount holding `path` (which must exist).
-pub fn mount_of(path: &Path) -> Result<PathBuf, String> {
+pub fn mount_of(path: &Path) -> CliResult<PathBuf> {
     let canon = path
         .canonicalize()
         .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -120,7 +126,7 @@ pub fn mount_of(path: &Path) -> Result<PathBuf, String> {
         .map(|m| m.path)
         .filter(|mp| canon.starts_with(mp))
         .max_by_key(|mp| mp.as_os_str().len())
-        .ok_or_else(|| format!("{} is not on a hoardfs mount", path.display()))
+        .ok_or_else(|| CliError::Failed(format!("{} is not on a hoardfs mount", path.display())))
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space).
@@ -195,7 +201,7 @@ pub struct StatsArgs {
 }
 
 /// `hoardfs stats`.
-pub fn stats(a: StatsArgs) -> Result<(), String> {
+pub fn stats(a: StatsArgs) -> CliResult<()> {
     let mp = mount_of(&a.mountpoint)?;
     let v = Control::connect(&mp)?.call(json!({"op": "stats"}))?;
     if a.json {
@@ -284,7 +290,7 @@ pub struct SyncArgs {
 
 /// `hoardfs sync`: waits until the changes kept offline are on the server; fails if some
 /// are still pending at the timeout.
-pub fn sync(a: SyncArgs) -> Result<(), String> {
+pub fn sync(a: SyncArgs) -> CliResult<()> {
     let mp = mount_of(&a.mountpoint)?;
     if !(a.timeout >= 0.0 && a.timeout < 86_400.0) {
         return Err("--timeout is a number of seconds below 86400".into());
@@ -298,7 +304,8 @@ pub fn sync(a: SyncArgs) -> Result<(), String> {
              see `hoardfs stats {}`)",
             a.timeout,
             mp.display()
-        )),
+        )
+        .into()),
         None => Err("unexpected reply from the mount".into()),
     }
 }
@@ -315,7 +322,7 @@ pub struct ConflictsArgs {
 
 /// `hoardfs conflicts`: the changes kept offline that met a change on the server, and
 /// where this client's version went.
-pub fn conflicts(a: ConflictsArgs) -> Result<(), String> {
+pub fn conflicts(a: ConflictsArgs) -> CliResult<()> {
     let mp = mount_of(&a.mountpoint)?;
     let v = Control::connect(&mp)?.call(json!({"op": "conflicts"}))?;
     if a.json {
@@ -353,9 +360,9 @@ pub struct ServerStatsArgs {
 
 /// `hoardfs server-stats`. The query itself costs the server one connection and a few
 /// requests, which the counters include.
-pub fn server_stats(a: ServerStatsArgs) -> Result<(), String> {
+pub fn server_stats(a: ServerStatsArgs) -> CliResult<()> {
     use hoardfs_origin::remote::{RemoteOptions, RemoteOrigin};
-    let server = crate::source::server_addr(&a.server)?;
+    let server = crate::source::server_addr(&a.server).map_err(CliError::into_usage)?;
     let a = ServerStatsArgs { server, ..a };
     let sec = a.security.build(a.cache_dir.as_deref())?;
     let o = RemoteOrigin::connect(&a.server, sec.security.clone(), RemoteOptions::default())
@@ -490,7 +497,7 @@ pub enum CacheCommand {
 }
 
 /// `hoardfs cache`.
-pub fn cache(cmd: CacheCommand) -> Result<(), String> {
+pub fn cache(cmd: CacheCommand) -> CliResult<()> {
     crate::cachedir::cache(cmd)
 }
 
@@ -499,7 +506,7 @@ pub type FoundFile = (PathBuf, u64, u64);
 
 /// Files under `paths` (recursively, not following symlinks), on one hoardfs mount,
 /// plus the mount point.
-pub fn collect_files(paths: &[PathBuf]) -> Result<(PathBuf, Vec<FoundFile>), String> {
+pub fn collect_files(paths: &[PathBuf]) -> CliResult<(PathBuf, Vec<FoundFile>)> {
     let mut mount = None;
     let mut files = Vec::new();
     for p in paths {
@@ -513,7 +520,7 @@ pub fn collect_files(paths: &[PathBuf]) -> Result<(PathBuf, Vec<FoundFile>), Str
     Ok((mount.expect("at least one path"), files))
 }
 
-fn walk(p: &Path, out: &mut Vec<FoundFile>) -> Result<(), String> {
+fn walk(p: &Path, out: &mut Vec<FoundFile>) -> CliResult<()> {
     let md = std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
     if md.is_dir() {
         let mut names: Vec<_> = std::fs::read_dir(p)

@@ -279,22 +279,7 @@ fn run(
             handle,
             offset,
             len,
-        } => {
-            if len > MAX_READ_LEN {
-                return (Err(WireError::Invalid.into()), none());
-            }
-            match origin.read(handle, offset, len) {
-                Ok(mut r) => {
-                    r.data.truncate(len as usize);
-                    let reply = Reply::Data {
-                        len: r.data.len() as u32,
-                        version: r.version,
-                    };
-                    (Ok(reply), r.data)
-                }
-                Err(e) => (Err(e), none()),
-            }
-        }
+        } => read(origin, handle, offset, len),
         Op::ReadLink { handle } => (origin.readlink(handle).map(Reply::Link), none()),
         Op::StatFs => (origin.statfs().map(Reply::StatFs), none()),
         Op::Counters => (Ok(Reply::Counters(shared.counters())), none()),
@@ -356,34 +341,10 @@ fn run(
             handle,
             offset,
             append,
-        } => {
-            let r = origin.write(handle, offset, &data, append);
+        } => (write(shared, origin, handle, (offset, &data), append), {
             hoardfs_proto::buffers::give(data);
-            let reply = r.map(|w| {
-                let attr = match shared.cfg.id_map.setid_left_after_write(&w.attr) {
-                    Some(mode) => {
-                        let clear = SetAttrs {
-                            mode: Some(mode),
-                            ..SetAttrs::default()
-                        };
-                        // The bytes are written: a failure here must not report the write
-                        // as failed (a retried append would land twice).
-                        origin.setattr(handle, &clear).unwrap_or_else(|e| {
-                            tracing::warn!("cannot clear set-id bits after a write: {e}");
-                            w.attr
-                        })
-                    }
-                    None => w.attr,
-                };
-                Reply::Written {
-                    len: w.written,
-                    offset: w.offset,
-                    pre_version: w.pre_version,
-                    attr,
-                }
-            });
-            (reply, none())
-        }
+            none()
+        }),
         Op::Fsync { handle, datasync } => done(origin.fsync(handle, datasync)),
         Op::GetXattr { handle, name } => xattr(origin.getxattr(handle, &name)),
         Op::ListXattr { handle } => xattr(origin.listxattr(handle)),
@@ -402,19 +363,78 @@ fn run(
             (tree.map(|dirs| Reply::Tree { dirs }), none())
         }
         Op::Access { handle, mask } => done(origin.access(handle, mask)),
-        Op::Flush { handle } => {
-            let reply = origin.flush(handle).map(|r| match r {
-                None => Reply::Done,
-                Some((pre_version, attr)) => Reply::Written {
-                    len: 0,
-                    offset: attr.size,
-                    pre_version,
-                    attr,
-                },
-            });
-            (reply, none())
-        }
+        Op::Flush { handle } => (flush(origin, handle), none()),
     }
+}
+
+/// A `Read` of at most `MAX_READ_LEN` bytes: the reply and its data section.
+fn read(
+    origin: &dyn Origin,
+    handle: Handle,
+    offset: u64,
+    len: u32,
+) -> (Result<Reply, OriginError>, Vec<u8>) {
+    if len > MAX_READ_LEN {
+        return (Err(WireError::Invalid.into()), Vec::new());
+    }
+    match origin.read(handle, offset, len) {
+        Ok(mut r) => {
+            r.data.truncate(len as usize);
+            let reply = Reply::Data {
+                len: r.data.len() as u32,
+                version: r.version,
+            };
+            (Ok(reply), r.data)
+        }
+        Err(e) => (Err(e), Vec::new()),
+    }
+}
+
+/// A `Write` of `data` at `offset`; then, if the write left set-id bits the mapping does
+/// not allow, clears them.
+fn write(
+    shared: &Shared,
+    origin: &dyn Origin,
+    handle: Handle,
+    (offset, data): (u64, &[u8]),
+    append: bool,
+) -> Result<Reply, OriginError> {
+    let w = origin.write(handle, offset, data, append)?;
+    let attr = match shared.cfg.id_map.setid_left_after_write(&w.attr) {
+        Some(mode) => {
+            let clear = SetAttrs {
+                mode: Some(mode),
+                ..SetAttrs::default()
+            };
+            // The bytes are written: a failure here must not report the write as failed
+            // (a retried append would land twice).
+            origin.setattr(handle, &clear).unwrap_or_else(|e| {
+                tracing::warn!("cannot clear set-id bits after a write: {e}");
+                w.attr
+            })
+        }
+        None => w.attr,
+    };
+    Ok(Reply::Written {
+        len: w.written,
+        offset: w.offset,
+        pre_version: w.pre_version,
+        attr,
+    })
+}
+
+/// A `Flush`: the file published, with its attributes before and after (origins that
+/// publish at close), or nothing to do.
+fn flush(origin: &dyn Origin, handle: Handle) -> Result<Reply, OriginError> {
+    origin.flush(handle).map(|r| match r {
+        None => Reply::Done,
+        Some((pre_version, attr)) => Reply::Written {
+            len: 0,
+            offset: attr.size,
+            pre_version,
+            attr,
+        },
+    })
 }
 
 /// A setattr (already mapped); then, if a change of owner left set-id bits on a regular
