@@ -43,6 +43,8 @@ pub struct HoardFs {
     writes: write::Writes,
     /// Changes to names.
     names: namespace::Names,
+    /// File locks kept by the origin.
+    locks: crate::locks::Locks,
     /// One reintegration pass at a time (taken before any change's lock).
     reintegrating: parking_lot::Mutex<()>,
 }
@@ -62,6 +64,7 @@ impl HoardFs {
             reads: read::Reads::new(),
             writes: write::Writes::default(),
             names: namespace::Names::new(unlinked),
+            locks: crate::locks::Locks::default(),
             reintegrating: parking_lot::Mutex::new(()),
             sb,
         });
@@ -210,6 +213,7 @@ impl HoardFs {
 
     /// Closes open file `fh`.
     pub fn release(&self, fh: FileHandle) {
+        self.locks.released(&self.sb, fh);
         let Some(of) = self.reads.files.remove(fh) else {
             return;
         };
@@ -307,6 +311,65 @@ impl HoardFs {
     pub fn flush(&self, ino: Ino, fh: FileHandle, pid: u32) -> FsResult<()> {
         let of = self.reads.open_file(fh).ok();
         self.writes.flush(&self.sb, ino, of, pid)
+    }
+
+    /// Whether the origin keeps file locks for all its clients (then the mount asks the
+    /// kernel to send every lock here; otherwise locks are local to this host).
+    pub fn remote_locks(&self) -> bool {
+        crate::locks::Locks::supported(&self.sb)
+    }
+
+    /// Takes, changes or releases lock `range` of `owner` on `ino` now (`WouldBlock` if
+    /// another owner's lock is in the way; `NoLocks` while the origin is unreachable).
+    pub fn lock(
+        &self,
+        ino: Ino,
+        fh: FileHandle,
+        kind: hoardfs_origin::LockKind,
+        owner: u64,
+        range: hoardfs_origin::LockRange,
+        pid: u32,
+    ) -> FsResult<()> {
+        self.locks.lock(&self.sb, ino, fh, kind, owner, range, pid)
+    }
+
+    /// Asks for lock `range` and answers `done` once it is held or the wait ends,
+    /// without blocking the calling thread; the ticket cancels the wait.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lock_waiting(
+        &self,
+        ino: Ino,
+        fh: FileHandle,
+        kind: hoardfs_origin::LockKind,
+        owner: u64,
+        range: hoardfs_origin::LockRange,
+        pid: u32,
+        done: crate::LockDone,
+    ) -> Option<hoardfs_origin::LockTicket> {
+        self.locks
+            .lock_waiting(&self.sb, ino, fh, kind, owner, range, pid, done)
+    }
+
+    /// Ends a lock wait (its answer: `Interrupted`, unless granted first).
+    pub fn cancel_lock(&self, ticket: hoardfs_origin::LockTicket) {
+        self.locks.cancel(&self.sb, ticket);
+    }
+
+    /// The lock in the way of `owner` taking `range` on `ino`, if any (`F_GETLK`).
+    pub fn test_lock(
+        &self,
+        ino: Ino,
+        kind: hoardfs_origin::LockKind,
+        owner: u64,
+        range: hoardfs_origin::LockRange,
+    ) -> FsResult<Option<hoardfs_origin::LockHolder>> {
+        self.locks.test(&self.sb, ino, kind, owner, range)
+    }
+
+    /// Releases the locks of `kind` `owner` holds on `ino` and ends its waits (the file
+    /// was closed); sends nothing if it never locked it.
+    pub fn unlock_all(&self, ino: Ino, kind: hoardfs_origin::LockKind, owner: u64) {
+        self.locks.unlock_all(&self.sb, ino, kind, owner);
     }
 
     /// Value of extended attribute `name`.

@@ -545,6 +545,41 @@ impl Superblock {
         self.callbacks.grants(file_id, since)
     }
 
+    /// A lock on `node` was just granted: what other clients wrote before releasing it
+    /// must be seen, whatever callback breaks are still on their way (as NFS does at lock
+    /// time). Its attributes are fetched again, and reads through the files already open
+    /// go to the cached object of that version (the object is compared, not the node's
+    /// attributes: an open racing a write of another process may have installed the
+    /// object of an older version after the write's reply moved the attributes on). The
+    /// kernel drops the file's pages either way: a page read in whole for a partial write
+    /// of another process may hold bytes another client changed since, under a version
+    /// this client has caught up with through its own write's reply. (A read-only open in
+    /// passthrough mode keeps reading its version: see SEMANTICS.md.)
+    pub(crate) fn revalidate_locked(&self, node: &Node) {
+        let before = node.state.lock().attr().version;
+        match self.refresh_attr(node) {
+            Ok(now) => {
+                let a = now.attr;
+                let mut st = node.state.lock();
+                if a.version != before {
+                    st.contents_changed();
+                }
+                let stale = st
+                    .opens
+                    .object()
+                    .is_some_and(|o| (o.shape().version, o.shape().size) != (a.version, a.size));
+                if stale {
+                    self.objects
+                        .replace_object(&mut st, a.file_id, a.version, a.size);
+                }
+            }
+            Err(e) => tracing::debug!(ino = node.ino, "revalidating a locked file: {e}"),
+        }
+        if let Some(n) = self.notifier() {
+            n.inval_inode(node.ino);
+        }
+    }
+
     /// Forgets a node's attributes (the next getattr asks the origin).
     pub(crate) fn expire_attr(&self, node: &Node) {
         node.state.lock().expire();

@@ -5,6 +5,7 @@
 
 mod callers;
 mod convert;
+mod locks;
 mod modify;
 mod ring_dst;
 
@@ -23,8 +24,8 @@ use std::time::{Duration, Instant};
 use fuser::{
     Errno, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags, KernelConfig,
     LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use hoardfs_fs::{
     Backing, BackingError, HoardFs, Ino, KernelNotifier, ListedNode, Listing, NodeAttr,
@@ -69,6 +70,8 @@ pub struct FuseBridge {
     /// requests continues in the snapshot it started with (and when), so offsets stay
     /// meaningful.
     dirs: Mutex<HashMap<u64, DirPass>>,
+    /// Lock requests waiting on the server.
+    lock_waits: locks::LockWaits,
 }
 
 /// The snapshot a directory pass reads, and when the pass started.
@@ -85,6 +88,7 @@ impl FuseBridge {
             fs,
             callers: callers::Callers::default(),
             dirs: Mutex::new(HashMap::new()),
+            lock_waits: locks::LockWaits::default(),
         }
     }
 
@@ -163,6 +167,12 @@ impl Filesystem for FuseBridge {
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS;
         let _ = config.add_capabilities(want & config.capabilities());
+        if self.fs.remote_locks() {
+            // Every flock and POSIX lock comes here and goes to the server, so processes
+            // on other clients (and the server's) are excluded too.
+            let locks = InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
+            let _ = config.add_capabilities(locks & config.capabilities());
+        }
         if self.fs.kernel_opens() {
             // No open-time check under kernel opens: a read first refreshes expired
             // attributes, and a changed mtime or size drops the file's page cache.
@@ -291,7 +301,7 @@ impl Filesystem for FuseBridge {
         req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _lo: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         let _caller = self.enter(req);
@@ -299,13 +309,18 @@ impl Filesystem for FuseBridge {
             // Opens by the kernel carry no FOPEN_NOFLUSH: ENOSYS stops FLUSH for the mount.
             return reply.error(Errno::ENOSYS);
         }
-        modify::reply_empty(self.fs.flush(ino.0, fh.0, req.pid()), reply);
+        let flushed = self.fs.flush(ino.0, fh.0, req.pid());
+        // A close releases the POSIX locks its process holds on the file, once what it
+        // wrote is where the next holder will read it.
+        self.fs
+            .unlock_all(ino.0, hoardfs_origin::LockKind::Posix, lock_owner.0);
+        modify::reply_empty(flushed, reply);
     }
 
     fn release(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
@@ -313,8 +328,61 @@ impl Filesystem for FuseBridge {
         reply: ReplyEmpty,
     ) {
         let _caller = self.enter(req);
+        // The last close of an open file description releases its flock (owned by the
+        // open file: see `setlk`; nothing is sent if it took none).
+        self.fs
+            .unlock_all(ino.0, hoardfs_origin::LockKind::Flock, fh.0);
         self.fs.release(fh.0);
         reply.ok();
+    }
+
+    fn getlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        let _caller = self.enter(req);
+        locks::LockWaits::getlk(&self.fs, ino.0, lock_owner.0, start, end, typ, reply);
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        flock: bool,
+        reply: ReplyEmpty,
+    ) {
+        let _caller = self.enter(req);
+        self.lock_waits.setlk(
+            &self.fs,
+            req.unique(),
+            ino.0,
+            fh.0,
+            lock_owner.0,
+            (start, end, typ),
+            pid,
+            sleep,
+            flock,
+            reply,
+        );
+    }
+
+    fn interrupt(&self, _req: &Request, unique: fuser::RequestId) {
+        self.lock_waits.interrupt(&self.fs, unique);
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

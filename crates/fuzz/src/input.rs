@@ -275,6 +275,13 @@ pub fn tame_reply(rng: &mut Rng, msg: &mut ServerMessage) {
             tame_attr(rng, attr);
         }
         Reply::StatFs(_) | Reply::Counters(_) | Reply::Done => {}
+        Reply::LockTest(holder) => {
+            if let Some(h) = holder
+                && h.range.start > h.range.end
+            {
+                std::mem::swap(&mut h.range.start, &mut h.range.end);
+            }
+        }
     }
 }
 

@@ -268,6 +268,7 @@ fn expects(reply: &Reply, id: u64) -> Vec<Expect> {
                 max_entries: u32::MAX,
             },
         ],
+        Reply::LockTest(_) => vec![Expect::LockTest],
     };
     e.push(if matches!(reply, Reply::Done) {
         Expect::Attr

@@ -18,8 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use hoardfs_proto::{
-    Attr, Break, Caller, DirEntry, Entry, FileKind, Handle, Identities, Owner, RENAME_EXCHANGE,
-    RENAME_NOREPLACE, ServerCounters, SetAttrs, StatFs, TimeSet, Timestamp, TreeDir, WireError,
+    Attr, Break, Caller, DirEntry, Entry, FileKind, Handle, Identities, LockHolder, LockKind,
+    LockRange, LockType, Owner, RENAME_EXCHANGE, RENAME_NOREPLACE, ServerCounters, SetAttrs,
+    StatFs, TimeSet, Timestamp, TreeDir, WireError,
 };
 
 pub mod caller;
@@ -218,6 +219,58 @@ pub fn read_into(
     dst.answer_with(&r.data[..n]).map(|()| n as u32)
 }
 
+/// How a waiting lock request is answered: exactly once, `Ok` once the lock is held, or
+/// why the wait ended (`Fs(Interrupted)` after a cancel, `Lost` with the connection).
+pub type LockAnswer = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// Names a waiting lock request, to cancel it ([`Locks::cancel`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LockTicket {
+    /// Which connection it waits on (a new connection knows nothing of it).
+    pub conn: u64,
+    /// The request's id there.
+    pub request: u64,
+}
+
+/// The capability of an origin that keeps file locks for all its clients (a hoardfs
+/// server), offered by [`Origin::locks`]. An origin without it leaves locking to the
+/// mount's kernel (local to the host).
+pub trait Locks: Send + Sync {
+    /// Takes, changes or releases `range` for `owner` now, or fails with
+    /// `Fs(WouldBlock)` if another owner's lock is in the way.
+    fn lock(
+        &self,
+        handle: Handle,
+        kind: LockKind,
+        owner: u64,
+        range: LockRange,
+        pid: u32,
+    ) -> Result<()>;
+    /// Asks for `range` and waits without blocking the caller: `answer` is called when
+    /// the lock is held or the wait ends. `None` if it was answered already.
+    fn lock_waiting(
+        &self,
+        handle: Handle,
+        kind: LockKind,
+        owner: u64,
+        range: LockRange,
+        pid: u32,
+        answer: LockAnswer,
+    ) -> Option<LockTicket>;
+    /// Ends a wait (its answer: `Fs(Interrupted)`, unless granted first).
+    fn cancel(&self, ticket: LockTicket);
+    /// The lock in the way of `owner` taking `range`, if any (`F_GETLK`).
+    fn test(
+        &self,
+        handle: Handle,
+        kind: LockKind,
+        owner: u64,
+        range: LockRange,
+    ) -> Result<Option<LockHolder>>;
+    /// Releases every lock of `kind` `owner` holds on the file (its waits go on).
+    fn unlock_all(&self, handle: Handle, kind: LockKind, owner: u64) -> Result<()>;
+}
+
 /// The capability of an origin that can offer ranges of open files for the server to send
 /// without copying (`sendfile`; a local directory), offered by [`Origin::file_ranges`].
 pub trait FileRanges: Send + Sync {
@@ -321,6 +374,10 @@ pub trait Origin: Send + Sync + 'static {
     /// Offers ranges of open files to send without copying, if this origin can (the
     /// server asks, for plaintext replies; the default: it cannot).
     fn file_ranges(&self) -> Option<&dyn FileRanges> {
+        None
+    }
+    /// Keeps file locks for every client, if this origin can (the default: it cannot).
+    fn locks(&self) -> Option<&dyn Locks> {
         None
     }
     /// Target of a symlink.

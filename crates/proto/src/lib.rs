@@ -15,6 +15,7 @@ pub mod buffers;
 pub mod check;
 pub mod frame;
 pub mod ids;
+pub mod lock;
 pub mod msg;
 
 pub use check::{check_name, check_target, check_xattr_list};
@@ -23,12 +24,15 @@ pub use ids::{
     ANON_ID, Caller, IdMap, IdRange, Identities, MAY_EXEC, MAY_READ, MAY_WRITE, Restrict, Squash,
     may,
 };
+pub use lock::{LOCK_TO_EOF, LockHolder, LockKind, LockRange, LockType};
 pub use msg::*;
 
 /// Protocol version spoken by this build. Bumped on any incompatible change.
 /// Version 5 added [`msg::Op::ReadTree`]; version 6 a [`Caller`] on every request,
-/// [`msg::Op::Access`], `Attr::acl` and the server's [`Identities`] in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// [`msg::Op::Access`], `Attr::acl` and the server's [`Identities`] in `Hello`; version 7
+/// file locks ([`msg::Op::Lock`], [`msg::Op::TestLock`], [`msg::Op::UnlockAll`],
+/// [`msg::Op::CancelLock`]).
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Oldest protocol version a server still accepts from clients (a connection speaks the
 /// client's version; requests it does not know are never sent on it). Clients need a

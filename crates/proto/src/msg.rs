@@ -384,6 +384,55 @@ pub enum Op {
         /// Access bits asked for.
         mask: u32,
     },
+    /// Takes, changes or releases a lock of `owner` on a regular file (protocol 7; see
+    /// [`crate::lock`]). Answered with `Done` once held or released, or `WouldBlock` when
+    /// another owner's lock (or an earlier waiter) is in the way and `wait` is false.
+    /// With `wait` the answer comes when the lock is granted, possibly much later (the
+    /// connection's other requests go on meanwhile), or `Interrupted` once a
+    /// [`Op::CancelLock`] names this request.
+    Lock {
+        /// Regular file.
+        handle: Handle,
+        /// `flock` or POSIX.
+        kind: crate::LockKind,
+        /// Client-chosen owner (scoped to the connection).
+        owner: u64,
+        /// What to lock or release.
+        range: crate::LockRange,
+        /// Process id of the locker on the client (reported by `F_GETLK` on that client).
+        pid: u32,
+        /// Wait for the lock rather than answer `WouldBlock`.
+        wait: bool,
+    },
+    /// Whether `owner` could take `range` now: [`Reply::LockTest`] with the lock in the
+    /// way, if any (`F_GETLK`).
+    TestLock {
+        /// Regular file.
+        handle: Handle,
+        /// `flock` or POSIX.
+        kind: crate::LockKind,
+        /// Client-chosen owner.
+        owner: u64,
+        /// The lock that would be asked for.
+        range: crate::LockRange,
+    },
+    /// Releases every lock of `kind` `owner` holds on the file (the file was closed; its
+    /// waits go on, ended only by [`Op::CancelLock`]). Answered with `Done`.
+    UnlockAll {
+        /// Regular file.
+        handle: Handle,
+        /// `flock` or POSIX.
+        kind: crate::LockKind,
+        /// Client-chosen owner.
+        owner: u64,
+    },
+    /// Ends the wait of the waiting [`Op::Lock`] sent as request `request` on this
+    /// connection (which is then answered `Interrupted`, unless granted first). Answered
+    /// with `Done`.
+    CancelLock {
+        /// Id of the waiting request.
+        request: u64,
+    },
 }
 
 /// `renameat2` flag: fail with `Exists` instead of replacing the target.
@@ -582,6 +631,8 @@ pub enum Reply {
         #[serde(deserialize_with = "bounded::tree")]
         dirs: Vec<TreeDir>,
     },
+    /// The lock in the way of an [`Op::TestLock`], if any.
+    LockTest(Option<crate::LockHolder>),
 }
 
 /// The complete listing of one directory in a [`Reply::Tree`].
@@ -677,6 +728,15 @@ pub enum WireError {
     /// The server accepts only TLS connections and this one is plaintext.
     #[error("the server requires TLS")]
     TlsRequired,
+    /// A lock is held by another owner and the request would not wait (`EAGAIN`).
+    #[error("the file is locked by another owner")]
+    WouldBlock,
+    /// The request was cancelled before it was granted (`EINTR`).
+    #[error("interrupted")]
+    Interrupted,
+    /// The server cannot keep this lock (`ENOLCK`).
+    #[error("no locks available")]
+    NoLocks,
 }
 
 /// Most callback breaks one message may carry (a server sends a batch of changes, or the

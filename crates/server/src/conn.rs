@@ -227,6 +227,7 @@ async fn serve_on<R, W>(
     .await;
     if let Some(id) = conn_id {
         shared.callbacks.remove_conn(id);
+        shared.locks.drop_conn(id);
     }
     match end {
         End::Closed(err) => {
@@ -476,7 +477,7 @@ async fn welcome(
         Ok(Ok(info)) => info,
         Ok(Err(e)) => {
             let reason = format!("origin unavailable: {e}");
-            return Err(hello.refuse(crate::handle::wire_error(e), reason, false));
+            return Err(hello.refuse(crate::outgoing::wire_error(e), reason, false));
         }
         Err(e) => {
             return Err(hello.refuse(WireError::Io, format!("origin panicked: {e}"), false));
@@ -649,10 +650,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 data,
                 caller,
                 rights,
+                later: tx.clone(),
             };
             let out = tokio::task::spawn_blocking(move || crate::handle::handle(&shared, req));
             let reply = match out.await {
-                Ok(reply) => reply,
+                Ok(Some(reply)) => reply,
+                // A lock wait: answered later, without holding this request's slot.
+                Ok(None) => return,
                 Err(e) => {
                     tracing::error!(id, "request handler panicked: {e}");
                     Outgoing::new(id, Err(WireError::Io), Vec::new())

@@ -16,7 +16,7 @@ use hoardfs_proto::{
 
 use crate::Shared;
 use crate::callbacks::ConnId;
-use crate::outgoing::Outgoing;
+use crate::outgoing::{Outgoing, wire_error};
 
 /// One decoded request.
 pub(crate) struct Req {
@@ -32,6 +32,8 @@ pub(crate) struct Req {
     pub(crate) caller: hoardfs_proto::Caller,
     /// What the connection's credential may do.
     pub(crate) rights: Arc<SessionRights>,
+    /// Where an answer given later goes (a lock granted to a waiting request).
+    pub(crate) later: tokio::sync::mpsc::UnboundedSender<Outgoing>,
 }
 
 /// What one connection's credential may do.
@@ -67,7 +69,7 @@ fn modifies(op: &Op) -> bool {
 
 /// Runs a request and returns its reply. A conservative callback break for a reply that
 /// raced a change goes out on its own, through `callbacks` (sent before the reply).
-pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
+pub(crate) fn handle(shared: &Shared, req: Req) -> Option<Outgoing> {
     let Req {
         conn,
         id,
@@ -75,9 +77,10 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
         data,
         caller,
         rights,
+        later,
     } = req;
     if (shared.cfg.read_only || rights.read_only) && modifies(&op) {
-        return Outgoing::new(id, Err(WireError::ReadOnly), Vec::new());
+        return Some(Outgoing::new(id, Err(WireError::ReadOnly), Vec::new()));
     }
     // Everything below, origin calls and the breaks that settle a race, is done as the
     // request's (mapped) caller.
@@ -89,8 +92,18 @@ pub(crate) fn handle(shared: &Shared, req: Req) -> Outgoing {
     );
     let op = match shared.cfg.id_map.apply(op, as_callers) {
         Ok(op) => op,
-        Err(e) => return Outgoing::new(id, Err(e), Vec::new()),
+        Err(e) => return Some(Outgoing::new(id, Err(e), Vec::new())),
     };
+    match op {
+        Op::Lock { .. } | Op::TestLock { .. } | Op::UnlockAll { .. } | Op::CancelLock { .. } => {
+            crate::lock_requests::handle(shared, conn, id, op, later)
+        }
+        op => Some(answer(shared, conn, id, op, data)),
+    }
+}
+
+/// The reply to a request other than a lock's, made as its caller.
+fn answer(shared: &Shared, conn: ConnId, id: u64, op: Op, data: Vec<u8>) -> Outgoing {
     let origin = &*shared.origin;
     if let (
         Op::Read {
@@ -364,6 +377,10 @@ fn run(
         }
         Op::Access { handle, mask } => done(origin.access(handle, mask)),
         Op::Flush { handle } => (flush(origin, handle), none()),
+        // Answered by `lock_requests` before reaching here.
+        Op::Lock { .. } | Op::TestLock { .. } | Op::UnlockAll { .. } | Op::CancelLock { .. } => {
+            (Err(WireError::Protocol.into()), none())
+        }
     }
 }
 
@@ -471,17 +488,6 @@ fn xattr(r: Result<Vec<u8>, OriginError>) -> (Result<Reply, OriginError>, Vec<u8
 /// Upper bound on entries in one directory page, so replies stay well under the client's
 /// body limit whatever the client asks for.
 const MAX_DIR_PAGE: u32 = 8192;
-
-/// What to tell a client when the origin failed.
-pub(crate) fn wire_error(e: OriginError) -> WireError {
-    match e {
-        OriginError::Fs(w) => w,
-        other => {
-            tracing::warn!("origin failure: {other}");
-            WireError::Io
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {

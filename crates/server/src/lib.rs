@@ -17,6 +17,8 @@ mod decode;
 mod handle;
 mod handshakes;
 mod idmap;
+mod lock_requests;
+mod locks;
 mod outgoing;
 pub mod tier;
 mod units;
@@ -174,6 +176,8 @@ pub(crate) struct Shared {
     pub(crate) callbacks: Arc<callbacks::Callbacks>,
     pub(crate) admission: Arc<admission::Admission>,
     pub(crate) credentials: credentials::Credentials,
+    /// The locks clients hold.
+    pub(crate) locks: locks::Locks,
 }
 
 impl Shared {
@@ -270,6 +274,7 @@ impl Server {
         let admission = Arc::new(admission::Admission::new(&cfg));
         callbacks.charge_to(admission.callback_memory());
         let shared = Arc::new(Shared {
+            locks: locks::Locks::default(),
             credentials,
             admission,
             origin: self.origin,

@@ -1,7 +1,8 @@
 //! [`Outgoing`]: a frame encoded for a connection's writer (a reply, or a message such as
 //! a batch of callback breaks), with what its request holds until it is written
 //! ([`Held`]). Made by the request handlers and the callback registry, written by the
-//! connection (`crate::conn`).
+//! connection (`crate::conn`). Also what a client is told when the origin failed
+//! ([`wire_error`]).
 
 use hoardfs_origin::FileRange;
 use hoardfs_proto::frame::{self, Limits};
@@ -76,4 +77,15 @@ pub(crate) struct Held {
     pub(crate) _slot: OwnedSemaphorePermit,
     pub(crate) _conn: OwnedSemaphorePermit,
     pub(crate) _server: OwnedSemaphorePermit,
+}
+
+/// What to tell a client when the origin failed.
+pub(crate) fn wire_error(e: hoardfs_origin::OriginError) -> WireError {
+    match e {
+        hoardfs_origin::OriginError::Fs(w) => w,
+        other => {
+            tracing::warn!("origin failure: {other}");
+            WireError::Io
+        }
+    }
 }

@@ -898,14 +898,20 @@ pub trait Filesystem: Send + Sync + 'static {
         typ: i32,
         pid: u32,
         sleep: bool,
+        flock: bool,
         reply: ReplyEmpty,
     ) {
         warn!(
             "[Not Implemented] setlk(ino: {ino:#x?}, fh: {fh}, lock_owner: {lock_owner}, \
-            start: {start}, end: {end}, typ: {typ}, pid: {pid}, sleep: {sleep})"
+            start: {start}, end: {end}, typ: {typ}, pid: {pid}, sleep: {sleep}, flock: {flock})"
         );
         reply.error(Errno::ENOSYS);
     }
+
+    /// The kernel asks to interrupt request `unique` (its caller got a signal). A request
+    /// still waiting (a blocking lock) should be answered `EINTR`; one already answered,
+    /// or unknown, is left alone. Nothing replies to the interrupt itself.
+    fn interrupt(&self, _req: &Request, _unique: RequestId) {}
 
     /// Map block index within file to block index within device.
     /// Note: This makes sense only for block device backed filesystems mounted

@@ -87,7 +87,8 @@ impl<'a> RequestWithSender<'a> {
                     | ll::Operation::FSync(_)
                     | ll::Operation::FSyncDir(_)
                     | ll::Operation::Release(_)
-                    | ll::Operation::ReleaseDir(_) => {}
+                    | ll::Operation::ReleaseDir(_)
+                    | ll::Operation::Interrupt(_) => {}
                     ll::Operation::ReadDirPlus(_) => {}
                     _ => {
                         return Err(Errno::EACCES);
@@ -113,9 +114,10 @@ impl<'a> RequestWithSender<'a> {
                 return Err(Errno::EIO);
             }
 
-            ll::Operation::Interrupt(_) => {
-                // TODO: handle FUSE_INTERRUPT
-                return Err(Errno::ENOSYS);
+            ll::Operation::Interrupt(x) => {
+                // No reply: the interrupted request is answered (EINTR) by whoever holds
+                // its reply, if it is still waiting.
+                filesystem.interrupt(self.request_header(), x.unique());
             }
 
             ll::Operation::Lookup(x) => {
@@ -408,6 +410,7 @@ impl<'a> RequestWithSender<'a> {
                     x.lock().typ,
                     x.lock().pid,
                     x.sleep(),
+                    x.is_flock(),
                     self.reply(),
                 );
             }

@@ -33,8 +33,27 @@ pub(crate) type Answer = (Reply, Vec<u8>);
 /// A waiting caller: where it is woken, and where the data of a read's reply goes if it
 /// gave a destination ([`Conn::call_direct`]).
 struct Waiter {
-    tx: SyncSender<Result<Answer>>,
+    tx: Wake,
     direct: Option<Direct>,
+}
+
+/// How a waiter is woken: a caller blocked in `call`, or a callback (`call_later`), run on
+/// the reader thread, that must not block.
+enum Wake {
+    Caller(SyncSender<Result<Answer>>),
+    Later(Box<dyn FnOnce(Result<Answer>) + Send>),
+}
+
+impl Wake {
+    fn try_send(self, r: Result<Answer>) {
+        match self {
+            // A caller that timed out and left is not waiting any more.
+            Wake::Caller(tx) => {
+                let _ = tx.try_send(r);
+            }
+            Wake::Later(answer) => answer(r),
+        }
+    }
 }
 
 /// A read's destination, shared by its caller and the reader thread: whichever takes it
@@ -79,7 +98,7 @@ impl Shared {
             self.deliver(vec![Break::All]);
         }
         for (_, w) in waiters.into_iter().flatten() {
-            let _ = w.tx.try_send(Err(OriginError::Lost(format!(
+            w.tx.try_send(Err(OriginError::Lost(format!(
                 "connection to {} lost: {reason}",
                 self.peer
             ))));
@@ -148,7 +167,12 @@ pub(crate) struct Conn {
     /// Another handle on the socket, to shut it down without waiting for the writer lock.
     ctl: TcpStream,
     shared: Arc<Shared>,
+    /// Tells this connection from the ones before and after it (lock waits live on one).
+    serial: u64,
 }
+
+/// The next connection's serial.
+static SERIALS: AtomicU64 = AtomicU64::new(1);
 
 impl Conn {
     /// Connects to `addr` within `connect_timeout`, runs the TLS handshake when `tls` is
@@ -203,6 +227,7 @@ impl Conn {
             .spawn(move || pinger(w, s, stopped))
             .map_err(io)?;
         Ok(Conn {
+            serial: SERIALS.fetch_add(1, Ordering::Relaxed),
             writer,
             _stop_pinger: stop_pinger,
             ctl,
@@ -280,29 +305,15 @@ impl Conn {
         timeout: Duration,
     ) -> Result<Answer> {
         let (tx, rx) = mpsc::sync_channel(1);
-        {
-            let mut pending = self.shared.pending.lock();
-            match pending.as_mut() {
-                Some(map) => {
-                    map.insert(id, Waiter { tx, direct });
-                }
-                None => return Err(self.dead_error()),
-            }
-        }
-        // Every request says whom it is made for: the ambient caller of this thread.
-        let caller = crate::caller::current();
-        let body = frame::encode_body(&Request {
-            id,
-            op,
-            caller: (*caller).clone(),
-        });
-        let rx_before = self.shared.frames_rx.load(Ordering::SeqCst);
-        let written = {
-            let mut w = self.writer.lock();
-            frame::write_frame(&mut *w, &body, data).and_then(|()| w.flush())
+        let waiter = Waiter {
+            tx: Wake::Caller(tx),
+            direct,
         };
-        self.shared.frames_tx.fetch_add(1, Ordering::SeqCst);
-        if let Err(e) = written {
+        if self.register(id, waiter).is_err() {
+            return Err(self.dead_error());
+        }
+        let rx_before = self.shared.frames_rx.load(Ordering::SeqCst);
+        if let Err(e) = self.send_request(id, op, data) {
             self.forget(id);
             self.kill(&format!("write failed: {e}"));
             return Err(OriginError::Unreachable(format!(
@@ -330,10 +341,69 @@ impl Conn {
         }
     }
 
-    fn forget(&self, id: u64) {
-        if let Some(map) = self.shared.pending.lock().as_mut() {
-            map.remove(&id);
+    /// Which connection this is, among all this process opened.
+    pub(crate) fn serial(&self) -> u64 {
+        self.serial
+    }
+
+    fn forget(&self, id: u64) -> Option<Waiter> {
+        self.shared.pending.lock().as_mut()?.remove(&id)
+    }
+
+    /// Sends `op` as request `id` and returns at once: `answer` is called exactly once,
+    /// on the reader thread, with the reply (however long it takes: no timeout, a lock
+    /// granted after minutes) or with why none will come (the connection died).
+    pub(crate) fn call_later(
+        &self,
+        id: u64,
+        op: Op,
+        answer: Box<dyn FnOnce(Result<Answer>) + Send>,
+    ) {
+        let waiter = Waiter {
+            tx: Wake::Later(answer),
+            direct: None,
+        };
+        if let Err(w) = self.register(id, waiter) {
+            return w.tx.try_send(Err(self.dead_error()));
         }
+        if let Err(e) = self.send_request(id, op, &[]) {
+            // Answered here unless the connection's death already took the waiter.
+            if let Some(w) = self.forget(id) {
+                w.tx.try_send(Err(OriginError::Unreachable(format!(
+                    "sending to {} failed: {e}",
+                    self.shared.peer
+                ))));
+            }
+            self.kill(&format!("write failed: {e}"));
+        }
+    }
+
+    /// Adds a waiter for request `id`; gives it back if the connection is dead.
+    fn register(&self, id: u64, waiter: Waiter) -> std::result::Result<(), Waiter> {
+        match self.shared.pending.lock().as_mut() {
+            Some(map) => {
+                map.insert(id, waiter);
+                Ok(())
+            }
+            None => Err(waiter),
+        }
+    }
+
+    /// Writes request `id` with its data section. Every request says whom it is made
+    /// for: the ambient caller of this thread.
+    fn send_request(&self, id: u64, op: Op, data: &[u8]) -> std::io::Result<()> {
+        let caller = crate::caller::current();
+        let body = frame::encode_body(&Request {
+            id,
+            op,
+            caller: (*caller).clone(),
+        });
+        let written = {
+            let mut w = self.writer.lock();
+            frame::write_frame(&mut *w, &body, data).and_then(|()| w.flush())
+        };
+        self.shared.frames_tx.fetch_add(1, Ordering::SeqCst);
+        written
     }
 
     fn dead_error(&self) -> OriginError {
@@ -444,7 +514,7 @@ fn reader_loop(stream: Reader, shared: Arc<Shared>) {
         shared.frames_rx.fetch_add(1, Ordering::SeqCst);
         // No waiter: the caller timed out and left; the reply is dropped.
         if let Some(w) = waiter {
-            let _ = w.tx.try_send(
+            w.tx.try_send(
                 resp.result
                     .map(|reply| (reply, data))
                     .map_err(OriginError::Fs),

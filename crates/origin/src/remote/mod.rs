@@ -13,6 +13,7 @@
 
 mod conn;
 mod hello;
+mod locks;
 mod tls;
 pub mod validate;
 
@@ -327,6 +328,11 @@ impl RemoteOrigin {
             .cloned()
     }
 
+    /// A new request id.
+    fn next_request_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Sends one request on the current connection and waits for its reply.
     fn request(&self, op: Op) -> Result<Answer> {
         self.request_with_data(op, &[])
@@ -419,6 +425,10 @@ impl Origin for RemoteOrigin {
     }
 
     fn direct_reads(&self) -> Option<&dyn DirectReads> {
+        Some(self)
+    }
+
+    fn locks(&self) -> Option<&dyn crate::Locks> {
         Some(self)
     }
 

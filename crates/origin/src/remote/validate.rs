@@ -80,6 +80,8 @@ pub enum Expect {
         /// Entry limit of the request.
         max_entries: u32,
     },
+    /// The lock in the way of a `TestLock`, if any.
+    LockTest,
 }
 
 impl Expect {
@@ -121,6 +123,7 @@ impl Expect {
             Op::ReadTree { max_entries, .. } => Expect::Tree {
                 max_entries: *max_entries,
             },
+            Op::TestLock { .. } => Expect::LockTest,
             // Operations without a result of their own (keep-alives, ...) answer `Done`.
             #[allow(unreachable_patterns)]
             _ => Expect::Done,
@@ -147,6 +150,7 @@ pub(crate) fn kind_name(reply: &Reply) -> &'static str {
         Reply::Written { .. } => "Written",
         Reply::Xattr { .. } => "Xattr",
         Reply::Tree { .. } => "Tree",
+        Reply::LockTest(_) => "LockTest",
     }
 }
 
@@ -192,6 +196,13 @@ pub fn answer(expect: &Expect, (mut reply, data): (Reply, Vec<u8>)) -> Result<(R
         (Expect::StatFs, Reply::StatFs(_))
         | (Expect::Counters, Reply::Counters(_))
         | (Expect::Done | Expect::Flushed, Reply::Done) => {}
+        (Expect::LockTest, Reply::LockTest(holder)) => {
+            if let Some(h) = holder
+                && (!h.range.is_valid() || h.range.typ == hoardfs_proto::LockType::Unlock)
+            {
+                return Err(protocol(format!("a lock in the way that is none: {h:?}")));
+            }
+        }
         (Expect::Flushed, Reply::Written { len, attr, .. }) => {
             if *len != 0 {
                 return Err(protocol(format!(

@@ -1205,6 +1205,10 @@ mod op {
         pub(crate) fn sleep(&self) -> bool {
             self.wait
         }
+        /// Whether this is a `flock(2)` lock (`FUSE_LK_FLOCK`) rather than a POSIX one.
+        pub(crate) fn is_flock(&self) -> bool {
+            self.arg.lk_flags & super::super::fuse_abi::consts::FUSE_LK_FLOCK != 0
+        }
     }
 
     /// Check file access permissions.
