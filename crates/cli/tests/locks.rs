@@ -367,3 +367,39 @@ for i in range({ROWS}):
     let n = 2 * 4 * ROWS;
     assert_eq!(out.trim(), format!("ok\n({n}, {n})"), "{check:?}");
 }
+
+#[test]
+fn a_lock_file_made_with_o_excl_excludes_processes_on_two_clients() {
+    let p = pair(&["counter"]);
+    const TIMES: usize = 100;
+    // git's index.lock: whoever creates the lock file with O_CREAT|O_EXCL owns the
+    // counter until it unlinks it; everybody else retries.
+    let script = format!(
+        r#"
+import errno, os, sys, time
+d = os.path.dirname(sys.argv[1])
+lock = os.path.join(d, "counter.lock")
+done = 0
+while done < {TIMES}:
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        time.sleep(0.001)
+        continue
+    with open(sys.argv[1], "r+b") as f:
+        n = int(f.read() or b"0")
+        f.seek(0)
+        f.write(str(n + 1).encode())
+        f.truncate()
+    os.close(fd)
+    os.unlink(lock)
+    done += 1
+"#
+    );
+    run_on_both(&p, 4, &script, "counter");
+    let total: usize = std::fs::read_to_string(p.exp.join("counter"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(total, 2 * 4 * TIMES);
+}

@@ -96,10 +96,12 @@ impl Locks {
         if range.typ != LockType::Unlock {
             self.note(ino, fh, kind, owner);
         }
-        sb.with_handle(&node, |h| locks.lock(h, kind, owner, range, pid))
+        let since = sb.callbacks().seq();
+        let attr = sb
+            .with_handle(&node, |h| locks.lock(h, kind, owner, range, pid))
             .map_err(offline_is_no_locks)?;
         if range.typ != LockType::Unlock {
-            sb.revalidate_locked(&node);
+            sb.revalidate_locked(&node, attr, since);
         }
         Ok(())
     }
@@ -123,17 +125,19 @@ impl Locks {
             return None;
         };
         self.note(ino, fh, kind, owner);
+        let since = sb.callbacks().seq();
         let sb = Arc::downgrade(sb);
         let granted = Arc::clone(&node);
-        // Called on the connection's receive thread, which must not wait for a reply: the
-        // revalidation (a request) runs on a thread of its own.
+        // Called on the connection's receive thread, which must not wait for a reply nor
+        // for the kernel (dropping pages may wait for a read that waits for this thread):
+        // the revalidation runs on a thread of its own.
         let answer: LockAnswer = Box::new(move |r| match r {
-            Ok(()) => {
+            Ok(attr) => {
                 let spawned = std::thread::Builder::new()
                     .name("hoardfs-lock".into())
                     .spawn(move || {
                         if let Some(sb) = sb.upgrade() {
-                            sb.revalidate_locked(&granted);
+                            sb.revalidate_locked(&granted, attr, since);
                         }
                         done(Ok(()));
                     });

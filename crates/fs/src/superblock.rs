@@ -555,9 +555,16 @@ impl Superblock {
     /// of another process may hold bytes another client changed since, under a version
     /// this client has caught up with through its own write's reply. (A read-only open in
     /// passthrough mode keeps reading its version: see SEMANTICS.md.)
-    pub(crate) fn revalidate_locked(&self, node: &Node) {
+    /// `granted` is what the origin answered the grant with, read after it (breaks from
+    /// number `since` on count against a callback); without it the attributes are asked
+    /// for.
+    pub(crate) fn revalidate_locked(&self, node: &Node, granted: Option<Attr>, since: u64) {
         let before = node.state.lock().attr().version;
-        match self.refresh_attr(node) {
+        let fresh = match granted {
+            Some(a) => Ok(self.install_attr(node, a, since)),
+            None => self.refresh_attr(node),
+        };
+        match fresh {
             Ok(now) => {
                 let a = now.attr;
                 let mut st = node.state.lock();

@@ -219,9 +219,10 @@ pub fn read_into(
     dst.answer_with(&r.data[..n]).map(|()| n as u32)
 }
 
-/// How a waiting lock request is answered: exactly once, `Ok` once the lock is held, or
-/// why the wait ended (`Fs(Interrupted)` after a cancel, `Lost` with the connection).
-pub type LockAnswer = Box<dyn FnOnce(Result<()>) + Send>;
+/// How a waiting lock request is answered: exactly once, `Ok` once the lock is held (with
+/// the file's attributes as of the grant, if the origin gave them), or why the wait ended
+/// (`Fs(Interrupted)` after a cancel, `Lost` with the connection).
+pub type LockAnswer = Box<dyn FnOnce(Result<Option<Attr>>) + Send>;
 
 /// Names a waiting lock request, to cancel it ([`Locks::cancel`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -236,8 +237,9 @@ pub struct LockTicket {
 /// server), offered by [`Origin::locks`]. An origin without it leaves locking to the
 /// mount's kernel (local to the host).
 pub trait Locks: Send + Sync {
-    /// Takes, changes or releases `range` for `owner` now, or fails with
-    /// `Fs(WouldBlock)` if another owner's lock is in the way.
+    /// Takes, changes or releases `range` for `owner` now (with the file's attributes as
+    /// of the grant, if the origin gives them), or fails with `Fs(WouldBlock)` if another
+    /// owner's lock is in the way.
     fn lock(
         &self,
         handle: Handle,
@@ -245,7 +247,7 @@ pub trait Locks: Send + Sync {
         owner: u64,
         range: LockRange,
         pid: u32,
-    ) -> Result<()>;
+    ) -> Result<Option<Attr>>;
     /// Asks for `range` and waits without blocking the caller: `answer` is called when
     /// the lock is held or the wait ends. `None` if it was answered already.
     fn lock_waiting(

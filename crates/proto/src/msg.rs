@@ -385,8 +385,10 @@ pub enum Op {
         mask: u32,
     },
     /// Takes, changes or releases a lock of `owner` on a regular file (protocol 7; see
-    /// [`crate::lock`]). Answered with `Done` once held or released, or `WouldBlock` when
-    /// another owner's lock (or an earlier waiter) is in the way and `wait` is false.
+    /// [`crate::lock`]). Answered, once held, with the file's `Attr` as of the grant (so
+    /// the client need not ask again to see what the previous holder wrote), or `Done`
+    /// (released, or the attributes could not be read); `WouldBlock` when another owner's
+    /// lock (or an earlier waiter) is in the way and `wait` is false.
     /// With `wait` the answer comes when the lock is granted, possibly much later (the
     /// connection's other requests go on meanwhile), or `Interrupted` once a
     /// [`Op::CancelLock`] names this request.

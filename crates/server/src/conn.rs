@@ -227,7 +227,9 @@ async fn serve_on<R, W>(
     .await;
     if let Some(id) = conn_id {
         shared.callbacks.remove_conn(id);
-        shared.locks.drop_conn(id);
+        // Granting the next waiters reads their files' attributes: not on this task.
+        let s = Arc::clone(&shared);
+        tokio::task::spawn_blocking(move || s.locks.drop_conn(id));
     }
     match end {
         End::Closed(err) => {

@@ -4,9 +4,14 @@
 //!
 //! The handle is checked with a `getattr` made as the caller (a handle the caller could
 //! not reach answers as any other request would); locks are kept by the object's
-//! `file_id`, so every handle of one file shares its locks.
+//! `file_id`, so every handle of one file shares its locks. A granted lock is answered
+//! with the file's attributes read after the grant, so the client sees what the previous
+//! holder wrote without asking again.
 
-use hoardfs_proto::{Handle, Op, Reply, WireError};
+use std::sync::Arc;
+
+use hoardfs_origin::Origin;
+use hoardfs_proto::{Handle, LockType, Op, Reply, WireError};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::Shared;
@@ -39,8 +44,12 @@ pub(crate) fn handle(
                 Err(e) => return reply(Err(e)),
             };
             let owner = OwnerKey { conn, owner };
-            let waiter = wait.then(|| (id, answer_later(id, later)));
+            let origin = Arc::clone(&shared.origin);
+            let waiter = wait.then(|| (id, answer_later(id, later, origin, handle)));
             match locks.lock(file, kind, owner, range, pid, waiter) {
+                Ok(Taken::Done) if range.typ != LockType::Unlock => {
+                    reply(Ok(granted(&*shared.origin, handle)))
+                }
                 Ok(Taken::Done) => reply(Ok(Reply::Done)),
                 Ok(Taken::Queued) => None,
                 Err(e) => reply(Err(e)),
@@ -88,10 +97,32 @@ fn file_of(shared: &Shared, handle: Handle) -> Result<u64, WireError> {
         .map_err(crate::outgoing::wire_error)
 }
 
-/// Sends the answer of waiting request `id` on its connection.
-fn answer_later(id: u64, later: UnboundedSender<Outgoing>) -> Answer {
+/// The answer to a granted lock: the file's attributes now (the previous holder's writes
+/// are in them), or `Done` if they cannot be read (the client then asks itself; the lock
+/// is held either way).
+fn granted(origin: &dyn Origin, handle: Handle) -> Reply {
+    match origin.getattr(handle) {
+        Ok(a) => Reply::Attr(a),
+        Err(e) => {
+            tracing::debug!("attributes of a file just locked: {e}");
+            Reply::Done
+        }
+    }
+}
+
+/// Sends the answer of waiting request `id` on its connection (the attributes of the file
+/// `handle` names once granted). Called by whichever request freed the lock, on its
+/// thread: reading the attributes there needs no permission (the handle's descriptor is
+/// `fstat`ed), and the waiter was allowed to look the file up when it asked.
+fn answer_later(
+    id: u64,
+    later: UnboundedSender<Outgoing>,
+    origin: Arc<dyn Origin>,
+    handle: Handle,
+) -> Answer {
     Box::new(move |r: Result<(), WireError>| {
+        let r = r.map(|()| granted(&*origin, handle));
         // Fails only when the connection is closing: nobody to tell.
-        let _ = later.send(Outgoing::new(id, r.map(|()| Reply::Done), Vec::new()));
+        let _ = later.send(Outgoing::new(id, r, Vec::new()));
     })
 }

@@ -4,7 +4,7 @@
 //! live on the connection: when it dies, the server releases them, and its waits are
 //! answered `Lost`.
 
-use hoardfs_proto::{Handle, LockHolder, LockKind, LockRange, Op, Reply};
+use hoardfs_proto::{Attr, Handle, LockHolder, LockKind, LockRange, Op, Reply};
 
 use super::{RemoteOrigin, unexpected, validate};
 use crate::{LockAnswer, LockTicket, Locks, Result};
@@ -17,18 +17,15 @@ impl Locks for RemoteOrigin {
         owner: u64,
         range: LockRange,
         pid: u32,
-    ) -> Result<()> {
-        self.done(
-            Op::Lock {
-                handle,
-                kind,
-                owner,
-                range,
-                pid,
-                wait: false,
-            },
-            &[],
-        )
+    ) -> Result<Option<Attr>> {
+        granted(self.request(Op::Lock {
+            handle,
+            kind,
+            owner,
+            range,
+            pid,
+            wait: false,
+        })?)
     }
 
     fn lock_waiting(
@@ -63,10 +60,7 @@ impl Locks for RemoteOrigin {
             Box::new(move |r| {
                 answer(
                     r.and_then(|a| validate::answer(&expect, a))
-                        .and_then(|a| match a {
-                            (Reply::Done, _) => Ok(()),
-                            other => Err(unexpected(&other)),
-                        }),
+                        .and_then(granted),
                 )
             }),
         );
@@ -117,5 +111,14 @@ impl Locks for RemoteOrigin {
             },
             &[],
         )
+    }
+}
+
+/// What a granted `Lock` answered: the file's attributes, or `Done`.
+fn granted(answer: super::Answer) -> Result<Option<Attr>> {
+    match answer {
+        (Reply::Attr(a), _) => Ok(Some(a)),
+        (Reply::Done, _) => Ok(None),
+        other => Err(unexpected(&other)),
     }
 }

@@ -82,6 +82,8 @@ pub enum Expect {
     },
     /// The lock in the way of a `TestLock`, if any.
     LockTest,
+    /// A granted lock: the file's attributes, or `Done`.
+    Locked,
 }
 
 impl Expect {
@@ -124,6 +126,7 @@ impl Expect {
                 max_entries: *max_entries,
             },
             Op::TestLock { .. } => Expect::LockTest,
+            Op::Lock { .. } => Expect::Locked,
             // Operations without a result of their own (keep-alives, ...) answer `Done`.
             #[allow(unreachable_patterns)]
             _ => Expect::Done,
@@ -195,7 +198,8 @@ pub fn answer(expect: &Expect, (mut reply, data): (Reply, Vec<u8>)) -> Result<(R
         }
         (Expect::StatFs, Reply::StatFs(_))
         | (Expect::Counters, Reply::Counters(_))
-        | (Expect::Done | Expect::Flushed, Reply::Done) => {}
+        | (Expect::Done | Expect::Flushed | Expect::Locked, Reply::Done) => {}
+        (Expect::Locked, Reply::Attr(a)) => attr(a).map_err(protocol)?,
         (Expect::LockTest, Reply::LockTest(holder)) => {
             if let Some(h) = holder
                 && (!h.range.is_valid() || h.range.typ == hoardfs_proto::LockType::Unlock)
