@@ -21,7 +21,7 @@
 //! Lock order: `held` is a leaf (never held across an origin call).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 
 use hoardfs_origin::{LockAnswer, LockHolder, LockKind, LockRange, LockTicket, LockType};
 use hoardfs_origin::{OriginError, WireError};
@@ -37,7 +37,13 @@ pub type LockDone = Box<dyn FnOnce(FsResult<()>) + Send>;
 #[derive(Default)]
 pub(crate) struct Locks {
     held: Mutex<Held>,
+    /// The thread that finishes granted waits (revalidates the file, answers the
+    /// kernel), started at the first wait.
+    granter: std::sync::OnceLock<Option<mpsc::Sender<Job>>>,
 }
+
+/// The end of a granted wait, run by the granter thread.
+type Job = Box<dyn FnOnce() + Send>;
 
 #[derive(Default)]
 struct Held {
@@ -126,28 +132,56 @@ impl Locks {
         };
         self.note(ino, fh, kind, owner);
         let since = sb.callbacks().seq();
-        let sb = Arc::downgrade(sb);
+        let weak = Arc::downgrade(sb);
         let granted = Arc::clone(&node);
+        let granter = self.granter();
         // Called on the connection's receive thread, which must not wait for a reply nor
         // for the kernel (dropping pages may wait for a read that waits for this thread):
-        // the revalidation runs on a thread of its own.
+        // the revalidation runs on the granter thread.
         let answer: LockAnswer = Box::new(move |r| match r {
             Ok(attr) => {
-                let spawned = std::thread::Builder::new()
-                    .name("hoardfs-lock".into())
-                    .spawn(move || {
-                        if let Some(sb) = sb.upgrade() {
-                            sb.revalidate_locked(&granted, attr, since);
-                        }
-                        done(Ok(()));
-                    });
-                if let Err(e) = spawned {
-                    tracing::warn!("cannot start a thread to revalidate a locked file: {e}");
-                }
+                let job: Job = Box::new(move || {
+                    if let Some(sb) = weak.upgrade() {
+                        sb.revalidate_locked(&granted, attr, since);
+                    }
+                    done(Ok(()));
+                });
+                let job = match &granter {
+                    Some(tx) => match tx.send(job) {
+                        Ok(()) => return,
+                        Err(mpsc::SendError(job)) => job,
+                    },
+                    None => job,
+                };
+                // No granter thread: answered here rather than never.
+                job();
             }
             Err(e) => done(Err(lock_error(e))),
         });
         locks.lock_waiting(node.handle(), kind, owner, range, pid, answer)
+    }
+
+    /// Where granted waits are finished (`None` if the thread could not be started).
+    fn granter(&self) -> Option<mpsc::Sender<Job>> {
+        self.granter
+            .get_or_init(|| {
+                let (tx, rx) = mpsc::channel::<Job>();
+                let started = std::thread::Builder::new()
+                    .name("hoardfs-locks".into())
+                    .spawn(move || {
+                        for job in rx {
+                            job();
+                        }
+                    });
+                match started {
+                    Ok(_) => Some(tx),
+                    Err(e) => {
+                        tracing::warn!("cannot start the lock granter thread: {e}");
+                        None
+                    }
+                }
+            })
+            .clone()
     }
 
     /// Ends a wait.

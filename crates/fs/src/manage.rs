@@ -3,7 +3,7 @@
 //! checksum scrub. A [`CacheManager`] borrows the node table (for paths) and the mount's
 //! objects (for the cache and which objects are this export's); `HoardFs` resolves inodes
 //! through the superblock and hands it their nodes. Prefetching, which fetches, lives with the fetch path
-//! (`fetch.rs`).
+//! (`fetch/fill.rs`).
 
 use hoardfs_cache::{CacheDir, EvictError, Usage, VerifyReport};
 

@@ -76,8 +76,9 @@ enum Route {
     Cached(View, u64),
 }
 
-/// The reading side of a mount: its open files, passthrough admission, the fetcher of
-/// chunks and readahead, and the implicit opens of `--kernel-opens`.
+/// The reading side of a mount: its open files, passthrough admission and the implicit
+/// opens of `--kernel-opens` (chunks are fetched and read ahead by the superblock's
+/// `Fetcher`).
 pub(crate) struct Reads {
     /// The open files, by kernel handle.
     pub(crate) files: crate::open_files::OpenFiles,

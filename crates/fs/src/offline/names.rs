@@ -1,5 +1,5 @@
 //! Names changed while the origin is unreachable (`--offline-writes`; the writes of file
-//! contents are `crate::offline::state`).
+//! contents are `crate::offline::staged`).
 //!
 //! Names change offline too, in directories listed while connected (so that this client
 //! knows which names are free): regular files are created (a node with an id of this
