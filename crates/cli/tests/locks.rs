@@ -237,6 +237,14 @@ except TimeoutError:
     flock(&fb, libc::LOCK_EX | libc::LOCK_NB).expect("nobody else holds it");
 }
 
+/// The counter file as the server holds it (every worker's update is there).
+fn counter(p: &Pair) -> usize {
+    std::fs::read_to_string(p.exp.join("counter"))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// Runs `n` copies of a Python script on each mount (the file's path as argument) and
 /// waits for all of them.
 fn run_on_both(p: &Pair, n: usize, script: &str, file: &str) {
@@ -278,11 +286,7 @@ for _ in range({TIMES}):
 "#
     );
     run_on_both(&p, 4, &script, "counter");
-    let total: usize = std::fs::read_to_string(p.exp.join("counter"))
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert_eq!(total, 2 * 4 * TIMES);
+    assert_eq!(counter(&p), 2 * 4 * TIMES);
 }
 
 #[test]
@@ -397,9 +401,5 @@ while done < {TIMES}:
 "#
     );
     run_on_both(&p, 4, &script, "counter");
-    let total: usize = std::fs::read_to_string(p.exp.join("counter"))
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert_eq!(total, 2 * 4 * TIMES);
+    assert_eq!(counter(&p), 2 * 4 * TIMES);
 }
