@@ -523,11 +523,14 @@ pub fn collect_files(paths: &[PathBuf]) -> CliResult<(PathBuf, Vec<FoundFile>)> 
 fn walk(p: &Path, out: &mut Vec<FoundFile>) -> CliResult<()> {
     let md = std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
     if md.is_dir() {
-        let mut names: Vec<_> = std::fs::read_dir(p)
-            .map_err(|e| format!("{}: {e}", p.display()))?
-            .flatten()
-            .map(|e| e.path())
-            .collect();
+        // A listing that fails part way is an error, not a shorter list: a prefetch
+        // that skipped files quietly would leave them out of the cache unannounced.
+        let mut names = std::fs::read_dir(p)
+            .and_then(|rd| {
+                rd.map(|e| e.map(|e| e.path()))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|e| format!("{}: {e}", p.display()))?;
         names.sort();
         for n in names {
             walk(&n, out)?;

@@ -156,3 +156,30 @@ fn a_directory_larger_than_one_readdir_reply_lists_completely() {
         want.len()
     );
 }
+
+/// A server's table of handles is bounded by its open-file limit (one descriptor per
+/// handle). A directory with more entries than the table holds still lists completely,
+/// and every listed file can be read: the directory being listed stays known while its
+/// listing hands out handles, and entries whose handles were forgotten are looked up again.
+#[test]
+fn a_directory_longer_than_the_servers_handle_table_lists_completely() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    let big = exp.join("big");
+    std::fs::create_dir_all(&big).unwrap();
+    for i in 0..2000 {
+        std::fs::write(big.join(format!("f{i:05}")), format!("{i}")).unwrap();
+    }
+    // 1024 descriptors leave about 160 handles.
+    let srv = Server::start_with_nofile(&exp, 1024);
+    let m = Mount::start(&srv.addr, &t.path().join("mnt"), &["--no-cache"]).unwrap();
+    let want = list(&big).unwrap();
+    let got = list(&m.p("big")).unwrap();
+    assert_eq!(got.len(), 2000, "entry count");
+    assert_eq!(got, want);
+    for i in (0..2000).step_by(97) {
+        let body = std::fs::read(m.p(&format!("big/f{i:05}"))).unwrap();
+        assert_eq!(body, format!("{i}").as_bytes(), "f{i:05}");
+    }
+}

@@ -5,8 +5,11 @@
 //! instead of naming whatever took their id. Ids are random, not sequential: a handle names
 //! its object directly, without the search permission of the directories above it, so one
 //! must not be guessable (only a lookup the caller was allowed to make hands it out).
-//! Beyond `cap` entries the oldest handles are forgotten, and clients holding them get
-//! `Stale` and resolve the name again.
+//! Beyond `cap` entries the least recently used handles are forgotten, and clients holding
+//! them get `Stale` and resolve the name again. Use, not issue, decides: a directory being
+//! listed page by page stays known while its listing hands out more handles than the table
+//! holds (with the oldest-issued order, a listing longer than the table evicted its own
+//! directory and failed with `Stale` on every retry).
 //!
 //! Each object has a key ([`Keyed`]): the local origin's is the inode (device, number),
 //! the S3 origin's the path and whether it is a directory. One key has one handle.
@@ -39,11 +42,21 @@ pub struct HandleTable<V: Keyed> {
 }
 
 struct Inner<V: Keyed> {
-    by_id: HashMap<u64, Arc<V>>,
+    by_id: HashMap<u64, Slot<V>>,
     by_key: HashMap<V::Key, u64>,
-    /// Ids in the order they were issued (the root is never queued, so never evicted).
-    /// Ids removed since stay queued until popped or compacted away.
-    order: VecDeque<u64>,
+    /// (id, stamp) in the order of use: a use queues the id again with a new stamp, and
+    /// only the entry carrying its current stamp counts (the root is never queued, so
+    /// never evicted). Older entries, and those of ids removed since, stay queued until
+    /// popped or compacted away.
+    order: VecDeque<(u64, u64)>,
+    /// The next stamp.
+    clock: u64,
+}
+
+/// A registered object and the stamp of its last use.
+struct Slot<V> {
+    value: Arc<V>,
+    stamp: u64,
 }
 
 impl<V: Keyed> Inner<V> {
@@ -57,24 +70,38 @@ impl<V: Keyed> Inner<V> {
         }
     }
 
-    /// Registers `value` under a new id, then evicts the oldest beyond `cap`.
+    /// Queues `id` as used now.
+    fn used(&mut self, id: u64) {
+        if id == ROOT_ID {
+            return;
+        }
+        let Some(slot) = self.by_id.get_mut(&id) else {
+            return;
+        };
+        self.clock += 1;
+        slot.stamp = self.clock;
+        self.order.push_back((id, self.clock));
+        // Uses and create/remove loops would otherwise grow the queue for ever.
+        if self.order.len() > 2 * self.by_id.len() + 64 {
+            let Inner { order, by_id, .. } = self;
+            order.retain(|(id, stamp)| by_id.get(id).is_some_and(|s| s.stamp == *stamp));
+        }
+    }
+
+    /// Registers `value` under a new id, then evicts the least recently used beyond `cap`.
     fn add(&mut self, key: V::Key, value: Arc<V>, cap: usize) -> u64 {
         let id = self.new_id();
         self.by_key.insert(key, id);
-        self.by_id.insert(id, value);
-        self.order.push_back(id);
-        // A create/remove loop that never fills the table would otherwise grow the queue
-        // for ever.
-        if self.order.len() > 2 * self.by_id.len() + 64 {
-            let Inner { order, by_id, .. } = self;
-            order.retain(|id| by_id.contains_key(id));
-        }
+        self.by_id.insert(id, Slot { value, stamp: 0 });
+        self.used(id);
         while self.by_id.len() > cap {
-            let Some(old) = self.order.pop_front() else {
+            let Some((old, stamp)) = self.order.pop_front() else {
                 break;
             };
-            if let Some(v) = self.by_id.remove(&old) {
-                self.by_key.remove(&v.key());
+            if self.by_id.get(&old).is_some_and(|s| s.stamp == stamp)
+                && let Some(s) = self.by_id.remove(&old)
+            {
+                self.by_key.remove(&s.value.key());
             }
         }
         id
@@ -97,7 +124,13 @@ impl<V: Keyed> HandleTable<V> {
         let mut by_id = HashMap::new();
         let mut by_key = HashMap::new();
         by_key.insert(root.key(), ROOT_ID);
-        by_id.insert(ROOT_ID, Arc::new(root));
+        by_id.insert(
+            ROOT_ID,
+            Slot {
+                value: Arc::new(root),
+                stamp: 0,
+            },
+        );
         HandleTable {
             epoch,
             cap: cap.max(16),
@@ -105,6 +138,7 @@ impl<V: Keyed> HandleTable<V> {
                 by_id,
                 by_key,
                 order: VecDeque::new(),
+                clock: 0,
             }),
         }
     }
@@ -112,6 +146,11 @@ impl<V: Keyed> HandleTable<V> {
     /// Epoch of handles issued by this table.
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// Most objects the table holds.
+    pub fn cap(&self) -> usize {
+        self.cap
     }
 
     /// The root's handle.
@@ -126,17 +165,20 @@ impl<V: Keyed> HandleTable<V> {
         }
     }
 
-    /// The object a handle names, or `Stale`.
+    /// The object a handle names (now its most recently used), or `Stale`.
     pub fn get(&self, h: Handle) -> Result<Arc<V>, WireError> {
         if h.epoch != self.epoch {
             return Err(WireError::Stale);
         }
-        self.inner
-            .lock()
+        let mut inner = self.inner.lock();
+        let value = inner
             .by_id
             .get(&h.id)
-            .cloned()
-            .ok_or(WireError::Stale)
+            .ok_or(WireError::Stale)?
+            .value
+            .clone();
+        inner.used(h.id);
+        Ok(value)
     }
 
     /// Registers `value`, or finds the object already registered under its key (which is
@@ -147,7 +189,9 @@ impl<V: Keyed> HandleTable<V> {
         if let Some(&id) = inner.by_key.get(&key)
             && let Some(existing) = inner.by_id.get(&id)
         {
-            return (self.handle(id), existing.clone());
+            let existing = existing.value.clone();
+            inner.used(id);
+            return (self.handle(id), existing);
         }
         let value = Arc::new(value);
         let id = inner.add(key, value.clone(), self.cap);
@@ -160,8 +204,11 @@ impl<V: Keyed> HandleTable<V> {
         let key = value.key();
         let value = Arc::new(value);
         let mut inner = self.inner.lock();
-        if let Some(&id) = inner.by_key.get(&key) {
-            inner.by_id.insert(id, value);
+        if let Some(&id) = inner.by_key.get(&key)
+            && let Some(slot) = inner.by_id.get_mut(&id)
+        {
+            slot.value = value;
+            inner.used(id);
             return self.handle(id);
         }
         let id = inner.add(key, value, self.cap);
@@ -172,8 +219,10 @@ impl<V: Keyed> HandleTable<V> {
     pub fn refresh(&self, value: V) {
         let key = value.key();
         let mut inner = self.inner.lock();
-        if let Some(&id) = inner.by_key.get(&key) {
-            inner.by_id.insert(id, Arc::new(value));
+        if let Some(&id) = inner.by_key.get(&key)
+            && let Some(slot) = inner.by_id.get_mut(&id)
+        {
+            slot.value = Arc::new(value);
         }
     }
 
@@ -181,7 +230,7 @@ impl<V: Keyed> HandleTable<V> {
     pub fn find(&self, key: &V::Key) -> Option<Arc<V>> {
         let inner = self.inner.lock();
         let id = inner.by_key.get(key)?;
-        inner.by_id.get(id).cloned()
+        inner.by_id.get(id).map(|s| s.value.clone())
     }
 
     /// Forgets the handle of `key` (the object was deleted or moved away); returns its id
@@ -203,8 +252,8 @@ impl<V: Keyed> HandleTable<V> {
             .lock()
             .by_id
             .values()
-            .filter(|v| keep(v))
-            .cloned()
+            .filter(|s| keep(&s.value))
+            .map(|s| s.value.clone())
             .collect()
     }
 
@@ -257,6 +306,29 @@ mod tests {
         assert_eq!(t.get(first), Err(WireError::Stale));
         assert!(t.get(t.root()).is_ok());
         assert!(t.sizes().0 <= 16);
+    }
+
+    #[test]
+    fn a_handle_in_use_outlives_more_new_handles_than_the_table_holds() {
+        // A directory listed page by page: each page uses its handle and hands out handles
+        // for the page's entries, far more of them than the table holds.
+        let t = HandleTable::new(1, 100, Obj(0, "root"));
+        let dir = t.put(Obj(1, "dir"));
+        let first_entry = t.put(Obj(2, "f"));
+        for page in 0..50u64 {
+            assert!(t.get(dir).is_ok(), "page {page}");
+            for i in 0..20 {
+                t.put(Obj(10 + page * 20 + i, "f"));
+            }
+        }
+        assert!(t.get(dir).is_ok());
+        assert_eq!(
+            t.get(first_entry),
+            Err(WireError::Stale),
+            "unused: forgotten"
+        );
+        let (live, queued) = t.sizes();
+        assert!(live <= 100 && queued <= 2 * live + 65, "{live} {queued}");
     }
 
     #[test]

@@ -464,6 +464,28 @@ impl Server {
         Self::start_full(dir, "127.0.0.1:0", state, args, None, true)
     }
 
+    /// Serves `dir` with an open-file limit of `nofile` (soft and hard), so that its
+    /// table of handles holds few (one descriptor each).
+    pub fn start_with_nofile(dir: &Path, nofile: u64) -> Server {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = serve_cmd_in(dir, "127.0.0.1:0", &state_dir());
+        squash_unless_given(&mut cmd, &[]);
+        // SAFETY: setrlimit in the child between fork and exec (async-signal-safe).
+        unsafe {
+            cmd.pre_exec(move || {
+                let r = libc::rlimit {
+                    rlim_cur: nofile,
+                    rlim_max: nofile,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Self::ready(dir, spawn_until_line(cmd, "hoardfs: serving"))
+    }
+
     /// Serves `dir` on a fresh port, logging at `info` to the file `log`.
     pub fn start_logged(dir: &Path, state: &Path, args: &[&str], log: &Path) -> Server {
         let f = std::fs::File::create(log).unwrap();

@@ -420,7 +420,10 @@ impl Origin for LocalOrigin {
         if cookie != 0 {
             stream.seek(cookie);
         }
-        let max = max_entries.clamp(1, 4096) as usize;
+        // Each entry takes a handle: a page is kept to a quarter of the table, so that
+        // the directory, used as the page began, is still known for the next page and
+        // the page's own handles outlive their reply.
+        let max = (max_entries.clamp(1, 4096) as usize).min(self.handles.cap() / 4);
         let mut entries = Vec::new();
         // `resume` is the position after the last entry consumed (returned or skipped).
         let mut resume = cookie;
