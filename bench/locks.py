@@ -88,6 +88,18 @@ def wait_line(p, prefix, what):
             return line
 
 
+def wait_mounted(p, mnt, what, timeout=60):
+    """Waits for `mnt` in /proc/mounts (a mount is silent on success unless -v)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with open("/proc/mounts") as f:
+            if any(line.split()[1] == mnt for line in f):
+                return
+        if p.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"{what} did not mount (exit={p.poll()})")
+        time.sleep(0.05)
+
+
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -157,7 +169,7 @@ def main():
                                   "--cache-dir", os.path.join(work, f"cache-{name}")],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             procs.append(m)
-            wait_line(m, "hoardfs: mounted", f"mount {name}")
+            wait_mounted(m, mnt, f"mount {name}")
             mounts.append(mnt)
         a, b = mounts
         res = {"time": time.strftime("%Y%m%d-%H%M%S"), "binary": args.binary,

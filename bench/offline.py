@@ -59,6 +59,16 @@ def wait_line(p, want, what):
             return line
 
 
+def wait_mounted(p, mnt, timeout=60):
+    """Waits for `mnt` in /proc/mounts (a mount is silent on success unless -v, and
+    older builds know no -v)."""
+    deadline = time.monotonic() + timeout
+    while not s0.is_mounted(mnt):
+        if p.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"mount of {mnt} not ready (exit={p.poll()})")
+        time.sleep(0.05)
+
+
 def stats(binary, mnt):
     out = subprocess.run([binary, "stats", "--json", mnt], capture_output=True, text=True)
     return json.loads(out.stdout) if out.returncode == 0 else None
@@ -186,6 +196,8 @@ def main():
     ap.add_argument("--binary", default=os.path.join(REPO, "target", "release", "hoardfs"))
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "out"))
+    ap.add_argument("--only", choices=["many", "collapsed", "names"], action="append",
+                    help="run only this log (repeatable; default: all three)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("offline: run as root")
@@ -217,10 +229,13 @@ def main():
                                stdout=subprocess.PIPE, text=True,
                                stderr=open(os.path.join(s0.WORK, "offline-mount.log"), "w"))
         procs.append(cli)
-        wait_line(cli, "hoardfs: mounted", "mount")
-        rows = [run_scenario(args, "many", 10_000, 16 * KiB, 1),
-                run_scenario(args, "collapsed", 100, MiB, 100),
-                run_scenario(args, "names", 1, 4 * KiB, 9, made_dirs=1_000)]
+        wait_mounted(cli, mnt)
+        scenarios = {"many": lambda: run_scenario(args, "many", 10_000, 16 * KiB, 1),
+                     "collapsed": lambda: run_scenario(args, "collapsed", 100, MiB, 100),
+                     "names": lambda: run_scenario(args, "names", 1, 4 * KiB, 9,
+                                                   made_dirs=1_000)}
+        rows = [run() for name, run in scenarios.items()
+                if not args.only or name in args.only]
     finally:
         if os.path.exists(f"/sys/class/net/{s0.VETH_ROOT}"):
             link(True)
