@@ -67,6 +67,9 @@ fn an_unlinked_open_file_keeps_working_until_closed() {
     assert_gone(&r.m.p("tmpfile"));
     assert_gone(&r.srv("tmpfile"));
     assert_eq!(f.metadata().unwrap().len(), 7);
+    // As on a local file system (pjdfstest unlink/14): no name left, so no link; the
+    // hidden name below is the client's own business.
+    assert_eq!(f.metadata().unwrap().nlink(), 0, "fstat after the unlink");
     let mut buf = [0u8; 7];
     f.read_exact_at(&mut buf, 0).unwrap();
     assert_eq!(&buf, b"scratch");
@@ -476,6 +479,50 @@ fn symlinks_store_their_target_verbatim() {
         assert!(std::fs::symlink_metadata(r.m.p(name)).unwrap().is_symlink());
     }
     assert_eq!(read(&r.m.p("link")), b"through the link");
+}
+
+/// `utimensat(AT_SYMLINK_NOFOLLOW)` sets a symbolic link's own times (pjdfstest
+/// utimensat/05), on the server too, and leaves its target's alone.
+#[test]
+fn a_symlinks_own_times_can_be_set() {
+    let r = rig();
+    put(&r.m.p("target"), b"t");
+    std::os::unix::fs::symlink("target", r.m.p("link")).unwrap();
+    let target_mtime = std::fs::metadata(r.srv("target")).unwrap().mtime();
+    let path = std::ffi::CString::new(r.m.p("link").as_os_str().as_bytes()).unwrap();
+    let times = [
+        libc::timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 1,
+        },
+        libc::timespec {
+            tv_sec: 1_100_000_000,
+            tv_nsec: 2,
+        },
+    ];
+    // SAFETY: a valid C string and a two-element timespec array.
+    let rc = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    assert_eq!(rc, 0, "utimensat: {}", std::io::Error::last_os_error());
+    for (who, p) in [("client", r.m.p("link")), ("server", r.srv("link"))] {
+        let md = std::fs::symlink_metadata(&p).unwrap();
+        assert_eq!(
+            (md.atime(), md.atime_nsec(), md.mtime(), md.mtime_nsec()),
+            (1_000_000_000, 1, 1_100_000_000, 2),
+            "{who}"
+        );
+    }
+    assert_eq!(
+        std::fs::metadata(r.srv("target")).unwrap().mtime(),
+        target_mtime,
+        "the target's times"
+    );
 }
 
 #[test]

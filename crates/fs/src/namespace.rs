@@ -304,6 +304,11 @@ impl Names {
                 self.unlinked.not_hidden(ino);
                 return Err(e);
             }
+            if let Some(n) = sb.nodes().get(ino) {
+                n.state.lock().mark_unlinked_here();
+                // The kernel asks again: `fstat` of a descriptor must now say 0 links.
+                sb.expire_attr(&n);
+            }
             return Ok(());
         }
         sb.with_handle(dir, |h| {

@@ -49,6 +49,10 @@ pub struct NodeState {
     /// The origin no longer has the object (its last name was removed elsewhere while it
     /// was open here): see [`NodeState::mark_deleted`].
     deleted: bool,
+    /// Its last name was removed here while it was open, and it lives on under a hidden
+    /// name (`crate::unlinked`): the link count reported leaves that name out, so `fstat`
+    /// says 0 as it would on a local file system.
+    unlinked_here: bool,
     /// Changed here while the origin was unreachable and not yet sent back
     /// (`--offline-writes`): its content, name or attributes (what it sets overrides the
     /// origin's).
@@ -65,8 +69,23 @@ pub struct NodeState {
 }
 
 impl NodeState {
-    /// Last attributes seen, with the local size and mtime of a file changed offline.
+    /// Last attributes seen, with the local size and mtime of a file changed offline, and
+    /// without the hidden name of a file unlinked here while open.
     pub fn attr(&self) -> Attr {
+        self.as_shown(self.attr_with_change())
+    }
+
+    /// `a`, attributes of this node's object, as this client shows them: a hidden name
+    /// it keeps an unlinked open file under is not a link.
+    pub(crate) fn as_shown(&self, mut a: Attr) -> Attr {
+        if self.unlinked_here {
+            a.nlink = a.nlink.saturating_sub(1);
+        }
+        a
+    }
+
+    /// Last attributes seen, with the local size and mtime of a file changed offline.
+    fn attr_with_change(&self) -> Attr {
         let Some(l) = self.local else {
             return self.attr;
         };
@@ -281,6 +300,12 @@ impl NodeState {
         }
     }
 
+    /// Its last name was removed here while it was open: it is kept under a hidden name
+    /// until closed (`crate::unlinked`), which the link count no longer counts.
+    pub(crate) fn mark_unlinked_here(&mut self) {
+        self.unlinked_here = true;
+    }
+
     /// Whether the origin no longer has the object (set by `mark_deleted`).
     pub fn is_deleted(&self) -> bool {
         self.deleted
@@ -486,6 +511,7 @@ impl NodeTable {
                 dir: DirState::default(),
                 opens: OpenState::default(),
                 deleted: false,
+                unlinked_here: false,
                 local: None,
                 refetch: false,
                 target: None,

@@ -535,7 +535,8 @@ impl Superblock {
         let mut st = node.state.lock();
         st.install_attr(attr, self.grant(attr.file_id, since));
         NodeAttr {
-            attr,
+            // As this client shows them (a hidden name is not a link).
+            attr: st.as_shown(attr),
             ttl: st.kernel_ttl(&self.config),
         }
     }

@@ -158,6 +158,16 @@ pub fn utimens(
     cvt(unsafe { libc::utimensat(proc_fd, name.as_ptr(), times.as_ptr(), 0) })
 }
 
+/// Sets access and/or modification time of the symbolic link `fd` (an `O_PATH |
+/// O_NOFOLLOW` descriptor of the link itself) without following it: `utimensat` on the
+/// descriptor with an empty path (`AT_EMPTY_PATH`, Linux 5.8 and later).
+pub fn utimens_link(fd: RawFd, atime: Option<TimeSet>, mtime: Option<TimeSet>) -> io::Result<()> {
+    let times = [timespec(atime), timespec(mtime)];
+    let flags = libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW;
+    // SAFETY: an empty C string and a two-element timespec array.
+    cvt(unsafe { libc::utimensat(fd, c"".as_ptr(), times.as_ptr(), flags) })
+}
+
 /// `ftruncate` of a descriptor open for writing.
 pub fn ftruncate(fd: RawFd, size: u64) -> io::Result<()> {
     let size =

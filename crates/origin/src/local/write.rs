@@ -158,12 +158,13 @@ impl LocalOrigin {
     }
 
     /// [`crate::Origin::setattr`]: size, then mode, then owner, then times; returns the
-    /// attributes afterwards. Mode and times of a symlink are `Unsupported`.
+    /// attributes afterwards. The mode of a symlink is `Unsupported` (Linux has none to
+    /// set); its times are its own, not its target's.
     pub(super) fn set_attrs(&self, handle: Handle, set: &SetAttrs) -> Result<Attr> {
         self.check_writable()?;
         let node = self.handles.get(handle)?;
         let symlink = node.kind == FileKind::Symlink;
-        if symlink && (set.mode.is_some() || set.atime.is_some() || set.mtime.is_some()) {
+        if symlink && set.mode.is_some() {
             return Err(WireError::Unsupported.into());
         }
         let fd = node.fd.as_raw_fd();
@@ -187,7 +188,9 @@ impl LocalOrigin {
         if set.uid.is_some() || set.gid.is_some() {
             sys_write::fchown(fd, set.uid, set.gid).map_err(werr)?;
         }
-        if set.atime.is_some() || set.mtime.is_some() {
+        if (set.atime.is_some() || set.mtime.is_some()) && symlink {
+            sys_write::utimens_link(fd, set.atime, set.mtime).map_err(werr)?;
+        } else if set.atime.is_some() || set.mtime.is_some() {
             sys_write::utimens(proc_fd, fd, set.atime, set.mtime).map_err(werr)?;
         }
         let st = sys::fstat(fd).map_err(werr)?;

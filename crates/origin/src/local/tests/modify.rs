@@ -133,10 +133,30 @@ fn setattr_size_mode_owner_and_times() {
     let sub = o.lookup(root, b"sub").unwrap().handle;
     assert_eq!(o.setattr(sub, &mode).unwrap().perm, 0o4710);
     assert_eq!(err(o.setattr(sub, &size(0))), WireError::IsDir);
-    // Symlinks: owner only.
+    // Symlinks: owner and times (the link's own, not its target's), no mode.
     let l = o.symlink(root, b"l", b"a.txt", ME).unwrap().handle;
     assert_eq!(err(o.setattr(l, &mode)), WireError::Unsupported);
-    assert_eq!(err(o.setattr(l, &times)), WireError::Unsupported);
+    let target_before = std::fs::metadata(path.join("a.txt")).unwrap().mtime();
+    let old = SetAttrs {
+        atime: Some(TimeSet::At(Timestamp {
+            secs: 500_000_000,
+            nanos: 7,
+        })),
+        mtime: Some(TimeSet::At(Timestamp {
+            secs: 600_000_000,
+            nanos: 9,
+        })),
+        ..Default::default()
+    };
+    let la = o.setattr(l, &old).unwrap();
+    assert_eq!((la.atime.secs, la.mtime.secs), (500_000_000, 600_000_000));
+    let lmd = std::fs::symlink_metadata(path.join("l")).unwrap();
+    assert_eq!((lmd.mtime(), lmd.mtime_nsec()), (600_000_000, 9));
+    assert_eq!(
+        std::fs::metadata(path.join("a.txt")).unwrap().mtime(),
+        target_before,
+        "the target's times were left alone"
+    );
     assert_eq!(o.setattr(l, &chown).unwrap().uid, 1234);
     assert_eq!(std::fs::metadata(path.join("a.txt")).unwrap().uid(), 1234);
 }
