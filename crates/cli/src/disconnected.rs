@@ -3,8 +3,11 @@
 //!
 //! A mount with a cache directory saves the namespace it knows (names, attributes,
 //! listings: `hoardfs_fs::NamespaceSnapshot`) in `CACHE_DIR/namespace-<hash of the
-//! source>` every minute while it changes, when the connection is lost, and at unmount. When a later mount finds the
-//! server unreachable (refused, timed out, no route: not a refused identity or
+//! source>` as soon as the mount is up, within about a second of each change after that
+//! (checked every [`TICK`], less often for a namespace so large that checking would cost
+//! more than a [`SAVE_SHARE`]th of one core), when the connection is lost, and at
+//! unmount: a client killed at any moment after mounting can start disconnected with
+//! what it had seen. When a later mount finds the server unreachable (refused, timed out, no route: not a refused identity or
 //! credential), it starts from that file instead of failing: cached files and the names
 //! seen before are served, everything else is `EIO`, and a background thread reconnects.
 //! The same thread reconnects any mount whose connection attempts failed, so callbacks
@@ -21,8 +24,9 @@ use hoardfs_origin::{Origin, OriginError};
 
 /// How often the keeper looks at the connection.
 const TICK: Duration = Duration::from_secs(1);
-/// How often the namespace is saved while it changes.
-const SAVE_EVERY: Duration = Duration::from_secs(60);
+/// The checks for a changed namespace (a snapshot and its digest, and a save when it
+/// differs) take at most this share of the time: one in `SAVE_SHARE` at most.
+const SAVE_SHARE: u32 = 20;
 
 /// The namespace file of `source` in cache directory `dir`.
 pub fn namespace_file(dir: &Path, source: &str) -> PathBuf {
@@ -88,8 +92,9 @@ pub fn save(fs: &HoardFs, path: &Path, source: &str, saved: &mut Option<u64>, al
 }
 
 /// Starts the thread that reconnects `remote` (if any) in the background while its
-/// connection attempts fail, and saves the namespace to `path` (if any) every minute
-/// when it changed. It ends when `fs` is gone.
+/// connection attempts fail, and saves the namespace to `path` (if any) at once and then
+/// each [`TICK`] when it changed (less often if checking took long: see [`SAVE_SHARE`]).
+/// It ends when `fs` is gone.
 pub fn start_keeper(
     fs: &Arc<HoardFs>,
     remote: Option<Arc<RemoteOrigin>>,
@@ -104,7 +109,12 @@ pub fn start_keeper(
         .name("hoardfs-keeper".into())
         .spawn(move || {
             let mut saved: Option<u64> = None;
-            let mut last_save = Instant::now();
+            // When the namespace was last checked for changes, and what checking cost.
+            let (mut last_check, mut check_cost) = (Instant::now(), Duration::ZERO);
+            if let (Some(p), Some(fs)) = (&path, weak.upgrade()) {
+                save(&fs, p, &source, &mut saved, false);
+                check_cost = last_check.elapsed();
+            }
             // The connection (by handshake number) whose loss was saved at. Compared
             // with the current one rather than sampling "connected" each tick: a
             // connection made by a request and lost again between two ticks must not
@@ -150,10 +160,11 @@ pub fn start_keeper(
                     }
                 }
                 if let Some(p) = &path
-                    && last_save.elapsed() >= SAVE_EVERY
+                    && last_check.elapsed() >= (check_cost * SAVE_SHARE).max(TICK)
                 {
-                    last_save = Instant::now();
+                    last_check = Instant::now();
                     save(&fs, p, &source, &mut saved, false);
+                    check_cost = last_check.elapsed();
                 }
             }
         });

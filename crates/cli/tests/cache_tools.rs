@@ -406,6 +406,35 @@ fn offline_serves_the_cache_fails_fast_and_reconnects_by_itself() {
     m.unmount();
 }
 
+/// A client killed (a crash, a power cut) in its first seconds, right after the server
+/// went away and before it noticed: the namespace was saved within about a second of
+/// what it saw, so the next mount starts disconnected and serves it.
+#[test]
+fn a_client_killed_early_right_after_the_server_went_away_starts_disconnected() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(exp.join("d")).unwrap();
+    std::fs::write(exp.join("d/f"), bytes(3, 100_000)).unwrap();
+    let mut srv = Server::start(&exp);
+    let addr = srv.addr.clone();
+    let (mnt, cache) = (t.path().join("mnt"), t.path().join("cache"));
+    let args = ["--timeout", "2"];
+    let m = Mount::with_cache(&addr, &mnt, &cache, &args);
+    assert_eq!(std::fs::read(m.p("d/f")).unwrap(), bytes(3, 100_000));
+    assert_eq!(list(&m.p("d")).unwrap(), vec![b"f".to_vec()]);
+    // "About a second": the keeper looks each second.
+    std::thread::sleep(Duration::from_secs(3));
+    srv.kill();
+    m.kill9();
+
+    let m = Mount::with_cache(&addr, &mnt, &cache, &args);
+    assert_eq!(stats(&m)["connected"], serde_json::json!(false));
+    assert_eq!(std::fs::read(m.p("d/f")).unwrap(), bytes(3, 100_000));
+    assert_eq!(list(&m.p("d")).unwrap(), vec![b"f".to_vec()]);
+    m.unmount();
+}
+
 #[test]
 fn a_mount_starts_disconnected_from_its_cache_and_reconnects_in_the_background() {
     require_fuse();
