@@ -201,6 +201,7 @@ pub fn run(a: DemoArgs) -> CliResult<()> {
     let (m, _) = start(
         &[
             "mount",
+            "-v",
             &addr,
             mnt.to_str().unwrap(),
             "--no-cache",
@@ -218,6 +219,7 @@ pub fn run(a: DemoArgs) -> CliResult<()> {
     // mount says so in its log) instead of showing what a cache does.
     let cached_mount = [
         "mount",
+        "-v",
         &addr,
         mnt.to_str().unwrap(),
         "--cache-dir",

@@ -410,15 +410,17 @@ fn open_cache_dir(dir: &Path, limits: Limits) -> CliResult<CacheDir> {
     open_cache(dir, limits)
 }
 
-/// Says the mount is up: on stdout, to systemd, and to the parent of a daemon (which
-/// then detaches).
+/// Says the mount is up: on stdout with `--verbose`, to systemd, and to the parent of a
+/// daemon (which then detaches).
 fn announce(a: &MountArgs, mountpoint: &Path) {
-    println!(
-        "hoardfs: mounted {} on {}",
-        a.source,
-        a.mountpoint.display()
-    );
-    let _ = std::io::stdout().flush();
+    if a.verbose {
+        println!(
+            "hoardfs: mounted {} on {}",
+            a.source,
+            a.mountpoint.display()
+        );
+        let _ = std::io::stdout().flush();
+    }
     MOUNTED.store(true, Ordering::SeqCst);
     crate::notify::ready(&format!("mounted {} on {}", a.source, mountpoint.display()));
     if READY_FD.load(Ordering::SeqCst) >= 0 {

@@ -44,6 +44,10 @@ pub struct MountArgs {
     /// Return once the mount is ready, leaving the client running in the background.
     #[arg(long)]
     pub daemon: bool,
+    /// Say `hoardfs: mounted SOURCE on MOUNTPOINT` on stdout once the mount is ready (a
+    /// successful mount is otherwise silent, as mount(8), NFS and sshfs are).
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
     /// Seconds attributes, names and listings are trusted without asking the server when
     /// it holds no callback for them (local-directory sources, after a lost connection).
     #[arg(long, default_value_t = 1.0)]
@@ -293,6 +297,7 @@ impl MountArgs {
             "insecure_plaintext" => a.security.insecure_plaintext = true,
             "no_cache" => a.no_cache = true,
             "daemon" => a.daemon = true,
+            "verbose" => a.verbose = true,
             "attr_timeout" => a.attr_timeout = num()?,
             "callback_timeout" => a.callback_timeout = num()?,
             "ro" | "read_only" => a.read_only = true,

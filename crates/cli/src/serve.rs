@@ -21,7 +21,8 @@ pub struct ServeArgs {
     /// --metadata-ttl and changes are sent to clients as callbacks.
     #[arg(long, value_name = "s3://BUCKET[/PREFIX]")]
     pub origin: Option<String>,
-    /// With --origin: the tier's cache directory (data, listings, files being written).
+    /// With --origin: the tier's cache directory (data, listings, files being written;
+    /// default: `tier-cache-HASH` in the state directory, `HASH` of the --origin URL).
     #[arg(long, requires = "origin")]
     pub cache_dir: Option<PathBuf>,
     /// With --origin: most bytes the tier's cache may hold (K/M/G/T suffixes).
@@ -234,6 +235,13 @@ fn server_config(a: &ServeArgs, what: &str) -> CliResult<(ServerConfig, String, 
     Ok((cfg, identity, limits))
 }
 
+/// A tier's cache directory unless --cache-dir: in the state directory, one per origin URL
+/// (two tiers sharing a state directory do not share a cache).
+fn default_tier_cache(state_dir: &std::path::Path, url: &str) -> PathBuf {
+    let h = xxhash_rust::xxh3::xxh3_64(url.as_bytes());
+    state_dir.join(format!("tier-cache-{h:016x}"))
+}
+
 /// `hoardfs serve --origin s3://…`: a shared cache tier in front of a bucket.
 fn run_tier(a: ServeArgs) -> CliResult<()> {
     let url = a.origin.clone().expect("checked by the caller");
@@ -244,7 +252,7 @@ fn run_tier(a: ServeArgs) -> CliResult<()> {
     let cache_dir = a
         .cache_dir
         .clone()
-        .ok_or("--origin needs --cache-dir DIR for the tier's cache")?;
+        .unwrap_or_else(|| default_tier_cache(&a.tls.state_dir(), &url));
     let valid = |x: f64| (0.0..1e6).contains(&x);
     if !(valid(a.metadata_ttl) && valid(a.timeout) && a.timeout > 0.0) {
         return Err("--metadata-ttl and --timeout must be numbers of seconds".into());

@@ -201,22 +201,27 @@ fn daemon_returns_through_a_pipe_and_says_errors_once() {
     let mnt = new_dir(&t, "mnt");
     let cache = t.path().join("cache");
     let _guard = Unmount(&mnt);
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
-        .arg(r#""$HOARDFS" mount "$SRC" "$MNT" --cache-dir "$CACHE" --daemon 2>&1 | cat"#)
-        .env("HOARDFS", bin())
-        .env("SRC", &srv.addr)
-        .env("MNT", &mnt)
-        .env("CACHE", &cache);
-    let out = output_within(cmd, Duration::from_secs(30));
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{said}");
-    assert!(said.contains("hoardfs: mounted"), "{said}");
-    let line = proc_mounts_line(&mnt).expect("mounted");
-    assert!(line.contains(" fuse.hoardfs "), "{line}");
-    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"data");
-    let st = Command::new("umount").arg(&mnt).status().unwrap();
-    assert!(st.success());
+    // Silent on success, as mount(8), NFS and sshfs are, unless asked with -v (the
+    // first use of a server's identity is announced either way: it is a trust decision).
+    for verbose in [false, true] {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(r#""$HOARDFS" mount $V "$SRC" "$MNT" --cache-dir "$CACHE" --daemon 2>&1 | cat"#)
+            .env("HOARDFS", bin())
+            .env("SRC", &srv.addr)
+            .env("MNT", &mnt)
+            .env("CACHE", &cache)
+            .env("V", if verbose { "-v" } else { "" });
+        let out = output_within(cmd, Duration::from_secs(30));
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{said}");
+        assert_eq!(said.contains("hoardfs: mounted"), verbose, "{said}");
+        let line = proc_mounts_line(&mnt).expect("mounted");
+        assert!(line.contains(" fuse.hoardfs "), "{line}");
+        assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"data");
+        let st = Command::new("umount").arg(&mnt).status().unwrap();
+        assert!(st.success());
+    }
 
     // A daemon whose stderr is a file (a log) keeps writing to it.
     let log = t.path().join("mount.log");

@@ -5,12 +5,24 @@
 mod common;
 
 use std::io::Write;
+use std::path::Path;
 use std::time::Duration;
 
 use common::garage::Garage;
 use common::*;
 
 /// Reads a whole file, or the error's errno.
+/// Whether `p` reads as `want` within `secs` seconds; else what it read last.
+fn reads_within(p: &Path, want: &[u8], secs: u64) -> Result<(), Result<Vec<u8>, i32>> {
+    if wait_until(Duration::from_secs(secs), || {
+        read(p).is_ok_and(|d| d == want)
+    }) {
+        Ok(())
+    } else {
+        Err(read(p))
+    }
+}
+
 fn read(p: &std::path::Path) -> Result<Vec<u8>, i32> {
     std::fs::read(p).map_err(|e| e.raw_os_error().unwrap_or(-1))
 }
@@ -152,12 +164,9 @@ fn an_overwrite_by_another_client_is_seen_within_the_ttl() {
     assert_eq!(read(&m.p("doc.txt")).unwrap(), b"version one");
     g.put("doc.txt", b"version two, longer");
     g.put("added.txt", b"new");
-    assert!(
-        wait_until(Duration::from_secs(3), || read(&m.p("doc.txt"))
-            .is_ok_and(|d| d == b"version two, longer")),
-        "the new object was not seen within 3 s (TTL 0.5 s): {:?}",
-        read(&m.p("doc.txt"))
-    );
+    if let Err(last) = reads_within(&m.p("doc.txt"), b"version two, longer", 3) {
+        panic!("the new object was not seen within 3 s (TTL 0.5 s): {last:?}");
+    }
     assert!(
         wait_until(Duration::from_secs(3), || m.p("added.txt").exists()),
         "a new key was not listed within 3 s"
@@ -320,6 +329,60 @@ fn a_crash_during_an_upload_leaves_the_old_object_or_the_new_never_a_mix() {
         first_diff(&now, &old),
         first_diff(&now, &bytes(6, 24 << 20))
     );
+}
+
+/// Without --cache-dir, a tier keeps its cache in its state directory, one per origin.
+#[test]
+fn a_tier_keeps_its_cache_in_the_state_directory_by_default() {
+    require_fuse();
+    let Some(g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    let want = bytes(9, 300_000);
+    g.put("default-cache/f", &want);
+    let t = scratch();
+    let state = t.path().join("state");
+    let tier = g.serve_tier_in(0, &state, &[]);
+    let m = Mount::start(
+        &tier.addr,
+        &t.path().join("m"),
+        &["--no-cache", "--insecure-plaintext"],
+    )
+    .unwrap();
+    assert_bytes_eq(
+        "through the tier",
+        &read(&m.p("default-cache/f")).unwrap(),
+        &want,
+    );
+    let caches: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("tier-cache-"))
+        .collect();
+    assert_eq!(caches.len(), 1, "{caches:?}");
+    let cache = state.join(&caches[0]);
+    let held: u64 = walk_sizes(&cache);
+    assert!(
+        held >= want.len() as u64,
+        "{held} bytes in {}",
+        cache.display()
+    );
+}
+
+/// Bytes of the regular files under `dir`.
+fn walk_sizes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| match e.file_type() {
+                    Ok(t) if t.is_dir() => walk_sizes(&e.path()),
+                    Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+                    _ => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 #[test]

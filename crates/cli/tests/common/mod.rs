@@ -284,7 +284,7 @@ impl Mount {
     pub fn start(source: &str, mnt: &Path, args: &[&str]) -> Result<Mount, String> {
         std::fs::create_dir_all(mnt).unwrap();
         let mut cmd = Command::new(bin());
-        cmd.arg("mount").arg(source).arg(mnt).args(args);
+        cmd.arg("mount").arg(source).arg(mnt).arg("-v").args(args);
         cmd.args(thresholds_unless_named(args));
         let (child, _) = spawn_until_line(cmd, "hoardfs: mounted")?;
         Ok(Mount {

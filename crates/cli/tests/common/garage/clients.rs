@@ -159,6 +159,7 @@ impl Garage {
         std::fs::create_dir_all(mnt).unwrap();
         let mut cmd = self.hoardfs();
         cmd.arg("mount")
+            .arg("-v")
             .arg(format!("s3://{}/{prefix}", self.bucket()))
             .arg(mnt)
             .arg("--cache-dir")
@@ -176,12 +177,29 @@ impl Garage {
     /// `hoardfs serve --origin s3://BUCKET` through node `i` (a shared cache tier, plain
     /// TCP on an ephemeral port) with its cache in `cache`.
     pub fn serve_tier(&self, i: usize, cache: &Path, extra: &[&str]) -> super::super::Server {
+        let cache_args = [Path::new("--cache-dir"), cache];
+        self.start_tier(i, &cache_args, &super::super::state_dir(), extra)
+    }
+
+    /// `hoardfs serve --origin s3://BUCKET` through node `i` without `--cache-dir`, its
+    /// state (and so its default cache) in `state`.
+    pub fn serve_tier_in(&self, i: usize, state: &Path, extra: &[&str]) -> super::super::Server {
+        self.start_tier(i, &[], state, extra)
+    }
+
+    fn start_tier(
+        &self,
+        i: usize,
+        cache_args: &[&Path],
+        state: &Path,
+        extra: &[&str],
+    ) -> super::super::Server {
+        let cache = cache_args.last().copied().unwrap_or(state);
         let mut cmd = self.hoardfs();
         cmd.arg("serve")
             .arg("--origin")
             .arg(format!("s3://{}", self.bucket()))
-            .arg("--cache-dir")
-            .arg(cache)
+            .args(cache_args)
             .args(self.s3_flags(i))
             .args([
                 "--listen",
@@ -189,7 +207,7 @@ impl Garage {
                 "--insecure-plaintext",
                 "--state-dir",
             ])
-            .arg(super::super::state_dir())
+            .arg(state)
             .args(super::super::thresholds_unless_named(extra))
             .args(extra);
         let (child, line) =
