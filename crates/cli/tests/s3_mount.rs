@@ -6,7 +6,7 @@ mod common;
 
 use std::io::Write;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::garage::Garage;
 use common::*;
@@ -119,6 +119,54 @@ fn objects_read_and_list_as_the_store_has_them_and_survive_the_store_going_away(
         Err(libc::EIO),
         "never read, so not cached: an error, not wrong bytes"
     );
+    m.unmount();
+}
+
+/// Two of three nodes down: the store answers 503 ("Could not reach quorum") through every
+/// retry. A mount starts from its cache anyway, serves what it read, fails what it never
+/// read promptly with EIO, and sees a new object once the nodes are back.
+#[test]
+fn a_mount_starts_from_its_cache_while_the_store_answers_503() {
+    require_fuse();
+    let Some(mut g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    let want = bytes(4, 200_000);
+    g.put("q/read.bin", &want);
+    g.put("q/unread.bin", b"never read");
+    let t = scratch();
+    let (mnt, cache) = (t.path().join("m"), t.path().join("c"));
+    let args = ["--timeout", "5", "--metadata-ttl", "1"];
+    let m = g.mount(0, "", &mnt, &cache, &args).unwrap();
+    assert_bytes_eq(
+        "read while healthy",
+        &read(&m.p("q/read.bin")).unwrap(),
+        &want,
+    );
+    m.unmount();
+    g.kill(1);
+    g.kill(2);
+    let started = Instant::now();
+    let m = g
+        .mount(0, "", &mnt, &cache, &args)
+        .expect("mounts while the store has no quorum");
+    eprintln!("mounted without quorum in {:?}", started.elapsed());
+    assert_bytes_eq("cached", &read(&m.p("q/read.bin")).unwrap(), &want);
+    let asked = Instant::now();
+    assert_eq!(read(&m.p("q/unread.bin")), Err(libc::EIO), "never read");
+    assert!(
+        asked.elapsed() < Duration::from_secs(60),
+        "an uncached read waited {:?}",
+        asked.elapsed()
+    );
+    g.start_again(1);
+    g.start_again(2);
+    g.wait_healthy();
+    g.put("q/new.bin", b"after the outage");
+    if let Err(last) = reads_within(&m.p("q/new.bin"), b"after the outage", 30) {
+        panic!("the new object: {last:?}");
+    }
+    assert_eq!(read(&m.p("q/unread.bin")).unwrap(), b"never read");
     m.unmount();
 }
 

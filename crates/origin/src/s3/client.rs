@@ -626,7 +626,14 @@ fn xml_field(body: &str, tag: &str) -> Option<String> {
     let close = format!("</{tag}>");
     let start = body.find(&open)? + open.len();
     let end = body[start..].find(&close)? + start;
-    Some(body[start..end].chars().take(200).collect())
+    // The five predefined entities (Garage quotes its errors' details: `&quot;`).
+    let text = body[start..end]
+        .replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&");
+    Some(text.chars().take(200).collect())
 }
 
 fn header(h: &ureq::http::HeaderMap, name: &str) -> Option<String> {
@@ -701,6 +708,17 @@ mod tests {
 
     #[test]
     fn error_statuses_map_to_meanings() {
+        assert_eq!(
+            status_error(
+                503,
+                "<Code>ServiceUnavailable</Code><Message>[&quot;a &lt;b&gt; &amp;&apos;</Message>"
+                    .into()
+            ),
+            S3Error::Status {
+                status: 503,
+                message: "ServiceUnavailable: [\"a <b> &'".into()
+            }
+        );
         assert_eq!(status_error(404, String::new()), S3Error::NotFound);
         assert_eq!(status_error(412, String::new()), S3Error::Changed);
         let d = status_error(

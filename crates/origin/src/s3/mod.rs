@@ -149,7 +149,11 @@ impl S3Origin {
     }
 
     fn err(&self, e: S3Error) -> OriginError {
-        let offline = matches!(e, S3Error::Unreachable(_) | S3Error::Timeout(_));
+        // A store that kept answering 5xx or 429 through the retries (Garage without a
+        // quorum, AWS's SlowDown) is unavailable, as an unreachable one is: what is
+        // cached is served and the rest fails at once, instead of failing everything.
+        let overloaded = matches!(e, S3Error::Status { status, .. } if status >= 500 && status != 501 && status != 507 || status == 429);
+        let offline = overloaded || matches!(e, S3Error::Unreachable(_) | S3Error::Timeout(_));
         self.connected
             .store(!offline, std::sync::atomic::Ordering::Relaxed);
         match e {
@@ -162,6 +166,9 @@ impl S3Origin {
             S3Error::Unreachable(m) => OriginError::Unreachable(m),
             S3Error::Timeout(d) => OriginError::Timeout(d),
             S3Error::Protocol(m) => OriginError::Protocol(m),
+            S3Error::Status { status, message } if overloaded => {
+                OriginError::Unreachable(format!("the store answered {status}: {message}"))
+            }
             S3Error::Status { status, message } => {
                 tracing::warn!("S3 answered {status}: {message}");
                 OriginError::Fs(match status {
