@@ -8,6 +8,7 @@ mod common;
 
 use std::fs::OpenOptions;
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::time::Duration;
 
@@ -26,6 +27,7 @@ fn changes_made_while_the_server_is_down_reach_it_when_it_returns() {
     let t = scratch();
     let exp = t.path().join("export");
     std::fs::create_dir_all(exp.join("d")).unwrap();
+    std::fs::create_dir_all(exp.join("untouched")).unwrap();
     let mut a = bytes(1, 3 * MIB);
     let mut b = bytes(2, 100_000);
     std::fs::write(exp.join("a"), &a).unwrap();
@@ -62,7 +64,8 @@ fn changes_made_while_the_server_is_down_reach_it_when_it_returns() {
     let mut f = std::fs::File::create(m.p("d/e")).unwrap();
     f.write_all(b"new e, written offline").unwrap();
     close_checked(f).unwrap();
-    // What this client does not hold cannot be changed; names cannot be made.
+    // What this client does not hold cannot be changed; names cannot be made where it
+    // never looked.
     assert_errno(
         "a file not cached",
         OpenOptions::new()
@@ -71,7 +74,11 @@ fn changes_made_while_the_server_is_down_reach_it_when_it_returns() {
             .and_then(|f| f.write_all_at(b"x", 0)),
         libc::EIO,
     );
-    assert_errno("a new name", std::fs::write(m.p("new"), b"x"), libc::EIO);
+    assert_errno(
+        "a new name in a directory never used",
+        std::fs::write(m.p("untouched/new"), b"x"),
+        libc::EIO,
+    );
     // The mount shows its own changes.
     assert_bytes_eq("a through the mount", &std::fs::read(m.p("a")).unwrap(), &a);
     assert_bytes_eq("b through the mount", &std::fs::read(m.p("b")).unwrap(), &b);
@@ -211,19 +218,25 @@ fn offline_changes_survive_a_client_crash_and_a_remount_while_the_server_is_away
     let addr = srv.addr.clone();
     let m = mount(&addr, t.path());
     read_whole(&m, "f");
+    let killed = std::time::SystemTime::now();
     srv.kill();
     let f = OpenOptions::new().write(true).open(m.p("f")).unwrap();
     f.write_all_at(b"durable before the crash", 1000).unwrap();
     f0[1000..1024].copy_from_slice(b"durable before the crash");
     f.sync_all().unwrap();
-    // Give the mount's keeper its second to save the namespace after the disconnect.
+    // Give the mount's keeper its second to save the namespace after the disconnect (the
+    // file is there from the start: it must be newer than the disconnect).
     assert_soon("the namespace is saved after the disconnect", || {
         let saved = std::fs::read_dir(t.path().join("cache"))
             .unwrap()
             .flatten()
             .any(|e| {
                 let n = e.file_name().to_string_lossy().into_owned();
-                n.starts_with("namespace-") && !n.ends_with(".tmp")
+                n.starts_with("namespace-")
+                    && !n.ends_with(".tmp")
+                    && e.metadata()
+                        .and_then(|m| m.modified())
+                        .is_ok_and(|at| at >= killed)
             });
         if saved {
             Ok(())
@@ -265,12 +278,92 @@ fn offline_changes_survive_a_client_crash_and_a_remount_while_the_server_is_away
     m.unmount();
 }
 
+/// A directory only used by path while connected (an editor opens `work/thesis/ch1.tex`,
+/// nobody lists `work/thesis`) takes offline creates, mkdirs, symlinks and renames into
+/// it; they reach the server when it is back. A name that exists on the server but was
+/// never seen here becomes a conflict copy, never an overwrite.
+#[test]
+fn a_directory_used_only_by_path_takes_offline_names() {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    let thesis = exp.join("work/thesis");
+    std::fs::create_dir_all(&thesis).unwrap();
+    std::fs::write(thesis.join("ch1.tex"), b"chapter one").unwrap();
+    std::fs::write(thesis.join("notes"), b"theirs").unwrap();
+    let mut srv = Server::start(&exp);
+    let addr = srv.addr.clone();
+    let m = mount(&addr, t.path());
+    assert_eq!(
+        std::fs::read(m.p("work/thesis/ch1.tex")).unwrap(),
+        b"chapter one"
+    );
+    // The directories are listed in the background, off the reader's path.
+    assert_soon("background listings", || {
+        let c = &stats(&m)["counters"];
+        let n =
+            c["listing_fetches"].as_u64().unwrap_or(0) + c["tree_requests"].as_u64().unwrap_or(0);
+        if n >= 1 { Ok(()) } else { Err(format!("{c}")) }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    srv.kill();
+
+    std::fs::write(m.p("work/thesis/.ch1.tex.swp"), b"swap").unwrap();
+    std::fs::create_dir(m.p("work/thesis/figs")).unwrap();
+    std::os::unix::fs::symlink("ch1.tex", m.p("work/thesis/latest")).unwrap();
+    std::fs::write(m.p("work/draft"), b"moved in").unwrap();
+    std::fs::rename(m.p("work/draft"), m.p("work/thesis/draft")).unwrap();
+    // Made on the server after the listing, and here offline under the same name.
+    std::fs::write(thesis.join("late"), b"theirs, made meanwhile").unwrap();
+    std::fs::write(m.p("work/thesis/late"), b"ours").unwrap();
+    // Listed, so known (never read, so its data is not here): not a free name.
+    assert_eq!(
+        std::fs::metadata(m.p("work/thesis/notes")).unwrap().len(),
+        6
+    );
+    assert_errno(
+        "a listed name is not free",
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(m.p("work/thesis/notes")),
+        libc::EEXIST,
+    );
+
+    let _srv = Server::start_at(&exp, &addr, &[]);
+    let (ok, err) = sync(&m, "30");
+    assert!(ok, "sync: {err}");
+    assert_eq!(std::fs::read(thesis.join(".ch1.tex.swp")).unwrap(), b"swap");
+    assert!(thesis.join("figs").is_dir());
+    assert_eq!(
+        std::fs::read_link(thesis.join("latest")).unwrap(),
+        std::path::Path::new("ch1.tex")
+    );
+    assert_eq!(std::fs::read(thesis.join("draft")).unwrap(), b"moved in");
+    assert_eq!(std::fs::read(thesis.join("notes")).unwrap(), b"theirs");
+    assert_eq!(
+        std::fs::read(thesis.join("late")).unwrap(),
+        b"theirs, made meanwhile",
+        "never overwritten"
+    );
+    let copies: Vec<_> = list(&thesis)
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.starts_with(b"late.conflict"))
+        .collect();
+    assert_eq!(copies.len(), 1, "one conflict copy: {copies:?}");
+    let copy = thesis.join(std::ffi::OsStr::from_bytes(&copies[0]));
+    assert_eq!(std::fs::read(copy).unwrap(), b"ours");
+    m.unmount();
+}
+
 #[test]
 fn files_created_and_removed_offline_are_created_and_removed_on_the_server() {
     require_fuse();
     let t = scratch();
     let exp = t.path().join("export");
     std::fs::create_dir_all(exp.join("d")).unwrap();
+    std::fs::create_dir_all(exp.join("other")).unwrap();
     for f in ["keep", "gone", "edited", "theirs", "changed", "replaced"] {
         std::fs::write(exp.join("d").join(f), format!("{f} before")).unwrap();
     }
@@ -280,13 +373,14 @@ fn files_created_and_removed_offline_are_created_and_removed_on_the_server() {
     for f in ["keep", "gone", "edited", "theirs", "changed", "replaced"] {
         read_whole(&m, &format!("d/{f}"));
     }
-    // Names are created offline only in a directory listed while connected.
+    // Names are created offline only in a directory listed while connected (by a
+    // reader, or in the background once a name in it was used).
     list(&m.p("d")).unwrap();
     srv.kill();
 
     assert_errno(
-        "a name in a directory never listed",
-        std::fs::write(m.p("new"), b"x"),
+        "a name in a directory never used",
+        std::fs::write(m.p("other/new"), b"x"),
         libc::EIO,
     );
     std::fs::write(m.p("d/new"), b"created offline").unwrap();

@@ -239,7 +239,7 @@ impl HoardFs {
 
     /// Stops the readahead threads and closes the disk cache in order (at unmount).
     pub fn shutdown(&self) {
-        self.sb.fetcher().stop();
+        self.sb.stop_background();
         self.reads.release_implicit_opens(&self.sb);
         self.sb.objects().close();
     }

@@ -24,6 +24,7 @@ use crate::fetch::fetcher::Fetcher;
 use crate::manage::CacheManager;
 use crate::nodes::{Node, NodeTable};
 use crate::offline::cml::Pending;
+use crate::offline::lister::Lister;
 use crate::offline::state::OfflineWrites;
 use crate::stats::Stats;
 use crate::trees::{DirStamp, Kept, TreeAhead};
@@ -70,6 +71,9 @@ pub(crate) struct Superblock {
     trees: TreeAhead,
     /// Shared chunk fetches and readahead (its threads hold a `Weak` of this superblock).
     fetcher: Fetcher,
+    /// With `--offline-writes`: lists directories resolved by path in the background (its
+    /// thread holds a `Weak` of this superblock).
+    lister: Option<Lister>,
 }
 
 impl Superblock {
@@ -88,6 +92,10 @@ impl Superblock {
         let offline = OfflineWrites::open(&config, info.export_id)?;
         let with_cache = cache.is_some();
         let sb = Arc::new_cyclic(|weak: &std::sync::Weak<Superblock>| {
+            let lister = offline
+                .as_ref()
+                .filter(|o| o.keeps_new())
+                .and_then(|_| start_lister(weak.clone()));
             let weak = weak.clone();
             let read_ahead = move |open: &Arc<crate::open_files::OpenFile>, chunk| {
                 let Some(sb) = weak.upgrade() else {
@@ -108,6 +116,7 @@ impl Superblock {
                 notifier: OnceLock::new(),
                 offline,
                 trees: TreeAhead::default(),
+                lister,
             }
         });
         if let Some(off) = &sb.offline {
@@ -127,6 +136,14 @@ impl Superblock {
     }
 
     // What the superblock holds, lent to the operation families for one call.
+
+    /// Stops the background threads that fetch ahead and list directories (at unmount).
+    pub(crate) fn stop_background(&self) {
+        self.fetcher.stop();
+        if let Some(l) = &self.lister {
+            l.stop();
+        }
+    }
 
     /// The origin this mount serves (asked through `with_handle` where a node's handle
     /// may have gone stale).
@@ -351,7 +368,9 @@ impl Superblock {
         // So are all names while the log holds changes to names (this client's view of
         // them is its own until they are sent back).
         if self.names_pending() && child.is_none() && listed {
-            return Err(WireError::NotFound.into());
+            return self
+                .listed_child(&dir, name)
+                .ok_or_else(|| WireError::NotFound.into());
         }
         if let Some(node) = child
             && (self.names_pending() || self.pending_of(&node).is_some())
@@ -374,6 +393,13 @@ impl Superblock {
             Ok(e) => {
                 let ListedNode { ino, ttl, attr } =
                     self.remember(parent, name, &e, dir_id, since, None);
+                // Used by path: listed in the background, so that it can take offline
+                // names (`crate::offline::lister`).
+                if let Some(l) = &self.lister
+                    && dir.state.lock().last_listing().is_none()
+                {
+                    l.want(parent);
+                }
                 Ok(NodeEntry { ino, attr, ttl })
             }
             Err(FsError::Offline(why)) => {
@@ -382,8 +408,15 @@ impl Superblock {
                     let st = dir.state.lock();
                     (st.child(name), st.last_listing().is_some())
                 };
-                // With offline writes, a name missing from the directory's kept listing
-                // is absent (as the listing shows), so that it can be created.
+                // A name the kept listing holds, never looked up: known from the listing.
+                // With offline writes, one missing from it is absent (as the listing
+                // shows), so that it can be created.
+                if child.is_none()
+                    && listed
+                    && let Some(e) = self.listed_child(&dir, name)
+                {
+                    return Ok(e);
+                }
                 if child.is_none() && listed && self.offline.as_ref().is_some_and(|o| o.keeps_new())
                 {
                     return Err(WireError::NotFound.into());
@@ -429,6 +462,16 @@ impl Superblock {
             ttl: st.kernel_ttl(&self.config),
             attr: st.attr(),
         }
+    }
+
+    /// `name` in directory `dir` as its kept listing has it (a name listed but never
+    /// looked up, e.g. by the background lister), recorded as a lookup would record it
+    /// (one kernel lookup counted); `None` if the listing does not hold it.
+    fn listed_child(&self, dir: &Node, name: &[u8]) -> Option<NodeEntry> {
+        let listing = dir.state.lock().last_listing()?;
+        let e = listing.entries.iter().find(|e| e.name == name)?;
+        let ListedNode { ino, ttl, attr } = self.remember_entry(dir.ino, &listing, e);
+        Some(NodeEntry { ino, attr, ttl })
     }
 
     /// Records that a listing entry was handed to the kernel with its attributes
@@ -930,4 +973,21 @@ fn refused_unless(allowed: bool) -> FsResult<()> {
     } else {
         Err(FsError::Origin(WireError::Access))
     }
+}
+
+/// The lister of a mount with offline writes: its thread lists each queued directory as a
+/// `readdir` would, until the superblock is gone.
+fn start_lister(weak: std::sync::Weak<Superblock>) -> Option<Lister> {
+    let list = move |ino| {
+        let Some(sb) = weak.upgrade() else {
+            return false;
+        };
+        if let Err(e) = sb.listing(ino) {
+            tracing::debug!(ino, "background listing failed: {e}");
+        }
+        true
+    };
+    Lister::new(list)
+        .map_err(|e| tracing::warn!("cannot start the directory lister: {e}"))
+        .ok()
 }

@@ -5,7 +5,8 @@
 //!   one mount and what the file system asks of it), [`cml`] (the client modify log: a
 //!   `Pending` change per object, its durable [`cml::record`] and staging file), [`made`]
 //!   (ids and attributes of objects made offline), [`log_view`] (a restored namespace
-//!   made to agree with the log);
+//!   made to agree with the log), [`lister`] (directories used by path, listed in the
+//!   background so that they can take offline names);
 //! - the changes themselves, above it: [`staged`] (a file's content change) and [`names`]
 //!   (changes to names and attributes);
 //! - [`reintegrate`]: sending the changes back (the scheduler, each change's steps, the
@@ -21,6 +22,7 @@
 //! circle through it.
 
 pub(crate) mod cml;
+pub(crate) mod lister;
 pub(crate) mod log_view;
 pub(crate) mod made;
 pub(crate) mod names;
