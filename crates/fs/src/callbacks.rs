@@ -13,18 +13,30 @@
 //! object arrived since (checked under the node's lock, which the break handler also takes,
 //! so a break handled after the check clears what the check granted).
 //!
+//! Applying a break lags behind its arrival (it is queued for the callback thread). A
+//! caller about to trust a callback first waits until every break that arrived before
+//! it has been applied ([`Callbacks::caught_up`]): a break sent before a reply this
+//! client already acted on (another client's write, then its unlink of a lock file this
+//! client's `O_EXCL` create then won) must not be overtaken by the next open, which would
+//! otherwise read the version from before that write (close-to-open).
+//!
 //! [`Callbacks`] is the subscription as the superblock holds it: whether the origin holds
-//! callbacks at all, the break numbers to note, and whether a reply may grant one; its
-//! [`BreakQueue`] feeds the callback thread, which hands each batch to a `BreakApplier`
-//! (the rules of what each kind of break changes).
+//! callbacks at all, the break numbers to note, whether a reply may grant one, and how
+//! far the callback thread has applied them; its [`BreakQueue`] feeds the callback thread,
+//! which hands each batch to a `BreakApplier` (the rules of what each kind of break
+//! changes).
+//!
+//! Locks: the log and the applied mark are leaves; nobody waits on the applied mark while
+//! holding a node's lock (the callback thread takes node locks), and the wait is bounded.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::time::Duration;
 
 use hoardfs_origin::{Break, Origin};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::nodes::NodeTable;
 
@@ -48,6 +60,45 @@ pub(crate) struct Callbacks {
     /// Whether the origin reports changes (holds callbacks) at all.
     held: bool,
     log: Arc<BreakLog>,
+    applied: Arc<Applied>,
+}
+
+/// How long a caller waits for the callback thread to apply the breaks that arrived
+/// before it; beyond, it asks the origin instead of trusting a callback.
+const CATCH_UP_WAIT: Duration = Duration::from_millis(100);
+
+/// A batch of breaks on its way to the callback thread, with its number in the log
+/// (`None`: the `Break::All` that stands for breaks dropped past the backlog's bound,
+/// which covers everything that arrived before the thread takes it).
+type Batch = (Option<u64>, Vec<Break>);
+
+/// The number of the last batch of breaks the callback thread applied. Lock: a leaf.
+#[derive(Default)]
+struct Applied {
+    through: Mutex<u64>,
+    moved: Condvar,
+}
+
+impl Applied {
+    fn advance(&self, seq: u64) {
+        let mut g = self.through.lock();
+        if seq > *g {
+            *g = seq;
+            self.moved.notify_all();
+        }
+    }
+
+    /// Whether batch `seq` is applied, waiting up to `wait` for it.
+    fn wait_for(&self, seq: u64, wait: Duration) -> bool {
+        let mut g = self.through.lock();
+        let deadline = std::time::Instant::now() + wait;
+        while *g < seq {
+            if self.moved.wait_until(&mut g, deadline).timed_out() {
+                return *g >= seq;
+            }
+        }
+        true
+    }
 }
 
 impl Callbacks {
@@ -56,16 +107,29 @@ impl Callbacks {
     /// [`BreakQueue`] starts.
     pub(crate) fn subscribe(origin: &dyn Origin) -> (Callbacks, BreakQueue) {
         let log = Arc::new(BreakLog::default());
-        let (tx, rx) = mpsc::channel::<Vec<Break>>();
+        let applied = Arc::new(Applied::default());
+        let (tx, rx) = mpsc::channel::<Batch>();
         let backlog = Arc::new(Backlog::default());
         let (logged, queued) = (log.clone(), backlog.clone());
         let held = origin.subscribe(Arc::new(move |b| {
-            logged.record(&b);
-            if let Some(b) = queued.admit(b) {
-                let _ = tx.send(b);
+            let seq = logged.record(&b);
+            if let Some((whole, b)) = queued.admit(b) {
+                let _ = tx.send((whole.then_some(seq), b));
             }
         }));
-        (Callbacks { held, log }, BreakQueue { rx, backlog })
+        let queue = BreakQueue {
+            rx,
+            backlog,
+            log: log.clone(),
+            applied: applied.clone(),
+        };
+        (Callbacks { held, log, applied }, queue)
+    }
+
+    /// Whether every break that arrived so far has been applied, waiting a little for the
+    /// callback thread if not (see the module docs). `false`: do not trust a callback now.
+    pub(crate) fn caught_up(&self) -> bool {
+        !self.held || self.applied.wait_for(self.log.seq(), CATCH_UP_WAIT)
     }
 
     /// Whether the origin holds callbacks (changes are pushed, TTLs can be long).
@@ -76,7 +140,9 @@ impl Callbacks {
     /// Records a `Break::All` that no origin sent: nothing known before this moment may
     /// be granted a callback (used for a namespace restored from disk).
     pub(crate) fn presume_all_broken(&self) {
-        self.log.record(&[Break::All]);
+        // Nothing to apply: recorded as applied at once.
+        let seq = self.log.record(&[Break::All]);
+        self.applied.advance(seq);
     }
 
     /// Number of breaks received so far: noted before a request, for [`Callbacks::grants`].
@@ -93,23 +159,33 @@ impl Callbacks {
 
 /// The breaks on their way to the callback thread.
 pub(crate) struct BreakQueue {
-    rx: mpsc::Receiver<Vec<Break>>,
+    rx: mpsc::Receiver<Batch>,
     backlog: Arc<Backlog>,
+    log: Arc<BreakLog>,
+    applied: Arc<Applied>,
 }
 
 impl BreakQueue {
     /// Starts the callback thread, which hands each batch of breaks to `apply` (the
     /// superblock's `apply_breaks`) until it answers `false` (the superblock is gone).
     pub(crate) fn spawn(self, apply: impl Fn(Vec<Break>) -> bool + Send + 'static) -> FsResult<()> {
-        let BreakQueue { rx, backlog } = self;
+        let BreakQueue {
+            rx,
+            backlog,
+            log,
+            applied,
+        } = self;
         std::thread::Builder::new()
             .name("hoardfs-callbacks".into())
             .spawn(move || {
-                while let Ok(b) = rx.recv() {
+                while let Ok((seq, b)) = rx.recv() {
+                    // The overflow `Break::All` covers everything that arrived so far.
+                    let seq = seq.unwrap_or_else(|| log.seq());
                     backlog.taken(&b);
                     if !apply(b) {
                         return;
                     }
+                    applied.advance(seq);
                 }
             })
             .map_err(|e| FsError::Thread {
@@ -139,13 +215,14 @@ struct Backlog {
 }
 
 impl Backlog {
-    /// What to queue for breaks `b` as they arrive: `b`, or past the bound one
-    /// `Break::All` (the first time) or nothing.
-    pub(crate) fn admit(&self, b: Vec<Break>) -> Option<Vec<Break>> {
+    /// What to queue for breaks `b` as they arrive: `b` (`true`: as itself), or past the
+    /// bound one `Break::All` (the first time; `false`: standing for what is dropped) or
+    /// nothing.
+    pub(crate) fn admit(&self, b: Vec<Break>) -> Option<(bool, Vec<Break>)> {
         // An empty batch still costs a queue slot: count it as one.
         let n = b.len().max(1);
         if self.queued.fetch_add(n, Ordering::SeqCst) + n <= BACKLOG_CAP {
-            return Some(b);
+            return Some((true, b));
         }
         self.queued.fetch_sub(n, Ordering::SeqCst);
         if self.overflowed.swap(true, Ordering::SeqCst) {
@@ -153,7 +230,7 @@ impl Backlog {
         }
         tracing::warn!("the origin sends breaks faster than they are applied: breaking everything");
         self.queued.fetch_add(1, Ordering::SeqCst);
-        Some(vec![Break::All])
+        Some((false, vec![Break::All]))
     }
 
     /// The callback thread took `b` off the queue (before applying it).
@@ -190,8 +267,9 @@ impl BreakLog {
         self.inner.lock().seq
     }
 
-    /// Records breaks as they arrive (on the origin's thread, in order with replies).
-    pub(crate) fn record(&self, breaks: &[Break]) {
+    /// Records breaks as they arrive (on the origin's thread, in order with replies);
+    /// returns their number.
+    pub(crate) fn record(&self, breaks: &[Break]) -> u64 {
         let mut g = self.inner.lock();
         g.seq += 1;
         let seq = g.seq;
@@ -209,6 +287,7 @@ impl BreakLog {
                 Break::All => g.all_at = seq,
             }
         }
+        seq
     }
 
     /// Whether a break touching `file_id` arrived after `since`.
@@ -430,19 +509,46 @@ mod tests {
             queue.extend(b.admit(vec![attr(i)]));
         }
         assert_eq!(queue.len(), BACKLOG_CAP + 1);
-        assert_eq!(queue.last(), Some(&vec![Break::All]));
+        assert_eq!(queue.last(), Some(&(false, vec![Break::All])));
+        assert!(queue[..BACKLOG_CAP].iter().all(|(whole, _)| *whole));
         // Until the Break::All is taken, breaks are dropped; then queued again.
-        for q in &queue[..BACKLOG_CAP] {
+        for (_, q) in &queue[..BACKLOG_CAP] {
             b.taken(q);
         }
-        assert_eq!(b.admit(vec![attr(1)]), Some(vec![attr(1)]));
+        assert_eq!(b.admit(vec![attr(1)]), Some((true, vec![attr(1)])));
         assert_eq!(
             b.admit(vec![attr(2); BACKLOG_CAP]),
             None,
             "still overflowed"
         );
-        b.taken(&queue[BACKLOG_CAP]);
-        assert_eq!(b.admit(vec![attr(3)]), Some(vec![attr(3)]));
+        b.taken(&queue[BACKLOG_CAP].1);
+        assert_eq!(b.admit(vec![attr(3)]), Some((true, vec![attr(3)])));
+    }
+
+    #[test]
+    fn a_caller_waits_until_the_breaks_that_arrived_before_it_are_applied() {
+        use super::Applied;
+        use std::time::Duration;
+        let applied = std::sync::Arc::new(Applied::default());
+        assert!(applied.wait_for(0, Duration::ZERO), "nothing arrived yet");
+        assert!(
+            !applied.wait_for(2, Duration::from_millis(20)),
+            "not applied: gives up"
+        );
+        let a = applied.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            a.advance(1);
+            std::thread::sleep(Duration::from_millis(30));
+            a.advance(2);
+        });
+        assert!(
+            applied.wait_for(2, Duration::from_secs(10)),
+            "applied: waited for"
+        );
+        applied.advance(1);
+        assert!(applied.wait_for(2, Duration::ZERO), "never moves back");
+        t.join().unwrap();
     }
 
     #[test]

@@ -539,11 +539,15 @@ impl Superblock {
     }
 
     /// Close-to-open: the attributes the node had, and its current ones, checked with the
-    /// origin unless it holds a callback for them.
+    /// origin unless it holds a callback for them. The breaks that arrived before are
+    /// applied first (`Callbacks::caught_up`, before the node's lock is taken): one that
+    /// ended the callback must not be overtaken by this open.
     pub(crate) fn validated_attr(&self, node: &Node) -> FsResult<Revalidated> {
+        let caught_up = self.callbacks.caught_up();
         let (before, valid) = {
             let st = node.state.lock();
-            (st.attr(), st.has_callback() && st.attr_fresh(&self.config))
+            let trusted = caught_up && st.has_callback() && st.attr_fresh(&self.config);
+            (st.attr(), trusted)
         };
         let now = if valid {
             before
