@@ -300,3 +300,57 @@ fn a_server_run_by_an_ordinary_user_exports_what_that_user_may() {
     let md = std::fs::metadata(exp.join("made")).unwrap();
     assert_eq!((md.uid(), md.gid()), (ALICE, ALICE));
 }
+
+/// With `--offline-writes`, a directory used by path is listed in the background as the
+/// user whose lookup asked for it, never as the mount: one that user may search but not
+/// read (0711) is not listed, so nothing of it is learned that the user could not list.
+#[test]
+fn a_directory_used_by_path_is_listed_in_the_background_as_the_user_who_used_it() {
+    require_fuse();
+    let t = open_scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir(&exp).unwrap();
+    chmod(&exp, 0o755);
+    let (search_only, readable) = (exp.join("drop"), exp.join("open"));
+    for (d, mode) in [(&search_only, 0o711), (&readable, 0o755)] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::write(d.join("known"), b"by path\n").unwrap();
+        chmod(&d.join("known"), 0o644);
+        chmod(d, mode);
+    }
+    // Requests as their callers, root not squashed: a listing made as the mount (root)
+    // would succeed where alice's fails.
+    let mut srv = Server::start_deployed(&exp, &state_dir(), &["--squash", "none"]);
+    let addr = srv.addr.clone();
+    let m = Mount::with_cache(
+        &addr,
+        &t.path().join("mnt"),
+        &t.path().join("cache"),
+        &["--offline-writes", "--timeout", "2"],
+    );
+    ok_as(
+        ALICE,
+        &format!(
+            "cat {} {}",
+            m.p("drop/known").display(),
+            m.p("open/known").display()
+        ),
+    );
+    assert_soon("the background listings", || {
+        let c = &stats(&m)["counters"];
+        let n =
+            c["listing_fetches"].as_u64().unwrap_or(0) + c["tree_requests"].as_u64().unwrap_or(0);
+        if n >= 1 { Ok(()) } else { Err(format!("{c}")) }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    srv.kill();
+    // Offline, as root on the client: what alice's listing could see is there, the
+    // directory she may not read was never listed.
+    assert_eq!(list(&m.p("open")).unwrap(), vec![b"known".to_vec()]);
+    assert_errno(
+        "a directory alice may not read",
+        list(&m.p("drop")),
+        libc::EIO,
+    );
+    m.unmount();
+}

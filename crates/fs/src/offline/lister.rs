@@ -8,7 +8,9 @@
 //! Bounded and never on a caller's path: one thread, a queue of at most [`QUEUE`]
 //! directories (a directory asked for again while queued is queued once; beyond the bound
 //! requests are dropped, and the directory is asked for again at its next lookup), each
-//! listed as a `readdir` would (`Superblock::listing`, through the owner's closure).
+//! listed as a `readdir` would (`Superblock::listing`, through the owner's closure), and
+//! as the user whose lookup asked for it (the ambient caller then, entered again on the
+//! thread): the server lists it only if that user may.
 //!
 //! Below the superblock: it knows directories by inode only. Lock: one mutex (the queued
 //! set), a leaf.
@@ -17,6 +19,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::mpsc;
 
+use hoardfs_origin::caller::{self, Caller};
 use parking_lot::Mutex;
 
 use crate::Ino;
@@ -24,9 +27,12 @@ use crate::Ino;
 /// Most directories waiting to be listed.
 pub(crate) const QUEUE: usize = 256;
 
+/// A directory to list, and the user to list it as.
+type Job = (Ino, Arc<Caller>);
+
 /// The background lister of one mount.
 pub(crate) struct Lister {
-    queue: Mutex<Option<mpsc::SyncSender<Ino>>>,
+    queue: Mutex<Option<mpsc::SyncSender<Job>>>,
     queued: Arc<Mutex<HashSet<Ino>>>,
 }
 
@@ -34,15 +40,15 @@ impl Lister {
     /// A lister whose thread lists each queued directory with `list` (the owner's; `false`:
     /// the owner is gone and the thread ends).
     pub(crate) fn new(list: impl Fn(Ino) -> bool + Send + 'static) -> std::io::Result<Lister> {
-        let (tx, rx) = mpsc::sync_channel::<Ino>(QUEUE);
+        let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
         let queued = Arc::new(Mutex::new(HashSet::new()));
         let done = queued.clone();
         std::thread::Builder::new()
             .name("hoardfs-lister".into())
             .spawn(move || {
-                while let Ok(ino) = rx.recv() {
+                while let Ok((ino, by)) = rx.recv() {
                     done.lock().remove(&ino);
-                    if !list(ino) {
+                    if !caller::with(by, || list(ino)) {
                         return;
                     }
                 }
@@ -53,17 +59,18 @@ impl Lister {
         })
     }
 
-    /// Asks for directory `ino` to be listed (unless it is queued already, or the queue is
-    /// full or stopped).
+    /// Asks for directory `ino` to be listed as the current ambient caller (unless it is
+    /// queued already, or the queue is full or stopped).
     pub(crate) fn want(&self, ino: Ino) {
         if !self.queued.lock().insert(ino) {
             return;
         }
+        let by = caller::current();
         let sent = self
             .queue
             .lock()
             .as_ref()
-            .is_some_and(|tx| tx.try_send(ino).is_ok());
+            .is_some_and(|tx| tx.try_send((ino, by)).is_ok());
         if !sent {
             self.queued.lock().remove(&ino);
         }
@@ -116,5 +123,15 @@ mod tests {
         l.stop();
         l.want(3);
         assert!(listed.recv_timeout(Duration::from_millis(200)).is_err());
+    }
+
+    #[test]
+    fn a_directory_is_listed_as_the_user_who_asked() {
+        let (tx, rx) = channel();
+        let l = Lister::new(move |ino| tx.send((ino, caller::current().uid)).is_ok()).unwrap();
+        let mut user: Caller = (**caller::process()).clone();
+        user.uid = 4242;
+        caller::with(Arc::new(user), || l.want(7));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), (7, 4242));
     }
 }
