@@ -467,6 +467,9 @@ fn session_config(a: &MountArgs, read_only: bool) -> CliResult<Config> {
         },
         MountOption::NoDev,
         MountOption::NoSuid,
+        // Said as it is: FUSE inodes are S_NOATIME and this daemon keeps no access times,
+        // so reads never update them (`-o atime` is refused).
+        MountOption::NoAtime,
     ];
     cfg.mount_options.extend(a.kernel_flags.iter().cloned());
     if root {

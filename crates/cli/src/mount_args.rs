@@ -157,7 +157,8 @@ pub struct MountArgs {
     pub dir_mode: Option<u16>,
     /// Mount options, `-o key[=value],...`: every flag above with `_` for `-` (e.g.
     /// `cache_dir=DIR`, `no_cache`, `ro` for --read-only), the kernel's `exec`, `noexec`,
-    /// `atime`, `noatime`, `sync`, `async`, `dirsync`, and, ignored, what mount(8) and
+    /// `sync`, `async`, `dirsync` (every mount is `noatime`; `atime` is refused), and,
+    /// ignored, what mount(8) and
     /// fstab add: `rw`, `defaults`, `dev`, `suid` (hoardfs always mounts nodev,nosuid),
     /// `_netdev`, `nofail`, `auto`, `noauto`, `user`, `nouser`, `x-*`, `comment=`.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -202,6 +203,8 @@ const IGNORED_OPTIONS: &[&str] = &[
     "default_permissions",
     "relatime",
     "strictatime",
+    // Every mount is noatime (see `mount::fuse_config`).
+    "noatime",
     "nodiratime",
     "lazytime",
 ];
@@ -210,8 +213,6 @@ const IGNORED_OPTIONS: &[&str] = &[
 const KERNEL_FLAGS: &[(&str, MountOption, MountOption)] = &[
     ("exec", MountOption::Exec, MountOption::NoExec),
     ("noexec", MountOption::NoExec, MountOption::Exec),
-    ("atime", MountOption::Atime, MountOption::NoAtime),
-    ("noatime", MountOption::NoAtime, MountOption::Atime),
     ("sync", MountOption::Sync, MountOption::Async),
     ("async", MountOption::Async, MountOption::Sync),
     ("dirsync", MountOption::DirSync, MountOption::DirSync),
@@ -298,6 +299,13 @@ impl MountArgs {
             "no_cache" => a.no_cache = true,
             "daemon" => a.daemon = true,
             "verbose" => a.verbose = true,
+            "atime" => {
+                return Err(CliError::Usage(
+                    "mount option atime: hoardfs does not keep access times (reads through \
+                     the mount never update them), so every mount is noatime"
+                        .into(),
+                ));
+            }
             "attr_timeout" => a.attr_timeout = num()?,
             "callback_timeout" => a.callback_timeout = num()?,
             "ro" | "read_only" => a.read_only = true,
@@ -505,11 +513,11 @@ mod tests {
         assert!(a.read_only && a.allow_other);
         assert_eq!(a.metrics_listen.as_deref(), Some("9100"));
         assert_eq!(a.free_space.bcull, Some(9));
-        // The later of exec/noexec wins.
-        assert_eq!(
-            a.kernel_flags,
-            vec![MountOption::Exec, MountOption::NoAtime]
-        );
+        // The later of exec/noexec wins; noatime is every mount's (not a flag to pass).
+        assert_eq!(a.kernel_flags, vec![MountOption::Exec]);
+        let e = parse(&["-o", "cache_dir=/c,atime"]).resolve().unwrap_err();
+        assert!(matches!(e, CliError::Usage(_)), "a usage error: {e:?}");
+        assert!(e.to_string().contains("noatime"), "{e}");
         let e = parse(&["-o", "cache_dir=/c,bogus"]).resolve().unwrap_err();
         assert!(matches!(e, CliError::Usage(_)), "a usage error: {e:?}");
         let e = e.to_string();

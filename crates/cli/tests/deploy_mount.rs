@@ -218,6 +218,8 @@ fn daemon_returns_through_a_pipe_and_says_errors_once() {
         assert_eq!(said.contains("hoardfs: mounted"), verbose, "{said}");
         let line = proc_mounts_line(&mnt).expect("mounted");
         assert!(line.contains(" fuse.hoardfs "), "{line}");
+        // Access times are not kept: the mount says so.
+        assert!(line.contains("noatime"), "{line}");
         assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"data");
         let st = Command::new("umount").arg(&mnt).status().unwrap();
         assert!(st.success());
