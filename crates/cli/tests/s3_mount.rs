@@ -433,6 +433,50 @@ fn walk_sizes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// Locks taken through two clients of one tier exclude each other: the tier keeps the
+/// lock table, as a server of a directory does (issue 36).
+#[test]
+fn locks_hold_across_clients_of_one_tier() {
+    use std::os::fd::AsRawFd;
+    require_fuse();
+    let Some(g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    g.put("locked/db", b"0");
+    let t = scratch();
+    let tier = g.serve_tier(0, &t.path().join("tier"), &[]);
+    let client = |name: &str| {
+        Mount::with_cache(
+            &tier.addr,
+            &t.path().join(name),
+            &t.path().join(format!("c{name}")),
+            &["--insecure-plaintext"],
+        )
+    };
+    let (a, b) = (client("a"), client("b"));
+    let open = |m: &Mount| std::fs::File::open(m.p("locked/db")).unwrap();
+    let flock = |f: &std::fs::File, op: i32| {
+        // SAFETY: flock(2) on a descriptor we own.
+        match unsafe { libc::flock(f.as_raw_fd(), op) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error().raw_os_error()),
+        }
+    };
+    let (fa, fb) = (open(&a), open(&b));
+    flock(&fa, libc::LOCK_EX).unwrap();
+    assert_eq!(
+        flock(&fb, libc::LOCK_EX | libc::LOCK_NB),
+        Err(Some(libc::EWOULDBLOCK)),
+        "held through the other client"
+    );
+    flock(&fa, libc::LOCK_UN).unwrap();
+    flock(&fb, libc::LOCK_EX | libc::LOCK_NB).expect("free once released");
+    assert_eq!(
+        flock(&fa, libc::LOCK_SH | libc::LOCK_NB),
+        Err(Some(libc::EWOULDBLOCK))
+    );
+}
+
 #[test]
 fn clients_behind_one_tier_cost_the_store_one_read_and_see_changes() {
     require_fuse();
