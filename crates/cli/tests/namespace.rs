@@ -96,6 +96,37 @@ fn an_unlinked_open_file_keeps_working_until_closed() {
     );
 }
 
+/// A file open here that a rename through this client replaces keeps working where it is
+/// open, with a link count of 0 (xfstests generic/035), as one unlinked does; the name is
+/// the new file's, here and on the server.
+#[test]
+fn a_file_replaced_by_a_rename_keeps_working_where_it_is_open() {
+    let r = rig_with(
+        |exp| {
+            std::fs::write(exp.join("old"), b"old content").unwrap();
+            std::fs::write(exp.join("new"), b"new content").unwrap();
+        },
+        &[],
+        &[],
+    );
+    let f = File::open(r.m.p("old")).unwrap();
+    std::fs::rename(r.m.p("new"), r.m.p("old")).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 0, "fstat after the rename");
+    let mut buf = [0u8; 11];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(
+        &buf, b"old content",
+        "never read before: fetched after the rename"
+    );
+    assert_eq!(std::fs::read(r.m.p("old")).unwrap(), b"new content");
+    assert_eq!(std::fs::read(r.srv("old")).unwrap(), b"new content");
+    drop(f);
+    assert_soon("the hidden name goes at close", || match list(&r.exp) {
+        Ok(l) if l == [b"old".to_vec()] => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+}
+
 /// `rm` right after a writer and a reader closed: the kernel sends releases after `close`
 /// returned, so the removal may arrive first; it must not hide the file as an open one
 /// (a hidden name on the server, and in listings while the server is unreachable).

@@ -260,6 +260,54 @@ impl Names {
         )
     }
 
+    /// If `name` in `dir` (node `child`) is the last name of a regular file open here, keeps
+    /// the file reachable under a hidden name until it is closed (module `unlinked`)
+    /// instead of letting its last name go: the result of hiding it. `None`: not such a
+    /// file. A file whose descriptors may all be closed waits a little for their releases
+    /// first (`Unlinked::wait_for_releases`).
+    fn hide_if_open(
+        &self,
+        sb: &Superblock,
+        dir: &Node,
+        child: Option<Ino>,
+        name: &[u8],
+    ) -> Option<FsResult<()>> {
+        let parent = dir.ino;
+        let (ino, file_id) = child
+            .and_then(|c| sb.nodes().get(c))
+            .filter(|n| n.kind == FileKind::File)
+            .and_then(|n| {
+                let mut st = n.state.lock();
+                if st.attr().nlink > 1 {
+                    return None;
+                }
+                self.unlinked.wait_for_releases(&n, &mut st);
+                st.is_open().then(|| (n.ino, st.attr().file_id))
+            })?;
+        let hidden = self.unlinked.name_for(file_id);
+        let mut path = sb.components_of(parent).unwrap_or_default();
+        path.push(hidden.clone());
+        // Journaled first: a crash after the rename leaves a name the next run removes.
+        self.unlinked.hiding(ino, parent, path);
+        if let Err(e) = self.rename(
+            sb,
+            parent,
+            name,
+            parent,
+            &hidden,
+            hoardfs_origin::RENAME_NOREPLACE,
+        ) {
+            self.unlinked.not_hidden(ino);
+            return Some(Err(e));
+        }
+        if let Some(n) = sb.nodes().get(ino) {
+            n.state.lock().mark_unlinked_here();
+            // The kernel asks again: `fstat` of a descriptor must now say 0 links.
+            sb.expire_attr(&n);
+        }
+        Some(Ok(()))
+    }
+
     /// Removes `name` (whose node, if known, is `child`) from directory `dir` on the
     /// origin, or hides it while it is open here.
     fn remove_online(
@@ -270,46 +318,8 @@ impl Names {
         name: &[u8],
         dir_wanted: bool,
     ) -> FsResult<()> {
-        let parent = dir.ino;
-        // Its last name, and it is open here: keep it reachable under a hidden name until
-        // it is closed (module `unlinked`).
-        // A file whose descriptors may all be closed waits a little for their releases
-        // first (`Unlinked::wait_for_releases`).
-        let open_last_name = child
-            .filter(|_| !dir_wanted)
-            .and_then(|c| sb.nodes().get(c))
-            .filter(|n| n.kind == FileKind::File)
-            .and_then(|n| {
-                let mut st = n.state.lock();
-                if st.attr().nlink > 1 {
-                    return None;
-                }
-                self.unlinked.wait_for_releases(&n, &mut st);
-                st.is_open().then(|| (n.ino, st.attr().file_id))
-            });
-        if let Some((ino, file_id)) = open_last_name {
-            let hidden = self.unlinked.name_for(file_id);
-            let mut path = sb.components_of(parent).unwrap_or_default();
-            path.push(hidden.clone());
-            // Journaled first: a crash after the rename leaves a name the next run removes.
-            self.unlinked.hiding(ino, parent, path);
-            if let Err(e) = self.rename(
-                sb,
-                parent,
-                name,
-                parent,
-                &hidden,
-                hoardfs_origin::RENAME_NOREPLACE,
-            ) {
-                self.unlinked.not_hidden(ino);
-                return Err(e);
-            }
-            if let Some(n) = sb.nodes().get(ino) {
-                n.state.lock().mark_unlinked_here();
-                // The kernel asks again: `fstat` of a descriptor must now say 0 links.
-                sb.expire_attr(&n);
-            }
-            return Ok(());
+        if let Some(hidden) = self.hide_if_open(sb, dir, child.filter(|_| !dir_wanted), name) {
+            return hidden;
         }
         sb.with_handle(dir, |h| {
             if dir_wanted {
@@ -363,6 +373,17 @@ impl Names {
         off.online_or_logged(
             owned,
             || {
+                // A file open here that the rename replaces keeps working, as one
+                // unlinked does: hidden first (as NFS clients do), so the rename does not
+                // take its last name.
+                let mut replaced = replaced;
+                if flags & (RENAME_EXCHANGE | hoardfs_origin::RENAME_NOREPLACE) == 0
+                    && replaced != moved
+                    && let Some(hidden) = self.hide_if_open(sb, &new_dir, replaced, new_name)
+                {
+                    hidden?;
+                    replaced = None;
+                }
                 sb.with_handle(&dir, |h| {
                     sb.origin().rename(h, name, target, new_name, flags)
                 })?;
