@@ -152,7 +152,10 @@ impl S3Origin {
         // A store that kept answering 5xx or 429 through the retries (Garage without a
         // quorum, AWS's SlowDown) is unavailable, as an unreachable one is: what is
         // cached is served and the rest fails at once, instead of failing everything.
-        let overloaded = matches!(e, S3Error::Status { status, .. } if status >= 500 && status != 501 && status != 507 || status == 429);
+        let overloaded = matches!(
+            e,
+            S3Error::Status { status, .. } if status == 429 || (status >= 500 && !matches!(status, 501 | 507))
+        );
         let offline = overloaded || matches!(e, S3Error::Unreachable(_) | S3Error::Timeout(_));
         self.connected
             .store(!offline, std::sync::atomic::Ordering::Relaxed);
