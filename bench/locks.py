@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from loopback import wait_line, wait_mounted
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PAIRS = r"""
@@ -77,27 +79,6 @@ print(n / (time.perf_counter() - t))
 
 def log(msg):
     print(f"[locks] {msg}", flush=True)
-
-
-def wait_line(p, prefix, what):
-    while True:
-        line = p.stdout.readline()
-        if not line:
-            sys.exit(f"{what} exited before saying {prefix!r}")
-        if line.startswith(prefix):
-            return line
-
-
-def wait_mounted(p, mnt, what, timeout=60):
-    """Waits for `mnt` in /proc/mounts (a mount is silent on success unless -v)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with open("/proc/mounts") as f:
-            if any(line.split()[1] == mnt for line in f):
-                return
-        if p.poll() is not None or time.monotonic() > deadline:
-            sys.exit(f"{what} did not mount (exit={p.poll()})")
-        time.sleep(0.05)
 
 
 def pct(xs, q):

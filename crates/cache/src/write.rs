@@ -11,7 +11,8 @@
 //! before the data file changes), then the bytes are written, then the record moves to the
 //! new version. Touched chunks become present again (with a fresh checksum) once every byte
 //! of them is known; partly written chunks stay absent, their written ranges remembered in
-//! memory only, and are fetched whole when read.
+//! memory only, and are fetched whole when read. The last, partial chunk of a file that
+//! grows waits for [`CachedObject::seal`] (the writer's close) for its checksum.
 
 use std::os::unix::fs::FileExt;
 
@@ -129,8 +130,31 @@ impl CachedObject {
         touched.extend(old_size >> st.meta.chunk_shift..st.meta.chunks());
         touched.sort_unstable();
         touched.dedup();
+        // The last chunk of a file that grows is left to `seal` (the writer's close):
+        // checksummed after every write, a file written in small appends would be read
+        // back and checksummed over and over.
+        let last_partial = |c: u64, b: u64| {
+            b == post_size && b - (c << st.meta.chunk_shift) < st.meta.chunk_size()
+        };
+        let grows = post_size > old_size;
+        touched.retain(|&c| !(grows && last_partial(c, st.meta.chunk_range(c).1)));
+        self.checksum_known(st, touched)?;
+        self.meta_file
+            .write_all_at(&st.meta.encode(), 0)
+            .map_err(io_at(&self.meta_path))?;
+        Ok(())
+    }
+
+    /// Makes present, with a fresh checksum, each of `chunks` that is absent and whose
+    /// bytes are all known (the record is not written).
+    fn checksum_known(
+        &self,
+        st: &mut State,
+        chunks: impl IntoIterator<Item = u64>,
+    ) -> Result<bool, CacheError> {
         let mut buf = Vec::new();
-        for c in touched {
+        let mut changed = false;
+        for c in chunks {
             let (a, b) = st.meta.chunk_range(c);
             if c >= st.meta.chunks() || st.meta.is_present(c) || !st.known.covers(a, b) {
                 continue;
@@ -141,10 +165,25 @@ impl CachedObject {
                 .map_err(io_at(&self.data_path))?;
             st.meta.set_present(c, crc32c::crc32c(&buf));
             st.known.remove(a, b);
+            changed = true;
         }
-        self.meta_file
-            .write_all_at(&st.meta.encode(), 0)
-            .map_err(io_at(&self.meta_path))?;
+        Ok(changed)
+    }
+
+    /// The writer is done (its close): every chunk whose bytes are all known (the last,
+    /// partial chunk of a file that grew) becomes present, so the file written here reads
+    /// back from the cache whole.
+    pub fn seal(&self) -> Result<(), CacheError> {
+        let mut st = self.state.lock();
+        if st.retired {
+            return Ok(());
+        }
+        let chunks = 0..st.meta.chunks();
+        if self.checksum_known(&mut st, chunks)? {
+            self.meta_file
+                .write_all_at(&st.meta.encode(), 0)
+                .map_err(io_at(&self.meta_path))?;
+        }
         Ok(())
     }
 }

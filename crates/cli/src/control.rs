@@ -363,6 +363,8 @@ pub fn stats_json(fs: &HoardFs, info: &MountInfo) -> Value {
         "source": info.source,
         "mountpoint": info.mountpoint,
         "connected": s.connected,
+        // Written through the mount, queued, not yet on the server (`--write-back close`).
+        "unsent_write_bytes": fs.unsent_write_bytes(),
         "counters": {
             "reads": s.reads, "chunk_hits": s.chunk_hits, "chunk_fetches": s.chunk_fetches,
             "bytes_from_cache": s.bytes_from_cache, "bytes_from_network": s.bytes_from_network,

@@ -445,6 +445,7 @@ fn fs_config(a: &MountArgs, cache_dir: Option<&Path>) -> CliResult<FsConfig> {
         offline_log: cache_dir.map(|d| d.join(OFFLINE_LOG)),
         offline_writes: a.offline_writes,
         host: host_name(),
+        write_back: a.write_back.into(),
         ..Default::default()
     })
 }

@@ -81,6 +81,15 @@ pub struct MountArgs {
     /// if the kernel does not offer it. `dev-fuse`: never use io_uring.
     #[arg(long, value_enum, default_value_t = FuseTransport::Auto)]
     pub fuse_transport: FuseTransport,
+    /// When writes reach the server. `close` (default): behind the writer, in batches of
+    /// up to 2 MiB sent in the order they were made; `close()` and `fsync()` return once
+    /// every byte written is on the server (another client opening the file after the
+    /// close sees all of it), and fail if a write did not get there (`ENOSPC`, `EDQUOT`,
+    /// `EIO`: reported there and at the file's next write instead of at the `write()`
+    /// itself). `through`: every `write()` reaches the server before it returns (one
+    /// round trip each; errors at the write that caused them).
+    #[arg(long, value_enum, default_value_t = WriteBackMode::Close)]
+    pub write_back: WriteBackMode,
     /// Serve extended attributes. Off by default: each xattr call is then refused by the
     /// kernel itself (EOPNOTSUPP) instead of costing a round trip, and `ls -l` makes up to
     /// three per file.
@@ -166,6 +175,24 @@ pub struct MountArgs {
     /// Kernel mount flags from `-o` (exec, noatime, sync, ...), passed on as given.
     #[arg(skip)]
     pub kernel_flags: Vec<MountOption>,
+}
+
+/// When writes reach the server (`--write-back`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteBackMode {
+    /// Behind the writer; `close()` and `fsync()` wait for them.
+    Close,
+    /// Before each `write()` returns.
+    Through,
+}
+
+impl From<WriteBackMode> for hoardfs_fs::WriteBack {
+    fn from(m: WriteBackMode) -> Self {
+        match m {
+            WriteBackMode::Close => hoardfs_fs::WriteBack::Close,
+            WriteBackMode::Through => hoardfs_fs::WriteBack::Through,
+        }
+    }
 }
 
 /// How FUSE requests reach the daemon (`--fuse-transport`).
@@ -315,6 +342,10 @@ impl MountArgs {
             "fuse_transport" => {
                 a.fuse_transport = <FuseTransport as clap::ValueEnum>::from_str(need()?, false)
                     .map_err(|_| format!("mount option {k}: one of auto, io-uring, dev-fuse"))?
+            }
+            "write_back" => {
+                a.write_back = <WriteBackMode as clap::ValueEnum>::from_str(need()?, false)
+                    .map_err(|_| format!("mount option {k}: one of close, through"))?
             }
             "xattrs" => a.xattrs = true,
             "offline_writes" => a.offline_writes = true,

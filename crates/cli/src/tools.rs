@@ -247,7 +247,12 @@ pub fn stats(a: StatsArgs) -> CliResult<()> {
         n("listings_read_ahead"),
         n("tree_requests")
     );
-    println!("  writes: {} ({})", n("writes"), human(n("bytes_written")));
+    println!(
+        "  writes: {} sent ({}), {} queued not yet on the server",
+        n("writes"),
+        human(n("bytes_written")),
+        human(v["unsent_write_bytes"].as_u64().unwrap_or(0))
+    );
     match v["fuse"]["transport"].as_str() {
         Some("io_uring") => println!(
             "  FUSE requests: over io_uring ({} so far)",

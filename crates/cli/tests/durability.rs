@@ -42,6 +42,57 @@ fn write_restart_fsync(crash: bool) -> (std::io::Result<()>, std::io::Result<()>
     (synced, closed)
 }
 
+/// Writes still queued behind the writer when the server stops cleanly are sent again
+/// once it is back (as an NFS client retransmits): fsync and close succeed, and the
+/// server has every byte.
+#[test]
+fn writes_queued_across_a_clean_server_restart_reach_it() {
+    let (t, exp, state) = export_and_state();
+    let mut srv = Server::start_in(&exp, "127.0.0.1:0", &state, &[]);
+    let m = uncached_mount(&srv, &t);
+    let data = bytes(3, 16 << 20);
+    let mut f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(m.p("big"))
+        .unwrap();
+    for piece in data.chunks(4096) {
+        f.write_all(piece).unwrap();
+    }
+    let addr = srv.addr.clone();
+    srv.terminate();
+    // (Its exec closes the test's copy of `f`: a close that must not wait.)
+    let _srv = Server::start_in(&exp, &addr, &state, &[]);
+    f.sync_all().expect("fsync after a clean restart");
+    close(f).expect("close after a clean restart");
+    assert!(
+        std::fs::read(exp.join("big")).unwrap() == data,
+        "the server's copy differs"
+    );
+    m.unmount();
+}
+
+/// A scratch directory with an empty export in it, and the server's state directory.
+fn export_and_state() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    require_fuse();
+    let t = scratch();
+    let exp = t.path().join("export");
+    std::fs::create_dir_all(&exp).unwrap();
+    let state = t.path().join("state");
+    (t, exp, state)
+}
+
+/// A mount of `srv` without a disk cache that gives up on the server after 5 s.
+fn uncached_mount(srv: &Server, t: &tempfile::TempDir) -> Mount {
+    Mount::start(
+        &srv.addr,
+        &t.path().join("mnt"),
+        &["--no-cache", "--timeout", "5"],
+    )
+    .unwrap()
+}
+
 /// Makes the mount try the server while it is down: it then believes itself offline, and
 /// fails requests fast until its background reconnect (once a second) finds the server
 /// back. An fsync or close must not be answered from that belief.
@@ -50,7 +101,8 @@ fn notice_the_server_gone(m: &Mount) {
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
 }
 
-/// Creates `p` with `data` written (acknowledged by the server, not synced) and keeps it open.
+/// Creates `p` with `data` written (acknowledged by the server, not synced) and keeps it
+/// open.
 fn write_unsynced(p: &std::path::Path, data: &[u8]) -> std::fs::File {
     let mut f = OpenOptions::new()
         .create(true)
@@ -59,6 +111,9 @@ fn write_unsynced(p: &std::path::Path, data: &[u8]) -> std::fs::File {
         .open(p)
         .unwrap();
     f.write_all(data).unwrap();
+    // Written behind the writer by default: a stat waits until the server acknowledged
+    // every byte (and reports the server's size).
+    assert_eq!(f.metadata().unwrap().len(), data.len() as u64);
     f
 }
 
@@ -121,18 +176,9 @@ enum Closer {
 }
 
 fn close_after_a_crash(closer: Closer) {
-    require_fuse();
-    let t = scratch();
-    let exp = t.path().join("export");
-    std::fs::create_dir_all(&exp).unwrap();
-    let state = t.path().join("state");
+    let (t, exp, state) = export_and_state();
     let mut srv = Server::start_in(&exp, "127.0.0.1:0", &state, &[]);
-    let m = Mount::start(
-        &srv.addr,
-        &t.path().join("mnt"),
-        &["--no-cache", "--timeout", "5"],
-    )
-    .unwrap();
+    let m = uncached_mount(&srv, &t);
     let f = if closer == Closer::OtherThread {
         let p = m.p("log");
         std::thread::spawn(move || write_unsynced(&p, b"acknowledged, not durable"))

@@ -62,7 +62,7 @@ impl HoardFs {
         let sb = superblock::Superblock::new(origin, &info, cache, config)?;
         let fs = Arc::new(HoardFs {
             reads: read::Reads::new(),
-            writes: write::Writes::default(),
+            writes: write::Writes::new(&sb),
             names: namespace::Names::new(unlinked),
             locks: crate::locks::Locks::default(),
             reintegrating: parking_lot::Mutex::new(()),
@@ -137,6 +137,12 @@ impl HoardFs {
         self.sb.stats().snapshot(self.sb.origin().is_connected())
     }
 
+    /// Bytes written through the mount and not yet on the origin (queued behind their
+    /// writers).
+    pub fn unsent_write_bytes(&self) -> u64 {
+        self.writes.unsent()
+    }
+
     /// Occupancy, limits and counters of the disk cache (`None` without one).
     pub fn cache_usage(&self) -> Option<Usage> {
         self.sb.manager().usage()
@@ -180,6 +186,8 @@ impl HoardFs {
     /// Attributes of `ino` and how long the kernel may cache them: from memory while under
     /// a callback or younger than the TTL, otherwise from the origin.
     pub fn getattr(&self, ino: Ino) -> FsResult<NodeAttr> {
+        // (Size and times are the server's once the writes made here reached it.)
+        self.writes.settle(ino);
         let node = self.sb.node(ino)?;
         self.sb.attr_of(&node)
     }
@@ -189,11 +197,14 @@ impl HoardFs {
     /// released when the node lets go of the object). `Opened::changed` says the file
     /// changed since the kernel last saw its attributes (which are then invalidated).
     pub fn open(&self, ino: Ino, access: Access, make_backing: &MakeBacking) -> FsResult<Opened> {
+        // (What it opens holds every write made here before.)
+        self.writes.settle(ino);
         self.reads.open(&self.sb, ino, access, make_backing)
     }
 
     /// Reads up to `size` bytes at `offset` through open file `fh`.
     pub fn read(&self, fh: FileHandle, offset: u64, size: u32) -> FsResult<ReadData> {
+        self.settle_open(fh);
         self.reads.read(&self.sb, fh, offset, size)
     }
 
@@ -208,7 +219,16 @@ impl HoardFs {
         size: u32,
         dst: &mut hoardfs_origin::ReadSlot,
     ) -> FsResult<()> {
+        self.settle_open(fh);
         self.reads.read_into(&self.sb, fh, offset, size, dst)
+    }
+
+    /// Settles the writes queued for the file open as `fh`: a read the daemon serves
+    /// finds them in the cache or on the origin.
+    fn settle_open(&self, fh: FileHandle) {
+        if let Ok(of) = self.reads.open_file(fh) {
+            self.writes.settle(of.node.ino);
+        }
     }
 
     /// Closes open file `fh`.
@@ -217,6 +237,11 @@ impl HoardFs {
         let Some(of) = self.reads.files.remove(fh) else {
             return;
         };
+        if of.access.write {
+            // (Writes of a shared mapping may come after the last close.)
+            self.writes.settle(of.node.ino);
+            write::seal(&of.node);
+        }
         if of.access.write
             && let Err(e) = self.writes.publish(&self.sb, &of.node)
         {
@@ -239,6 +264,7 @@ impl HoardFs {
 
     /// Stops the readahead threads and closes the disk cache in order (at unmount).
     pub fn shutdown(&self) {
+        self.writes.stop();
         self.sb.stop_background();
         self.reads.release_implicit_opens(&self.sb);
         self.sb.objects().close();
@@ -292,6 +318,8 @@ impl HoardFs {
     /// Changes attributes of `ino` (chmod, chown, truncate, utimens); returns the new ones
     /// and how long the kernel may cache them.
     pub fn setattr(&self, ino: Ino, set: &SetAttrs) -> FsResult<NodeAttr> {
+        // (A truncate or chmod comes after the writes made before it.)
+        self.writes.settle(ino);
         retried(|| self.writes.setattr(&self.sb, ino, set))
     }
 
@@ -330,6 +358,9 @@ impl HoardFs {
         range: hoardfs_origin::LockRange,
         pid: u32,
     ) -> FsResult<()> {
+        // Writes made under a lock reach the server before it is released, and taking
+        // one comes after the writes made before (as on NFS).
+        self.writes.settle(ino);
         self.locks.lock(&self.sb, ino, fh, kind, owner, range, pid)
     }
 
@@ -346,6 +377,7 @@ impl HoardFs {
         pid: u32,
         done: crate::LockDone,
     ) -> Option<hoardfs_origin::LockTicket> {
+        self.writes.settle(ino);
         self.locks
             .lock_waiting(&self.sb, ino, fh, kind, owner, range, pid, done)
     }
@@ -525,6 +557,13 @@ impl HoardFs {
     /// Resolves `name` in directory `parent`; counts one kernel lookup on success. Returns
     /// the node, its attributes and how long the kernel may cache them.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<NodeEntry> {
+        let e = self.sb.lookup(parent, name)?;
+        if self.writes.unsent() == 0 {
+            return Ok(e);
+        }
+        // A file with writes queued here: its size is the server's once they reached it
+        // (the kernel would otherwise shrink the file it knows to an older size).
+        self.writes.settle(e.ino);
         self.sb.lookup(parent, name)
     }
 
@@ -568,7 +607,20 @@ impl HoardFs {
         listing: &Listing,
         e: &hoardfs_origin::DirEntry,
     ) -> ListedNode {
-        self.sb.remember_entry(dir, listing, e)
+        let n = self.sb.remember_entry(dir, listing, e);
+        if self.writes.unsent() == 0 {
+            return n;
+        }
+        // A file with writes queued here: the kernel takes a listing's attributes as the
+        // file's, so they are the server's once the writes reached it.
+        self.writes.settle(n.ino);
+        match self.sb.node(n.ino) {
+            Ok(node) => ListedNode {
+                attr: node.state.lock().attr(),
+                ..n
+            },
+            Err(_) => n,
+        }
     }
 
     /// Attributes of `ino` as last seen, without any round trip (for `.` and `..`).
@@ -599,6 +651,8 @@ impl HoardFs {
     /// is unreachable, or refuses). Safe to call at any time and from any thread (one pass
     /// at a time).
     pub fn reintegrate(&self) -> Reintegrated {
+        // (`hoardfs sync`: writes queued behind writers go first.)
+        self.writes.settle_all();
         let Some(off) = self.sb.offline_writes() else {
             return Reintegrated::default();
         };

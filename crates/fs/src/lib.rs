@@ -36,6 +36,7 @@ mod superblock;
 mod trees;
 mod unlinked;
 mod write;
+mod write_behind;
 
 use std::time::Duration;
 
@@ -111,6 +112,19 @@ pub struct FsConfig {
     pub offline_writes: bool,
     /// This client's host name, in the names of conflict copies.
     pub host: String,
+    /// When writes reach the origin (`crate::write_behind`).
+    pub write_back: WriteBack,
+}
+
+/// When a write reaches the origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriteBack {
+    /// Before `write()` returns: one round trip per write.
+    Through,
+    /// In batches behind the writer; `close()` and `fsync()` return once every byte is
+    /// on the server (close-to-open), and report a write that failed.
+    #[default]
+    Close,
 }
 
 impl Default for FsConfig {
@@ -130,6 +144,7 @@ impl Default for FsConfig {
             offline_log: None,
             offline_writes: false,
             host: "client".into(),
+            write_back: WriteBack::default(),
         }
     }
 }

@@ -496,6 +496,12 @@ impl NodeTable {
         table
     }
 
+    /// A node numbered `ino`, in no table (for unit tests of the layers above nodes).
+    #[cfg(test)]
+    pub(crate) fn detached(ino: Ino, handle: Handle, attr: Attr) -> Arc<Node> {
+        Self::make(ino, handle, attr, crate::ROOT_INO, Vec::new())
+    }
+
     fn make(ino: Ino, handle: Handle, attr: Attr, parent: Ino, name: Vec<u8>) -> Arc<Node> {
         Arc::new(Node {
             ino,

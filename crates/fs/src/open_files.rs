@@ -28,6 +28,9 @@ pub struct Access {
     pub write: bool,
     /// Writes append at the origin's end of file (`O_APPEND`).
     pub append: bool,
+    /// Each write must be on the server when it returns (`O_SYNC`, `O_DSYNC`, `O_DIRECT`):
+    /// never queued behind the writer.
+    pub sync: bool,
 }
 
 /// A read-only open.
@@ -35,6 +38,7 @@ pub(crate) const READ_ONLY: Access = Access {
     read: true,
     write: false,
     append: false,
+    sync: false,
 };
 
 impl Access {
@@ -180,6 +184,20 @@ impl OpenFile {
         w == 0 || w == pid
     }
 
+    /// Whether a close by thread `pid` is one of the writing process's (its latest
+    /// writer's thread group; where either thread is gone, assumed so), as opposed to
+    /// another process's closing a copy it inherited (a child at exec).
+    pub(crate) fn closed_in_writer_process(&self, pid: u32) -> bool {
+        let w = self.writer.load(Ordering::Relaxed);
+        if w == 0 || w == pid {
+            return true;
+        }
+        match (thread_group(w), thread_group(pid)) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        }
+    }
+
     /// A descriptor of it was closed; true the first time.
     pub(crate) fn flushed_first(&self) -> bool {
         !self.flushed.swap(true, Ordering::Relaxed)
@@ -255,4 +273,14 @@ impl OpenFiles {
         of.closed.store(true, Ordering::Relaxed);
         Some(of)
     }
+}
+
+/// The process (thread group id) of thread `tid`, from `/proc` (`None`: gone, or no
+/// `/proc`).
+fn thread_group(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
 }

@@ -18,6 +18,7 @@ const READ: Access = Access {
     read: true,
     write: false,
     append: false,
+    sync: false,
 };
 
 fn fs_over(export: &Path, cache: &Path) -> Arc<HoardFs> {

@@ -19,23 +19,30 @@ use crate::offline::Offline;
 use crate::stats::Stats;
 use std::sync::Arc;
 
+use crate::WriteBack;
 use crate::durability::Durability;
+use crate::error::retried;
 use crate::open_files::OpenFile;
 use crate::superblock::Superblock;
+use crate::write_behind::{self, Batch, WriteBehind};
 use crate::{FsError, FsResult, NodeAttr};
 
 /// Largest size a file held whole is fetched again at after a truncation, or after writes
 /// its cached copy could not follow.
 const REFETCH_AFTER_TRUNCATE: u64 = 64 << 20;
 
-/// The writing side of a mount: writes through to the origin, attribute changes, syncs
-/// and extended attributes; it owns what must be known of writes after they returned
-/// (their durability on the server).
-#[derive(Default)]
+/// The writing side of a mount: writes (queued behind the writer, or through to the
+/// origin), attribute changes, syncs and extended attributes; it owns what must be known
+/// of writes after they returned (queued ones, and their durability on the server).
 pub(crate) struct Writes {
     /// Writes acknowledged but not yet durable on the server.
-    durability: Durability,
+    durability: Arc<Durability>,
+    /// Writes acknowledged but not yet sent (`None`: every write goes through).
+    behind: Option<WriteBehind>,
 }
+
+/// Bytes queued behind writers at most, for the whole mount.
+const BEHIND_LIMIT: usize = 64 << 20;
 
 /// Where a write went: to the origin (its reply, and the break number and write verifier
 /// noted before it), or to the file's staged copy (the bytes written).
@@ -49,9 +56,69 @@ enum Written {
 }
 
 impl Writes {
+    /// The writing side of the mount over `sb`: write-behind unless the configuration
+    /// says through, the mount is read-only, or the origin publishes whole files at close
+    /// (S3, whose writes land in a local staging file anyway).
+    pub(crate) fn new(sb: &Arc<Superblock>) -> Writes {
+        let durability = Arc::new(Durability::default());
+        let behind = (sb.config().write_back == WriteBack::Close
+            && !sb.read_only()
+            && !sb.origin().publishes_on_close())
+        .then(|| {
+            let (sb, durability) = (Arc::downgrade(sb), durability.clone());
+            let send: write_behind::Send = Arc::new(move |b: &Batch| {
+                let Some(sb) = sb.upgrade() else {
+                    return Err(FsError::Offline("the mount is gone".into()));
+                };
+                send_batch(&sb, &durability, b)
+            });
+            WriteBehind::new(send, BEHIND_LIMIT)
+        });
+        Writes { durability, behind }
+    }
+
     /// The kernel forgot node `ino`: no descriptor of it is left to fsync or close.
     pub(crate) fn forget(&self, ino: Ino) {
+        if let Some(b) = &self.behind {
+            b.forget(ino);
+        }
         self.durability.forget(ino);
+    }
+
+    /// Waits until every write queued for `ino` reached the origin (or failed: the
+    /// failure is reported at the next write, close or fsync).
+    pub(crate) fn settle(&self, ino: Ino) {
+        if let Some(b) = &self.behind {
+            b.settle(ino);
+        }
+    }
+
+    /// Settles `ino` and reports a queued write that failed (`take`: once; see
+    /// [`WriteBehind::report`]).
+    fn report(&self, ino: Ino, take: bool) -> FsResult<()> {
+        match &self.behind {
+            Some(b) => b.report(ino, take),
+            None => Ok(()),
+        }
+    }
+
+    /// Bytes written and not yet on the origin.
+    pub(crate) fn unsent(&self) -> u64 {
+        self.behind.as_ref().map_or(0, WriteBehind::unsent)
+    }
+
+    /// Sends every queued write and stops the senders (at unmount).
+    pub(crate) fn stop(&self) {
+        if let Some(b) = &self.behind {
+            b.stop();
+        }
+    }
+
+    /// Waits until every write queued before the call reached the origin (or failed).
+    pub(crate) fn settle_all(&self) {
+        if let Some(b) = &self.behind {
+            b.settle_all();
+        }
     }
 
     /// Process `pid` writes `data` at `offset` through open file `of`; returns the bytes
@@ -60,7 +127,7 @@ impl Writes {
     pub(crate) fn write(
         &self,
         sb: &Superblock,
-        of: &OpenFile,
+        of: &Arc<OpenFile>,
         offset: u64,
         data: &[u8],
         pid: u32,
@@ -69,104 +136,186 @@ impl Writes {
             return Err(FsError::BadHandle);
         }
         of.wrote_from(pid);
-        let node = &of.node;
-        // A file changed offline stays local until reintegration sent it back; one the
-        // origin cannot take now is staged (what was written so far goes back whole).
-        let append = of.access.append;
-        // A file removed elsewhere while open here answers `Stale` (ESTALE, as on NFS):
-        // this client cannot tell it from one renamed elsewhere and then forgotten by a
-        // restarted server, so it must not accept bytes that would go nowhere.
-        let online = || {
-            let (since, verifier) = (sb.callbacks().seq(), sb.verifier());
-            sb.with_handle(node, |h| sb.origin().write(h, offset, data, append))
-                .map(|w| Written::Origin { w, since, verifier })
-        };
-        let (w, since, verifier) = match Offline::of(sb).online_or_staged(
-            node,
-            false,
-            online,
-            |p| Ok(p.write(of, offset, data)?.map(Written::Staged)),
-            || self.durability.forget(node.ino),
-        )? {
-            Written::Staged(n) => return Ok(n),
-            Written::Origin { w, since, verifier } => (w, since, verifier),
-        };
-        // An origin cannot have written more than it was given (a remote one's replies
-        // are checked for that, this guards any other).
-        let Some(written) = data.get(..w.written as usize) else {
-            return Err(FsError::Protocol(format!(
-                "origin wrote {} bytes of {}",
-                w.written,
-                data.len()
-            )));
-        };
-        self.durability.wrote(node.ino, verifier, sb.verifier());
-        Stats::add(&sb.stats().writes, 1);
-        Stats::add(&sb.stats().bytes_written, w.written as u64);
-        self.follow_write(sb, node, &w, written);
-        sb.install_attr(node, w.attr, since);
-        if append && let Some(n) = sb.notifier() {
-            // The kernel guessed the offset from a size that may be stale.
-            n.inval_attr(node.ino);
+        if let Some(b) = &self.behind {
+            // Queued while the origin is there to send to, the file is not the offline
+            // log's and not known to be removed elsewhere (that write fails now, ESTALE,
+            // as it would through); otherwise through, after what was queued before.
+            if !of.access.sync
+                && sb.origin().is_connected()
+                && !of.node.state.lock().is_deleted()
+                && !Offline::of(sb).owns(&of.node)
+                && sb.staged_change_of(&of.node).is_none()
+            {
+                let n = u32::try_from(data.len()).map_err(|_| FsError::BadHandle)?;
+                b.queue(of, offset, data)?;
+                return Ok(n);
+            }
+            b.report(of.node.ino, true)?;
         }
-        Ok(w.written)
+        write_through(sb, &self.durability, of, offset, data)
     }
+}
 
-    /// Moves the node's cached object along with a write made through this client.
-    fn follow_write(
-        &self,
-        sb: &Superblock,
-        node: &Node,
-        w: &hoardfs_origin::WriteReply,
-        data: &[u8],
-    ) {
-        if !sb.objects().enabled() {
-            return;
-        }
-        let mut st = node.state.lock();
-        if st.opens.object().is_none() {
-            // Not held now (the file's object is let go of between opens): the cache's
-            // object of the version written over, if it has one, follows the write, so
-            // that a complete copy stays complete.
-            let before = st.origin_attr();
-            if before.version == w.pre_version && before.file_id == w.attr.file_id {
-                sb.objects()
-                    .replace_object(&mut st, before.file_id, before.version, before.size);
-            }
-        }
-        let was_whole = st.opens.object().is_some_and(|o| o.is_complete());
-        let followed = match st.opens.object() {
-            Some(o) => o.apply_write(w.pre_version, w.offset, data, w.attr.version, w.attr.size),
-            None => Ok(false),
+/// Sends queued batch `b` through to the origin, all of it (the origin may take less
+/// than it was given in one write).
+fn send_batch(sb: &Superblock, durability: &Durability, b: &Batch) -> FsResult<()> {
+    let mut done = 0;
+    while done < b.data.len() {
+        let rest = &b.data[done..];
+        let at = b.offset + done as u64;
+        let n = if b.of.access.append {
+            // (Not tried twice: a write whose reply was lost may have been appended.)
+            write_through(sb, durability, &b.of, at, rest)?
+        } else {
+            resent(sb, || {
+                retried(|| write_through(sb, durability, &b.of, at, rest))
+            })?
         };
-        if !matches!(followed, Ok(true))
-            && was_whole
-            && w.attr.size <= REFETCH_AFTER_TRUNCATE
-            && !sb.origin().publishes_on_close()
-        {
-            // A copy held whole could not follow (the file grew past a chunk size, or
-            // somebody else changed it too): fetched again when the writer closes it, so
-            // that it stays readable offline.
-            st.refetch_at_close();
+        if n == 0 {
+            return Err(FsError::Protocol("the origin wrote nothing".into()));
         }
-        match followed {
-            Ok(true) => return,
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!("cache update after a write failed: {e}");
-                Stats::add(&sb.stats().cache_errors, 1);
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// How long a queued write is sent again while the origin is unreachable (a server
+/// restarting, a connection lost), as an NFS client retransmits; then it fails.
+const RESEND_FOR: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Runs `send` (a write that may be made twice) until it is not refused for the origin
+/// being unreachable, for at most [`RESEND_FOR`]. (The write verifier tells whether a
+/// server that came back lost what it had acknowledged: see `durability`.)
+fn resent(sb: &Superblock, mut send: impl FnMut() -> FsResult<u32>) -> FsResult<u32> {
+    let started = std::time::Instant::now();
+    loop {
+        match send() {
+            Err(FsError::Offline(why)) if started.elapsed() < RESEND_FOR => {
+                tracing::debug!("a queued write waits for the server: {why}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                sb.origin().reconnect_now();
             }
+            r => return r,
         }
-        // Somebody else changed the file too (or there was no object): start an empty
-        // object for the new version, holding at least what we just wrote.
-        let (file_id, v, size) = (w.attr.file_id, w.attr.version, w.attr.size);
-        if let Some(fresh) = sb.objects().replace_object(&mut st, file_id, v, size)
-            && let Err(e) = fresh.apply_write(v, w.offset, data, v, size)
-        {
+    }
+}
+
+/// Writes `data` at `offset` through open file `of` to the origin (or to the file's
+/// staged copy while the origin is unreachable); returns the bytes written.
+fn write_through(
+    sb: &Superblock,
+    durability: &Durability,
+    of: &OpenFile,
+    offset: u64,
+    data: &[u8],
+) -> FsResult<u32> {
+    let node = &of.node;
+    // A file changed offline stays local until reintegration sent it back; one the
+    // origin cannot take now is staged (what was written so far goes back whole).
+    let append = of.access.append;
+    // A file removed elsewhere while open here answers `Stale` (ESTALE, as on NFS):
+    // this client cannot tell it from one renamed elsewhere and then forgotten by a
+    // restarted server, so it must not accept bytes that would go nowhere.
+    let online = || {
+        let (since, verifier) = (sb.callbacks().seq(), sb.verifier());
+        sb.with_handle(node, |h| sb.origin().write(h, offset, data, append))
+            .map(|w| Written::Origin { w, since, verifier })
+    };
+    let (w, since, verifier) = match Offline::of(sb).online_or_staged(
+        node,
+        false,
+        online,
+        |p| Ok(p.write(of, offset, data)?.map(Written::Staged)),
+        || durability.forget(node.ino),
+    )? {
+        Written::Staged(n) => return Ok(n),
+        Written::Origin { w, since, verifier } => (w, since, verifier),
+    };
+    // An origin cannot have written more than it was given (a remote one's replies
+    // are checked for that, this guards any other).
+    let Some(written) = data.get(..w.written as usize) else {
+        return Err(FsError::Protocol(format!(
+            "origin wrote {} bytes of {}",
+            w.written,
+            data.len()
+        )));
+    };
+    durability.wrote(node.ino, verifier, sb.verifier());
+    Stats::add(&sb.stats().writes, 1);
+    Stats::add(&sb.stats().bytes_written, w.written as u64);
+    follow_write(sb, node, &w, written);
+    sb.install_attr(node, w.attr, since);
+    if append && let Some(n) = sb.notifier() {
+        // The kernel guessed the offset from a size that may be stale.
+        n.inval_attr(node.ino);
+    }
+    Ok(w.written)
+}
+
+/// The writer closed `node`: its cached object checksums what it holds whole (the last
+/// chunk of a file that grew, left open while the writes came).
+pub(crate) fn seal(node: &Node) {
+    let object = node.state.lock().opens.object().cloned();
+    if let Some(o) = object
+        && let Err(e) = o.seal()
+    {
+        tracing::warn!(
+            ino = node.ino,
+            "sealing the cached copy of a written file failed: {e}"
+        );
+    }
+}
+
+/// Moves the node's cached object along with a write made through this client.
+fn follow_write(sb: &Superblock, node: &Node, w: &hoardfs_origin::WriteReply, data: &[u8]) {
+    if !sb.objects().enabled() {
+        return;
+    }
+    let mut st = node.state.lock();
+    if st.opens.object().is_none() {
+        // Not held now (the file's object is let go of between opens): the cache's
+        // object of the version written over, if it has one, follows the write, so
+        // that a complete copy stays complete.
+        let before = st.origin_attr();
+        if before.version == w.pre_version && before.file_id == w.attr.file_id {
+            sb.objects()
+                .replace_object(&mut st, before.file_id, before.version, before.size);
+        }
+    }
+    let was_whole = st.opens.object().is_some_and(|o| o.is_complete());
+    let followed = match st.opens.object() {
+        Some(o) => o.apply_write(w.pre_version, w.offset, data, w.attr.version, w.attr.size),
+        None => Ok(false),
+    };
+    if !matches!(followed, Ok(true))
+        && was_whole
+        && w.attr.size <= REFETCH_AFTER_TRUNCATE
+        && !sb.origin().publishes_on_close()
+    {
+        // A copy held whole could not follow (the file grew past a chunk size, or
+        // somebody else changed it too): fetched again when the writer closes it, so
+        // that it stays readable offline.
+        st.refetch_at_close();
+    }
+    match followed {
+        Ok(true) => return,
+        Ok(false) => {}
+        Err(e) => {
             tracing::warn!("cache update after a write failed: {e}");
+            Stats::add(&sb.stats().cache_errors, 1);
         }
     }
+    // Somebody else changed the file too (or there was no object): start an empty
+    // object for the new version, holding at least what we just wrote.
+    let (file_id, v, size) = (w.attr.file_id, w.attr.version, w.attr.size);
+    if let Some(fresh) = sb.objects().replace_object(&mut st, file_id, v, size)
+        && let Err(e) = fresh.apply_write(v, w.offset, data, v, size)
+    {
+        tracing::warn!("cache update after a write failed: {e}");
+    }
+}
 
+impl Writes {
     /// Has an origin that publishes whole files (S3) publish `node`'s writes.
     pub(crate) fn publish(&self, sb: &Superblock, node: &Node) -> FsResult<()> {
         if !sb.origin().publishes_on_close()
@@ -282,6 +431,7 @@ impl Writes {
     /// (once) if writes to it were acknowledged by a server instance that may have lost
     /// them (module `durability`).
     pub(crate) fn fsync(&self, sb: &Superblock, ino: Ino, datasync: bool) -> FsResult<()> {
+        self.report(ino, true)?;
         let node = sb.node(ino)?;
         if let Some(p) = Offline::of(sb).staged(&node) {
             // Durable on this client's disk; it reaches the origin at reintegration.
@@ -329,6 +479,16 @@ impl Writes {
         let Some(of) = of.filter(|of| of.access.write) else {
             return Ok(());
         };
+        // Close-to-open: every byte written is on the server when a close by the writing
+        // process returns (whichever of its threads closes), and a write that did not get
+        // there fails it. Another process closing a copy of the descriptor (a child at
+        // exec) does not wait, and is told of a failure already known without taking the
+        // report from the writer.
+        let writer = of.closed_in_writer_process(pid);
+        self.report(ino, writer)?;
+        if writer {
+            seal(&of.node);
+        }
         if let Some(p) = Offline::of(sb).staged(&of.node) {
             // As a local file system would not, but as close-to-open promises:
             // what was written is durable (here) once close returns.
@@ -362,6 +522,11 @@ impl Writes {
 
     /// The last open of `ino` for writing was released (module `durability`).
     pub(crate) fn released(&self, sb: &Superblock, ino: Ino) {
+        if let Some(b) = &self.behind {
+            // A failure the closes reported to copies of the writer's descriptor but the
+            // writer never took: the next writer is not blamed for it.
+            b.forget(ino);
+        }
         self.durability.released(ino, sb.verifier());
     }
 

@@ -21,6 +21,7 @@ pub(crate) fn access(flags: i32) -> Access {
         read: flags & libc::O_ACCMODE != libc::O_WRONLY,
         write: flags & libc::O_ACCMODE != libc::O_RDONLY,
         append: flags & libc::O_APPEND != 0,
+        sync: flags & (libc::O_SYNC | libc::O_DSYNC | libc::O_DIRECT) != 0,
     }
 }
 

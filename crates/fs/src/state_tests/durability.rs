@@ -9,7 +9,13 @@ use super::*;
 
 #[test]
 fn a_loss_is_told_to_every_close_cleared_by_the_writers_and_forgotten_at_release() {
-    let (r, reg, f) = cached_file(b"journal", false, config(Duration::ZERO));
+    // (Each write on the server when it returns; the same with writes queued behind
+    // the writer: `state_tests::write_behind`.)
+    let through = FsConfig {
+        write_back: crate::WriteBack::Through,
+        ..config(Duration::ZERO)
+    };
+    let (r, reg, f) = cached_file(b"journal", false, through);
     let (o, _) = open_read(&r, f, WRITE, &reg);
     let (writer, child) = (7, 8);
     r.fs.write(o.fh, 0, b"acknowledged", writer).unwrap();

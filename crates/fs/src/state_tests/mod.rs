@@ -12,6 +12,7 @@ mod offline;
 mod offline_names;
 mod read_into;
 mod trees;
+mod write_behind;
 
 use std::fs::File;
 use std::path::Path;
@@ -372,11 +373,13 @@ const READ: Access = Access {
     read: true,
     write: false,
     append: false,
+    sync: false,
 };
 const WRITE: Access = Access {
     read: true,
     write: true,
     append: false,
+    sync: false,
 };
 
 #[test]
@@ -569,6 +572,7 @@ fn open_modes_follow_the_cache_and_the_other_opens() {
         read: true,
         write: true,
         append: true,
+        sync: false,
     };
     let (a, _) = open_read(&r, f, append, &reg);
     assert_eq!((kind(&w), kind(&a)), ("cached+keep", "direct"));

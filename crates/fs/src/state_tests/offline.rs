@@ -120,6 +120,13 @@ fn a_damaged_namespace_file_is_refused_whole() {
 /// A mount with offline writes on (its log in the rig's directory) of an export holding
 /// `f` (`data`), read whole so that it is cached.
 pub(super) fn offline_rig(data: &[u8]) -> (Rig, Registrar, Ino) {
+    // Writes through: each meets the origin in the state the test switched it to (queued
+    // writes over the offline log: `state_tests::write_behind`).
+    offline_rig_with(data, crate::WriteBack::Through)
+}
+
+/// [`offline_rig`] whose writes reach the origin as `write_back` says.
+pub(super) fn offline_rig_with(data: &[u8], write_back: crate::WriteBack) -> (Rig, Registrar, Ino) {
     let dir = tempfile::tempdir().unwrap();
     let export = dir.path().join("export");
     std::fs::create_dir(&export).unwrap();
@@ -131,6 +138,7 @@ pub(super) fn offline_rig(data: &[u8]) -> (Rig, Registrar, Ino) {
         offline_writes: true,
         host: "testhost".into(),
         passthrough: false,
+        write_back,
         ..config(Duration::ZERO)
     };
     let fs = HoardFs::new(origin.clone(), Some(cache), config).unwrap();

@@ -1,0 +1,123 @@
+//! Writes behind the writer (`--write-back close`, the default): many small writes reach
+//! the server in few requests, and are all there when `close()` returns (another client
+//! opening the file afterwards reads every byte); a `stat` in between shows every byte
+//! written so far; a lock release comes after the writes made under it; `--write-back
+//! through` still sends one request per write.
+
+mod common;
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+
+use common::rig::*;
+use common::*;
+
+/// 8 MiB in 4 KiB writes through one client, closed; read by another.
+#[test]
+fn small_writes_go_in_few_requests_and_another_client_reads_them_all_after_close() {
+    let r = rig();
+    let b = r.second_client(&[]);
+    let data = bytes(1, 8 << 20);
+    let before = counter(&r.m, "writes");
+    let mut f = File::create(r.m.p("log")).unwrap();
+    for piece in data.chunks(4096) {
+        f.write_all(piece).unwrap();
+    }
+    close_checked(f).unwrap();
+    // Close-to-open: the other client opens after the close and reads every byte.
+    assert_content("the other client", &b.p("log"), &data);
+    assert_content("the server", &r.srv("log"), &data);
+    // (How many go in one request depends on how fast the writer is against a round
+    // trip: one in flight per file, the next batch gathering meanwhile.)
+    let sent = counter(&r.m, "writes") - before;
+    assert!(
+        sent <= 2048 / 4,
+        "2,048 writes of 4 KiB took {sent} requests to the server"
+    );
+    assert_eq!(stats(&r.m)["unsent_write_bytes"].as_u64(), Some(0));
+}
+
+/// A `stat` while writes are queued shows the size the writer made (its writes reached
+/// the server first), on this client and then on the other.
+#[test]
+fn a_stat_between_writes_shows_every_byte_written_so_far() {
+    let r = rig();
+    let b = r.second_client(&[]);
+    let mut f = File::create(r.m.p("grows")).unwrap();
+    let mut written = 0u64;
+    for round in 0..8u64 {
+        for piece in bytes(round, 1 << 20).chunks(4096) {
+            f.write_all(piece).unwrap();
+        }
+        written += 1 << 20;
+        assert_eq!(std::fs::metadata(r.m.p("grows")).unwrap().len(), written);
+        assert_eq!(std::fs::metadata(r.srv("grows")).unwrap().len(), written);
+        assert_soon(
+            "the other client sees the size",
+            || match std::fs::metadata(b.p("grows")).map(|m| m.len()) {
+                Ok(n) if n == written => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+        );
+    }
+    close_checked(f).unwrap();
+}
+
+/// Writes made under an exclusive lock are on the server when the lock is released:
+/// a process on the other client taking the lock next reads them (as on NFS).
+#[test]
+fn writes_under_a_lock_reach_the_next_holder_on_another_client() {
+    let r = rig_with(
+        |exp| std::fs::write(exp.join("counter"), b"0000000000").unwrap(),
+        &[],
+        &[],
+    );
+    let b = r.second_client(&[]);
+    let (fa, fb) = (
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(r.m.p("counter"))
+            .unwrap(),
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(b.p("counter"))
+            .unwrap(),
+    );
+    let bump = |f: &File| {
+        flock(f, libc::LOCK_EX);
+        let mut buf = [0u8; 10];
+        f.read_exact_at(&mut buf, 0).unwrap();
+        let n: u64 = std::str::from_utf8(&buf).unwrap().parse().unwrap();
+        f.write_all_at(format!("{:010}", n + 1).as_bytes(), 0)
+            .unwrap();
+        flock(f, libc::LOCK_UN);
+    };
+    for _ in 0..50 {
+        bump(&fa);
+        bump(&fb);
+    }
+    assert_eq!(std::fs::read(r.srv("counter")).unwrap(), b"0000000100");
+}
+
+fn flock(f: &File, op: i32) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock(2) on a descriptor we own.
+    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), op) }, 0, "flock");
+}
+
+/// `--write-back through`: one request per write, each on the server when it returns.
+#[test]
+fn write_back_through_sends_every_write_before_it_returns() {
+    let r = rig_with(|_| {}, &[], &["--write-back", "through"]);
+    let before = counter(&r.m, "writes");
+    let mut f = File::create(r.m.p("f")).unwrap();
+    for i in 0..20u64 {
+        f.write_all(&bytes(i, 4096)).unwrap();
+        assert_eq!(std::fs::metadata(r.srv("f")).unwrap().len(), (i + 1) * 4096);
+    }
+    close_checked(f).unwrap();
+    assert_eq!(counter(&r.m, "writes") - before, 20);
+}
