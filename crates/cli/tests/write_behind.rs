@@ -121,3 +121,74 @@ fn write_back_through_sends_every_write_before_it_returns() {
     close_checked(f).unwrap();
     assert_eq!(counter(&r.m, "writes") - before, 20);
 }
+
+/// A writer killed (`kill -9`) right after its close returned, and one killed in the
+/// middle of its writes: what close acknowledged is on the server, and so is every write
+/// the killed writer was told was made (the kernel closes its descriptor; the mount sends
+/// what was queued).
+#[test]
+fn a_killed_writer_loses_nothing_it_was_told_was_written() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let r = rig();
+    // Writes 4 KiB blocks of byte i % 251; says "wrote N" after every 256 of them and
+    // "closed" after its close returned, then waits to be killed.
+    const WRITER: &str = r#"
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+for i in range(int(sys.argv[2])):
+    os.write(fd, bytes([i % 251]) * 4096)
+    if i % 256 == 255:
+        print("wrote", i + 1, flush=True)
+os.close(fd)
+print("closed", flush=True)
+time.sleep(600)
+"#;
+    let expected = |blocks: usize| -> Vec<u8> {
+        (0..blocks)
+            .flat_map(|i| std::iter::repeat_n((i % 251) as u8, 4096))
+            .collect()
+    };
+    let run = |name: &str, blocks: usize, until: &str| -> usize {
+        let mut child = Command::new("python3")
+            .args([
+                "-c",
+                WRITER,
+                r.m.p(name).to_str().unwrap(),
+                &blocks.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut told = 0;
+        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+            let line = line.unwrap();
+            if let Some(n) = line.strip_prefix("wrote ") {
+                told = n.parse().unwrap();
+            }
+            if line.starts_with(until) {
+                break;
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        told
+    };
+    // Killed after its close returned: every byte is on the server already.
+    run("closed", 2048, "closed");
+    assert_content("the server after close", &r.srv("closed"), &expected(2048));
+    // Killed while writing: the first 1,024 blocks it was told were written get there.
+    let told = run("cut", 1 << 20, "wrote 1024");
+    assert!(told >= 1024);
+    let on_mount = std::fs::metadata(r.m.p("cut")).unwrap().len() as usize;
+    assert!(
+        on_mount >= told * 4096,
+        "{on_mount} bytes after {told} blocks"
+    );
+    let server = std::fs::read(r.srv("cut")).unwrap();
+    assert_eq!(server.len(), on_mount, "a stat waits for the queued writes");
+    assert!(
+        server[..on_mount] == expected(on_mount / 4096)[..],
+        "the server holds other bytes"
+    );
+}
