@@ -5,7 +5,8 @@
 //! - [`Superblock`](crate::superblock::Superblock): what this client knows of the export
 //!   (nodes, names, attributes, listings, callbacks, the offline log) and the origin;
 //! - [`Reads`](crate::read::Reads): open files, passthrough, fetches and readahead;
-//! - [`Writes`](crate::write::Writes): writes through, attribute changes, durability;
+//! - [`Writes`](crate::write::Writes): writes (queued behind the writer, or through),
+//!   attribute changes, durability;
 //! - [`Names`](crate::namespace::Names): creations, removals, renames, hidden names.
 //!
 //! A family never calls another; where an operation needs two (a release publishes
@@ -226,6 +227,9 @@ impl HoardFs {
     /// Settles the writes queued for the file open as `fh`: a read the daemon serves
     /// finds them in the cache or on the origin.
     fn settle_open(&self, fh: FileHandle) {
+        if self.writes.unsent() == 0 {
+            return;
+        }
         if let Ok(of) = self.reads.open_file(fh) {
             self.writes.settle(of.node.ino);
         }
@@ -233,13 +237,18 @@ impl HoardFs {
 
     /// Closes open file `fh`.
     pub fn release(&self, fh: FileHandle) {
+        if let Ok(of) = self.reads.open_file(fh)
+            && of.access.write
+        {
+            // (Writes of a shared mapping may come after the last close; and they reach
+            // the server before the locks taken through this open go.)
+            self.writes.settle(of.node.ino);
+        }
         self.locks.released(&self.sb, fh);
         let Some(of) = self.reads.files.remove(fh) else {
             return;
         };
         if of.access.write {
-            // (Writes of a shared mapping may come after the last close.)
-            self.writes.settle(of.node.ino);
             write::seal(&of.node);
         }
         if of.access.write
@@ -401,7 +410,10 @@ impl HoardFs {
     /// Releases the locks of `kind` `owner` holds on `ino` and ends its waits (the file
     /// was closed); sends nothing if it never locked it.
     pub fn unlock_all(&self, ino: Ino, kind: hoardfs_origin::LockKind, owner: u64) {
-        self.locks.unlock_all(&self.sb, ino, kind, owner);
+        // What was written under the locks reaches the server before they go (only where
+        // the owner may hold one: every close comes here, a child's at exec too).
+        self.locks
+            .unlock_all(&self.sb, ino, kind, owner, || self.writes.settle(ino));
     }
 
     /// Value of extended attribute `name`.
@@ -528,6 +540,8 @@ impl HoardFs {
 
     /// Creates hard link `parent/name` to `ino`.
     pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> FsResult<NodeEntry> {
+        // (The reply carries the file's size: the server's once its writes reached it.)
+        self.writes.settle(ino);
         self.names.link(&self.sb, ino, parent, name)
     }
 

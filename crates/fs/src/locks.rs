@@ -210,8 +210,16 @@ impl Locks {
     }
 
     /// Releases what `owner` holds on `ino` and ends its waits, if it ever locked it
-    /// (a close: nothing is sent otherwise).
-    pub(crate) fn unlock_all(&self, sb: &Superblock, ino: Ino, kind: LockKind, owner: u64) {
+    /// (a close: nothing is sent otherwise); `before` runs first then (the file's queued
+    /// writes go to the server before its locks).
+    pub(crate) fn unlock_all(
+        &self,
+        sb: &Superblock,
+        ino: Ino,
+        kind: LockKind,
+        owner: u64,
+        before: impl FnOnce(),
+    ) {
         {
             let mut held = self.held.lock();
             if kind == LockKind::Posix {
@@ -224,6 +232,7 @@ impl Locks {
         let (Some(locks), Ok(node)) = (sb.origin().locks(), sb.node(ino)) else {
             return;
         };
+        before();
         if let Err(e) = sb.with_handle(&node, |h| locks.unlock_all(h, kind, owner)) {
             // The server releases them with the connection; nothing else to do here.
             tracing::debug!(ino, "releasing the locks of a closed file: {e}");
@@ -231,7 +240,8 @@ impl Locks {
     }
 
     /// Open file `fh` is released: POSIX owners that locked through no other open file
-    /// since they last released everything are released.
+    /// since they last released everything are released. (The caller settled the file's
+    /// queued writes first.)
     pub(crate) fn released(&self, sb: &Superblock, fh: FileHandle) {
         let done: Vec<(Ino, u64)> = {
             let mut held = self.held.lock();
@@ -248,7 +258,7 @@ impl Locks {
                 .collect()
         };
         for (ino, owner) in done {
-            self.unlock_all(sb, ino, LockKind::Posix, owner);
+            self.unlock_all(sb, ino, LockKind::Posix, owner, || {});
         }
     }
 
