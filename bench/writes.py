@@ -17,7 +17,9 @@ directory; medians. Workloads, each ending durable (fsync, or syncfs of the tree
 
 The local disk is timed with the same final fsync/syncfs ("local+sync"; the ratio's
 base) and without it. After each hoardfs round, a second mount checks that the bytes
-are there (close-to-open). Run as root: python3 bench/writes.py. JSON in bench/out/.
+are there (close-to-open). `--rate 100mbit` puts the server (and sshfs's sftp-server) in
+a network namespace behind a veth pair shaped to that rate each way (seed000.py's link)
+instead of loopback. Run as root: python3 bench/writes.py. JSON in bench/out/.
 """
 
 import argparse
@@ -31,6 +33,7 @@ import sys
 import tempfile
 import time
 
+import seed000
 from loopback import wait_line, wait_mounted
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,9 +115,17 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--lines", type=int, default=20000)
     ap.add_argument("--no-sshfs", action="store_true")
+    ap.add_argument("--rate", help="shape the link to this rate (e.g. 100mbit) in a "
+                    "network namespace instead of loopback")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "out"))
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="hoardfs-writes-", dir="/var/tmp")
+    host, ns = "127.0.0.1", (lambda *cmd: list(cmd))
+    if args.rate:
+        seed000.WORK, seed000.PIDFILE = work, os.path.join(work, "pids.json")
+        seed000.clean_leftovers()
+        seed000.setup_network(args.rate)
+        host, ns = seed000.SRV_IP, seed000.in_ns
     exp, local = os.path.join(work, "export"), os.path.join(work, "local")
     for d in (exp, local):
         os.makedirs(d)
@@ -122,9 +133,9 @@ def main():
     sh(["git", "-C", REPO, "archive", "-o", tarball, "HEAD"])
     procs, mounts = [], {}
     try:
-        srv = subprocess.Popen([args.binary, "serve", exp, "--listen", f"127.0.0.1:{PORT}",
-                                "--allow-unauthenticated", "--squash", "none",
-                                "--state-dir", os.path.join(work, "state")],
+        srv = subprocess.Popen(ns(args.binary, "serve", exp, "--listen", f"{host}:{PORT}",
+                                  "--allow-unauthenticated", "--squash", "none",
+                                  "--state-dir", os.path.join(work, "state")),
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         procs.append(srv)
         wait_line(srv, "hoardfs: serving", "server")
@@ -132,7 +143,7 @@ def main():
                             ("check", [])):
             mnt = os.path.join(work, f"mnt-{name}")
             os.makedirs(mnt)
-            m = subprocess.Popen([args.binary, "mount", f"127.0.0.1:{PORT}", mnt,
+            m = subprocess.Popen([args.binary, "mount", f"{host}:{PORT}", mnt,
                                   "--cache-dir", os.path.join(work, f"cache-{name}"), *extra],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             procs.append(m)
@@ -140,13 +151,13 @@ def main():
             mounts[name] = mnt
         if not args.no_sshfs:
             sftp = shutil.which("sftp-server") or "/usr/lib/openssh/sftp-server"
-            procs.append(subprocess.Popen(["socat", f"TCP-LISTEN:{SFTP_PORT},bind=127.0.0.1,"
-                                           "reuseaddr,fork", f"EXEC:{sftp}"]))
+            procs.append(subprocess.Popen(ns("socat", f"TCP-LISTEN:{SFTP_PORT},bind={host},"
+                                             "reuseaddr,fork", f"EXEC:{sftp}")))
             time.sleep(0.5)
             mnt = os.path.join(work, "mnt-sshfs")
             os.makedirs(mnt)
             m = subprocess.Popen(["sshfs", "-f", "-o", f"directport={SFTP_PORT}",
-                                  f"127.0.0.1:{exp}", mnt], stdout=subprocess.DEVNULL,
+                                  f"{host}:{exp}", mnt], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
             procs.append(m)
             wait_mounted(m, mnt, "sshfs")
@@ -155,8 +166,9 @@ def main():
                    ("hoardfs --write-back through", mounts["through"])]
         if "sshfs" in mounts:
             systems.append(("sshfs", mounts["sshfs"]))
+        link = f"veth shaped to {args.rate}" if args.rate else "loopback"
         res = {"time": time.strftime("%Y%m%d-%H%M%S"), "binary": args.binary,
-               "transport": "TLS (default), loopback", "rounds": args.rounds, "rows": {}}
+               "transport": f"TLS (default), {link}", "rounds": args.rounds, "rows": {}}
         for wl, fn in workloads(tarball, args.lines).items():
             row = res["rows"][wl] = {}
             for sysname, root in systems:
@@ -178,6 +190,8 @@ def main():
             subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
         for p in procs:
             p.kill()
+        if args.rate:
+            seed000.clean_leftovers()
         shutil.rmtree(work, ignore_errors=True)
     names = [s for s, _ in systems]
     print()

@@ -192,3 +192,40 @@ time.sleep(600)
         "the server holds other bytes"
     );
 }
+
+/// Files with queued writes whose server stopped answering (SIGSTOP: the connection stays
+/// up, nothing answers): every file's data is refused at its write or at its close (EIO),
+/// after one wait for the server (15 s), not one wait per file (16 files and 4 senders
+/// would take a minute).
+#[test]
+fn files_written_to_a_server_that_stopped_answering_fail_after_one_wait() {
+    let r = rig_with(|_| {}, &[], &["--timeout", "2"]);
+    let files: Vec<File> = (0..16)
+        .map(|i| File::create(r.m.p(&format!("f{i}"))).unwrap())
+        .collect();
+    // SAFETY: kill(2) on the test's own server process.
+    unsafe { libc::kill(r.srv.pid() as libc::pid_t, libc::SIGSTOP) };
+    let started = std::time::Instant::now();
+    // Queued while the mount believes the server there (the first send has 2 s to fail);
+    // refused at once after.
+    let wrote: Vec<_> = files
+        .iter()
+        .enumerate()
+        .map(|(i, mut f)| f.write_all(&bytes(i as u64, 64 << 10)))
+        .collect();
+    let queued = wrote.iter().filter(|w| w.is_ok()).count();
+    for (i, (f, wrote)) in files.into_iter().zip(wrote).enumerate() {
+        match (wrote, close_checked(f)) {
+            (Err(e), _) | (Ok(()), Err(e)) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}")
+            }
+            (Ok(()), Ok(())) => panic!("file {i}: write and close succeeded"),
+        }
+    }
+    let took = started.elapsed();
+    // (Let the server be killed at the end.)
+    // SAFETY: as above.
+    unsafe { libc::kill(r.srv.pid() as libc::pid_t, libc::SIGCONT) };
+    assert!(queued > 8, "only {queued} files had their writes queued");
+    assert!(took < std::time::Duration::from_secs(40), "{took:?}");
+}

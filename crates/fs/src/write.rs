@@ -1,11 +1,14 @@
 //! Writes, attribute changes, fsync and extended attributes.
 //!
-//! Writes go through: each one reaches the origin before it returns, so nothing is lost at
-//! `close()` and every error (`ENOSPC`, `EDQUOT`, `EACCES`...) reaches the writer at the
-//! `write()` it belongs to. The written bytes also land in the cached object when the
-//! origin says nobody else changed the file in between (the object then moves to the new
-//! version in place), so reading them back is a cache hit; otherwise the object is replaced
-//! by an empty one for the new version.
+//! A write is queued behind the writer (`crate::write_behind`; `--write-back close`, the
+//! default) and sent by a sender thread through [`write_through`], or, with `--write-back
+//! through` (and for `O_SYNC` opens, files staged offline, a mount that believes the origin
+//! gone), sent before `write()` returns, so that every error (`ENOSPC`, `EDQUOT`,
+//! `EACCES`...) reaches the `write()` it belongs to. Close by the writing process and fsync
+//! wait for the queued writes and report one that failed. The written bytes also land in
+//! the cached object when the origin says nobody else changed the file in between (the
+//! object then moves to the new version in place), so reading them back is a cache hit;
+//! otherwise the object is replaced by an empty one for the new version.
 //!
 //! Lock ordering: as in `read`, a node's `state` lock is held across disk I/O only to
 //! replace or update that node's cached object (never across origin round trips).
@@ -66,11 +69,12 @@ impl Writes {
             && !sb.origin().publishes_on_close())
         .then(|| {
             let (sb, durability) = (Arc::downgrade(sb), durability.clone());
+            let gave_up = GaveUp::default();
             let send: write_behind::Send = Arc::new(move |b: &Batch| {
                 let Some(sb) = sb.upgrade() else {
                     return Err(FsError::Offline("the mount is gone".into()));
                 };
-                send_batch(&sb, &durability, b)
+                send_batch(&sb, &durability, &gave_up, b)
             });
             WriteBehind::new(send, BEHIND_LIMIT)
         });
@@ -158,7 +162,12 @@ impl Writes {
 
 /// Sends queued batch `b` through to the origin, all of it (the origin may take less
 /// than it was given in one write).
-fn send_batch(sb: &Superblock, durability: &Durability, b: &Batch) -> FsResult<()> {
+fn send_batch(
+    sb: &Superblock,
+    durability: &Durability,
+    gave_up: &GaveUp,
+    b: &Batch,
+) -> FsResult<()> {
     let mut done = 0;
     while done < b.data.len() {
         let rest = &b.data[done..];
@@ -167,7 +176,7 @@ fn send_batch(sb: &Superblock, durability: &Durability, b: &Batch) -> FsResult<(
             // (Not tried twice: a write whose reply was lost may have been appended.)
             write_through(sb, durability, &b.of, at, rest)?
         } else {
-            resent(sb, || {
+            resent(sb, gave_up, || {
                 retried(|| write_through(sb, durability, &b.of, at, rest))
             })?
         };
@@ -183,19 +192,43 @@ fn send_batch(sb: &Superblock, durability: &Durability, b: &Batch) -> FsResult<(
 /// restarting, a connection lost), as an NFS client retransmits; then it fails.
 const RESEND_FOR: std::time::Duration = std::time::Duration::from_secs(15);
 
+/// When a queued write last stopped waiting for an unreachable origin: for
+/// [`RESEND_FOR`] after that, others try once instead of waiting too (an unmount, or a
+/// close of many files, against a server that is gone takes one wait, not one per file).
+#[derive(Default)]
+struct GaveUp(parking_lot::Mutex<Option<std::time::Instant>>);
+
 /// Runs `send` (a write that may be made twice) until it is not refused for the origin
-/// being unreachable, for at most [`RESEND_FOR`]. (The write verifier tells whether a
-/// server that came back lost what it had acknowledged: see `durability`.)
-fn resent(sb: &Superblock, mut send: impl FnMut() -> FsResult<u32>) -> FsResult<u32> {
+/// being unreachable, for at most [`RESEND_FOR`] (see [`GaveUp`]). (The write verifier
+/// tells whether a server that came back lost what it had acknowledged: see
+/// `durability`.)
+fn resent(
+    sb: &Superblock,
+    gave_up: &GaveUp,
+    mut send: impl FnMut() -> FsResult<u32>,
+) -> FsResult<u32> {
     let started = std::time::Instant::now();
+    let wait = match *gave_up.0.lock() {
+        Some(t) if t.elapsed() < RESEND_FOR => std::time::Duration::ZERO,
+        _ => RESEND_FOR,
+    };
     loop {
         match send() {
-            Err(FsError::Offline(why)) if started.elapsed() < RESEND_FOR => {
+            Err(FsError::Offline(why)) if started.elapsed() < wait => {
                 tracing::debug!("a queued write waits for the server: {why}");
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 sb.origin().reconnect_now();
             }
-            r => return r,
+            Err(FsError::Offline(why)) => {
+                *gave_up.0.lock() = Some(std::time::Instant::now());
+                return Err(FsError::Offline(why));
+            }
+            r => {
+                if r.is_ok() {
+                    *gave_up.0.lock() = None;
+                }
+                return r;
+            }
         }
     }
 }
