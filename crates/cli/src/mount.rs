@@ -373,7 +373,7 @@ fn mount_and_serve(args: MountArgs) -> CliResult<()> {
         crate::hoard::start(fs.clone(), info.mountpoint.clone(), hoard);
     }
     unmount_on_signals(session.unmount_callable(), a.mountpoint.clone())?;
-    announce(&a, &info.mountpoint);
+    announce(&a, &info.mountpoint, session.io_uring());
     session
         .run()
         .map_err(|e| format!("FUSE session ended with an error: {e}"))?;
@@ -410,15 +410,22 @@ fn open_cache_dir(dir: &Path, limits: Limits) -> CliResult<CacheDir> {
     open_cache(dir, limits)
 }
 
-/// Says the mount is up: on stdout with `--verbose`, to systemd, and to the parent of a
-/// daemon (which then detaches).
-fn announce(a: &MountArgs, mountpoint: &Path) {
+/// Says the mount is up: on stdout with `--verbose` (with what /dev/fuse costs when
+/// io_uring is off in the kernel), to systemd, and to the parent of a daemon (which then
+/// detaches).
+fn announce(a: &MountArgs, mountpoint: &Path, io_uring: bool) {
     if a.verbose {
         println!(
             "hoardfs: mounted {} on {}",
             a.source,
             a.mountpoint.display()
         );
+        if !io_uring
+            && a.fuse_transport == crate::mount_args::FuseTransport::Auto
+            && let Some(hint) = uring_off_hint()
+        {
+            println!("hoardfs: {hint}");
+        }
         let _ = std::io::stdout().flush();
     }
     MOUNTED.store(true, Ordering::SeqCst);
@@ -632,13 +639,31 @@ fn detach() {
     }
 }
 
+/// The fuse module's switch for FUSE over io_uring.
+const URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// One line saying what serving over /dev/fuse costs and how to turn io_uring on, when
+/// this kernel has FUSE over io_uring but it is off (`None` otherwise). Shown by `mount
+/// -v` and `hoardfs stats`; the mount does not turn it on itself (doc/DESIGN.md).
+pub(crate) fn uring_off_hint() -> Option<String> {
+    let v = std::fs::read_to_string(URING_PARAM).ok()?;
+    (v.trim() == "N").then(|| {
+        format!(
+            "FUSE over io_uring is off in this kernel ({URING_PARAM} is N): each FUSE \
+             request costs about twice its io_uring round trip; as root, echo Y > \
+             {URING_PARAM} and mount again (at boot: options fuse enable_uring=1 in \
+             modprobe.d, or fuse.enable_uring=1 on the kernel command line)"
+        )
+    })
+}
+
 /// The FUSE-over-io_uring configuration for `--fuse-transport`: `None` for /dev/fuse only.
 /// The kernel offers io_uring at INIT only while the fuse module's `enable_uring` parameter
 /// is set, so `io-uring` checks it here to fail with a clear message rather than quietly
 /// serving /dev/fuse.
 fn ring_config(t: crate::mount_args::FuseTransport) -> CliResult<Option<fuser::RingConfig>> {
     use crate::mount_args::FuseTransport;
-    const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+    const PARAM: &str = URING_PARAM;
     let rc = fuser::RingConfig::default();
     match t {
         FuseTransport::DevFuse => Ok(None),

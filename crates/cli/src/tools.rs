@@ -258,7 +258,12 @@ pub fn stats(a: StatsArgs) -> CliResult<()> {
             "  FUSE requests: over io_uring ({} so far)",
             v["fuse"]["ring_requests"].as_u64().unwrap_or(0)
         ),
-        Some(_) => println!("  FUSE requests: over /dev/fuse"),
+        Some(_) => {
+            println!("  FUSE requests: over /dev/fuse");
+            if let Some(hint) = crate::mount::uring_off_hint() {
+                println!("    ({hint})");
+            }
+        }
         None => {}
     }
     if v["cache"].is_object() {

@@ -242,3 +242,25 @@ fn io_uring_asked_of_a_kernel_without_it_fails_the_mount_clearly() {
     let err = mount_over_io_uring(&srv.addr, t.path()).expect_err("the mount must fail");
     assert!(err.contains("enable_uring"), "{err}");
 }
+
+/// While the kernel has FUSE over io_uring but it is off, `hoardfs stats` says what
+/// /dev/fuse costs and how to turn io_uring on (a default mount uses it when it is on).
+#[test]
+fn stats_say_how_to_turn_io_uring_on_while_it_is_off() {
+    require_fuse();
+    let _lock = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Ok(old) = std::fs::read_to_string(PARAM) else {
+        eprintln!("SKIPPED: this kernel has no FUSE over io_uring ({PARAM})");
+        return;
+    };
+    std::fs::write(PARAM, "N").unwrap();
+    let _restore = UringParam(Some(old));
+    let r = rig();
+    let (ok, out, err) = tool(&["stats", r.m.path.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("FUSE requests: over /dev/fuse"), "{out}");
+    assert!(
+        out.contains(&format!("echo Y > {PARAM}")),
+        "no word on turning io_uring on: {out}"
+    );
+}
