@@ -116,40 +116,43 @@ impl WriteBehind {
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         if added == Added::Schedule {
             q.ready.push_back(ino);
-            if q.idle == 0 && q.senders < SENDERS {
-                self.start_sender(&mut q)?;
+            if q.idle == 0
+                && q.senders < SENDERS
+                && let Err(e) = self.start_sender(&mut q)
+            {
+                // Nobody would ever send it: taken back (the file was idle, so this write
+                // is all it holds), and the write fails.
+                q.ready.retain(|&i| i != ino);
+                q.files.remove(&ino);
+                q.bytes -= data.len();
+                self.inner
+                    .unsent
+                    .fetch_sub(data.len() as u64, Ordering::Relaxed);
+                return Err(e);
             }
             self.inner.work.notify_one();
         }
         Ok(())
     }
 
-    /// Starts one more sender thread.
+    /// Starts one more sender thread; fails only if none is running at all (the running
+    /// ones get to the file in time otherwise).
     fn start_sender(&self, q: &mut MutexGuard<'_, Queues>) -> FsResult<()> {
         let inner = self.inner.clone();
-        let t = std::thread::Builder::new()
+        let started = std::thread::Builder::new()
             .name("hoardfs-send".into())
-            .spawn(move || inner.run())
-            .map_err(|e| FsError::Thread {
-                what: "write sender",
-                source: Shared::new(e),
-            });
-        match t {
+            .spawn(move || inner.run());
+        match started {
             Ok(t) => {
                 q.senders += 1;
                 self.threads.lock().push(t);
                 Ok(())
             }
-            // The running senders get to the file in time.
             Err(_) if q.senders > 0 => Ok(()),
-            Err(e) => {
-                // Nobody would ever send what was just queued: take it back.
-                let ino = q.ready.pop_back();
-                if let Some(f) = ino.and_then(|i| q.files.remove(&i)) {
-                    drop(f);
-                }
-                Err(e)
-            }
+            Err(e) => Err(FsError::Thread {
+                what: "write sender",
+                source: Shared::new(e),
+            }),
         }
     }
 
