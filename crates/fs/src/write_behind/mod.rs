@@ -47,6 +47,8 @@ struct Queues {
     ready: VecDeque<Ino>,
     /// Bytes queued or being sent.
     bytes: usize,
+    /// Writes queued so far (the number of the latest: see `FileQueue`).
+    written: u64,
     /// Sender threads started, and how many wait for work.
     senders: usize,
     idle: usize,
@@ -81,6 +83,7 @@ impl WriteBehind {
                     files: HashMap::new(),
                     ready: VecDeque::new(),
                     bytes: 0,
+                    written: 0,
                     senders: 0,
                     idle: 0,
                     stopping: false,
@@ -109,7 +112,13 @@ impl WriteBehind {
         while q.bytes + data.len() > self.inner.limit && q.bytes > 0 {
             self.inner.sent.wait(&mut q);
         }
-        let (_, added) = q.files.entry(ino).or_default().add(of, &by, offset, data);
+        q.written += 1;
+        let seq = q.written;
+        let added = q
+            .files
+            .entry(ino)
+            .or_insert_with(|| FileQueue::after(seq - 1))
+            .add(of, &by, offset, data, seq);
         q.bytes += data.len();
         self.inner
             .unsent

@@ -58,22 +58,25 @@ enum Flight {
 pub(crate) struct FileQueue {
     queued: VecDeque<Batch>,
     flight: Flight,
-    /// Writes added so far (numbers each one, so that a barrier waits only for the writes
-    /// made before it).
+    /// The number of the latest write added (writes are numbered for the whole mount, so
+    /// that a barrier waits only for the writes made before it, also when the file's queue
+    /// was dropped and made again meanwhile).
     added: u64,
-    /// Writes sent (or given up on) so far, in order.
+    /// The number up to which this file's writes were sent (or given up on).
     done: u64,
     /// The first failure not yet reported.
     failed: Option<FsError>,
 }
 
-impl Default for FileQueue {
-    fn default() -> Self {
+impl FileQueue {
+    /// An empty queue made when the mount's writes had reached number `seq` (every earlier
+    /// write of the file is sent: its queue was spent).
+    pub(crate) fn after(seq: u64) -> Self {
         FileQueue {
             queued: VecDeque::new(),
             flight: Flight::Idle,
-            added: 0,
-            done: 0,
+            added: seq,
+            done: seq,
             failed: None,
         }
     }
@@ -89,17 +92,19 @@ pub(crate) enum Added {
 }
 
 impl FileQueue {
-    /// Queues `data` written at `offset` through `of` by `caller`; returns the number of the
-    /// write and whether the file must be handed to a sender.
+    /// Queues `data` written at `offset` through `of` by `caller` as write number `seq` (the
+    /// mount's, larger than any before); returns whether the file must be handed to a
+    /// sender.
     pub(crate) fn add(
         &mut self,
         of: &Arc<OpenFile>,
         caller: &Arc<Caller>,
         offset: u64,
         data: &[u8],
-    ) -> (u64, Added) {
-        self.added += 1;
-        let seq = self.added;
+        seq: u64,
+    ) -> Added {
+        debug_assert!(seq > self.added);
+        self.added = seq;
         match self.queued.back_mut() {
             Some(last) if last.takes(of, caller, offset, data.len()) => {
                 last.data.extend_from_slice(data);
@@ -115,9 +120,9 @@ impl FileQueue {
         }
         if self.flight == Flight::Idle {
             self.flight = Flight::Ready;
-            return (seq, Added::Schedule);
+            return Added::Schedule;
         }
-        (seq, Added::Queued)
+        Added::Queued
     }
 
     /// A sender takes the next batch (`None`: nothing left; the file leaves the senders).
@@ -208,6 +213,23 @@ mod tests {
         Arc::new(OpenFile::new(node, ModeKind::Cached, access, None))
     }
 
+    /// The next write number.
+    fn next(n: &mut u64) -> u64 {
+        *n += 1;
+        *n
+    }
+
+    #[test]
+    fn a_queue_made_again_has_reached_every_earlier_write() {
+        // A barrier that took its number from a queue since spent and dropped must not
+        // wait for the new queue's writes to count up to it.
+        let (of, me) = (open(false), user(0));
+        let mut q = FileQueue::after(57);
+        assert!(q.reached(57));
+        assert_eq!(q.add(&of, &me, 0, b"x", 58), Added::Schedule);
+        assert!(q.reached(57) && !q.reached(58));
+    }
+
     fn user(uid: u32) -> Arc<Caller> {
         Arc::new(Caller {
             uid,
@@ -219,13 +241,13 @@ mod tests {
     #[test]
     fn contiguous_writes_of_one_open_and_caller_make_one_batch() {
         let (of, other, me) = (open(false), open(false), user(1000));
-        let mut q = FileQueue::default();
-        assert_eq!(q.add(&of, &me, 0, b"ab").1, Added::Schedule);
-        assert_eq!(q.add(&of, &me, 2, b"cd").1, Added::Queued);
+        let (mut q, mut n) = (FileQueue::after(0), 0);
+        assert_eq!(q.add(&of, &me, 0, b"ab", next(&mut n)), Added::Schedule);
+        assert_eq!(q.add(&of, &me, 2, b"cd", next(&mut n)), Added::Queued);
         // A gap, another open and another user each start a batch of their own.
-        q.add(&of, &me, 10, b"x");
-        q.add(&other, &me, 11, b"y");
-        q.add(&other, &user(1001), 12, b"z");
+        q.add(&of, &me, 10, b"x", next(&mut n));
+        q.add(&other, &me, 11, b"y", next(&mut n));
+        q.add(&other, &user(1001), 12, b"z", next(&mut n));
         let b = q.take().unwrap();
         assert_eq!((b.offset, &b.data[..]), (0, &b"abcd"[..]));
         q.sent(&b, Ok(()));
@@ -243,9 +265,9 @@ mod tests {
     #[test]
     fn appends_coalesce_whatever_offset_the_kernel_guessed() {
         let (of, me) = (open(true), user(0));
-        let mut q = FileQueue::default();
-        q.add(&of, &me, 5, b"one\n");
-        q.add(&of, &me, 5, b"two\n");
+        let (mut q, mut n) = (FileQueue::after(0), 0);
+        q.add(&of, &me, 5, b"one\n", next(&mut n));
+        q.add(&of, &me, 5, b"two\n", next(&mut n));
         let b = q.take().unwrap();
         assert_eq!(&b.data[..], b"one\ntwo\n");
     }
@@ -253,10 +275,10 @@ mod tests {
     #[test]
     fn a_batch_never_grows_past_the_bound() {
         let (of, me) = (open(false), user(0));
-        let mut q = FileQueue::default();
+        let (mut q, mut n) = (FileQueue::after(0), 0);
         let chunk = vec![7u8; BATCH / 2 + 1];
-        q.add(&of, &me, 0, &chunk);
-        q.add(&of, &me, chunk.len() as u64, &chunk);
+        q.add(&of, &me, 0, &chunk, next(&mut n));
+        q.add(&of, &me, chunk.len() as u64, &chunk, next(&mut n));
         assert_eq!(q.take().unwrap().data.len(), chunk.len());
         assert_eq!(q.take().unwrap().offset, chunk.len() as u64);
     }
@@ -264,9 +286,9 @@ mod tests {
     #[test]
     fn a_failure_drops_the_rest_and_is_reported_once() {
         let (of, me) = (open(false), user(0));
-        let mut q = FileQueue::default();
-        q.add(&of, &me, 0, b"a");
-        q.add(&of, &me, 9, b"bc");
+        let (mut q, mut n) = (FileQueue::after(0), 0);
+        q.add(&of, &me, 0, b"a", next(&mut n));
+        q.add(&of, &me, 9, b"bc", next(&mut n));
         let b = q.take().unwrap();
         let dropped = q.sent(&b, Err(FsError::Offline("gone".into())));
         assert_eq!(dropped, 2);
@@ -277,6 +299,6 @@ mod tests {
         assert!(matches!(q.take_failure(), Some(FsError::Offline(_))));
         assert!(q.take_failure().is_none() && q.is_spent());
         // Writes after the report are queued again.
-        assert_eq!(q.add(&of, &me, 0, b"d").1, Added::Schedule);
+        assert_eq!(q.add(&of, &me, 0, b"d", next(&mut n)), Added::Schedule);
     }
 }

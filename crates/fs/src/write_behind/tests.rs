@@ -149,3 +149,48 @@ fn each_batch_is_sent_as_its_writer_and_files_do_not_wait_for_each_other() {
     wb.settle(2);
     assert_eq!(log.lock().len(), 5);
 }
+
+#[test]
+fn barriers_racing_writes_and_closes_always_return() {
+    // A writer closing after every few writes (its queue spent and dropped each time)
+    // while another thread settles the same file: a barrier numbered by an old queue must
+    // not wait for the new one's writes to count up to it (it did, for good: SQLite on
+    // two clients hung in a getattr).
+    let (send, log) = recorder(Duration::from_micros(200), |_| false);
+    let wb = Arc::new(WriteBehind::new(send, 64 << 20));
+    let of = open(4);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (settler_tx, settler_done) = std::sync::mpsc::channel();
+    {
+        let (wb, stop) = (wb.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                wb.settle(4);
+            }
+            settler_tx.send(()).unwrap();
+        });
+    }
+    let (writer_tx, writer_done) = std::sync::mpsc::channel();
+    {
+        let (wb, of) = (wb.clone(), of.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            for round in 0..300u64 {
+                // Fewer writes in a round than in the one before, now and then.
+                for _ in 0..(8 - round % 8) {
+                    wb.queue(&of, n, b"x").unwrap();
+                    n += 1;
+                }
+                wb.report(4, true).unwrap();
+            }
+            writer_tx.send(n).unwrap();
+        });
+    }
+    let written = writer_done.recv_timeout(Duration::from_secs(20));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let settled = settler_done.recv_timeout(Duration::from_secs(5));
+    assert!(written.is_ok(), "the writer's close waited for good");
+    assert!(settled.is_ok(), "a barrier waited for good");
+    let total: usize = log.lock().iter().map(|b| b.2.len()).sum();
+    assert_eq!(total as u64, written.unwrap());
+}
