@@ -412,8 +412,9 @@ impl HoardFs {
     pub fn unlock_all(&self, ino: Ino, kind: hoardfs_origin::LockKind, owner: u64) {
         // What was written under the locks reaches the server before they go (only where
         // the owner may hold one: every close comes here, a child's at exec too).
-        self.locks
-            .unlock_all(&self.sb, ino, kind, owner, || self.writes.settle(ino));
+        self.locks.unlock_all(&self.sb, ino, kind, owner, || {
+            self.writes.settle(ino);
+        });
     }
 
     /// Value of extended attribute `name`.
@@ -572,12 +573,11 @@ impl HoardFs {
     /// the node, its attributes and how long the kernel may cache them.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> FsResult<NodeEntry> {
         let e = self.sb.lookup(parent, name)?;
-        if self.writes.unsent() == 0 {
-            return Ok(e);
-        }
         // A file with writes queued here: its size is the server's once they reached it
         // (the kernel would otherwise shrink the file it knows to an older size).
-        self.writes.settle(e.ino);
+        if !self.writes.settle(e.ino) {
+            return Ok(e);
+        }
         self.sb.lookup(parent, name)
     }
 
@@ -622,12 +622,11 @@ impl HoardFs {
         e: &hoardfs_origin::DirEntry,
     ) -> ListedNode {
         let n = self.sb.remember_entry(dir, listing, e);
-        if self.writes.unsent() == 0 {
-            return n;
-        }
         // A file with writes queued here: the kernel takes a listing's attributes as the
         // file's, so they are the server's once the writes reached it.
-        self.writes.settle(n.ino);
+        if !self.writes.settle(n.ino) {
+            return n;
+        }
         match self.sb.node(n.ino) {
             Ok(node) => ListedNode {
                 attr: node.state.lock().attr(),

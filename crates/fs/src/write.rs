@@ -91,10 +91,9 @@ impl Writes {
 
     /// Waits until every write queued for `ino` reached the origin (or failed: the
     /// failure is reported at the next write, close or fsync).
-    pub(crate) fn settle(&self, ino: Ino) {
-        if let Some(b) = &self.behind {
-            b.settle(ino);
-        }
+    /// Returns whether it had writes queued lately (see [`WriteBehind::settle`]).
+    pub(crate) fn settle(&self, ino: Ino) -> bool {
+        self.behind.as_ref().is_some_and(|b| b.settle(ino))
     }
 
     /// Settles `ino` and reports a queued write that failed (`take`: once; see

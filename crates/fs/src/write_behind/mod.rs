@@ -172,13 +172,15 @@ impl WriteBehind {
 
     /// Waits until every write made to `ino` before the call reached the origin or failed
     /// (a failure stays for [`WriteBehind::report`]).
-    pub(crate) fn settle(&self, ino: Ino) {
+    /// Returns whether the file had a queue (writes queued lately: what was read of it
+    /// before the call may be older than the origin now).
+    pub(crate) fn settle(&self, ino: Ino) -> bool {
         if self.idle() {
-            return;
+            return false;
         }
         let mut q = self.inner.queues.lock();
         let Some(target) = q.files.get(&ino).map(FileQueue::latest) else {
-            return;
+            return false;
         };
         while q.files.get(&ino).is_some_and(|f| !f.reached(target)) {
             self.inner.sent.wait(&mut q);
@@ -186,6 +188,7 @@ impl WriteBehind {
         if q.files.get(&ino).is_some_and(FileQueue::is_spent) {
             q.files.remove(&ino);
         }
+        true
     }
 
     /// Settles `ino` and reports its first failure not yet reported (close, fsync).
