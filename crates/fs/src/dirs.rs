@@ -38,6 +38,9 @@ pub(crate) struct DirState {
     stale: bool,
     /// Names seen in this directory, for offline lookups.
     children: HashMap<Vec<u8>, Ino>,
+    /// Names made or removed through this client so far: a listing fetched while one
+    /// was made does not hold it, and must not replace the listing that does.
+    edits: u64,
 }
 
 impl DirState {
@@ -71,6 +74,16 @@ impl DirState {
     /// The node of `name`, as last seen.
     pub(crate) fn child(&self, name: &[u8]) -> Option<Ino> {
         self.children.get(name).copied()
+    }
+
+    /// How many names were made or removed through this client so far.
+    pub(crate) fn edits(&self) -> u64 {
+        self.edits
+    }
+
+    /// A name was made or removed through this client.
+    pub(crate) fn edited(&mut self) {
+        self.edits += 1;
     }
 
     /// `name` refers to node `ino`.

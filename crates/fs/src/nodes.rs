@@ -260,9 +260,16 @@ impl NodeState {
         self.dir.keep_listing(listing);
     }
 
+    /// How many names were made or removed through this client so far (a listing
+    /// fetched across a change is not kept: `Superblock::listing`).
+    pub(crate) fn local_edits(&self) -> u64 {
+        self.dir.edits()
+    }
+
     /// A name made here (through the origin, or while it is unreachable): listed and
     /// looked up from now on (the kept listing, if any, gains the entry).
     pub(crate) fn add_local_entry(&mut self, entry: hoardfs_origin::DirEntry, ino: Ino) {
+        self.dir.edited();
         self.dir.add_child(&entry.name, ino);
         if let Some(l) = self.dir.last() {
             let mut entries: Vec<_> = l
@@ -284,6 +291,7 @@ impl NodeState {
     /// A name removed here (through the origin, or while it is unreachable): gone from
     /// the names seen and from the kept listing.
     pub(crate) fn remove_local_entry(&mut self, name: &[u8]) {
+        self.dir.edited();
         self.dir.remove_child(name);
         if let Some(l) = self.dir.last() {
             let kept = Listing {

@@ -64,6 +64,8 @@ struct Scripted {
     verifier: std::sync::atomic::AtomicU64,
     /// Run (once) inside the next write, before it is applied.
     during_write: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Run (once) after the next listing page is read and before it is returned.
+    after_readdir: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Scripted {
@@ -89,6 +91,7 @@ impl Scripted {
             unsent_write: AtomicBool::new(false),
             verifier: std::sync::atomic::AtomicU64::new(1),
             during_write: Mutex::new(None),
+            after_readdir: Mutex::new(None),
         }
     }
 
@@ -128,7 +131,12 @@ impl Origin for Scripted {
     fn readdir(&self, dir: Handle, cookie: u64, max_entries: u32) -> Result<DirPage> {
         self.reachable()?;
         self.readdirs.fetch_add(1, Ordering::SeqCst);
-        self.inner.readdir(dir, cookie, max_entries)
+        let page = self.inner.readdir(dir, cookie, max_entries)?;
+        let hook = self.after_readdir.lock().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        Ok(page)
     }
     fn read_tree(
         &self,

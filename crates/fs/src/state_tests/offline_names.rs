@@ -25,6 +25,12 @@ fn dir_of(r: &Rig, path: &str) -> Vec<String> {
     v
 }
 
+/// The names the root's listing holds.
+fn root_names(r: &Rig) -> Vec<Vec<u8>> {
+    let listing = r.fs.listing(ROOT_INO).unwrap();
+    listing.entries.iter().map(|e| e.name.clone()).collect()
+}
+
 /// Writes `data` into a new file `parent/name` through the fs.
 fn create(r: &Rig, reg: &Registrar, parent: Ino, name: &str, data: &[u8]) -> Ino {
     let (e, o) =
@@ -536,13 +542,7 @@ fn while_names_wait_a_break_of_a_name_made_here_does_not_remove_it() {
     }]);
     let told_f = || r.notes.entries.lock().contains(&(ROOT_INO, b"f".to_vec()));
     assert!(!told_f());
-    let names: Vec<Vec<u8>> =
-        r.fs.listing(ROOT_INO)
-            .unwrap()
-            .entries
-            .iter()
-            .map(|e| e.name.clone())
-            .collect();
+    let names = root_names(&r);
     assert!(names.contains(&b"new".to_vec()), "{names:?}");
     assert_eq!(r.fs.reintegrate().left, 0);
     assert_eq!(
@@ -551,6 +551,41 @@ fn while_names_wait_a_break_of_a_name_made_here_does_not_remove_it() {
     );
     // ... and applied once the names are sent back: the kernel drops the name.
     assert!(told_f());
+}
+
+#[test]
+fn a_listing_fetched_while_a_name_is_made_here_does_not_drop_it() {
+    let (r, _reg, _) = offline_rig(b"f");
+    r.fs.listing(ROOT_INO).unwrap();
+    // Another client's change: the listing is fetched again at its next use.
+    let root_id = r.fs.getattr(ROOT_INO).unwrap().attr.file_id;
+    r.fs.sb.apply_breaks(vec![hoardfs_origin::Break::Entry {
+        dir_id: root_id,
+        name: b"theirs".to_vec(),
+        file_id: Some(0x999),
+    }]);
+    // A name made while the listing is on its way (the background lister's, say): the
+    // listing, read before it, does not hold it.
+    let fs = r.fs.clone();
+    let made = Arc::new(Mutex::new(None));
+    let got = made.clone();
+    *r.origin.after_readdir.lock() = Some(Box::new(move || {
+        let reg = Registrar(AtomicUsize::new(0));
+        let (e, o) = fs
+            .create(ROOT_INO, b"new", 0o640, true, false, WRITE, ME, &|f| {
+                reg.register(f)
+            })
+            .unwrap();
+        fs.release(o.fh);
+        *got.lock() = Some(e.ino);
+    }));
+    r.fs.listing(ROOT_INO).unwrap();
+    let made = made.lock().expect("made during the listing");
+    // The name stays known (here: to take offline names beside it, and to look it up).
+    offline(&r, true);
+    assert_eq!(r.fs.lookup(ROOT_INO, b"new").unwrap().ino, made);
+    let names = root_names(&r);
+    assert!(names.contains(&b"new".to_vec()), "{names:?}");
 }
 
 #[test]

@@ -33,7 +33,10 @@ impl Superblock {
         {
             return Ok(l);
         }
-        let dir_id = node.state.lock().attr().file_id;
+        let (dir_id, edits) = {
+            let st = node.state.lock();
+            (st.attr().file_id, st.local_edits())
+        };
         let listing = match self.listing_read_ahead(&node, dir_id) {
             Some(l) => l,
             None => match self.fetch_listing_or_tree(&node, dir_id) {
@@ -58,6 +61,12 @@ impl Superblock {
             && let Some(l) = st.last_listing()
         {
             return Ok(l);
+        }
+        // Nor are names made or removed here while it was fetched (an offline one perhaps
+        // not yet in the log): served once, but the names and listing kept, which have
+        // them, stay.
+        if st.local_edits() != edits {
+            return Ok(listing);
         }
         st.retain_children(&names);
         // Kept only if no break for the directory overtook it (checked under the lock the
