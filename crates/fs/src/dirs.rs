@@ -17,7 +17,7 @@ use hoardfs_origin::DirEntry;
 use crate::Ino;
 
 /// A directory listing snapshot.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Listing {
     /// Entries in origin order.
     pub entries: Vec<DirEntry>,
@@ -60,10 +60,14 @@ impl DirState {
         self.stale = false;
     }
 
-    /// The listing with a change made through this client (it stays as fresh, or as
-    /// out of date, as it was).
-    pub(crate) fn patch_listing(&mut self, listing: Arc<Listing>) {
-        self.listing = Some(listing);
+    /// The kept listing, if any, with a change made through this client (it stays as
+    /// fresh, or as out of date, as it was). Changed in place unless a reader (a
+    /// `readdir` in progress) holds it: a build making thousands of files in one
+    /// directory does not copy its listing for each.
+    pub(crate) fn patch_listing(&mut self, change: impl FnOnce(&mut Vec<DirEntry>)) {
+        if let Some(l) = &mut self.listing {
+            change(&mut Arc::make_mut(l).entries);
+        }
     }
 
     /// The listing is out of date (kept for use while the origin is unreachable).

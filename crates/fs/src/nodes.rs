@@ -271,21 +271,10 @@ impl NodeState {
     pub(crate) fn add_local_entry(&mut self, entry: hoardfs_origin::DirEntry, ino: Ino) {
         self.dir.edited();
         self.dir.add_child(&entry.name, ino);
-        if let Some(l) = self.dir.last() {
-            let mut entries: Vec<_> = l
-                .entries
-                .iter()
-                .filter(|e| e.name != entry.name)
-                .cloned()
-                .collect();
+        self.dir.patch_listing(|entries| {
+            entries.retain(|e| e.name != entry.name);
             entries.push(entry);
-            let kept = Listing {
-                entries,
-                fetched: l.fetched,
-                since: l.since,
-            };
-            self.dir.patch_listing(Arc::new(kept));
-        }
+        });
     }
 
     /// A name removed here (through the origin, or while it is unreachable): gone from
@@ -293,19 +282,8 @@ impl NodeState {
     pub(crate) fn remove_local_entry(&mut self, name: &[u8]) {
         self.dir.edited();
         self.dir.remove_child(name);
-        if let Some(l) = self.dir.last() {
-            let kept = Listing {
-                entries: l
-                    .entries
-                    .iter()
-                    .filter(|e| e.name != name)
-                    .cloned()
-                    .collect(),
-                fetched: l.fetched,
-                since: l.since,
-            };
-            self.dir.patch_listing(Arc::new(kept));
-        }
+        self.dir
+            .patch_listing(|entries| entries.retain(|e| e.name != name));
     }
 
     /// Its last name was removed here while it was open: it is kept under a hidden name
@@ -673,9 +651,22 @@ impl NodeTable {
             inner.by_file_id.entry(entry.attr.file_id).or_insert(ino);
             inner.nodes.get(&ino).cloned()
         };
-        if let Some(n) = node {
+        let Some(n) = node else { return };
+        let (parent, name) = {
             let mut st = n.state.lock();
             st.found(entry.handle, entry.attr, false);
+            (st.parent(), st.name().to_vec())
+        };
+        // The kept listing of its directory names the origin's object from now on (a
+        // listing served later must not make a node of the id and handle it had here).
+        if let Some(p) = self.get(parent) {
+            p.state.lock().dir.patch_listing(|entries| {
+                for e in entries.iter_mut() {
+                    if e.name == name && e.entry.attr.file_id == local_id {
+                        e.entry = entry.clone();
+                    }
+                }
+            });
         }
     }
 

@@ -11,8 +11,8 @@ use hoardfs_origin::{Attr, FileKind, Timestamp, WireError};
 /// logged with its cause at debug level).
 pub fn errno(e: &FsError) -> Errno {
     let n = errno_of(e);
-    if n == Errno::EIO {
-        tracing::debug!("answering EIO: {e}");
+    if n == Errno::EIO || n == Errno::ESTALE {
+        tracing::debug!("answering {n:?}: {e}");
     }
     n
 }
