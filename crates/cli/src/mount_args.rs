@@ -87,7 +87,13 @@ pub struct MountArgs {
     /// close sees all of it), and fail if a write did not get there (`ENOSPC`, `EDQUOT`,
     /// `EIO`: reported there and at the file's next write instead of at the `write()`
     /// itself). `through`: every `write()` reaches the server before it returns (one
-    /// round trip each; errors at the write that caused them).
+    /// round trip each; errors at the write that caused them). `async` (Coda's weakly
+    /// connected mode; needs --cache-dir and a hoardfs server): creations, removals,
+    /// renames, symlinks, chmod/utimes and the content of new files are kept in the
+    /// change log at local speed and sent within about a second in the background
+    /// (`hoardfs sync` waits for them; `hoardfs stats` shows what waits); other clients
+    /// see them only then, and errors such as ENOSPC come as conflicts, not at the call
+    /// (doc/SEMANTICS.md, "Write-back").
     #[arg(long, value_enum, default_value_t = WriteBackMode::Close)]
     pub write_back: WriteBackMode,
     /// Serve extended attributes. Off by default: each xattr call is then refused by the
@@ -184,6 +190,8 @@ pub enum WriteBackMode {
     Close,
     /// Before each `write()` returns.
     Through,
+    /// Names and new files through the change log, sent within a second.
+    Async,
 }
 
 impl From<WriteBackMode> for hoardfs_fs::WriteBack {
@@ -191,6 +199,7 @@ impl From<WriteBackMode> for hoardfs_fs::WriteBack {
         match m {
             WriteBackMode::Close => hoardfs_fs::WriteBack::Close,
             WriteBackMode::Through => hoardfs_fs::WriteBack::Through,
+            WriteBackMode::Async => hoardfs_fs::WriteBack::Async,
         }
     }
 }
@@ -436,15 +445,24 @@ impl MountArgs {
         if a.kernel_opens && a.no_cache {
             return Err("--kernel-opens needs a disk cache (--cache-dir), not --no-cache".into());
         }
-        if a.offline_writes && (a.no_cache || a.cache_dir.is_none()) {
-            return Err("--offline-writes needs a disk cache (--cache-dir)".into());
-        }
-        if a.offline_writes && (s3 || a.source.starts_with('/')) {
-            return Err(
-                "--offline-writes applies to hoardfs servers (HOST:PORT), not to s3:// or \
-                 local-path sources"
-                    .into(),
-            );
+        let logged = if a.offline_writes {
+            Some("--offline-writes")
+        } else if a.write_back == WriteBackMode::Async {
+            Some("--write-back=async")
+        } else {
+            None
+        };
+        if let Some(opt) = logged {
+            if a.no_cache || a.cache_dir.is_none() {
+                return Err(format!("{opt} needs a disk cache (--cache-dir)").into());
+            }
+            if s3 || a.source.starts_with('/') {
+                return Err(format!(
+                    "{opt} applies to hoardfs servers (HOST:PORT), not to s3:// or \
+                     local-path sources"
+                )
+                .into());
+            }
         }
         if a.cache_dir.is_none() && !a.no_cache {
             return Err("--cache-dir DIR is required (or --no-cache to read through)".into());

@@ -125,6 +125,13 @@ pub enum WriteBack {
     /// on the server (close-to-open), and report a write that failed.
     #[default]
     Close,
+    /// Coda's weakly connected mode: creations, removals, renames, symlinks and attribute
+    /// changes, and the content of files made here, go into the offline change log at
+    /// local speed and reach the origin in the background within about a second (the
+    /// mount's keeper sends them; `HoardFs::reintegrate` is the barrier); writes to the
+    /// origin's existing files go behind the writer as with `Close`. Needs
+    /// `offline_log`; implies `offline_writes`.
+    Async,
 }
 
 impl Default for FsConfig {

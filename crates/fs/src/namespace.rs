@@ -107,7 +107,9 @@ impl Names {
             })
             .map(NewFile::Origin)
         };
-        Offline::of(sb).online_or_logged(false, online, |names, why| {
+        let off = Offline::of(sb);
+        off.listed_for_log(parent);
+        off.online_or_logged(false, online, |names, why| {
             names
                 .create(parent, name, mode, exclusive, owner, why)
                 .map(NewFile::Offline)
@@ -139,7 +141,9 @@ impl Names {
         mode: u32,
         owner: Owner,
     ) -> FsResult<NodeEntry> {
-        Offline::of(sb).online_or_logged(
+        let off = Offline::of(sb);
+        off.listed_for_log(parent);
+        off.online_or_logged(
             false,
             || {
                 self.make(sb, parent, name, |h| {
@@ -169,7 +173,9 @@ impl Names {
             }
             Ok(e)
         };
-        Offline::of(sb).online_or_logged(false, online, |names, why| {
+        let off = Offline::of(sb);
+        off.listed_for_log(parent);
+        off.online_or_logged(false, online, |names, why| {
             names.make(parent, name, 0, Some(target), owner, why)
         })
     }
@@ -250,6 +256,7 @@ impl Names {
         // holds changes to names: the removal is logged too, in order (`crate::offline::names`).
         // (An open file is not hidden then: that would rename it behind the log's back.)
         let off = Offline::of(sb);
+        off.listed_for_log(parent);
         let owned = child
             .and_then(|c| sb.nodes().get(c))
             .is_some_and(|n| off.owns(&n));
@@ -364,6 +371,10 @@ impl Names {
         // Objects with a change not yet sent back are the log's, and so are all names
         // while it holds changes to names (as in `remove`).
         let off = Offline::of(sb);
+        off.listed_for_log(parent);
+        if new_parent != parent {
+            off.listed_for_log(new_parent);
+        }
         let owned = [moved, replaced]
             .into_iter()
             .flatten()

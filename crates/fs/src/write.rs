@@ -64,7 +64,7 @@ impl Writes {
     /// (S3, whose writes land in a local staging file anyway).
     pub(crate) fn new(sb: &Arc<Superblock>) -> Writes {
         let durability = Arc::new(Durability::default());
-        let behind = (sb.config().write_back == WriteBack::Close
+        let behind = (sb.config().write_back != WriteBack::Through
             && !sb.read_only()
             && !sb.origin().publishes_on_close())
         .then(|| {
@@ -523,7 +523,12 @@ impl Writes {
         }
         if let Some(p) = Offline::of(sb).staged(&of.node) {
             // As a local file system would not, but as close-to-open promises:
-            // what was written is durable (here) once close returns.
+            // what was written is durable (here) once close returns. (Not with
+            // `--write-back=async`, whose changes leave within a second: as on a local
+            // file system, `fsync` makes them durable here.)
+            if Offline::of(sb).logs_first() {
+                return Ok(());
+            }
             return p.sync();
         }
         if of.closed_by_writer(pid) {

@@ -35,7 +35,7 @@ use crate::superblock::Superblock;
 use crate::{FsError, FsResult};
 use names::OfflineNames;
 use staged::Staged;
-use state::{NAMES_WAIT, OfflineWrites};
+use state::{NAMES_WAIT, OfflineWrites, SENT_BEHIND};
 
 /// The door the operation families go through to the log: "logged or online?" for each
 /// change, in one call (`online_or_logged` for names and attributes, `online_or_staged`
@@ -68,6 +68,31 @@ impl<'a> Offline<'a> {
     pub(crate) fn names_logged(&self) -> bool {
         self.writes()
             .is_some_and(|o| o.keeps_new() && o.log.names_pending())
+    }
+
+    /// Whether changes to names and attributes go to the log first, whatever the
+    /// origin's state (`--write-back=async`: the mount's keeper sends them within a
+    /// second).
+    pub(crate) fn logs_first(&self) -> bool {
+        self.sb.config().write_back == crate::WriteBack::Async
+            && self.writes().is_some_and(|o| o.keeps_new())
+    }
+
+    /// Before a change to names in directory `dir` goes to the log first: the log makes
+    /// and removes names only where it holds the directory's listing (it proves a name
+    /// free), so a directory not listed yet is listed now, once (otherwise the change
+    /// would go to the origin, and while names wait, could not be made at all).
+    pub(crate) fn listed_for_log(&self, dir: crate::Ino) {
+        if !self.logs_first() {
+            return;
+        }
+        let listed = self
+            .sb
+            .node(dir)
+            .is_ok_and(|n| n.state.lock().last_listing().is_some());
+        if !listed && let Err(e) = self.sb.listing(dir) {
+            tracing::debug!(dir, "not listed for --write-back=async: {e}");
+        }
     }
 
     /// An operation the log cannot take must follow its changes to names: `Offline`
@@ -126,11 +151,13 @@ impl<'a> Offline<'a> {
         online: impl FnOnce() -> FsResult<T>,
         logged: impl Fn(OfflineNames<'a>, String) -> FsResult<T>,
     ) -> FsResult<T> {
-        if owned || self.names_logged() {
+        if owned || self.names_logged() || self.logs_first() {
             let why = if owned {
                 "the change is not on the server yet"
-            } else {
+            } else if self.names_logged() {
                 NAMES_WAIT
+            } else {
+                SENT_BEHIND
             };
             match self.logged(why.into(), &logged) {
                 Err(FsError::Offline(_) | FsError::SentMeanwhile) if !owned => self.names_sent()?,

@@ -222,9 +222,9 @@ impl<'a> OfflineNames<'a> {
         let kind = hoardfs_origin::FileKind::File;
         let attr = made_here(parent, name, kind, (mode & 0o7777) as u16, owner, 0);
         let node = self.add_made(&dir, name, attr, || off.log.stage_new(path, &attr))?;
-        tracing::info!(
+        tracing::debug!(
             ino = node.ino,
-            "the server is unreachable: a file created here is kept locally until it is back"
+            "a file created here waits in the log: {why}"
         );
         Ok(Created::Made(node))
     }
@@ -386,12 +386,14 @@ impl<'a> OfflineNames<'a> {
         }
         let off = self.off;
         // A change is sent back to its path, and the root has none: its attributes need
-        // the origin.
-        if node.ino == crate::ROOT_INO
-            || set.uid.is_some()
-            || set.gid.is_some()
-            || set.size.is_some()
-        {
+        // the origin. So do owners, except the owner the object has already (`tar` and
+        // `cp -p` run as root set it on every file they make; with no set-id bit to
+        // clear, that changes nothing).
+        let attr = node.state.lock().attr();
+        let same_owner = set.uid.is_none_or(|u| u == attr.uid)
+            && set.gid.is_none_or(|g| g == attr.gid)
+            && (set.uid.is_none() && set.gid.is_none() || attr.perm & 0o6000 == 0);
+        if node.ino == crate::ROOT_INO || !same_owner || set.size.is_some() {
             return Err(FsError::Offline(why));
         }
         let at = |t: &hoardfs_origin::TimeSet| match t {

@@ -100,7 +100,7 @@ impl<'a> Staged<'a> {
         }
         tracing::info!(
             ino = node.ino,
-            "the server is unreachable: this file's changes are kept locally until it is back"
+            "this file's changes are kept locally until they can be sent: {why}"
         );
         Ok(Staged { sb, p })
     }

@@ -8,7 +8,7 @@
 //! the operation families route each change through `crate::offline::Offline`.
 
 use crate::nodes::Node;
-use crate::offline::cml::ChangeLog;
+use crate::offline::cml::{ChangeLog, LogSync};
 use crate::{FsError, FsResult, Shared};
 
 /// The offline-writes state of a mount: the log and the name conflicts are kept under.
@@ -34,6 +34,9 @@ struct SkippedBreaks {
 
 /// Why a change is logged although the origin may be reachable.
 pub(crate) const NAMES_WAIT: &str = "earlier changes to names are not on the server yet";
+
+/// Why a change is logged although the origin is reachable (`--write-back=async`).
+pub(crate) const SENT_BEHIND: &str = "changes are sent in the background (--write-back=async)";
 
 /// Name breaks kept while names wait, at most.
 const MAX_SKIPPED: usize = 4096;
@@ -77,11 +80,17 @@ impl OfflineWrites {
         let left = std::fs::read_dir(&dir).is_ok_and(|mut d| {
             d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".rec")))
         });
-        if !config.offline_writes && !left {
+        let keep_new = config.offline_writes || config.write_back == crate::WriteBack::Async;
+        if !keep_new && !left {
             return Ok(None);
         }
-        let log = ChangeLog::open(&dir).map_err(kept)?;
-        if !config.offline_writes {
+        // Changes that leave within a second are made durable at `fsync` only.
+        let sync = match config.write_back {
+            crate::WriteBack::Async => LogSync::OnSync,
+            _ => LogSync::Each,
+        };
+        let log = ChangeLog::open(&dir, sync).map_err(kept)?;
+        if !keep_new {
             tracing::warn!(
                 "{} change(s) made offline by an earlier mount are sent back to the server; \
                  new ones are not kept (mount with --offline-writes for that)",
@@ -91,7 +100,7 @@ impl OfflineWrites {
         Ok(Some(OfflineWrites {
             log,
             host: config.host.clone(),
-            keep_new: config.offline_writes,
+            keep_new,
             skipped: Default::default(),
         }))
     }

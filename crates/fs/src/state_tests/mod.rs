@@ -7,6 +7,7 @@
 //! disconnections (saved namespace, offline writes) and of the descriptor bound are in
 //! [`offline`].
 
+mod async_mode;
 mod durability;
 mod offline;
 mod offline_names;

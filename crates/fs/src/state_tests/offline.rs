@@ -459,3 +459,23 @@ fn a_file_reopened_over_and_over_keeps_its_object_and_registration() {
         "two idle nodes are within the bound"
     );
 }
+
+/// Writes `data` into a new file `parent/name` through the fs.
+pub(super) fn create(r: &Rig, reg: &Registrar, parent: Ino, name: &str, data: &[u8]) -> Ino {
+    let (e, o) =
+        r.fs.create(
+            parent,
+            name.as_bytes(),
+            0o640,
+            true,
+            false,
+            WRITE,
+            hoardfs_origin::Owner { uid: 0, gid: 0 },
+            &|f| reg.register(f),
+        )
+        .unwrap();
+    assert_eq!(r.fs.write(o.fh, 0, data, 1).unwrap() as usize, data.len());
+    r.fs.flush(e.ino, o.fh, 1).unwrap();
+    r.fs.release(o.fh);
+    e.ino
+}

@@ -7,7 +7,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use hoardfs_origin::{Owner, SetAttrs, TimeSet, Timestamp};
 
-use super::offline::{offline_rig, read_all};
+use super::offline::{create, offline_rig, read_all};
 use super::*;
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
@@ -29,26 +29,6 @@ fn dir_of(r: &Rig, path: &str) -> Vec<String> {
 fn root_names(r: &Rig) -> Vec<Vec<u8>> {
     let listing = r.fs.listing(ROOT_INO).unwrap();
     listing.entries.iter().map(|e| e.name.clone()).collect()
-}
-
-/// Writes `data` into a new file `parent/name` through the fs.
-fn create(r: &Rig, reg: &Registrar, parent: Ino, name: &str, data: &[u8]) -> Ino {
-    let (e, o) =
-        r.fs.create(
-            parent,
-            name.as_bytes(),
-            0o640,
-            true,
-            false,
-            WRITE,
-            ME,
-            &|f| reg.register(f),
-        )
-        .unwrap();
-    assert_eq!(r.fs.write(o.fh, 0, data, 1).unwrap() as usize, data.len());
-    r.fs.flush(e.ino, o.fh, 1).unwrap();
-    r.fs.release(o.fh);
-    e.ino
 }
 
 #[test]

@@ -13,7 +13,7 @@ use hoardfs_cache::CachedObject;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::conflicts::{conflict_line, parse_conflict};
-use super::{Conflict, Inner, Kind, LocalChange, Pending, Record, is_under, now_secs};
+use super::{Conflict, Inner, Kind, LocalChange, LogSync, Pending, Record, is_under, now_secs};
 use crate::offline::cml::record::{decode, encode};
 
 /// The next change number (numbers are never reused), taken from `next_seq`'s value.
@@ -133,11 +133,14 @@ pub struct ChangeLog {
     /// ([`ChangeLog::at_origin`]). Taken with no `Pending` lock held by the recorder, and
     /// after its own by a sender: never the other way round.
     moves: Mutex<u64>,
+    /// When changes are made durable.
+    sync: LogSync,
 }
 
 impl ChangeLog {
-    /// Opens (creating) the log in `dir` and loads the changes a previous mount left.
-    pub fn open(dir: &Path) -> std::io::Result<ChangeLog> {
+    /// Opens (creating) the log in `dir` and loads the changes a previous mount left;
+    /// new changes are made durable as `sync` says.
+    pub fn open(dir: &Path, sync: LogSync) -> std::io::Result<ChangeLog> {
         hoardfs_cache::private::create_dir_all(dir)?;
         let names = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut pending = BTreeMap::new();
@@ -185,7 +188,15 @@ impl ChangeLog {
                     let mtime = record
                         .has_content()
                         .then(|| md.modified().unwrap_or_else(|_| SystemTime::now()));
-                    let p = Pending::new(record, path.clone(), data_path, md.len(), mtime, &names);
+                    let p = Pending::new(
+                        record,
+                        path.clone(),
+                        data_path,
+                        md.len(),
+                        mtime,
+                        &names,
+                        sync,
+                    );
                     pending.insert(file_id, Arc::new(p));
                 }
                 // A record that cannot be read now (an I/O error, out of descriptors) may
@@ -213,7 +224,13 @@ impl ChangeLog {
             names,
             pending: Mutex::new(pending),
             next_seq: Mutex::new(next),
+            sync,
         })
+    }
+
+    /// Whether each change is made durable before it is acknowledged.
+    fn durable(&self) -> bool {
+        self.sync == LogSync::Each
     }
 
     /// The pending change of `file_id`, if any.
@@ -499,7 +516,9 @@ impl ChangeLog {
             staging.write_all_at(&buf[..len], off)?;
             off += len as u64;
         }
-        staging.sync_all()?;
+        if self.durable() {
+            staging.sync_all()?;
+        }
         std::fs::rename(&tmp, &data_path)?;
         Ok(size)
     }
@@ -537,7 +556,9 @@ impl ChangeLog {
         let p = self.insert(record, size)?;
         drop(next);
         std::fs::rename(from, &data_path)?;
-        File::open(&self.dir)?.sync_all()?;
+        if self.durable() {
+            File::open(&self.dir)?.sync_all()?;
+        }
         Ok(p)
     }
 
@@ -578,7 +599,9 @@ impl ChangeLog {
             .create(true)
             .truncate(true)
             .open(&data_path)?;
-        f.sync_all()?;
+        if self.durable() {
+            f.sync_all()?;
+        }
         drop(f);
         let mut record = Record::new(seq, path, attr, kind);
         record.target = target.to_vec();
@@ -593,7 +616,12 @@ impl ChangeLog {
         let (seq, file_id) = (record.seq, record.file_id);
         let rec_path = self.dir.join(format!("{seq:016}.rec"));
         let data_path = self.dir.join(format!("{seq:016}.data"));
-        crate::sealed::write_atomically(&rec_path, &encode(&record))?;
+        let bytes = encode(&record);
+        if self.durable() {
+            crate::sealed::write_atomically(&rec_path, &bytes)?;
+        } else {
+            crate::sealed::write_new(&rec_path, &bytes)?;
+        }
         let mtime = record.has_content().then(SystemTime::now);
         let p = Arc::new(Pending::new(
             record,
@@ -602,6 +630,7 @@ impl ChangeLog {
             size,
             mtime,
             &self.names,
+            self.sync,
         ));
         self.pending.lock().insert(file_id, p.clone());
         Ok(p)
@@ -618,7 +647,9 @@ impl ChangeLog {
             tracing::warn!("cannot remove {}: {e}", g.rec_path.display());
         }
         let _ = std::fs::remove_file(&g.data_path);
-        let _ = File::open(&self.dir).and_then(|d| d.sync_all());
+        if self.durable() {
+            let _ = File::open(&self.dir).and_then(|d| d.sync_all());
+        }
         self.pending.lock().remove(&file_id);
     }
 
@@ -679,7 +710,7 @@ mod tests {
         std::fs::write(d.path().join("0000000000000005.rec"), b"not a record").unwrap();
         std::fs::write(d.path().join("0000000000000005.data"), b"precious").unwrap();
         std::fs::write(d.path().join("0000000000000009.data.tmp"), b"half made").unwrap();
-        let log = ChangeLog::open(d.path()).unwrap();
+        let log = ChangeLog::open(d.path(), LogSync::Each).unwrap();
         assert!(log.all().is_empty());
         assert!(d.path().join("0000000000000005.rec.damaged").exists());
         assert_eq!(
@@ -696,7 +727,7 @@ mod tests {
         // Not readable as a file (as an I/O error would leave it): not known to be damaged.
         std::fs::create_dir(d.path().join("0000000000000005.rec")).unwrap();
         std::fs::write(d.path().join("0000000000000005.data"), b"precious").unwrap();
-        let err = ChangeLog::open(d.path())
+        let err = ChangeLog::open(d.path(), LogSync::Each)
             .err()
             .expect("the log must not open");
         assert!(err.to_string().contains("0000000000000005.rec"), "{err}");
@@ -712,7 +743,7 @@ mod tests {
     #[cfg(debug_assertions)]
     fn taking_moves_while_holding_next_seq_breaks_the_lock_order_and_is_caught() {
         let d = tempfile::tempdir().unwrap();
-        let log = ChangeLog::open(d.path()).unwrap();
+        let log = ChangeLog::open(d.path(), LogSync::Each).unwrap();
         // In order: moves, then next_seq.
         let moves = log.moving();
         let next = NextSeq::lock(&log.next_seq);

@@ -61,6 +61,19 @@ pub use crate::offline::cml::record::{AttrChange, Kind, Phase, Record, is_under}
 pub use conflicts::Conflict;
 pub use log::{ChangeLog, LogStats};
 
+/// When the log's changes are made durable on this disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogSync {
+    /// Before each change is acknowledged (its record and staging file fsynced, and the
+    /// directory): `--offline-writes`, whose changes may wait days for the server.
+    Each,
+    /// At `fsync` of the changed file only (`--write-back=async`, whose changes leave
+    /// within a second): written before each change is acknowledged, so a killed client
+    /// loses nothing; a crash of the machine may lose the last seconds' changes not
+    /// fsynced, as a local file system's writes.
+    OnSync,
+}
+
 /// Local attributes of an object with a pending change (what overrides the origin's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LocalChange {
@@ -102,12 +115,14 @@ pub struct Inner {
     counted_names: bool,
     /// The log's number of changes to names.
     names: Arc<std::sync::atomic::AtomicUsize>,
+    /// When the record and staging file are made durable.
+    sync: LogSync,
 }
 
 impl Pending {
     /// The change `record` (its record at `rec_path`, its staging file of `size` bytes at
     /// `data_path`, content last changed at `mtime`), counted in `names` if it changes
-    /// names.
+    /// names, made durable as `sync` says.
     fn new(
         record: Record,
         rec_path: PathBuf,
@@ -115,6 +130,7 @@ impl Pending {
         size: u64,
         mtime: Option<SystemTime>,
         names: &Arc<std::sync::atomic::AtomicUsize>,
+        sync: LogSync,
     ) -> Pending {
         let counted_names = record.changes_names();
         if counted_names {
@@ -134,6 +150,7 @@ impl Pending {
                 gone: false,
                 counted_names,
                 names: names.clone(),
+                sync,
             }),
         }
     }
@@ -182,9 +199,16 @@ impl Inner {
         self.size
     }
 
-    /// Writes the record durably, and keeps the log's count of changes to names.
+    /// Writes the record (durably unless the log syncs on demand), and keeps the log's
+    /// count of changes to names.
     fn persist(&mut self) -> std::io::Result<()> {
-        crate::sealed::write_atomically(&self.rec_path, &encode(&self.record))?;
+        let bytes = encode(&self.record);
+        match self.sync {
+            LogSync::Each => crate::sealed::write_atomically(&self.rec_path, &bytes)?,
+            // No new inode for every change (a build changes the times and modes of
+            // thousands of files).
+            LogSync::OnSync => crate::sealed::rewrite_in_place(&self.rec_path, &bytes)?,
+        }
         let names = self.record.changes_names();
         if names != self.counted_names {
             self.counted_names = names;
@@ -304,9 +328,16 @@ impl Inner {
         Ok(buf)
     }
 
-    /// Makes the staged content durable.
+    /// Makes the staged content durable (and the record, if it was not at each change).
     pub fn sync(&self) -> std::io::Result<()> {
-        self.staging()?.sync_data()
+        self.staging()?.sync_data()?;
+        if self.sync == LogSync::OnSync {
+            File::open(&self.rec_path)?.sync_all()?;
+            if let Some(dir) = self.rec_path.parent() {
+                File::open(dir)?.sync_all()?;
+            }
+        }
+        Ok(())
     }
 
     /// The object was renamed here to `path`: one still to be made is made there; one the
@@ -383,7 +414,9 @@ impl Inner {
         if self.record.phase == phase {
             return Ok(());
         }
-        self.staging()?.sync_data()?;
+        if self.sync == LogSync::Each {
+            self.staging()?.sync_data()?;
+        }
         self.record.phase = phase;
         self.persist()
     }
