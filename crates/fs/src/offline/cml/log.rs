@@ -436,6 +436,7 @@ impl ChangeLog {
             // before the record says `Store` leaves a `Meta` record with data nobody
             // reads: the content is the origin's again, as before this write.
             let size = self.copy_to_staging(p.seq, object)?;
+            g.let_go_of_staging();
             g.record.kind = Kind::Store;
             // (The content staged is of this version, whatever the move started from.)
             g.record.base_version = base.version;
@@ -640,6 +641,7 @@ impl ChangeLog {
     /// its record, then its staging file. Called with the pending's lock held (`g`).
     pub fn finish(&self, file_id: u64, g: &mut Inner) {
         g.gone = true;
+        g.let_go_of_staging();
         if std::mem::take(&mut g.counted_names) {
             self.names.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         }

@@ -17,7 +17,10 @@
 //! of the directory) before the first change is acknowledged; the staging file's later
 //! changes are made durable by `fsync` and at close, as a local file system's are. The
 //! record is rewritten (atomically) whenever the change's path, kind, attributes or phase
-//! change; before an upload starts it says `Uploading`, so that a client killed in the
+//! change. With [`LogSync::OnSync`] (`--write-back=async`, whose changes leave within a
+//! second) nothing is fsynced but by `fsync`: a new record is written in one write, a
+//! changed one over the old in one write of at most a page padded with zeros (no inode, no
+//! rename per change), so that a killed client leaves the old record or the new; before an upload starts it says `Uploading`, so that a client killed in the
 //! middle sends the whole file again rather than take its own half-sent file for
 //! somebody else's change. A record that does not check out is set aside
 //! (`SEQ.rec.damaged`, with its `SEQ.data.damaged`) and reported, never applied; numbers
@@ -117,6 +120,42 @@ pub struct Inner {
     names: Arc<std::sync::atomic::AtomicUsize>,
     /// When the record and staging file are made durable.
     sync: LogSync,
+    /// The staging file, kept open from its first write until the change is done (if
+    /// fewer than [`KEPT_OPEN`] are).
+    kept: std::cell::OnceCell<KeptFile>,
+}
+
+/// Most staging files kept open between operations, in the process: a file being written
+/// is not opened again for each `write()`, and thousands of pending changes do not hold a
+/// descriptor each.
+const KEPT_OPEN: usize = 64;
+
+/// Staging files kept open now.
+static KEPT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A staging file kept open (counted in [`KEPT`] while it lives).
+struct KeptFile(File);
+
+impl Drop for KeptFile {
+    fn drop(&mut self) {
+        KEPT.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A change's staging file for one operation: the one kept open, or opened for it.
+enum Staging<'a> {
+    Kept(&'a File),
+    Opened(File),
+}
+
+impl std::ops::Deref for Staging<'_> {
+    type Target = File;
+    fn deref(&self) -> &File {
+        match self {
+            Staging::Kept(f) => f,
+            Staging::Opened(f) => f,
+        }
+    }
 }
 
 impl Pending {
@@ -151,6 +190,7 @@ impl Pending {
                 counted_names,
                 names: names.clone(),
                 sync,
+                kept: std::cell::OnceCell::new(),
             }),
         }
     }
@@ -280,18 +320,44 @@ impl Inner {
         self.persist()
     }
 
-    /// The staging file, opened for this operation (thousands of changes may be pending:
-    /// none holds a descriptor between operations).
-    fn staging(&self) -> std::io::Result<File> {
-        hoardfs_cache::private::file_options()
+    /// The staging file: the one kept open, or opened for this operation (thousands of
+    /// changes may be pending: few hold a descriptor between operations, see
+    /// [`KEPT_OPEN`]).
+    fn staging(&self) -> std::io::Result<Staging<'_>> {
+        if let Some(k) = self.kept.get() {
+            return Ok(Staging::Kept(&k.0));
+        }
+        let f = hoardfs_cache::private::file_options()
             .read(true)
             .write(true)
-            .open(&self.data_path)
+            .open(&self.data_path)?;
+        Ok(Staging::Opened(f))
+    }
+
+    /// The staging file, kept open for the next operations if few are.
+    fn staging_kept(&self) -> std::io::Result<Staging<'_>> {
+        let f = match self.staging()? {
+            Staging::Opened(f) => f,
+            kept => return Ok(kept),
+        };
+        use std::sync::atomic::Ordering::Relaxed;
+        if KEPT.fetch_add(1, Relaxed) >= KEPT_OPEN {
+            KEPT.fetch_sub(1, Relaxed);
+            return Ok(Staging::Opened(f));
+        }
+        let _ = self.kept.set(KeptFile(f));
+        Ok(Staging::Kept(&self.kept.get().expect("just set").0))
+    }
+
+    /// Lets go of the staging file kept open (the change is done, or its staging file
+    /// replaced).
+    pub(crate) fn let_go_of_staging(&mut self) {
+        self.kept.take();
     }
 
     /// Writes `data` at `offset` of the staged content.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.staging()?.write_all_at(data, offset)?;
+        self.staging_kept()?.write_all_at(data, offset)?;
         self.size = self.size.max(offset + data.len() as u64);
         self.touched()
     }
