@@ -149,7 +149,7 @@ pub fn start_keeper(
                 // when their changes were cancelled rather than sent).
                 fs.settle_names();
                 if fs.pending_changes() > 0 && remote.as_ref().is_none_or(|r| !r.is_offline()) {
-                    let r = fs.reintegrate();
+                    let r = fs.trickle();
                     if r.sent + r.conflicts > 0 {
                         tracing::info!(
                             "offline changes sent back: {} written, {} as conflict copies, {} left",

@@ -676,6 +676,25 @@ impl HoardFs {
         r
     }
 
+    /// What the mount's keeper calls every second: [`HoardFs::reintegrate`], except that
+    /// with `--write-back=async` a file open for writing is sent after its writer closes
+    /// it (once, whole), not while it is being written.
+    pub fn trickle(&self) -> Reintegrated {
+        if self.sb.config().write_back != crate::WriteBack::Async {
+            return self.reintegrate();
+        }
+        let Some(off) = self.sb.offline_writes() else {
+            return Reintegrated::default();
+        };
+        let _one_pass = self.reintegrating.lock();
+        let writing = |ino| self.reads.files.writing(ino);
+        let r = reintegrate::Reintegration::new(&self.sb, off, &writing)
+            .holding_written()
+            .run();
+        self.settle_names();
+        r
+    }
+
     /// Number of changes waiting to be sent back.
     pub fn pending_changes(&self) -> u64 {
         self.sb.offline_writes().map_or(0, |o| o.log.count() as u64)

@@ -64,3 +64,50 @@ fn a_listing_served_while_names_wait_names_what_was_sent_back_by_its_origin_id()
     ));
     assert_eq!(r.fs.reintegrate().left, 0);
 }
+
+#[test]
+fn a_file_being_written_is_sent_after_its_close_and_a_barrier_sends_it_open() {
+    let (r, reg, _) = async_rig();
+    r.fs.listing(ROOT_INO).unwrap();
+    let (e, o) =
+        r.fs.create(ROOT_INO, b"log", 0o640, true, false, WRITE, ME, &|f| {
+            reg.register(f)
+        })
+        .unwrap();
+    r.fs.write(o.fh, 0, b"first ", 1).unwrap();
+    // The keeper's pass leaves it to its writer...
+    r.fs.trickle();
+    assert_eq!(r.fs.pending_changes(), 1);
+    assert!(!r.export.join("log").exists());
+    r.fs.write(o.fh, 6, b"second", 1).unwrap();
+    r.fs.flush(e.ino, o.fh, 1).unwrap();
+    r.fs.release(o.fh);
+    // ... and sends it once closed, whole.
+    assert_eq!(r.fs.trickle().left, 0);
+    assert_eq!(
+        std::fs::read(r.export.join("log")).unwrap(),
+        b"first second"
+    );
+    // A barrier (`hoardfs sync`) sends a file still open.
+    let (e, o) =
+        r.fs.create(ROOT_INO, b"open", 0o640, true, false, WRITE, ME, &|f| {
+            reg.register(f)
+        })
+        .unwrap();
+    r.fs.write(o.fh, 0, b"open", 1).unwrap();
+    assert_eq!(r.fs.reintegrate().left, 0);
+    assert_eq!(std::fs::read(r.export.join("open")).unwrap(), b"open");
+    r.fs.flush(e.ino, o.fh, 1).unwrap();
+    r.fs.release(o.fh);
+}
+
+#[test]
+fn a_file_made_and_removed_between_two_passes_never_reaches_the_origin() {
+    let (r, reg, _) = async_rig();
+    r.fs.listing(ROOT_INO).unwrap();
+    create(&r, &reg, ROOT_INO, "tmp_pack", b"temporary");
+    r.fs.unlink(ROOT_INO, b"tmp_pack").unwrap();
+    assert_eq!(r.fs.pending_changes(), 0);
+    assert_eq!(r.fs.trickle().sent, 0);
+    assert!(!r.export.join("tmp_pack").exists());
+}

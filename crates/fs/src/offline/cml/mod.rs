@@ -195,6 +195,11 @@ impl Pending {
         }
     }
 
+    /// When the object was first changed (seconds since the epoch).
+    pub fn since(&self) -> u64 {
+        self.since
+    }
+
     /// Locks the change (its staging file's I/O, or an upload, happens under it).
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
         log::check_not_under_next_seq("a change's lock");

@@ -38,7 +38,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::offline::cml::{Conflict, Pending};
+use crate::offline::cml::{Conflict, Pending, now_secs};
 use crate::offline::reintegrate::order::{CycleBreaker, ready};
 use crate::offline::reintegrate::send_back::{ChangeSender, Outcome};
 
@@ -81,12 +81,53 @@ pub(crate) struct Reintegration<'a> {
     sb: &'a Superblock,
     off: &'a OfflineWrites,
     writing: Writing<'a>,
+    /// Changes of content whose file is open for writing wait for the writer's close,
+    /// for up to [`HOLD_WRITTEN`] (the keeper's passes with `--write-back=async`: a file
+    /// being written is sent once, whole, and one made and removed again meanwhile is
+    /// never sent; a file kept open for longer, a log, is not kept from the server).
+    hold_written: bool,
 }
+
+/// How long a change of a file open for writing waits for its writer's close, at most,
+/// in the keeper's passes with `--write-back=async` (while it waits, this client's view
+/// of names stays its own).
+const HOLD_WRITTEN: u64 = 30;
 
 impl<'a> Reintegration<'a> {
     /// A reintegration of `off`'s changes to the origin of `sb`.
     pub(crate) fn new(sb: &'a Superblock, off: &'a OfflineWrites, writing: Writing<'a>) -> Self {
-        Reintegration { sb, off, writing }
+        Reintegration {
+            sb,
+            off,
+            writing,
+            hold_written: false,
+        }
+    }
+
+    /// The same, leaving the changes of content whose file is open for writing for later.
+    pub(crate) fn holding_written(self) -> Self {
+        Reintegration {
+            hold_written: true,
+            ..self
+        }
+    }
+
+    /// Whether change `p` waits for its writer (see `hold_written`).
+    fn held(&self, p: &Pending) -> bool {
+        if !self.hold_written || now_secs().saturating_sub(p.since()) >= HOLD_WRITTEN {
+            return false;
+        }
+        let file_id = {
+            let g = p.lock();
+            if !g.record().has_content() {
+                return false;
+            }
+            g.record().file_id
+        };
+        self.sb
+            .nodes()
+            .by_file_id(file_id)
+            .is_some_and(|node| (self.writing)(node.ino))
     }
 
     /// Passes until no change is left or none can be sent now.
@@ -101,7 +142,16 @@ impl<'a> Reintegration<'a> {
             if records.is_empty() {
                 break;
             }
-            let now = ready(&records);
+            let ready_now = ready(&records);
+            let now: Vec<_> = ready_now
+                .iter()
+                .filter(|p| !self.held(p))
+                .cloned()
+                .collect();
+            if now.is_empty() && !ready_now.is_empty() {
+                // Every change ready now waits for its writer.
+                break;
+            }
             if now.is_empty() {
                 breaks += 1;
                 if breaks <= records.len()
