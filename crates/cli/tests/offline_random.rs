@@ -9,7 +9,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
-use common::offline::{mount, offline, sync};
+use common::offline::{mount_with, offline, sync};
 use common::rng::Rng;
 use common::tree::{Obj, Tree, join, tree_diff, tree_of};
 use common::*;
@@ -34,6 +34,17 @@ fn sessions() -> u64 {
 /// (default 25); `HOARDFS_OFFLINE_SEED` replays a seed.
 #[test]
 fn random_sessions_of_names_and_contents_match_a_model() {
+    sessions_match_a_model(&[]);
+}
+
+/// The same with `--write-back async`: every change goes to the log first, connected or
+/// not, and the keeper sends it within a second while the link is up.
+#[test]
+fn random_async_sessions_match_a_model() {
+    sessions_match_a_model(&["--write-back", "async"]);
+}
+
+fn sessions_match_a_model(extra: &[&str]) {
     require_fuse();
     let seed = std::env::var("HOARDFS_OFFLINE_SEED")
         .ok()
@@ -80,7 +91,7 @@ fn random_sessions_of_names_and_contents_match_a_model() {
     }
     let srv = Server::start(&exp);
     let mut link = common::link::Link::start(&srv.addr);
-    let mut m = mount(&link.addr, t.path());
+    let mut m = mount_with(&link.addr, t.path(), extra);
     let mut log: Vec<String> = Vec::new();
     let mut made = 0;
     let mut names_pending = 0;
@@ -124,6 +135,19 @@ fn random_sessions_of_names_and_contents_match_a_model() {
             let step = format!("s{session} op{roll}");
             let touched: Option<String> = match roll {
                 0 | 1 => {
+                    if link.is_up() && !extra.is_empty() {
+                        // With `--write-back async` what was made while connected went
+                        // through the log and is fetched back after it was sent: a user
+                        // going offline syncs and prefetches first (SEMANTICS.md).
+                        let (ok, err) = sync(&m, "30");
+                        if !ok {
+                            fail(&log, format!("sync before the cut: {err}"));
+                        }
+                        let (ok, _, err) = tool(&["prefetch", m.path.to_str().unwrap(), "-q"]);
+                        if !ok {
+                            fail(&log, format!("prefetch before the cut: {err}"));
+                        }
+                    }
                     if link.is_up() {
                         // A mount connected until the cut saves its names once it
                         // notices; one still waiting to reconnect since the last cut
@@ -398,7 +422,7 @@ fn random_sessions_of_names_and_contents_match_a_model() {
                 fail(&log, "the mount does not save its names at the cut".into());
             }
             m.kill9();
-            m = mount(&link.addr, t.path());
+            m = mount_with(&link.addr, t.path(), extra);
             match tree_of(&m.p("")) {
                 Ok(seen) => {
                     if let Some(d) = tree_diff(&seen, &model) {
@@ -413,7 +437,7 @@ fn random_sessions_of_names_and_contents_match_a_model() {
             // Killed while (perhaps) sending its changes back; mounted again.
             log.push(format!("s{session} kill -9 and remount"));
             m.kill9();
-            m = mount(&link.addr, t.path());
+            m = mount_with(&link.addr, t.path(), extra);
         }
         let (ok, err) = sync(&m, "60");
         if !ok {

@@ -7,12 +7,14 @@ use super::{Mount, stats, tool};
 /// A mount of `addr` with `--offline-writes` (and a short timeout, so that a cut link is
 /// noticed quickly), at `t/mnt` with its cache in `t/cache`.
 pub fn mount(addr: &str, t: &Path) -> Mount {
-    Mount::with_cache(
-        addr,
-        &t.join("mnt"),
-        &t.join("cache"),
-        &["--offline-writes", "--timeout", "2"],
-    )
+    mount_with(addr, t, &[])
+}
+
+/// [`mount`] with `extra` arguments.
+pub fn mount_with(addr: &str, t: &Path, extra: &[&str]) -> Mount {
+    let mut args = vec!["--offline-writes", "--timeout", "2"];
+    args.extend_from_slice(extra);
+    Mount::with_cache(addr, &t.join("mnt"), &t.join("cache"), &args)
 }
 
 /// The offline log's part of `hoardfs stats --json`.

@@ -179,14 +179,10 @@ impl<'a> Reintegration<'a> {
         }
         total.left = off.log.count() as u64;
         // (With `--write-back=async` the log is sent every second while the link is up:
-        // this client's names are the origin's unless a conflict was kept, and what it
-        // made is read from the origin when it is read, not all fetched back at once.)
+        // this client's names are the origin's unless a conflict was kept.)
         let trickling = self.sb.config().write_back == crate::WriteBack::Async;
         if had_names && !off.log.names_pending() && (!trickling || total.conflicts > 0) {
             self.names_sent_back();
-        }
-        if trickling {
-            sent.clear();
         }
         // Cached again (fetched at the origin's new version), so that the files can be
         // changed offline at the next disconnection; after the log is empty, not before.
