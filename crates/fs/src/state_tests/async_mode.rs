@@ -111,3 +111,42 @@ fn a_file_made_and_removed_between_two_passes_never_reaches_the_origin() {
     assert_eq!(r.fs.trickle().sent, 0);
     assert!(!r.export.join("tmp_pack").exists());
 }
+
+#[test]
+fn a_file_sent_back_under_a_callback_stays_cached_without_being_fetched_again() {
+    let (r, reg, _) = async_rig();
+    let data = content(7, 300_000);
+    let f = create(&r, &reg, ROOT_INO, "made", &data);
+    let before = r.fs.stats().bytes_from_network;
+    assert_eq!(r.fs.reintegrate().left, 0);
+    assert_eq!(std::fs::read(r.export.join("made")).unwrap(), data);
+    // Kept from the staged copy: nothing fetched back, and read from the cache.
+    assert_eq!(r.fs.stats().bytes_from_network, before);
+    let (o, _) = open_read(&r, f, READ, &reg);
+    assert_eq!(read_all(&r, o.fh), data);
+    r.fs.release(o.fh);
+    assert_eq!(r.fs.stats().bytes_from_network, before);
+}
+
+#[test]
+fn a_file_changed_elsewhere_while_it_was_sent_back_is_fetched_again() {
+    let (r, reg, _) = async_rig();
+    let f = create(&r, &reg, ROOT_INO, "made", b"ours");
+    // Another client writes the file as it reaches the server: its break overtakes.
+    let origin = r.origin.clone();
+    let export = r.export.clone();
+    *r.origin.during_write.lock() = Some(Box::new(move || {
+        use std::os::unix::fs::MetadataExt;
+        let id = std::fs::metadata(export.join("made"))
+            .map(|m| m.ino())
+            .unwrap_or(0);
+        origin.send(attr_break(id));
+    }));
+    let before = r.fs.stats().bytes_from_network;
+    assert_eq!(r.fs.reintegrate().left, 0);
+    // Not kept from the staged copy: fetched back from the server.
+    assert!(r.fs.stats().bytes_from_network > before);
+    let (o, _) = open_read(&r, f, READ, &reg);
+    assert_eq!(read_all(&r, o.fh), b"ours");
+    r.fs.release(o.fh);
+}
