@@ -81,55 +81,12 @@ pub(crate) struct ChangeSender<'a> {
     sb: &'a Superblock,
     off: &'a OfflineWrites,
     writing: Writing<'a>,
-    /// The break number before the change was sent (see [`ChangeSender::keep_sent`]).
-    since: u64,
 }
 
 impl<'a> ChangeSender<'a> {
     /// A sender of `off`'s changes to the origin of `sb`.
     pub(crate) fn new(sb: &'a Superblock, off: &'a OfflineWrites, writing: Writing<'a>) -> Self {
-        let since = sb.callbacks().seq();
-        ChangeSender {
-            sb,
-            off,
-            writing,
-            since,
-        }
-    }
-
-    /// Keeps the staged content just sent (`g`) in the disk cache as the origin's file at
-    /// `attr`, so that it need not be fetched back: only under a callback that no break
-    /// overtook since before the change was sent (nobody else changed the file, which
-    /// the origin would have told), and at the size the origin reports; otherwise the
-    /// file is fetched back as before.
-    fn keep_sent(&self, g: &Inner, attr: &hoardfs_origin::Attr) {
-        let objects = self.sb.objects();
-        let Some(cache) = objects.dir_if_any() else {
-            return;
-        };
-        if attr.kind != hoardfs_origin::FileKind::File
-            || attr.size != g.size()
-            || !self.sb.callbacks().grants(attr.file_id, self.since)
-        {
-            return;
-        }
-        let Ok(obj) = cache.object(objects.key(attr.file_id), attr.version, attr.size) else {
-            return;
-        };
-        let chunk = obj.chunk_size();
-        let mut at = 0;
-        while at < attr.size {
-            let len = chunk.min(attr.size - at);
-            match g.read(at, len as usize) {
-                Ok(data) if data.len() as u64 == len => {
-                    if obj.write_chunk(at / chunk, &data, attr.version).is_err() {
-                        return;
-                    }
-                }
-                _ => return,
-            }
-            at += len;
-        }
+        ChangeSender { sb, off, writing }
     }
 
     /// Sends one change back (under its lock, so writes to the object wait): its move,
@@ -756,11 +713,6 @@ impl<'a> ChangeSender<'a> {
         }
         // Names changed on the origin: listings read ahead may not have the change.
         self.sb.trees().forget_all();
-        if rec.has_content()
-            && let Outcome::Sent(e, _) | Outcome::Created(e, _) = &outcome
-        {
-            self.keep_sent(&g, &e.attr);
-        }
         off.log.finish(p.file_id, &mut g);
         drop(g);
         // The kernel is told only now: an operation it holds a directory locked for may be
