@@ -3,9 +3,10 @@
 system by, on a default mount against the local disk and sshfs in the same run.
 
 A `hoardfs serve` on loopback (its defaults: TLS, the client trusting it on first use),
-one mount with the defaults (write-behind: `--write-back close`) and one with
-`--write-back through` (every write a round trip, the behaviour before issue 39), each
-with its own cache; sshfs straight to an sftp-server behind socat on loopback (no ssh
+one mount with the defaults (write-behind: `--write-back close`), one with
+`--write-back through` (every write a round trip, the behaviour before issue 39) and one
+with `--write-back async` (Coda's weakly connected mode: names and new files through the
+change log, sent within about a second), each with its own cache; sshfs straight to an sftp-server behind socat on loopback (no ssh
 crypto, as in the other benchmarks). Each workload runs `--rounds` times into a fresh
 directory; medians. Workloads, each ending durable (fsync, or syncfs of the tree):
 
@@ -15,9 +16,13 @@ directory; medians. Workloads, each ending durable (fsync, or syncfs of the tree
 * tar x: extraction of this repository's sources (`git archive HEAD`), then `sync -f`;
 * git clone: `git clone --no-local` of this repository, then `sync -f`.
 
-The local disk is timed with the same final fsync/syncfs ("local+sync"; the ratio's
-base) and without it. After each hoardfs round, a second mount checks that the bytes
-are there (close-to-open). `--rate 100mbit` puts the server (and sshfs's sftp-server) in
+The local disk is timed with the same final fsync/syncfs (the ratio's base). With
+`--write-back async` an fsync makes the data durable on the client's disk, and the
+changes reach the server in the background: after each async round `hoardfs sync` (the
+barrier) is timed on its own ("async drain"). Then tar x and git clone run once more
+without the final sync on the local disk and the async mount (the async target's base).
+After each hoardfs round, a second mount checks that the bytes are there (close-to-open;
+for async, after the drain). `--rate 100mbit` puts the server (and sshfs's sftp-server) in
 a network namespace behind a veth pair shaped to that rate each way (seed000.py's link)
 instead of loopback. Run as root: python3 bench/writes.py. JSON in bench/out/.
 """
@@ -101,6 +106,19 @@ def workloads(tarball, lines):
             "tar x": tar_x, "git clone": clone}
 
 
+def unsynced(tarball):
+    """tar x and git clone without the final syncfs (the async mode's comparison)."""
+    def tar_x(d):
+        sh(["tar", "xf", tarball, "-C", d])
+        return d
+
+    def clone(d):
+        sh(["git", "clone", "-q", "--no-local", REPO, f"{d}/clone"])
+        return f"{d}/clone"
+
+    return {"tar x, no sync": tar_x, "git clone, no sync": clone}
+
+
 def timed(fn, d):
     os.makedirs(d)
     t = time.perf_counter()
@@ -140,7 +158,7 @@ def main():
         procs.append(srv)
         wait_line(srv, "hoardfs: serving", "server")
         for name, extra in (("default", []), ("through", ["--write-back", "through"]),
-                            ("check", [])):
+                            ("async", ["--write-back", "async"]), ("check", [])):
             mnt = os.path.join(work, f"mnt-{name}")
             os.makedirs(mnt)
             m = subprocess.Popen([args.binary, "mount", f"{host}:{PORT}", mnt,
@@ -163,28 +181,41 @@ def main():
             wait_mounted(m, mnt, "sshfs")
             mounts["sshfs"] = mnt
         systems = [("local", local), ("hoardfs", mounts["default"]),
-                   ("hoardfs --write-back through", mounts["through"])]
+                   ("hoardfs --write-back through", mounts["through"]),
+                   ("hoardfs --write-back async", mounts["async"])]
         if "sshfs" in mounts:
             systems.append(("sshfs", mounts["sshfs"]))
         link = f"veth shaped to {args.rate}" if args.rate else "loopback"
         res = {"time": time.strftime("%Y%m%d-%H%M%S"), "binary": args.binary,
                "transport": f"TLS (default), {link}", "rounds": args.rounds, "rows": {}}
-        for wl, fn in workloads(tarball, args.lines).items():
+        def run(wl, fn, systems):
             row = res["rows"][wl] = {}
             for sysname, root in systems:
-                times = []
+                times, drains = [], []
                 for r in range(args.rounds):
                     tag = "".join(c if c.isalnum() else "-" for c in f"{sysname}-{wl}")
                     d = os.path.join(root, f"{tag}-{r}")
                     t, out = timed(fn, d)
                     times.append(t)
-                    if root == mounts["default"]:
+                    if root == mounts["async"]:
+                        t0 = time.perf_counter()
+                        sh([args.binary, "sync", root])
+                        drains.append(time.perf_counter() - t0)
+                    if root in (mounts["default"], mounts["async"]):
                         # Close-to-open: another client sees every byte now.
                         seen = os.path.join(mounts["check"], os.path.relpath(out, root))
                         if digest(seen) != digest(out):
                             sys.exit(f"{wl}: the second client sees other bytes")
                 row[sysname] = statistics.median(times)
                 log(f"{wl}: {sysname} {row[sysname]:.3f} s")
+                if drains:
+                    row["async drain"] = statistics.median(drains)
+                    log(f"{wl}: async drain {row['async drain']:.3f} s")
+
+        for wl, fn in workloads(tarball, args.lines).items():
+            run(wl, fn, systems)
+        for wl, fn in unsynced(tarball).items():
+            run(wl, fn, [("local", local), ("hoardfs --write-back async", mounts["async"])])
     finally:
         for mnt in mounts.values():
             subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
@@ -193,12 +224,18 @@ def main():
         if args.rate:
             seed000.clean_leftovers()
         shutil.rmtree(work, ignore_errors=True)
-    names = [s for s, _ in systems]
+    names = [s for s, _ in systems] + ["async drain"]
     print()
     print(f"{'workload':24}" + "".join(f"{n:>30}" for n in names))
     for wl, row in res["rows"].items():
         cells = [f"{row['local']:.3f} s"]
-        cells += [f"{row[n]:.3f} s ({row['local'] / row[n]:.2f}x)" for n in names[1:]]
+        for n in names[1:]:
+            if n not in row:
+                cells.append("-")
+            elif n == "async drain":
+                cells.append(f"{row[n]:.3f} s")
+            else:
+                cells.append(f"{row[n]:.3f} s ({row['local'] / row[n]:.2f}x)")
         print(f"{wl:24}" + "".join(f"{c:>30}" for c in cells))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"writes-{res['time']}.json"), "w") as f:
