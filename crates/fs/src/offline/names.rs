@@ -338,7 +338,7 @@ impl<'a> OfflineNames<'a> {
                 } else if rec.creates() {
                     off.log.finish(base.file_id, &mut g);
                 } else if !rec.removes() {
-                    g.become_removal(is_dir).map_err(kept)?;
+                    g.become_removal(is_dir, base.version).map_err(kept)?;
                 }
             }
             None if off.keeps_new() => {

@@ -111,3 +111,24 @@ fn a_file_made_and_removed_between_two_passes_never_reaches_the_origin() {
     assert_eq!(r.fs.trickle().sent, 0);
     assert!(!r.export.join("tmp_pack").exists());
 }
+
+#[test]
+fn a_file_renamed_written_and_replaced_is_removed_without_a_conflict() {
+    let (r, reg, f) = async_rig();
+    std::fs::write(r.export.join("other"), b"other").unwrap();
+    r.fs.listing(ROOT_INO).unwrap();
+    r.fs.lookup(ROOT_INO, b"other").unwrap();
+    // Renamed in the log; the write goes to the server's file (a pending rename does not
+    // hold back writes)...
+    r.fs.rename(ROOT_INO, b"f", ROOT_INO, b"r", 0).unwrap();
+    let o = r.fs.open(f, WRITE, &|file| reg.register(file)).unwrap();
+    r.fs.write(o.fh, 0, b"written", 1).unwrap();
+    r.fs.flush(f, o.fh, 1).unwrap();
+    r.fs.release(o.fh);
+    // ... then replaced: its removal is of the version this client wrote, not a conflict.
+    r.fs.rename(ROOT_INO, b"other", ROOT_INO, b"r", 0).unwrap();
+    assert_eq!(r.fs.reintegrate().left, 0);
+    assert!(r.fs.conflicts().is_empty(), "{:?}", r.fs.conflicts());
+    assert!(!r.export.join("f").exists());
+    assert_eq!(std::fs::read(r.export.join("r")).unwrap(), b"other");
+}

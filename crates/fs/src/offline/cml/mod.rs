@@ -437,15 +437,23 @@ impl Inner {
     }
 
     /// The object with a pending `Store` or `Meta` change is removed too (`dir`: it is a
-    /// directory): the change becomes its removal (from the same base version, where
-    /// the origin has it), and the staged bytes go.
-    pub fn become_removal(&mut self, dir: bool) -> std::io::Result<()> {
+    /// directory): the change becomes its removal, where the origin has it, of the base
+    /// version of a `Store` (the staged content's) or of `seen` for a `Meta` (the version
+    /// this client last saw), and the staged bytes go.
+    pub fn become_removal(&mut self, dir: bool, seen: u64) -> std::io::Result<()> {
         // The record first: a crash between the two leaves a removal with the staged
         // content still beside it (unused), never a `Store` of an emptied file.
-        let was = self.record.kind;
+        let (was, base) = (self.record.kind, self.record.base_version);
         self.record.kind = if dir { Kind::Rmdir } else { Kind::Remove };
+        // A move or attributes only: the content is the origin's, and this client may
+        // have written it there since the change began (a write is not held back by a
+        // pending rename): the removal is of the version it saw last.
+        if was == Kind::Meta {
+            self.record.base_version = seen;
+        }
         if let Err(e) = self.persist() {
             self.record.kind = was;
+            self.record.base_version = base;
             return Err(e);
         }
         // The removal is recorded: the staged bytes are unused from here on, and failing
