@@ -51,8 +51,9 @@ enum Command {
     Stats(tools::StatsArgs),
     /// Counters of a running server: connections, requests, reads, file opens, bytes.
     ServerStats(tools::ServerStatsArgs),
-    /// Wait until the changes a mount kept while its server was unreachable
-    /// (--offline-writes) are on the server; fails if some are left at the timeout.
+    /// Wait until the changes a mount kept in its change log (made while its server was
+    /// unreachable with --offline-writes, or any with --write-back async) and the writes
+    /// queued behind writers are on the server; fails if some are left at the timeout.
     Sync(tools::SyncArgs),
     /// List the offline changes that met a change on the server, and where this client's
     /// version was put.
