@@ -666,14 +666,7 @@ impl HoardFs {
     pub fn reintegrate(&self) -> Reintegrated {
         // (`hoardfs sync`: writes queued behind writers go first.)
         self.writes.settle_all();
-        let Some(off) = self.sb.offline_writes() else {
-            return Reintegrated::default();
-        };
-        let _one_pass = self.reintegrating.lock();
-        let writing = |ino| self.reads.files.writing(ino);
-        let r = reintegrate::Reintegration::new(&self.sb, off, &writing).run();
-        self.settle_names();
-        r
+        self.send_log(false)
     }
 
     /// What the mount's keeper calls every second: [`HoardFs::reintegrate`], except that
@@ -683,14 +676,22 @@ impl HoardFs {
         if self.sb.config().write_back != crate::WriteBack::Async {
             return self.reintegrate();
         }
+        self.send_log(true)
+    }
+
+    /// One reintegration of the log, if any (`hold_written`: see
+    /// `Reintegration::holding_written`), then the name breaks put off meanwhile.
+    fn send_log(&self, hold_written: bool) -> Reintegrated {
         let Some(off) = self.sb.offline_writes() else {
             return Reintegrated::default();
         };
         let _one_pass = self.reintegrating.lock();
         let writing = |ino| self.reads.files.writing(ino);
-        let r = reintegrate::Reintegration::new(&self.sb, off, &writing)
-            .holding_written()
-            .run();
+        let mut r = reintegrate::Reintegration::new(&self.sb, off, &writing);
+        if hold_written {
+            r = r.holding_written();
+        }
+        let r = r.run();
         self.settle_names();
         r
     }

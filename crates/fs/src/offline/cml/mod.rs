@@ -19,8 +19,9 @@
 //! record is rewritten (atomically) whenever the change's path, kind, attributes or phase
 //! change. With [`LogSync::OnSync`] (`--write-back=async`, whose changes leave within a
 //! second) nothing is fsynced but by `fsync`: a new record is written in one write, a
-//! changed one over the old in one write of at most a page padded with zeros (no inode, no
-//! rename per change), so that a killed client leaves the old record or the new; before an upload starts it says `Uploading`, so that a client killed in the
+//! changed one over the old in one write of at most a page padded with zeros (no inode,
+//! no rename per change), so that a killed client leaves the old record or the new.
+//! Before an upload starts the record says `Uploading`, so that a client killed in the
 //! middle sends the whole file again rather than take its own half-sent file for
 //! somebody else's change. A record that does not check out is set aside
 //! (`SEQ.rec.damaged`, with its `SEQ.data.damaged`) and reported, never applied; numbers
