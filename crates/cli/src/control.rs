@@ -382,6 +382,14 @@ pub fn stats_json(fs: &HoardFs, info: &MountInfo) -> Value {
             "ring_requests": fuser::ring_requests(),
         },
         "cache": fs.cache_usage().map(|u| usage_json(&u)),
+        // An S3 source: how stale the listings served were, and the requests it cost.
+        "listings": fs.listing_refresh().map(|r| json!({
+            "ttl_secs": r.ttl.as_secs_f64(), "max_stale_secs": r.max_stale.as_secs_f64(),
+            "list_rate_limit": r.rate_limit, "list_requests": r.list_requests,
+            "list_rate": r.list_rate, "stale_served": r.stale_served,
+            "max_age_served_secs": r.max_age_served.as_secs_f64(), "waited": r.waited,
+            "refreshed": r.refreshed, "refresh_failures": r.failures, "queued": r.queued,
+        })),
         "offline_writes": fs.offline_stats().map(|o| json!({
             "pending_files": o.files, "pending_bytes": o.bytes,
             "oldest_pending_secs": o.oldest.map(|d| d.as_secs()),

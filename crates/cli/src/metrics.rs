@@ -36,6 +36,12 @@ const GAUGES: &[&str] = &[
     "io_uring",
     "caching_stopped",
     "short_of_room",
+    "ttl_secs",
+    "max_stale_secs",
+    "list_rate_limit",
+    "list_rate",
+    "max_age_served_secs",
+    "queued",
 ];
 
 /// Renders the stats as Prometheus text.
@@ -71,6 +77,11 @@ pub fn render(stats: &Value) -> String {
     if let Some(room) = stats["cache"]["room"].as_str() {
         emit("cache_", "caching_stopped", &Value::Bool(room == "stopped"));
         emit("cache_", "short_of_room", &Value::Bool(room == "short"));
+    }
+    if let Some(c) = stats["listings"].as_object() {
+        for (k, v) in c {
+            emit("listings_", k, v);
+        }
     }
     if let Some(c) = stats["offline_writes"].as_object() {
         for (k, v) in c {

@@ -234,6 +234,8 @@ fn open_origin(a: &MountArgs) -> CliResult<OpenedOrigin> {
                 region: a.region.clone(),
                 force_path_style: a.force_path_style,
                 metadata_ttl: Duration::from_secs_f64(a.attr_timeout),
+                max_stale: a.metadata_max_stale.map(Duration::from_secs_f64),
+                list_rate: a.list_rate,
                 immutable: a.immutable,
                 read_only: a.read_only,
                 timeout: Duration::from_secs_f64(a.timeout),

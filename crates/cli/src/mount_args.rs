@@ -152,6 +152,16 @@ pub struct MountArgs {
     /// --attr-timeout.
     #[arg(long, value_name = "SECS")]
     pub metadata_ttl: Option<f64>,
+    /// S3 sources: how old a listing may be, in seconds, and still be answered from while
+    /// it is listed again in the background once --metadata-ttl has passed; beyond it,
+    /// readers wait for the store (default 5, or 0 with --metadata-ttl 0: never past the
+    /// TTL).
+    #[arg(long, value_name = "SECS")]
+    pub metadata_max_stale: Option<f64>,
+    /// S3 sources: listing requests per second the background revalidation may send
+    /// (default 20; a listing of up to 1,000 keys is one request).
+    #[arg(long, value_name = "N")]
+    pub list_rate: Option<f64>,
     /// S3 sources: the bucket never changes (published datasets): never revalidate.
     #[arg(long)]
     pub immutable: bool,
@@ -363,6 +373,8 @@ impl MountArgs {
             "region" => a.region = Some(need()?.into()),
             "force_path_style" => a.force_path_style = true,
             "metadata_ttl" => a.metadata_ttl = Some(num()?),
+            "metadata_max_stale" => a.metadata_max_stale = Some(num()?),
+            "list_rate" => a.list_rate = Some(num()?),
             "immutable" => a.immutable = true,
             "uid" => {
                 a.uid = Some(
@@ -417,11 +429,24 @@ impl MountArgs {
                 || a.region.is_some()
                 || a.force_path_style
                 || a.immutable
-                || a.metadata_ttl.is_some())
+                || a.metadata_ttl.is_some()
+                || a.metadata_max_stale.is_some()
+                || a.list_rate.is_some())
         {
             return Err(
-                "--endpoint-url, --region, --force-path-style, --metadata-ttl and \
-                 --immutable apply to s3:// sources only"
+                "--endpoint-url, --region, --force-path-style, --metadata-ttl, \
+                 --metadata-max-stale, --list-rate and --immutable apply to s3:// sources \
+                 only"
+                    .into(),
+            );
+        }
+        if a.metadata_max_stale
+            .is_some_and(|x| !(0.0..1e6).contains(&x))
+            || a.list_rate.is_some_and(|x| !(x > 0.0 && x < 1e6))
+        {
+            return Err(
+                "--metadata-max-stale is a number of seconds, --list-rate a positive \
+                 number of requests per second"
                     .into(),
             );
         }

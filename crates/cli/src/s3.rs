@@ -20,6 +20,10 @@ pub struct S3Args {
     pub force_path_style: bool,
     /// `--metadata-ttl`.
     pub metadata_ttl: Duration,
+    /// `--metadata-max-stale` (`None`: the default for the TTL, [`max_stale`]).
+    pub max_stale: Option<Duration>,
+    /// `--list-rate` (`None`: the origin's default).
+    pub list_rate: Option<f64>,
     /// `--immutable`.
     pub immutable: bool,
     /// `--read-only`.
@@ -29,6 +33,16 @@ pub struct S3Args {
     /// `--uid`, `--gid`, `--file-mode`, `--dir-mode` (default: the mounting user's ids,
     /// 644 and 755).
     pub owner: (Option<u32>, Option<u32>, Option<u16>, Option<u16>),
+}
+
+/// The staleness bound when none is given: 5 s, or none past the TTL with a TTL of 0
+/// (whoever asks the store every time does not want answers older than that).
+pub fn max_stale(ttl: Duration) -> Duration {
+    if ttl.is_zero() {
+        Duration::ZERO
+    } else {
+        ttl.max(Duration::from_secs(5))
+    }
 }
 
 /// The S3 origin for `loc`, keeping its listings and staged writes under `state`.
@@ -41,6 +55,8 @@ pub fn open(loc: S3Location, a: &S3Args, state: Option<PathBuf>) -> CliResult<S3
     o.path_style = a.force_path_style;
     o.credentials = creds;
     o.metadata_ttl = a.metadata_ttl;
+    o.max_stale = a.max_stale.unwrap_or_else(|| max_stale(a.metadata_ttl));
+    o.list_rate = a.list_rate.unwrap_or(o.list_rate);
     o.immutable = a.immutable;
     o.read_only = a.read_only;
     o.timeout = a.timeout;

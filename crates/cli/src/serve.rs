@@ -41,6 +41,15 @@ pub struct ServeArgs {
     /// long a listing or a "no such file" is trusted).
     #[arg(long, requires = "origin", default_value_t = 1.0, value_name = "SECS")]
     pub metadata_ttl: f64,
+    /// With --origin: how old a listing may be, in seconds, and still be answered from
+    /// while it is listed again in the background (default 5, or 0 with --metadata-ttl
+    /// 0); beyond it, requests wait for the store.
+    #[arg(long, requires = "origin", value_name = "SECS")]
+    pub metadata_max_stale: Option<f64>,
+    /// With --origin: listing requests per second the background revalidation may send
+    /// (default 20).
+    #[arg(long, requires = "origin", value_name = "N")]
+    pub list_rate: Option<f64>,
     /// With --origin: the bucket never changes: list each directory once.
     #[arg(long, requires = "origin")]
     pub immutable: bool,
@@ -254,8 +263,15 @@ fn run_tier(a: ServeArgs) -> CliResult<()> {
         .clone()
         .unwrap_or_else(|| default_tier_cache(&a.tls.state_dir(), &url));
     let valid = |x: f64| (0.0..1e6).contains(&x);
-    if !(valid(a.metadata_ttl) && valid(a.timeout) && a.timeout > 0.0) {
-        return Err("--metadata-ttl and --timeout must be numbers of seconds".into());
+    if !(valid(a.metadata_ttl) && valid(a.timeout) && a.timeout > 0.0)
+        || a.metadata_max_stale.is_some_and(|x| !valid(x))
+    {
+        return Err(
+            "--metadata-ttl, --metadata-max-stale and --timeout must be numbers of seconds".into(),
+        );
+    }
+    if a.list_rate.is_some_and(|x| !(x > 0.0 && x < 1e6)) {
+        return Err("--list-rate must be a positive number of requests per second".into());
     }
     let (cfg, identity, _) = server_config(&a, &url)?;
     let limits = a.free_space.limits(a.cache_size)?;
@@ -270,6 +286,8 @@ fn run_tier(a: ServeArgs) -> CliResult<()> {
             region: a.region.clone(),
             force_path_style: a.force_path_style,
             metadata_ttl: std::time::Duration::from_secs_f64(a.metadata_ttl),
+            max_stale: a.metadata_max_stale.map(std::time::Duration::from_secs_f64),
+            list_rate: a.list_rate,
             immutable: a.immutable,
             read_only: a.read_only,
             timeout: std::time::Duration::from_secs_f64(a.timeout),

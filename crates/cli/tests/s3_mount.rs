@@ -579,6 +579,18 @@ fn walk_tree(root: &std::path::Path) -> Vec<(String, Option<Vec<u8>>)> {
     out
 }
 
+/// Puts the tree at `src` under `prefix` with rclone (another S3 client).
+fn copy_up(g: &Garage, src: &Path, prefix: &str) {
+    let out = g
+        .rclone(0)
+        .arg("copy")
+        .arg(src)
+        .arg(g.remote(prefix))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rclone copy: {out:?}");
+}
+
 #[test]
 fn a_walk_of_many_prefixes_costs_a_listing_per_thousand_keys_not_one_per_directory() {
     require_fuse();
@@ -595,14 +607,7 @@ fn a_walk_of_many_prefixes_costs_a_listing_per_thousand_keys_not_one_per_directo
         }
     }
     std::fs::write(src.join("top"), b"top").unwrap();
-    let out = g
-        .rclone(0)
-        .arg("copy")
-        .arg(&src)
-        .arg(g.remote("walk"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "rclone copy: {out:?}");
+    copy_up(&g, &src, "walk");
     let (mnt, cache) = (t.path().join("m"), t.path().join("c"));
     let m = g.mount(0, "", &mnt, &cache, &[]).unwrap();
     let lists = g.s3_requests("ListObjectsV2");
@@ -631,5 +636,72 @@ fn a_walk_of_many_prefixes_costs_a_listing_per_thousand_keys_not_one_per_directo
             Err(format!("{} names", names.len()))
         }
     });
+    m.unmount();
+}
+
+#[test]
+fn listings_past_their_ttl_are_answered_while_revalidated_in_the_background() {
+    // 40 prefixes of 3 objects, read, then read again past the TTL: no reader waits for
+    // a listing, the revalidation costs far fewer listings than there are directories,
+    // and a change made by another client shows within the staleness bound.
+    require_fuse();
+    let Some(g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    let t = scratch();
+    let src = t.path().join("src");
+    for i in 0..40 {
+        let d = src.join(format!("p{i:02}"));
+        std::fs::create_dir_all(&d).unwrap();
+        for j in 0..3 {
+            std::fs::write(d.join(format!("f{j}")), format!("{i}.{j}")).unwrap();
+        }
+    }
+    copy_up(&g, &src, "ds");
+    let (mnt, cache) = (t.path().join("m"), t.path().join("c"));
+    let args = ["--metadata-ttl", "0.5", "--metadata-max-stale", "30"];
+    let m = g.mount(0, "", &mnt, &cache, &args).unwrap();
+    let read_all = || {
+        for i in 0..40 {
+            for j in 0..3 {
+                let p = m.p(&format!("ds/p{i:02}/f{j}"));
+                assert_eq!(read(&p).unwrap(), format!("{i}.{j}").as_bytes());
+            }
+        }
+    };
+    read_all();
+    std::thread::sleep(Duration::from_millis(1200));
+    let lists = g.s3_requests("ListObjectsV2");
+    read_all();
+    let st = stats(&m)["listings"].clone();
+    assert_eq!(st["waited"], 0, "a reader waited for a listing: {st}");
+    assert!(st["stale_served"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(st["max_stale_secs"], 30.0, "{st}");
+    // The background revalidation settles: one listing of the subtree (120 keys), give
+    // or take the first directories listed before the others were queued.
+    assert!(
+        wait_until(Duration::from_secs(5), || stats(&m)["listings"]["queued"]
+            == 0),
+        "the revalidation did not settle: {}",
+        stats(&m)["listings"]
+    );
+    let spent = g.s3_requests("ListObjectsV2") - lists;
+    assert!(spent <= 10, "{spent} listings to revalidate 40 directories");
+    // Another client's overwrite is seen by a reader within the bound (here it is seen
+    // within the TTL and a listing, as the directory is in use).
+    g.put("ds/p07/f1", b"changed");
+    if let Err(last) = reads_within(&m.p("ds/p07/f1"), b"changed", 5) {
+        panic!("the overwrite was not seen within 5 s: {last:?}");
+    }
+    // Past the bound a reader waits for the store rather than be answered from an older
+    // listing.
+    m.unmount();
+    let args = ["--metadata-ttl", "0.2", "--metadata-max-stale", "0.5"];
+    let m = g.mount(0, "", &mnt, &cache, &args).unwrap();
+    assert_eq!(read(&m.p("ds/p03/f0")).unwrap(), b"3.0");
+    std::thread::sleep(Duration::from_millis(1500));
+    g.put("ds/p03/f0", b"past the bound");
+    assert_eq!(read(&m.p("ds/p03/f0")).unwrap(), b"past the bound");
+    assert!(stats(&m)["listings"]["waited"].as_u64().unwrap() > 0);
     m.unmount();
 }

@@ -138,6 +138,11 @@ impl HoardFs {
         self.sb.stats().snapshot(self.sb.origin().is_connected())
     }
 
+    /// How the origin revalidates listings in the background (an S3 origin), if it does.
+    pub fn listing_refresh(&self) -> Option<hoardfs_origin::s3::refresher::RefreshStats> {
+        self.sb.origin().listing_refresh()
+    }
+
     /// Bytes written through the mount and not yet on the origin (queued behind their
     /// writers).
     pub fn unsent_write_bytes(&self) -> u64 {

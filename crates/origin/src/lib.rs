@@ -405,6 +405,12 @@ pub trait Origin: Send + Sync + 'static {
         true
     }
 
+    /// How this origin revalidates directory listings in the background, if it does (an
+    /// S3 origin: module `s3::refresher`), for `hoardfs stats`.
+    fn listing_refresh(&self) -> Option<s3::refresher::RefreshStats> {
+        None
+    }
+
     /// Tries to reach the origin now if it is not connected (an origin with a
     /// connection; others have nothing to do). For commands a person waits on, which
     /// should not fail just because the background reconnect has not come round yet.

@@ -154,6 +154,8 @@ pub struct S3Client {
     credentials: Option<Credentials>,
     agent: Agent,
     timeout: Duration,
+    /// Listing requests sent so far.
+    lists: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for S3Client {
@@ -208,6 +210,7 @@ impl S3Client {
             credentials: cfg.credentials,
             agent,
             timeout: cfg.timeout,
+            lists: Default::default(),
         })
     }
 
@@ -317,6 +320,11 @@ impl S3Client {
         self.list(prefix, token, max, false, start_after)
     }
 
+    /// Listing requests sent so far (every page is one).
+    pub fn list_requests(&self) -> u64 {
+        self.lists.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn list(
         &self,
         prefix: &str,
@@ -325,6 +333,8 @@ impl S3Client {
         delimited: bool,
         start_after: Option<&str>,
     ) -> S3Result<ListPage> {
+        self.lists
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut action: ListObjectsV2<'_> = self.bucket.list_objects_v2(self.credentials.as_ref());
         action.with_prefix(prefix);
         if delimited {

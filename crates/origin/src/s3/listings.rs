@@ -160,8 +160,9 @@ impl Snapshot {
 
 struct Held {
     snap: Arc<Snapshot>,
-    /// Fresh until then (`None`: expired, kept for offline use).
-    fresh_until: Option<Instant>,
+    /// When the store was asked for it (`None`: out of date whatever its age, as a
+    /// change made through this origin may be missing from it; kept for offline use).
+    listed: Option<Instant>,
     used: u64,
 }
 
@@ -174,6 +175,9 @@ pub struct Listings {
     seen: Mutex<Option<HashMap<String, Listed>>>,
     disk: Option<PathBuf>,
     ttl: Duration,
+    /// How old a listing may be and still be served while it is listed again in the
+    /// background (at least `ttl`).
+    max_stale: Duration,
     immutable: bool,
     /// Counts the changes made through this origin ([`Listings::expire`]): a listing
     /// begun before one of its directory may not show it, and is kept as out of date.
@@ -212,8 +216,14 @@ const EXPIRED_LOG: usize = 4096;
 const VERSIONS_MAX: usize = 1 << 20;
 
 impl Listings {
-    /// A store keeping snapshots under `disk` (if any), fresh for `ttl`.
-    pub fn new(disk: Option<PathBuf>, ttl: Duration, immutable: bool) -> Listings {
+    /// A store keeping snapshots under `disk` (if any), fresh for `ttl` and served while
+    /// they are listed again up to `max_stale` ([`Listings::usable`]).
+    pub fn new(
+        disk: Option<PathBuf>,
+        ttl: Duration,
+        max_stale: Duration,
+        immutable: bool,
+    ) -> Listings {
         if let Some(d) = &disk {
             let _ = super::staging::private_dir(d);
         }
@@ -222,6 +232,7 @@ impl Listings {
             seen: Mutex::new(None),
             disk,
             ttl,
+            max_stale: max_stale.max(ttl),
             immutable,
             changes: std::sync::atomic::AtomicU64::new(0),
             expired: Mutex::new(ExpiredLog::default()),
@@ -231,31 +242,80 @@ impl Listings {
 
     /// The listing of `prefix` if it is fresh.
     pub fn fresh(&self, prefix: &str) -> Option<Arc<Snapshot>> {
+        match self.usable(prefix)? {
+            (s, Age::Fresh) => Some(s),
+            (_, Age::Stale(_)) => None,
+        }
+    }
+
+    /// The listing of `prefix` if it may be served: fresh, or listed less than the
+    /// staleness bound ago (the caller has it listed again in the background) and with no
+    /// change made through this origin since.
+    pub fn usable(&self, prefix: &str) -> Option<(Arc<Snapshot>, Age)> {
         let now = Instant::now();
         {
             let mut g = self.mem.lock();
             let (m, clock) = &mut *g;
             *clock += 1;
             if let Some(h) = m.get_mut(prefix) {
-                if self.immutable || h.fresh_until.is_some_and(|t| now < t) {
-                    h.used = *clock;
-                    return Some(h.snap.clone());
-                }
-                return None;
+                let age = self.age(h.listed, now)?;
+                h.used = *clock;
+                return Some((h.snap.clone(), age));
             }
         }
-        // Not in memory: a snapshot on disk young enough (a remount within the TTL).
+        // Not in memory: a snapshot on disk young enough (a remount within the bound).
         let snap = self.load(prefix)?;
-        let age = now_unix().saturating_sub(snap.listed_at);
-        let left = self.ttl.as_secs() as i64 - age;
-        if self.immutable || left > 0 {
-            self.known_version(prefix, &snap);
-            let snap = Arc::new(snap);
-            let until = now + Duration::from_secs(left.max(0) as u64);
-            self.hold(prefix, snap.clone(), Some(until));
-            return Some(snap);
+        let listed = listed_instant(&snap, now);
+        let age = self.age(listed, now)?;
+        self.known_version(prefix, &snap);
+        let snap = Arc::new(snap);
+        self.hold(prefix, snap.clone(), listed);
+        Some((snap, age))
+    }
+
+    /// How a listing made at `listed` may be used at `now` (`None`: not without the store).
+    fn age(&self, listed: Option<Instant>, now: Instant) -> Option<Age> {
+        if self.immutable {
+            return Some(Age::Fresh);
         }
-        None
+        let age = now.saturating_duration_since(listed?);
+        if age < self.ttl {
+            Some(Age::Fresh)
+        } else if age < self.max_stale {
+            Some(Age::Stale(age))
+        } else {
+            None
+        }
+    }
+
+    /// When the listing of `prefix` kept in memory was made, if it is not out of date.
+    pub fn listed_at(&self, prefix: &str) -> Option<Instant> {
+        self.mem.lock().0.get(prefix).and_then(|h| h.listed)
+    }
+
+    /// Listings under `top` (itself included) kept in memory and fresh.
+    pub fn fresh_under(&self, top: &str) -> usize {
+        let now = Instant::now();
+        let g = self.mem.lock();
+        g.0.iter()
+            .filter(|(p, h)| p.starts_with(top) && self.age(h.listed, now) == Some(Age::Fresh))
+            .count()
+    }
+
+    /// Entries listed under each of `tops` (directory prefixes), counted over every
+    /// directory this mount has listed: what one listing without delimiter of each would
+    /// read, about.
+    pub fn entries_under(&self, tops: &[String]) -> Vec<usize> {
+        let v = self.versions.lock();
+        let mut out = vec![0; tops.len()];
+        for (prefix, version) in v.iter() {
+            for (n, top) in out.iter_mut().zip(tops) {
+                if prefix.starts_with(top.as_str()) {
+                    *n += version.entries;
+                }
+            }
+        }
+        out
     }
 
     /// Records the version of a listing loaded from disk (kept by an earlier mount), if
@@ -281,8 +341,9 @@ impl Listings {
         }
         let snap = self.load(prefix)?;
         self.known_version(prefix, &snap);
+        let listed = listed_instant(&snap, Instant::now());
         let snap = Arc::new(snap);
-        self.hold(prefix, snap.clone(), None);
+        self.hold(prefix, snap.clone(), listed);
         Some(snap)
     }
 
@@ -316,6 +377,22 @@ impl Listings {
         Ok(self.install(prefix, Snapshot::from_pages(prefix, pages), changes))
     }
 
+    /// Lists `prefix` with one request: kept and returned if that was all of it (`None`: a
+    /// larger directory, nothing kept).
+    pub fn refresh_if_small(
+        &self,
+        client: &S3Client,
+        prefix: &str,
+    ) -> S3Result<Option<Arc<Snapshot>>> {
+        let changes = self.changes.load(std::sync::atomic::Ordering::SeqCst);
+        let page = client.list_page(prefix, None, PAGE)?;
+        if page.next.is_some() {
+            return Ok(None);
+        }
+        let snap = Snapshot::from_pages(prefix, vec![page]);
+        Ok(Some(self.install(prefix, snap, changes)))
+    }
+
     /// Changes made through this origin so far: taken before listing, and given to
     /// [`Listings::install`].
     pub fn changes(&self) -> u64 {
@@ -333,7 +410,7 @@ impl Listings {
             self.hold(prefix, snap.clone(), None);
             return snap;
         }
-        self.hold(prefix, snap.clone(), Some(Instant::now() + self.ttl));
+        self.hold(prefix, snap.clone(), Some(Instant::now()));
         self.store(prefix, &snap);
         // A change that came between the check and now expired what was there before:
         // this one may miss it too.
@@ -397,7 +474,7 @@ impl Listings {
     /// Makes the kept listing of `prefix` out of date, in memory and on disk.
     fn expire_kept(&self, prefix: &str) {
         if let Some(h) = self.mem.lock().0.get_mut(prefix) {
-            h.fresh_until = None;
+            h.listed = None;
         }
         if let Some(p) = self.path(prefix) {
             // A snapshot on disk must not look fresh to a remount either.
@@ -482,19 +559,12 @@ impl Listings {
         m
     }
 
-    fn hold(&self, prefix: &str, snap: Arc<Snapshot>, fresh_until: Option<Instant>) {
+    fn hold(&self, prefix: &str, snap: Arc<Snapshot>, listed: Option<Instant>) {
         let mut g = self.mem.lock();
         let (m, clock) = &mut *g;
         *clock += 1;
         let used = *clock;
-        m.insert(
-            prefix.to_string(),
-            Held {
-                snap,
-                fresh_until,
-                used,
-            },
-        );
+        m.insert(prefix.to_string(), Held { snap, listed, used });
         if m.len() > MEM_SNAPSHOTS {
             // Drop the least recently used half (they stay on disk).
             let mut uses: Vec<u64> = m.values().map(|h| h.used).collect();
@@ -536,6 +606,23 @@ impl Listings {
         let (magic, p, snap): (String, String, Snapshot) = postcard::from_bytes(&bytes).ok()?;
         (magic == DISK_MAGIC && p == prefix).then_some(snap)
     }
+}
+
+/// How a kept listing may be used ([`Listings::usable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Age {
+    /// Within the TTL (or `--immutable`): as good as asking the store.
+    Fresh,
+    /// Past the TTL by this much in all, within the staleness bound: served while it is
+    /// listed again.
+    Stale(Duration),
+}
+
+/// When a snapshot read from disk was listed, as an instant of this process (`None`:
+/// before this machine's clock can say, or in the future).
+fn listed_instant(snap: &Snapshot, now: Instant) -> Option<Instant> {
+    let age = now_unix().checked_sub(snap.listed_at)?;
+    now.checked_sub(Duration::from_secs(u64::try_from(age).ok()?))
 }
 
 fn now_unix() -> i64 {
@@ -638,7 +725,12 @@ mod tests {
 
     #[test]
     fn a_change_voids_only_the_listings_of_its_directory_begun_before_it() {
-        let l = Listings::new(None, Duration::from_secs(60), false);
+        let l = Listings::new(
+            None,
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            false,
+        );
         let before = l.changes();
         l.expire("a/");
         assert!(l.changed_since(before, "a/"));
@@ -667,20 +759,35 @@ mod tests {
                 ..ListPage::default()
             }],
         );
-        let a = Listings::new(Some(d.path().into()), Duration::from_secs(60), false);
+        let a = Listings::new(
+            Some(d.path().into()),
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            false,
+        );
         a.hold("", Arc::new(snap), Some(Instant::now()));
         a.store("", &a.any("").unwrap());
         // A new store (a remount) finds it fresh on disk within the TTL...
-        let b = Listings::new(Some(d.path().into()), Duration::from_secs(60), false);
+        let b = Listings::new(
+            Some(d.path().into()),
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            false,
+        );
         assert!(b.fresh("").is_some_and(|s| s.get("f").is_some()));
         // ...not fresh with a TTL it outlived, but still there for offline use.
-        let c = Listings::new(Some(d.path().into()), Duration::ZERO, false);
+        let c = Listings::new(Some(d.path().into()), Duration::ZERO, Duration::ZERO, false);
         assert!(c.fresh("").is_none());
         assert!(c.any("").is_some());
         assert!(c.any("other/").is_none());
         // A change through this mount expires it everywhere.
         c.expire("");
-        let e = Listings::new(Some(d.path().into()), Duration::from_secs(60), false);
+        let e = Listings::new(
+            Some(d.path().into()),
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            false,
+        );
         assert!(e.fresh("").is_none());
         // Names looked up one by one are remembered across a remount, torn tail or not.
         c.remember("a/b", &Listed::Dir);
@@ -688,12 +795,63 @@ mod tests {
         let log = d.path().join("seen.log");
         let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
         std::io::Write::write_all(&mut f, &[200, 0, 0, 0, 1, 2]).unwrap();
-        let r = Listings::new(Some(d.path().into()), Duration::ZERO, false);
+        let r = Listings::new(Some(d.path().into()), Duration::ZERO, Duration::ZERO, false);
         assert_eq!(r.recall("a/b"), Some(Listed::Dir));
         assert_eq!(r.recall("a/f"), Some(Listed::File(info(3))));
         assert_eq!(r.recall("a/g"), None);
         // Garbage on disk is ignored.
         std::fs::write(c.path("x/").unwrap(), b"garbage").unwrap();
         assert!(c.any("x/").is_none());
+    }
+
+    #[test]
+    fn a_listing_past_its_ttl_is_served_stale_up_to_the_bound_unless_changed_here() {
+        let l = Listings::new(None, Duration::from_secs(1), Duration::from_secs(5), false);
+        let snap = || Arc::new(Snapshot::from_pages("", vec![ListPage::default()]));
+        let ago = |s| Instant::now().checked_sub(Duration::from_secs(s));
+        l.hold("new/", snap(), ago(0));
+        assert_eq!(l.usable("new/").map(|u| u.1), Some(Age::Fresh));
+        l.hold("old/", snap(), ago(3));
+        assert!(
+            matches!(l.usable("old/"), Some((_, Age::Stale(a))) if a >= Duration::from_secs(3))
+        );
+        assert!(l.fresh("old/").is_none(), "stale is not fresh");
+        l.hold("older/", snap(), ago(6));
+        assert!(
+            l.usable("older/").is_none(),
+            "past the bound: readers wait for the store"
+        );
+        assert!(l.any("older/").is_some(), "but it is kept for offline use");
+        l.expire("new/");
+        assert!(
+            l.usable("new/").is_none(),
+            "a change made here is never served stale"
+        );
+        // What one listing of a whole subtree would read, from the directories listed.
+        l.stamped(
+            "a/",
+            Snapshot::from_pages(
+                "a/",
+                vec![ListPage {
+                    objects: vec![("a/x".into(), info(1)), ("a/y".into(), info(1))],
+                    prefixes: vec!["a/b/".into()],
+                    next: None,
+                }],
+            ),
+        );
+        l.stamped(
+            "a/b/",
+            Snapshot::from_pages(
+                "a/b/",
+                vec![ListPage {
+                    objects: vec![("a/b/z".into(), info(1))],
+                    ..ListPage::default()
+                }],
+            ),
+        );
+        assert_eq!(
+            l.entries_under(&["a/".into(), "a/b/".into(), "c/".into()]),
+            [4, 1, 0]
+        );
     }
 }

@@ -5,10 +5,12 @@
 //! keys), `nodes` (handles ↔ paths; identities and versions), `listings` (directory
 //! snapshots in memory and on disk), `resolve` (what is at a path; attributes, entries,
 //! change reports), `modify` (namespace changes), `staging` (files being written,
-//! uploaded on close), `watch` (change reports for a tier), `options`.
+//! uploaded on close), `watch` (change reports for a tier), `refresher` (listings past
+//! their TTL listed again in the background), `options`.
 //!
 //! S3 has no callbacks, so this origin does not subscribe: the file-system layer
-//! revalidates by time (`--metadata-ttl`). A file's version is a hash of its ETag and
+//! revalidates by time (`--metadata-ttl`), and this origin answers it from listings up to
+//! `--metadata-max-stale` old while the `refresher` lists them again. A file's version is a hash of its ETag and
 //! size; every read is a ranged GET with `If-Match` on the ETag the caller was told
 //! about, so bytes of two objects are never mixed under one version. Listings and the
 //! last attributes seen are kept on disk, so a remount serves cached files and listed
@@ -26,6 +28,7 @@ pub mod location;
 mod modify;
 pub mod nodes;
 mod options;
+pub mod refresher;
 mod resolve;
 mod staging;
 pub mod watch;
@@ -57,7 +60,9 @@ pub struct S3Origin {
     watched: Arc<watch::Watched>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     /// Where changes made through this origin are reported (with `watch`).
-    sink: Mutex<Option<crate::BreakSink>>,
+    sink: Arc<Mutex<Option<crate::BreakSink>>>,
+    /// Lists again, in the background, the listings served past their TTL.
+    refresher: refresher::Refresher,
     staging: Staging,
     /// Recent "no such name" answers: path → when.
     negative: Mutex<std::collections::HashMap<String, Instant>>,
@@ -107,6 +112,7 @@ impl S3Origin {
         let listings = Listings::new(
             opts.state_dir.as_ref().map(|d| d.join("listings")),
             opts.metadata_ttl,
+            opts.max_stale,
             opts.immutable,
         );
         let staging = Staging::new(state.join("staging"))
@@ -114,17 +120,36 @@ impl S3Origin {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
+        let client = Arc::new(client);
+        let table = Arc::new(NodeTable::new(
+            rand::random::<u64>() | 1,
+            1 << 20,
+            S3Node::root(),
+        ));
+        let listings = Arc::new(listings);
+        let stop = Arc::<std::sync::atomic::AtomicBool>::default();
+        let sink = Arc::new(Mutex::new(None));
+        let refresher = refresher::Refresher::new(
+            refresher::Parts {
+                client: client.clone(),
+                location: opts.location.clone(),
+                listings: listings.clone(),
+                table: table.clone(),
+                sink: sink.clone(),
+                stop: stop.clone(),
+            },
+            opts.metadata_ttl,
+            opts.max_stale.max(opts.metadata_ttl),
+            opts.list_rate,
+        );
         Ok(S3Origin {
-            client: Arc::new(client),
-            table: Arc::new(NodeTable::new(
-                rand::random::<u64>() | 1,
-                1 << 20,
-                S3Node::root(),
-            )),
-            listings: Arc::new(listings),
+            client,
+            table,
+            listings,
             watched: Arc::default(),
-            stop: Arc::default(),
-            sink: Mutex::new(None),
+            stop,
+            sink,
+            refresher,
             staging,
             negative: Mutex::new(Default::default()),
             export_id,
@@ -286,7 +311,7 @@ impl Origin for S3Origin {
         }
         // A fresh listing of the directory says as much as a HEAD would.
         let (parent, name) = split(&n.path);
-        if let Some(s) = self.listings.fresh(&self.opts.location.dir_prefix(parent))
+        if let Some(s) = self.served_listing(&self.opts.location.dir_prefix(parent))
             && let Some(Listed::File(info)) = s.get(name)
         {
             self.learn(&n.path, info.clone());
@@ -315,7 +340,7 @@ impl Origin for S3Origin {
         // TTL, or under `--immutable`): the walk finds them without the store. With the
         // top's fresh, the listing starts at its first directory that is not (a walk
         // asks from the same parent again and again).
-        let fresh = |path: &str| self.listings.fresh(&self.opts.location.dir_prefix(path));
+        let fresh = |path: &str| self.served_listing(&self.opts.location.dir_prefix(path));
         let start_after = match fresh(&d.path) {
             Some(s) => {
                 let stale = s
@@ -470,6 +495,10 @@ impl Origin for S3Origin {
             .name("s3-watch".into())
             .spawn(move || poller.run())
             .is_ok()
+    }
+
+    fn listing_refresh(&self) -> Option<refresher::RefreshStats> {
+        (!self.opts.immutable).then(|| self.refresher.stats())
     }
 
     fn is_connected(&self) -> bool {

@@ -22,6 +22,12 @@ pub struct S3Options {
     pub timeout: Duration,
     /// How long listings and negative lookups are trusted.
     pub metadata_ttl: Duration,
+    /// How old a listing may be and still be served while it is listed again in the
+    /// background (module `refresher`); beyond it, readers wait for the store. At least
+    /// `metadata_ttl`.
+    pub max_stale: Duration,
+    /// Listing requests per second the background refresher may send, at most.
+    pub list_rate: f64,
     /// The bucket never changes: listings are trusted forever.
     pub immutable: bool,
     /// Refuse modifications.
@@ -56,6 +62,8 @@ impl S3Options {
             credentials: None,
             timeout: Duration::from_secs(15),
             metadata_ttl: Duration::from_secs(1),
+            max_stale: Duration::from_secs(5),
+            list_rate: 20.0,
             immutable: false,
             read_only: false,
             state_dir: None,

@@ -42,7 +42,8 @@ impl S3Origin {
         if listed.is_none_or(|v| v.entries > RELIST_MAX) {
             return self.dir_attr(path);
         }
-        if self.listings.fresh(&prefix).is_none() {
+        if self.served_listing(&prefix).is_none() {
+            self.refresher.waited();
             // One page of the subtree revalidates this directory and, when it holds them
             // whole, the directories below: a walk repeated after the TTL then costs a
             // request per small subtree, not one per directory. (A failed listing leaves
@@ -53,6 +54,17 @@ impl S3Origin {
             }
         }
         self.dir_attr(path)
+    }
+
+    /// The listing of directory `prefix` if it may be answered from without the store:
+    /// fresh, or past its TTL but within the staleness bound, in which case it is listed
+    /// again in the background (module `refresher`).
+    pub(super) fn served_listing(&self, prefix: &str) -> Option<Arc<listings::Snapshot>> {
+        let (snap, age) = self.listings.usable(prefix)?;
+        if let listings::Age::Stale(age) = age {
+            self.refresher.served_stale(prefix, age);
+        }
+        Some(snap)
     }
 
     /// This origin's relisting context, reporting to `sink`.
@@ -206,6 +218,22 @@ impl S3Origin {
         }
     }
 
+    /// One page of the listing of directory `path`, kept if it is the whole directory
+    /// (`None`: larger, or the store did not answer; the caller probes the name instead).
+    fn list_if_small(&self, path: &str) -> Result<Option<Arc<listings::Snapshot>>> {
+        if self.opts.watch {
+            self.watched.touch(path);
+        }
+        let sink = self.sink.lock().clone();
+        match self.relister(sink.as_ref()).relist_if_small(path) {
+            Ok(s) => {
+                self.reached();
+                Ok(s)
+            }
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
     /// The listing of the directory at `path`: fresh, or from the store, or (store
     /// unreachable) the last one kept.
     pub(super) fn listing(&self, path: &str) -> Result<Arc<listings::Snapshot>> {
@@ -213,8 +241,11 @@ impl S3Origin {
             self.watched.touch(path);
         }
         let prefix = self.opts.location.dir_prefix(path);
-        if let Some(s) = self.listings.fresh(&prefix) {
+        if let Some(s) = self.served_listing(&prefix) {
             return Ok(s);
+        }
+        if self.listings.version(&prefix).is_some() {
+            self.refresher.waited();
         }
         let sink = self.sink.lock().clone();
         let r = self.relister(sink.as_ref()).relist(path);
@@ -306,7 +337,7 @@ impl S3Origin {
             self.watched.touch(parent);
         }
         let prefix = self.opts.location.dir_prefix(parent);
-        let listed = match self.listings.fresh(&prefix) {
+        let listed = match self.served_listing(&prefix) {
             Some(s) => Some(s),
             // A directory listed before (and not huge) is listed again: one request
             // answers this name and, for the next TTL, its neighbours (`find`, `ls -l`,
@@ -318,6 +349,13 @@ impl S3Origin {
             {
                 Some(self.listing(parent)?)
             }
+            // A directory not listed yet: one request lists it if it is small (most are),
+            // which answers this name and its neighbours for the next TTL, where a probe
+            // costs two requests per name. A larger one is probed name by name.
+            None if self.listings.version(&prefix).is_none() => match self.list_if_small(parent) {
+                Ok(s) => s,
+                Err(e) => return self.answer_unreachable(path, e),
+            },
             None => None,
         };
         if let Some(s) = listed {
@@ -354,24 +392,27 @@ impl S3Origin {
                 self.remember_missing(path);
                 Err(WireError::NotFound.into())
             }
-            Err(e) => {
-                let e = self.err(e);
-                if e.is_offline() {
-                    // Unreachable: answer from the last listing of the directory, or
-                    // from what an earlier lookup of this very name found.
-                    if let Some(s) = self.listings.any(&self.opts.location.dir_prefix(parent)) {
-                        return match s.get(name) {
-                            Some(l) => Ok(self.listed_entry(path, l)),
-                            None => Err(WireError::NotFound.into()),
-                        };
-                    }
-                    if let Some(l) = self.listings.recall(path) {
-                        return Ok(self.listed_entry(path, &l));
-                    }
-                }
-                Err(e)
+            Err(e) => self.answer_unreachable(path, self.err(e)),
+        }
+    }
+
+    /// The answer for `path` when asking the store failed with `e`: if the store is
+    /// unreachable, from the last listing of its directory, or from what an earlier lookup
+    /// of this very name found; else the error.
+    fn answer_unreachable(&self, path: &str, e: crate::OriginError) -> Result<Entry> {
+        if e.is_offline() {
+            let (parent, name) = split(path);
+            if let Some(s) = self.listings.any(&self.opts.location.dir_prefix(parent)) {
+                return match s.get(name) {
+                    Some(l) => Ok(self.listed_entry(path, l)),
+                    None => Err(WireError::NotFound.into()),
+                };
+            }
+            if let Some(l) = self.listings.recall(path) {
+                return Ok(self.listed_entry(path, &l));
             }
         }
+        Err(e)
     }
 
     /// The node's object as the store has it now (HEAD), or the last seen while the

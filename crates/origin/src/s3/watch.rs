@@ -133,6 +133,18 @@ impl Relister<'_> {
         Ok(new)
     }
 
+    /// Lists directory `dir` with one request and keeps the listing if that was all of it
+    /// (`None`: more than a page, nothing kept), reporting changes as [`Relister::relist`].
+    pub fn relist_if_small(&self, dir: &str) -> super::client::S3Result<Option<Arc<Snapshot>>> {
+        let prefix = self.location.dir_prefix(dir);
+        let old = self.sink.and_then(|_| self.listings.any(&prefix));
+        let new = self.listings.refresh_if_small(self.client, &prefix)?;
+        if let Some(new) = &new {
+            self.report(dir, old.as_deref(), new);
+        }
+        Ok(new)
+    }
+
     /// Reports to the sink (if any) what changed in directory `dir` from `old` to `new`.
     fn report(&self, dir: &str, old: Option<&Snapshot>, new: &Snapshot) {
         if let Some(sink) = self.sink {
