@@ -375,6 +375,7 @@ pub fn stats_json(fs: &HoardFs, info: &MountInfo) -> Value {
             "bytes_written": s.bytes_written,
             "listing_fetches": s.listing_fetches, "tree_requests": s.tree_requests,
             "listings_read_ahead": s.listings_read_ahead,
+            "files_fetched_ahead": s.files_fetched_ahead,
         },
         // How the kernel's requests reach this daemon (`--fuse-transport`).
         "fuse": {

@@ -455,6 +455,7 @@ fn fs_config(a: &MountArgs, cache_dir: Option<&Path>) -> CliResult<FsConfig> {
         offline_writes: a.offline_writes,
         host: host_name(),
         write_back: a.write_back.into(),
+        files_ahead: a.files_ahead,
         ..Default::default()
     })
 }

@@ -131,6 +131,11 @@ pub struct MountArgs {
     /// root (it is the mount's `read_ahead_kb` in /sys/class/bdi); 0 leaves it alone.
     #[arg(long, default_value_t = 1024)]
     pub readahead_kb: u32,
+    /// Files fetched at once ahead of a reader walking a directory in listing order (the
+    /// next files of the listing, fetched whole into the disk cache; files up to 16 MiB).
+    /// 0 turns it off.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub files_ahead: usize,
     /// Append log lines to FILE instead of writing them to stderr (never coloured; a
     /// failure to mount is logged there too).
     #[arg(long, value_name = "FILE")]
@@ -399,6 +404,11 @@ impl MountArgs {
             }
             "hoard_file" => a.hoard_file = Some(need()?.into()),
             "metrics_listen" => a.metrics_listen = Some(need()?.into()),
+            "files_ahead" => {
+                a.files_ahead = need()?
+                    .parse()
+                    .map_err(|_| CliError::Usage(format!("mount option {k}: not a number")))?
+            }
             "readahead_kb" => {
                 a.readahead_kb = need()?
                     .parse()
@@ -456,6 +466,9 @@ impl MountArgs {
             || !valid(a.timeout, 0.001)
         {
             return Err("timeouts must be positive numbers of seconds".into());
+        }
+        if a.files_ahead > 64 {
+            return Err("--files-ahead is at most 64".into());
         }
         if a.readahead_kb > 1024 {
             return Err("--readahead-kb is at most 1024 (the largest FUSE request)".into());

@@ -91,6 +91,9 @@ pub struct FsConfig {
     pub readahead_chunks: u64,
     /// Threads fetching readahead chunks.
     pub fetch_threads: usize,
+    /// Threads fetching whole files ahead of a reader walking a directory in listing
+    /// order (0: none; `fetch::siblings`).
+    pub files_ahead: usize,
     /// Serve extended attributes (each call a round trip to the origin). Off, the FUSE
     /// bridge tells the kernel they are unsupported, once for the whole mount.
     pub xattrs: bool,
@@ -144,6 +147,7 @@ impl Default for FsConfig {
             passthrough: true,
             readahead_chunks: 8,
             fetch_threads: 4,
+            files_ahead: 8,
             xattrs: false,
             kernel_opens: false,
             client_id: None,

@@ -184,6 +184,11 @@ impl Reads {
             st.opens.closing();
         }
         drop(st);
+        if !access.write {
+            // A reader walking the directory in listing order: fetch the next files.
+            let missed = object.as_ref().is_none_or(|o| !o.is_complete());
+            sb.fetcher().walk_ahead(sb, &node, missed);
+        }
         let fh = self
             .files
             .insert(OpenFile::new(node, mode.kind(), access, hold));

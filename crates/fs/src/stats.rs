@@ -21,6 +21,7 @@ pub struct Stats {
     pub(crate) listing_fetches: AtomicU64,
     pub(crate) tree_requests: AtomicU64,
     pub(crate) listings_read_ahead: AtomicU64,
+    pub(crate) files_fetched_ahead: AtomicU64,
 }
 
 /// A copy of the counters at one instant.
@@ -60,6 +61,8 @@ pub struct StatsSnapshot {
     pub tree_requests: u64,
     /// Directory listings served from what a subtree request read ahead.
     pub listings_read_ahead: u64,
+    /// Files fetched whole ahead of a reader walking their directory in listing order.
+    pub files_fetched_ahead: u64,
     /// Whether the origin is reachable.
     pub connected: bool,
 }
@@ -102,6 +105,7 @@ impl Stats {
             listing_fetches: self.listing_fetches.load(Relaxed),
             tree_requests: self.tree_requests.load(Relaxed),
             listings_read_ahead: self.listings_read_ahead.load(Relaxed),
+            files_fetched_ahead: self.files_fetched_ahead.load(Relaxed),
             writes: self.writes.load(Relaxed),
             bytes_written: self.bytes_written.load(Relaxed),
             connected,

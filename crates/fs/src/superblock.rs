@@ -97,6 +97,7 @@ impl Superblock {
                 .as_ref()
                 .filter(|o| o.keeps_new())
                 .and_then(|_| start_lister(weak.clone()));
+            let weak_ahead = weak.clone();
             let weak = weak.clone();
             let read_ahead = move |open: &Arc<crate::open_files::OpenFile>, chunk| {
                 let Some(sb) = weak.upgrade() else {
@@ -105,12 +106,19 @@ impl Superblock {
                 sb.fetcher.read_ahead(&sb, open, chunk);
                 true
             };
+            let fetch_file = move |job| {
+                let Some(sb) = weak_ahead.upgrade() else {
+                    return false;
+                };
+                sb.fetcher.fetch_file_ahead(&sb, job);
+                true
+            };
             Superblock {
                 nodes: NodeTable::new(info.root.handle, info.root.attr),
                 origin,
                 objects: Objects::new(cache, info.export_id, stats.clone()),
                 read_only: config.read_only || info.read_only,
-                fetcher: Fetcher::new(&config, with_cache, read_ahead),
+                fetcher: Fetcher::new(&config, with_cache, read_ahead, fetch_file),
                 config,
                 stats,
                 callbacks,

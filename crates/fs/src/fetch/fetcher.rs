@@ -14,6 +14,7 @@ use hoardfs_cache::{CachedObject, ObjectShape, meta::chunk_shift_for};
 use hoardfs_proto::buffers::Recycled;
 use parking_lot::Mutex;
 
+use super::siblings::{FileJob, Siblings};
 use crate::nodes::Node;
 use crate::open_files::OpenFile;
 use crate::opens::ModeKind;
@@ -88,16 +89,20 @@ pub(crate) struct Fetcher {
     window: u64,
     /// Where readahead jobs go (`None` without threads, or once stopped).
     queue: Mutex<Option<mpsc::Sender<PrefetchJob>>>,
+    /// Files fetched ahead of readers walking a directory in listing order.
+    pub(super) siblings: Siblings,
 }
 
 impl Fetcher {
     /// A fetcher whose readahead threads run each queued job with `run` (the owner's
-    /// `read_ahead`; `false`: the owner is gone and the thread ends), only with a disk
-    /// cache (`with_cache`): without one there is no readahead (see `read_uncached`).
+    /// `read_ahead`; `false`: the owner is gone and the thread ends), and whose threads
+    /// fetching files ahead run `fetch_file` (the owner's `fetch_file_ahead`), only with a
+    /// disk cache (`with_cache`): without one there is no readahead (see `read_uncached`).
     pub(crate) fn new(
         config: &FsConfig,
         with_cache: bool,
         run: impl Fn(&Arc<OpenFile>, u64) -> bool + Send + Sync + 'static,
+        fetch_file: impl Fn(FileJob) -> bool + Send + Sync + 'static,
     ) -> Fetcher {
         let run = Arc::new(run);
         let (tx, rx) = mpsc::channel::<PrefetchJob>();
@@ -122,16 +127,19 @@ impl Fetcher {
                 })
                 .expect("spawn fetch thread");
         }
+        let ahead = if with_cache { config.files_ahead } else { 0 };
         Fetcher {
             inflight: Flights::default(),
             window: config.readahead_chunks,
             queue: Mutex::new((threads > 0).then_some(tx)),
+            siblings: Siblings::new(ahead, fetch_file),
         }
     }
 
     /// Stops the readahead threads (queued jobs are dropped once they see the queue gone).
     pub(crate) fn stop(&self) {
         self.queue.lock().take();
+        self.siblings.stop();
     }
 
     /// Whether readahead jobs can be queued (there are threads, and they were not stopped).
@@ -234,7 +242,12 @@ mod tests {
 
     #[test]
     fn concurrent_misses_of_one_chunk_share_one_fetch() {
-        let f = Arc::new(Fetcher::new(&FsConfig::default(), false, |_, _| false));
+        let f = Arc::new(Fetcher::new(
+            &FsConfig::default(),
+            false,
+            |_, _| false,
+            |_| false,
+        ));
         let mut follower = None;
         let led = f.shared(1, 7, 0, || {
             let g = f.clone();
@@ -257,7 +270,7 @@ mod tests {
 
     #[test]
     fn a_failed_fetch_is_not_kept() {
-        let f = Fetcher::new(&FsConfig::default(), false, |_, _| false);
+        let f = Fetcher::new(&FsConfig::default(), false, |_, _| false, |_| false);
         assert!(!f.reads_ahead());
         let failed = f.shared(1, 7, 0, || Err(FsError::BadHandle));
         assert_eq!(failed.unwrap_err(), FsError::BadHandle);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use hoardfs_proto::buffers::Recycled;
 
 use super::fetcher::{Fetcher, View};
+use super::siblings::FileJob;
 use crate::manage::Prefetched;
 use crate::nodes::Node;
 use crate::open_files::OpenFile;
@@ -64,6 +65,69 @@ impl Fetcher {
             st.opens.set_object(None);
         }
         Ok(done)
+    }
+
+    /// A read-only open of `node` (`missed`: its data is not all in the disk cache): if it
+    /// is the next entry of its directory's listing for a reader walking it in order, the
+    /// next files of the listing are queued to be fetched whole (module `siblings`).
+    pub(crate) fn walk_ahead(&self, sb: &Superblock, node: &Node, missed: bool) {
+        /// Files larger than this are left to sequential readahead.
+        const MAX_FILE: u64 = 16 << 20;
+        if !self.siblings.enabled() {
+            return;
+        }
+        let (dir, name) = {
+            let st = node.state.lock();
+            (st.parent(), st.name().to_vec())
+        };
+        if !missed && !self.siblings.streams.lock().follows(dir) {
+            return;
+        }
+        let Some(listing) = sb
+            .nodes()
+            .get(dir)
+            .and_then(|d| d.state.lock().last_listing())
+        else {
+            return;
+        };
+        let entries = &listing.entries;
+        // Usually the entry after the last one opened: no search.
+        let hint = self.siblings.streams.lock().last(dir).map(|i| i + 1);
+        let index = match hint.filter(|&i| entries.get(i).is_some_and(|e| e.name == name)) {
+            Some(i) => i,
+            None => match entries.iter().position(|e| e.name == name) {
+                Some(i) => i,
+                None => return,
+            },
+        };
+        let ahead = self
+            .siblings
+            .streams
+            .lock()
+            .opened(dir, index, entries.len(), missed);
+        let caller = hoardfs_origin::caller::current();
+        for e in &entries[ahead] {
+            let a = &e.entry.attr;
+            if a.kind != hoardfs_origin::FileKind::File || a.size == 0 || a.size > MAX_FILE {
+                continue;
+            }
+            if let Some(n) = sb.nodes().by_file_id(a.file_id) {
+                self.siblings.queue(FileJob {
+                    ino: n.ino,
+                    caller: caller.clone(),
+                });
+            }
+        }
+    }
+
+    /// A queued file: fetched whole into the disk cache as its reader would fetch it.
+    pub(crate) fn fetch_file_ahead(&self, sb: &Superblock, job: FileJob) {
+        let _reader = hoardfs_origin::caller::enter(job.caller);
+        match self.prefetch(sb, job.ino) {
+            Ok(p) if p.fetched > 0 => Stats::add(&sb.stats().files_fetched_ahead, 1),
+            Ok(_) => {}
+            Err(e) => tracing::debug!("fetching file {} ahead failed: {e}", job.ino),
+        }
     }
 
     /// A queued readahead job: fetches chunk `c` for `of` into the disk cache unless the

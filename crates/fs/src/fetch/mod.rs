@@ -4,9 +4,12 @@
 //! readahead window and queue, the threads), knowing nothing of the superblock; [`fill`]
 //! is the fetch itself over a borrowed superblock (origin I/O, and the write into the
 //! cached object), readahead's jobs and whole-file prefetches. The superblock starts the
-//! threads with a closure over a `Weak` of itself (`Superblock::new`).
+//! threads with a closure over a `Weak` of itself (`Superblock::new`). [`siblings`]
+//! follows readers walking a directory in listing order and fetches the next files whole,
+//! many at once.
 
 pub(crate) mod fetcher;
 mod fill;
+pub(crate) mod siblings;
 
 pub(crate) use fetcher::View;

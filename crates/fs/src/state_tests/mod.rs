@@ -13,6 +13,7 @@ mod offline;
 mod offline_names;
 mod read_into;
 mod trees;
+mod walk_ahead;
 mod write_behind;
 
 use std::fs::File;
