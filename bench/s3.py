@@ -233,18 +233,30 @@ def tier_row(res, n):
     return t[n] if n in t else t[str(n)]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def common_args(ap, runs):
+    """The options every Garage benchmark takes."""
     ap.add_argument("--binary", default=os.path.join(REPO, "target", "release", "hoardfs"))
     ap.add_argument("--garage", default=os.environ.get("HOARDFS_GARAGE", os.path.expanduser(
         "~/.cache/hoardfs-test/garage-2.5.0/bin/garage")))
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=runs)
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "out"))
     ap.add_argument("--plot-only", metavar="JSON", help="only draw the charts of a result")
+
+
+def plotted_only(a, draw):
+    """With --plot-only, draws the charts of that result with `draw` and says so."""
+    if not a.plot_only:
+        return False
+    with open(a.plot_only) as f:
+        draw(json.load(f), os.path.join(REPO, "doc", "img"))
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common_args(ap, 3)
     a = ap.parse_args()
-    if a.plot_only:
-        with open(a.plot_only) as f:
-            plot(json.load(f), os.path.join(REPO, "doc", "img"))
+    if plotted_only(a, plot):
         return
     work = tempfile.mkdtemp(prefix="s3-bench-", dir="/var/tmp")
     g = Garage(a.garage, work)

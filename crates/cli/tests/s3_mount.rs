@@ -661,7 +661,7 @@ fn listings_past_their_ttl_are_answered_while_revalidated_in_the_background() {
     let (mnt, cache) = (t.path().join("m"), t.path().join("c"));
     let args = ["--metadata-ttl", "0.5", "--metadata-max-stale", "30"];
     let m = g.mount(0, "", &mnt, &cache, &args).unwrap();
-    let read_all = || {
+    let read_all = |m: &Mount| {
         for i in 0..40 {
             for j in 0..3 {
                 let p = m.p(&format!("ds/p{i:02}/f{j}"));
@@ -669,10 +669,10 @@ fn listings_past_their_ttl_are_answered_while_revalidated_in_the_background() {
             }
         }
     };
-    read_all();
+    read_all(&m);
     std::thread::sleep(Duration::from_millis(1200));
     let lists = g.s3_requests("ListObjectsV2");
-    read_all();
+    read_all(&m);
     let st = stats(&m)["listings"].clone();
     assert_eq!(st["waited"], 0, "a reader waited for a listing: {st}");
     assert!(st["stale_served"].as_u64().unwrap() > 0, "{st}");
@@ -693,13 +693,37 @@ fn listings_past_their_ttl_are_answered_while_revalidated_in_the_background() {
     if let Err(last) = reads_within(&m.p("ds/p07/f1"), b"changed", 5) {
         panic!("the overwrite was not seen within 5 s: {last:?}");
     }
-    // Past the bound a reader waits for the store rather than be answered from an older
-    // listing.
+    g.put("ds/p07/f1", b"7.1");
+    if let Err(last) = reads_within(&m.p("ds/p07/f1"), b"7.1", 5) {
+        panic!("the second overwrite was not seen within 5 s: {last:?}");
+    }
+    // Directories in use are kept younger than the bound while nobody reads them: a
+    // reader coming back after a pause longer than the bound waits for nothing.
     m.unmount();
-    let args = ["--metadata-ttl", "0.2", "--metadata-max-stale", "0.5"];
+    let args = ["--metadata-ttl", "0.3", "--metadata-max-stale", "1.5"];
+    let m = g.mount(0, "", &mnt, &cache, &args).unwrap();
+    read_all(&m);
+    let lists = g.s3_requests("ListObjectsV2");
+    std::thread::sleep(Duration::from_secs(3));
+    let idle = g.s3_requests("ListObjectsV2") - lists;
+    read_all(&m);
+    let st = stats(&m)["listings"].clone();
+    assert_eq!(st["waited"], 0, "a reader waited after a pause: {st}");
+    assert!(
+        st["max_age_served_secs"].as_f64().unwrap() < 1.5,
+        "answered from a listing past the bound: {st}"
+    );
+    // A listing of the 120 keys every 0.75 s or so, not one per directory.
+    assert!(
+        idle <= 12,
+        "{idle} listings in 3 s to keep 41 directories fresh"
+    );
+    m.unmount();
+    // With no window past the TTL, a reader past it waits for the store.
+    let args = ["--metadata-ttl", "0.2", "--metadata-max-stale", "0.2"];
     let m = g.mount(0, "", &mnt, &cache, &args).unwrap();
     assert_eq!(read(&m.p("ds/p03/f0")).unwrap(), b"3.0");
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(500));
     g.put("ds/p03/f0", b"past the bound");
     assert_eq!(read(&m.p("ds/p03/f0")).unwrap(), b"past the bound");
     assert!(stats(&m)["listings"]["waited"].as_u64().unwrap() > 0);

@@ -164,6 +164,8 @@ struct Held {
     /// change made through this origin may be missing from it; kept for offline use).
     listed: Option<Instant>,
     used: u64,
+    /// When a reader was last answered from it.
+    used_at: Instant,
 }
 
 /// The listing store. Locks: `mem` and `seen` are leaves; `mem` is never held across a
@@ -260,6 +262,7 @@ impl Listings {
             if let Some(h) = m.get_mut(prefix) {
                 let age = self.age(h.listed, now)?;
                 h.used = *clock;
+                h.used_at = now;
                 return Some((h.snap.clone(), age));
             }
         }
@@ -291,6 +294,24 @@ impl Listings {
     /// When the listing of `prefix` kept in memory was made, if it is not out of date.
     pub fn listed_at(&self, prefix: &str) -> Option<Instant> {
         self.mem.lock().0.get(prefix).and_then(|h| h.listed)
+    }
+
+    /// The directories answered from since `used_since` whose listing was made before
+    /// `listed_before` (or is out of date), with when it was made: what to list again
+    /// before a reader finds it past the staleness bound. None under `--immutable`.
+    pub fn due(
+        &self,
+        used_since: Instant,
+        listed_before: Instant,
+    ) -> Vec<(String, Option<Instant>)> {
+        if self.immutable {
+            return Vec::new();
+        }
+        let g = self.mem.lock();
+        g.0.iter()
+            .filter(|(_, h)| h.used_at >= used_since && h.listed.is_none_or(|l| l < listed_before))
+            .map(|(p, h)| (p.clone(), h.listed))
+            .collect()
     }
 
     /// Listings under `top` (itself included) kept in memory and fresh.
@@ -564,7 +585,18 @@ impl Listings {
         let (m, clock) = &mut *g;
         *clock += 1;
         let used = *clock;
-        m.insert(prefix.to_string(), Held { snap, listed, used });
+        // A listing made again keeps its readers' last use: the refresher's own listings
+        // must not keep a directory nobody reads in use.
+        let used_at = m.get(prefix).map_or_else(Instant::now, |h| h.used_at);
+        m.insert(
+            prefix.to_string(),
+            Held {
+                snap,
+                listed,
+                used,
+                used_at,
+            },
+        );
         if m.len() > MEM_SNAPSHOTS {
             // Drop the least recently used half (they stay on disk).
             let mut uses: Vec<u64> = m.values().map(|h| h.used).collect();
@@ -853,5 +885,25 @@ mod tests {
             l.entries_under(&["a/".into(), "a/b/".into(), "c/".into()]),
             [4, 1, 0]
         );
+        // Due for a listing: directories answered from since a time, listed before another.
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(
+            l.due(t0, Instant::now()).is_empty(),
+            "none answered from since"
+        );
+        l.usable("old/");
+        l.usable("older/");
+        let due: Vec<String> = l.due(t0, Instant::now()).into_iter().map(|d| d.0).collect();
+        assert_eq!(
+            due,
+            ["old/"],
+            "past the bound is not answered from, so not in use"
+        );
+        // Listed again (by the refresher): not due until it ages, and still in use.
+        l.hold("old/", snap(), ago(0));
+        let second_ago = Instant::now().checked_sub(Duration::from_secs(1)).unwrap();
+        assert!(l.due(t0, second_ago).is_empty());
+        assert_eq!(l.due(t0, Instant::now() + Duration::from_secs(1)).len(), 1);
     }
 }

@@ -4,7 +4,9 @@
 //! a bounded rate of listings (`--list-rate`) whatever the number of directories in use.
 //!
 //! A directory is queued when a listing of it is served stale (so only directories in
-//! use are revalidated). Each request lists the oldest queued directory, or, when more
+//! use are revalidated), and, while it was answered from within the last [`KEEP_FRESH`]
+//! (a minute), once its listing is half as old as the bound: a reader coming back after a
+//! pause finds it younger than the bound and waits for nothing. Each request lists the oldest queued directory, or, when more
 //! queued directories share an ancestor than a listing of that ancestor's whole subtree
 //! costs pages (1,000 keys each), that subtree in one listing without delimiter
 //! ([`plan`]): revalidating 1,000 prefixes of 20 objects costs 20 requests, not 1,000.
@@ -37,6 +39,11 @@ const PAGE: usize = 1000;
 /// epoch over cached files reaches dozens of directories in that time): what a listing of
 /// their common subtree can revalidate in one request.
 const GATHER: Duration = Duration::from_millis(100);
+/// Directories answered from within this long are kept younger than the staleness bound
+/// even when nobody reads them meanwhile: listed again once half the bound has passed.
+pub const KEEP_FRESH: Duration = Duration::from_secs(60);
+/// How often the listings in use are looked over for those due.
+const SWEEP: Duration = Duration::from_millis(250);
 /// The window over which the request rate and the staleness served are reported.
 const WINDOW: Duration = Duration::from_secs(10);
 
@@ -165,12 +172,23 @@ struct Queue {
     next_send: Option<Instant>,
     /// A batch begun: no plan before then (`GATHER`).
     ready_at: Option<Instant>,
-    started: bool,
+    /// When the listings in use were last looked over.
+    last_sweep: Option<Instant>,
     /// The current reporting window: its start, the request count then, the oldest
     /// listing served in it.
     window: Option<(Instant, u64, Duration)>,
     /// The previous window's rate and oldest listing served.
     last_window: (f64, Duration),
+}
+
+/// What a refresher thread does next.
+enum Step {
+    /// Send this request.
+    Plan(Plan),
+    /// Nothing queued: look over the listings in use.
+    Idle,
+    /// The origin is gone.
+    Stop,
 }
 
 struct Inner {
@@ -181,6 +199,8 @@ struct Inner {
     ttl: Duration,
     max_stale: Duration,
     stale_served: AtomicU64,
+    /// The threads were started.
+    started: AtomicBool,
     waited: AtomicU64,
     refreshed: AtomicU64,
     failures: AtomicU64,
@@ -208,6 +228,7 @@ impl Refresher {
                 ttl,
                 max_stale,
                 stale_served: AtomicU64::new(0),
+                started: AtomicBool::new(false),
                 waited: AtomicU64::new(0),
                 refreshed: AtomicU64::new(0),
                 failures: AtomicU64::new(0),
@@ -235,20 +256,33 @@ impl Refresher {
             q.ready_at = Some(Instant::now() + GATHER);
         }
         q.wanted.insert(prefix.to_string(), listed);
-        if !q.started {
-            q.started = true;
-            for i in 0..THREADS {
-                let inner = self.inner.clone();
-                let spawned = std::thread::Builder::new()
-                    .name(format!("s3-refresh-{i}"))
-                    .spawn(move || inner.run());
-                if let Err(e) = spawned {
-                    tracing::warn!("cannot start a listing refresher: {e}");
-                }
+        drop(q);
+        self.start();
+        inner.wake.notify_one();
+    }
+
+    /// A listing was answered from (fresh): from now on the listings in use are kept
+    /// younger than the bound, so the threads are started (once).
+    pub fn answered(&self) {
+        if !self.inner.started.load(Relaxed) {
+            self.start();
+        }
+    }
+
+    /// Starts the threads unless they run.
+    fn start(&self) {
+        if self.inner.started.swap(true, Relaxed) {
+            return;
+        }
+        for i in 0..THREADS {
+            let inner = self.inner.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("s3-refresh-{i}"))
+                .spawn(move || inner.run());
+            if let Err(e) = spawned {
+                tracing::warn!("cannot start a listing refresher: {e}");
             }
         }
-        drop(q);
-        inner.wake.notify_one();
     }
 
     /// A reader waited for the store: its listing was older than the bound.
@@ -297,7 +331,15 @@ impl Inner {
 
     /// A thread: takes the next plan (waiting for the rate limit), lists, repeats.
     fn run(&self) {
-        while let Some(plan) = self.next() {
+        loop {
+            let plan = match self.next() {
+                Step::Stop => return,
+                Step::Idle => {
+                    self.sweep();
+                    continue;
+                }
+                Step::Plan(p) => p,
+            };
             self.list(&plan);
             self.queue.lock().busy.retain(|p| !plan.covers(p));
             if matches!(plan, Plan::Tree { .. }) {
@@ -325,12 +367,55 @@ impl Inner {
         }
     }
 
-    /// The next request to send, once the rate limit allows (`None`: the origin is gone).
-    fn next(&self) -> Option<Plan> {
+    /// Queues the directories in use (answered from within [`KEEP_FRESH`]) whose listing
+    /// is past half the staleness bound, so that a reader coming back to them finds them
+    /// younger than the bound. Not when nothing is answered from past the TTL (a bound no
+    /// longer than the TTL): there, readers ask the store.
+    fn sweep(&self) {
+        let now = Instant::now();
+        if self.max_stale <= self.ttl {
+            return;
+        }
+        {
+            let mut q = self.queue.lock();
+            if q.last_sweep.is_some_and(|t| now.duration_since(t) < SWEEP) {
+                return;
+            }
+            q.last_sweep = Some(now);
+        }
+        let age = (self.max_stale / 2).max(self.ttl);
+        let (Some(used_since), Some(listed_before)) =
+            (now.checked_sub(KEEP_FRESH), now.checked_sub(age))
+        else {
+            return;
+        };
+        let due = self.parts.listings.due(used_since, listed_before);
+        if due.is_empty() {
+            return;
+        }
+        let mut q = self.queue.lock();
+        if q.wanted.is_empty() {
+            q.ready_at = Some(now + GATHER);
+        }
+        for (p, at) in due {
+            if q.wanted.len() >= MAX_QUEUED {
+                break;
+            }
+            if !q.busy.contains(&p) {
+                q.wanted.entry(p).or_insert(at);
+            }
+        }
+        drop(q);
+        self.wake.notify_all();
+    }
+
+    /// The next request to send, once the rate limit allows; `Idle` after a while with
+    /// nothing to send.
+    fn next(&self) -> Step {
         let mut q = self.queue.lock();
         loop {
             if self.parts.stop.load(Relaxed) {
-                return None;
+                return Step::Stop;
             }
             let now = Instant::now();
             let not_before = q.next_send.max(q.ready_at);
@@ -340,12 +425,14 @@ impl Inner {
                 continue;
             }
             if q.wanted.is_empty() {
-                self.wake.wait_for(&mut q, Duration::from_millis(200));
-                continue;
+                self.wake.wait_for(&mut q, SWEEP);
+                return Step::Idle;
             }
             let root = self.parts.location.dir_prefix("");
             let listings = &self.parts.listings;
-            let plan = plan(&q.wanted, &root, |tops| listings.entries_under(tops))?;
+            let Some(plan) = plan(&q.wanted, &root, |tops| listings.entries_under(tops)) else {
+                return Step::Idle;
+            };
             let taken: Vec<String> = q
                 .wanted
                 .keys()
@@ -358,7 +445,7 @@ impl Inner {
             }
             let cost = Duration::from_secs_f64(plan.pages() as f64 / self.rate);
             q.next_send = Some(q.next_send.map_or(now, |t| t.max(now)) + cost);
-            return Some(plan);
+            return Step::Plan(plan);
         }
     }
 
@@ -383,7 +470,8 @@ impl Inner {
         let r = match plan {
             Plan::Dir(p) => relister.relist(&path_of(p)).map(|_| 1),
             Plan::Tree { top, pages } => relister
-                .relist_tree(&path_of(top), None, (pages + 1) * PAGE)
+                // (No time budget: nobody waits on it.)
+                .relist_tree(&path_of(top), None, (pages + 1) * PAGE, None)
                 .map(|()| self.parts.listings.fresh_under(top)),
         };
         match r {

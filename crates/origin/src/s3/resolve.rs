@@ -61,8 +61,10 @@ impl S3Origin {
     /// again in the background (module `refresher`).
     pub(super) fn served_listing(&self, prefix: &str) -> Option<Arc<listings::Snapshot>> {
         let (snap, age) = self.listings.usable(prefix)?;
-        if let listings::Age::Stale(age) = age {
-            self.refresher.served_stale(prefix, age);
+        match age {
+            listings::Age::Stale(age) => self.refresher.served_stale(prefix, age),
+            listings::Age::Fresh if !self.opts.immutable => self.refresher.answered(),
+            listings::Age::Fresh => {}
         }
         Some(snap)
     }
@@ -92,9 +94,12 @@ impl S3Origin {
             self.watched.touch(path);
         }
         let sink = self.sink.lock().clone();
-        let filled = self
-            .relister(sink.as_ref())
-            .relist_tree(path, start_after, max_keys);
+        let filled = self.relister(sink.as_ref()).relist_tree(
+            path,
+            start_after,
+            max_keys,
+            Some(crate::tree::TREE_TIME_BUDGET),
+        );
         match filled {
             Ok(_) => {
                 self.reached();

@@ -157,7 +157,8 @@ impl Relister<'_> {
     }
 
     /// Lists the keys under directory `dir` (after its entry `start_after`, if given) in one
-    /// listing without delimiter (pages of 1,000 keys, at most `max_keys` keys and
+    /// listing without delimiter (pages of 1,000 keys, at most `max_keys` keys and, if
+    /// given, `budget` of time: a reader waiting on it is given
     /// [`crate::tree::TREE_TIME_BUDGET`]) and keeps
     /// the listing of every directory it covers whole, reporting what changed in each as
     /// [`Relister::relist`] does: a walk of a tree of many small directories then costs a request per
@@ -167,6 +168,7 @@ impl Relister<'_> {
         dir: &str,
         start_after: Option<&str>,
         max_keys: usize,
+        budget: Option<std::time::Duration>,
     ) -> super::client::S3Result<()> {
         let started = std::time::Instant::now();
         let top = self.location.dir_prefix(dir);
@@ -188,7 +190,7 @@ impl Relister<'_> {
             if token.is_none() {
                 break true;
             }
-            if objects.len() >= max_keys || started.elapsed() >= crate::tree::TREE_TIME_BUDGET {
+            if objects.len() >= max_keys || budget.is_some_and(|b| started.elapsed() >= b) {
                 break false;
             }
         };
