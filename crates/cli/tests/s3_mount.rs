@@ -703,12 +703,14 @@ fn listings_past_their_ttl_are_answered_while_revalidated_in_the_background() {
     let args = ["--metadata-ttl", "0.3", "--metadata-max-stale", "1.5"];
     let m = g.mount(0, "", &mnt, &cache, &args).unwrap();
     read_all(&m);
+    // (That first pass waited for listings older than the bound, kept by the last mount.)
+    let waited = stats(&m)["listings"]["waited"].clone();
     let lists = g.s3_requests("ListObjectsV2");
     std::thread::sleep(Duration::from_secs(3));
     let idle = g.s3_requests("ListObjectsV2") - lists;
     read_all(&m);
     let st = stats(&m)["listings"].clone();
-    assert_eq!(st["waited"], 0, "a reader waited after a pause: {st}");
+    assert_eq!(st["waited"], waited, "a reader waited after a pause: {st}");
     assert!(
         st["max_age_served_secs"].as_f64().unwrap() < 1.5,
         "answered from a listing past the bound: {st}"

@@ -25,6 +25,8 @@ pub const MAX_ENTRIES: usize = 2_000_000;
 const PAGE: usize = 1000;
 /// Snapshots kept in memory (others are reloaded from disk when needed).
 const MEM_SNAPSHOTS: usize = 4096;
+/// An unchanged listing is written to disk again at most this often.
+const DISK_REFRESH: Duration = Duration::from_secs(30);
 /// Format tag of the files on disk.
 const DISK_MAGIC: &str = "hoardfs-s3-listing-2";
 /// The log of names looked up is started afresh beyond this size.
@@ -166,6 +168,8 @@ struct Held {
     used: u64,
     /// When a reader was last answered from it.
     used_at: Instant,
+    /// When the same entries were last written to disk (`None`: not since it was held).
+    stored: Option<Instant>,
 }
 
 /// The listing store. Locks: `mem` and `seen` are leaves; `mem` is never held across a
@@ -431,8 +435,19 @@ impl Listings {
             self.hold(prefix, snap.clone(), None);
             return snap;
         }
+        // A listing like the one on disk is rewritten (to say when it was made, for a
+        // remount) at most every `DISK_REFRESH`: revalidating 1,000 unchanged directories
+        // every few seconds must not cost 1,000 files written each time.
+        let on_disk = self.mem.lock().0.get(prefix).is_some_and(|h| {
+            h.stored.is_some_and(|t| t.elapsed() < DISK_REFRESH) && h.snap.entries == snap.entries
+        });
         self.hold(prefix, snap.clone(), Some(Instant::now()));
-        self.store(prefix, &snap);
+        if !on_disk {
+            self.store(prefix, &snap);
+            if let Some(h) = self.mem.lock().0.get_mut(prefix) {
+                h.stored = Some(Instant::now());
+            }
+        }
         // A change that came between the check and now expired what was there before:
         // this one may miss it too.
         if self.changed_since(changes_before, prefix) {
@@ -496,6 +511,7 @@ impl Listings {
     fn expire_kept(&self, prefix: &str) {
         if let Some(h) = self.mem.lock().0.get_mut(prefix) {
             h.listed = None;
+            h.stored = None;
         }
         if let Some(p) = self.path(prefix) {
             // A snapshot on disk must not look fresh to a remount either.
@@ -587,7 +603,9 @@ impl Listings {
         let used = *clock;
         // A listing made again keeps its readers' last use: the refresher's own listings
         // must not keep a directory nobody reads in use.
-        let used_at = m.get(prefix).map_or_else(Instant::now, |h| h.used_at);
+        let (used_at, stored) = m
+            .get(prefix)
+            .map_or_else(|| (Instant::now(), None), |h| (h.used_at, h.stored));
         m.insert(
             prefix.to_string(),
             Held {
@@ -595,6 +613,7 @@ impl Listings {
                 listed,
                 used,
                 used_at,
+                stored,
             },
         );
         if m.len() > MEM_SNAPSHOTS {
@@ -905,5 +924,28 @@ mod tests {
         let second_ago = Instant::now().checked_sub(Duration::from_secs(1)).unwrap();
         assert!(l.due(t0, second_ago).is_empty());
         assert_eq!(l.due(t0, Instant::now() + Duration::from_secs(1)).len(), 1);
+    }
+
+    #[test]
+    fn an_unchanged_listing_is_not_written_to_disk_again_each_time() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let l = Listings::new(Some(d.path().into()), Duration::ZERO, Duration::ZERO, false);
+        let page = |n: u64| ListPage {
+            objects: vec![("p/f".into(), info(n))],
+            ..ListPage::default()
+        };
+        let ino = |l: &Listings| std::fs::metadata(l.path("p/").unwrap()).unwrap().ino();
+        l.install("p/", Snapshot::from_pages("p/", vec![page(1)]), l.changes());
+        let first = ino(&l);
+        l.install("p/", Snapshot::from_pages("p/", vec![page(1)]), l.changes());
+        assert_eq!(ino(&l), first, "the same entries: the file on disk stays");
+        l.install("p/", Snapshot::from_pages("p/", vec![page(2)]), l.changes());
+        assert_ne!(ino(&l), first, "other entries are written");
+        // Expired by a change here, the file is gone; the next listing writes it again.
+        l.expire("p/");
+        assert!(l.path("p/").unwrap().metadata().is_err());
+        l.install("p/", Snapshot::from_pages("p/", vec![page(2)]), l.changes());
+        assert!(l.path("p/").unwrap().metadata().is_ok());
     }
 }

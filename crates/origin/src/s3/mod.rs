@@ -341,7 +341,11 @@ impl Origin for S3Origin {
         // top's fresh, the listing starts at its first directory that is not (a walk
         // asks from the same parent again and again).
         let fresh = |path: &str| self.served_listing(&self.opts.location.dir_prefix(path));
-        let start_after = match fresh(&d.path) {
+        // The top's own listing (one request, if it has at most 1,000 entries) tells
+        // where its stale directories start: a walk of a subtree larger than one request
+        // can read moves on from there, instead of listing its first keys again each time.
+        let top = fresh(&d.path).or_else(|| self.list_if_small(&d.path).ok().flatten());
+        let start_after = match top {
             Some(s) => {
                 let stale = s
                     .entries

@@ -225,7 +225,7 @@ impl S3Origin {
 
     /// One page of the listing of directory `path`, kept if it is the whole directory
     /// (`None`: larger, or the store did not answer; the caller probes the name instead).
-    fn list_if_small(&self, path: &str) -> Result<Option<Arc<listings::Snapshot>>> {
+    pub(super) fn list_if_small(&self, path: &str) -> Result<Option<Arc<listings::Snapshot>>> {
         if self.opts.watch {
             self.watched.touch(path);
         }
