@@ -32,6 +32,18 @@ pub fn walk<O: Origin + ?Sized>(
     dir_id: u64,
     max_entries: u32,
 ) -> Result<Vec<TreeDir>> {
+    walk_from(origin, dir, dir_id, max_entries, None)
+}
+
+/// [`walk`], leaving out the directories of `dir` (and their subtrees) named up to
+/// `after`: a walker that was given those by an earlier call goes on from there.
+pub fn walk_from<O: Origin + ?Sized>(
+    origin: &O,
+    dir: Handle,
+    dir_id: u64,
+    max_entries: u32,
+    after: Option<&[u8]>,
+) -> Result<Vec<TreeDir>> {
     let budget = (max_entries as usize).clamp(1, MAX_TREE_ENTRIES);
     let started = Instant::now();
     let mut out: Vec<TreeDir> = Vec::new();
@@ -54,6 +66,7 @@ pub fn walk<O: Origin + ?Sized>(
             entries
                 .iter()
                 .filter(|e| e.entry.attr.kind == FileKind::Dir)
+                .filter(|e| !first || after.is_none_or(|a| e.name.as_slice() > a))
                 .map(|e| (e.entry.handle, e.entry.attr.file_id)),
         );
         out.push(TreeDir {
@@ -167,6 +180,33 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_walk_goes_on_after_the_directories_already_given() {
+        let t = tempfile::tempdir().unwrap();
+        tree(t.path());
+        let o = LocalOrigin::new(t.path(), Default::default()).unwrap();
+        let root = o.info().unwrap().root;
+        let all = walk(&o, root.handle, root.attr.file_id, 1000).unwrap();
+        let top: Vec<&[u8]> = all[0]
+            .entries
+            .iter()
+            .filter(|e| e.entry.attr.kind == FileKind::Dir)
+            .map(|e| e.name.as_slice())
+            .collect();
+        assert!(
+            top.len() >= 2,
+            "the fixture has several directories at the top"
+        );
+        let rest = walk_from(&o, root.handle, root.attr.file_id, 1000, Some(top[0])).unwrap();
+        assert_eq!(
+            rest[0].file_id, root.attr.file_id,
+            "the top is always given"
+        );
+        let skipped = all[0].entries.iter().find(|e| e.name == top[0]).unwrap();
+        assert!(rest.iter().all(|d| d.file_id != skipped.entry.attr.file_id));
+        assert!(rest.len() < all.len());
     }
 
     #[test]

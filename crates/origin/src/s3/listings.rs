@@ -28,7 +28,7 @@ const MEM_SNAPSHOTS: usize = 4096;
 /// An unchanged listing is written to disk again at most this often.
 const DISK_REFRESH: Duration = Duration::from_secs(30);
 /// Format tag of the files on disk.
-const DISK_MAGIC: &str = "hoardfs-s3-listing-2";
+const DISK_MAGIC: &str = "hoardfs-s3-listing-3";
 /// The log of names looked up is started afresh beyond this size.
 const SEEN_LOG_MAX: u64 = 64 << 20;
 
@@ -172,7 +172,8 @@ struct Held {
     stored: Option<Instant>,
 }
 
-/// The listing store. Locks: `mem` and `seen` are leaves; `mem` is never held across a
+/// The listing store. Locks: `mem`, `seen` and `writing` are leaves; `writing` is held
+/// across one listing's disk write only; `mem` is never held across a
 /// request or a disk write, `seen` only across an append to its log.
 pub struct Listings {
     mem: Mutex<(HashMap<String, Held>, u64)>,
@@ -180,6 +181,8 @@ pub struct Listings {
     /// remount: loaded from `seen.log` at the first need, appended to as they come.
     seen: Mutex<Option<HashMap<String, Listed>>>,
     disk: Option<PathBuf>,
+    /// Held while a listing is written to disk.
+    writing: Mutex<()>,
     ttl: Duration,
     /// How old a listing may be and still be served while it is listed again in the
     /// background (at least `ttl`).
@@ -237,6 +240,7 @@ impl Listings {
             mem: Mutex::new((HashMap::new(), 0)),
             seen: Mutex::new(None),
             disk,
+            writing: Mutex::new(()),
             ttl,
             max_stale: max_stale.max(ttl),
             immutable,
@@ -634,27 +638,40 @@ impl Listings {
         let Some(path) = self.path(prefix) else {
             return;
         };
-        let bytes = match postcard::to_stdvec(&(DISK_MAGIC, prefix, snap)) {
-            Ok(b) => b,
-            Err(_) => return,
+        let Ok(body) = postcard::to_stdvec(&(DISK_MAGIC, prefix, snap)) else {
+            return;
         };
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let mut bytes = xxhash_rust::xxh3::xxh3_64(&body).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&body);
+        // Written in place, then cut to length (one writer at a time): a new file per
+        // listing written cost an inode created and one deleted each time, and a
+        // truncation to zero makes ext4 flush the file at close; the two were most of the
+        // cost of revalidating many directories. A write torn by a crash, or a shorter
+        // one over a longer, fails the checksum in front and is ignored like a missing
+        // file.
+        let _one = self.writing.lock();
         let written = super::staging::private_file()
             .write(true)
             .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes));
-        let ok = written.is_ok() && std::fs::rename(&tmp, &path).is_ok();
-        if !ok {
-            let _ = std::fs::remove_file(&tmp);
+            .truncate(false)
+            .open(&path)
+            .and_then(|mut f| {
+                std::io::Write::write_all(&mut f, &bytes)?;
+                f.set_len(bytes.len() as u64)
+            });
+        if written.is_err() {
+            let _ = std::fs::remove_file(&path);
             tracing::debug!("could not keep the listing of {prefix:?} on disk");
         }
     }
 
     fn load(&self, prefix: &str) -> Option<Snapshot> {
         let bytes = std::fs::read(self.path(prefix)?).ok()?;
-        let (magic, p, snap): (String, String, Snapshot) = postcard::from_bytes(&bytes).ok()?;
+        let (sum, body) = bytes.split_first_chunk::<8>()?;
+        if u64::from_le_bytes(*sum) != xxhash_rust::xxh3::xxh3_64(body) {
+            return None;
+        }
+        let (magic, p, snap): (String, String, Snapshot) = postcard::from_bytes(body).ok()?;
         (magic == DISK_MAGIC && p == prefix).then_some(snap)
     }
 }
@@ -928,20 +945,35 @@ mod tests {
 
     #[test]
     fn an_unchanged_listing_is_not_written_to_disk_again_each_time() {
-        use std::os::unix::fs::MetadataExt;
         let d = tempfile::tempdir().unwrap();
         let l = Listings::new(Some(d.path().into()), Duration::ZERO, Duration::ZERO, false);
         let page = |n: u64| ListPage {
             objects: vec![("p/f".into(), info(n))],
             ..ListPage::default()
         };
-        let ino = |l: &Listings| std::fs::metadata(l.path("p/").unwrap()).unwrap().ino();
+        let file = l.path("p/").unwrap();
         l.install("p/", Snapshot::from_pages("p/", vec![page(1)]), l.changes());
-        let first = ino(&l);
+        // (Taken away behind its back: whether it is written again shows.)
+        std::fs::remove_file(&file).unwrap();
         l.install("p/", Snapshot::from_pages("p/", vec![page(1)]), l.changes());
-        assert_eq!(ino(&l), first, "the same entries: the file on disk stays");
+        assert!(
+            file.metadata().is_err(),
+            "the same entries: not written again"
+        );
         l.install("p/", Snapshot::from_pages("p/", vec![page(2)]), l.changes());
-        assert_ne!(ino(&l), first, "other entries are written");
+        assert!(file.metadata().is_ok(), "other entries are written");
+        // A listing cut short, or overwritten in part (a write torn by a crash), is
+        // ignored.
+        let whole = std::fs::read(&file).unwrap();
+        let mut flipped = whole.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        for torn in [whole[..whole.len() - 1].to_vec(), flipped] {
+            std::fs::write(&file, &torn).unwrap();
+            let other = Listings::new(Some(d.path().into()), Duration::ZERO, Duration::ZERO, false);
+            assert!(other.any("p/").is_none());
+        }
+        l.install("p/", Snapshot::from_pages("p/", vec![page(3)]), l.changes());
         // Expired by a change here, the file is gone; the next listing writes it again.
         l.expire("p/");
         assert!(l.path("p/").unwrap().metadata().is_err());

@@ -63,6 +63,8 @@ pub struct S3Origin {
     sink: Arc<Mutex<Option<crate::BreakSink>>>,
     /// Lists again, in the background, the listings served past their TTL.
     refresher: refresher::Refresher,
+    /// Where the walks asking for subtrees go on from.
+    walks: Mutex<Walks>,
     staging: Staging,
     /// Recent "no such name" answers: path → when.
     negative: Mutex<std::collections::HashMap<String, Instant>>,
@@ -150,6 +152,7 @@ impl S3Origin {
             stop,
             sink,
             refresher,
+            walks: Mutex::default(),
             staging,
             negative: Mutex::new(Default::default()),
             export_id,
@@ -328,7 +331,10 @@ impl Origin for S3Origin {
     /// One listing without delimiter fills the listings of the directories under `dir`
     /// (`watch::relist_tree`), then the walk reads them from memory: a request per 1,000
     /// keys instead of one per directory. Not when the listings of `dir` and of its
-    /// directories are all still fresh.
+    /// directories are all still fresh. A walk that asks from the same directory again
+    /// (within [`WALK_RESUME`]) is given the directories after the last one it was given
+    /// (`walks`): a walk larger than one reply moves on instead of getting its first
+    /// directories again each time.
     fn read_tree(
         &self,
         dir: Handle,
@@ -336,32 +342,41 @@ impl Origin for S3Origin {
         max_entries: u32,
     ) -> Result<Vec<hoardfs_proto::TreeDir>> {
         let d = self.dir_node(dir)?;
-        // Fresh listings of the top and of its directories (kept on disk within the
-        // TTL, or under `--immutable`): the walk finds them without the store. With the
-        // top's fresh, the listing starts at its first directory that is not (a walk
-        // asks from the same parent again and again).
+        let resume = self.walks.lock().resume(&d.path);
+        // Fresh (or servable) listings of the top and of its directories (kept on disk
+        // within the bound, or under `--immutable`): the walk finds them without the
+        // store. The top's own listing (one request, if it has at most 1,000 entries)
+        // says where its stale directories start: the listing starts at the first one
+        // after where the walk resumes.
         let fresh = |path: &str| self.served_listing(&self.opts.location.dir_prefix(path));
-        // The top's own listing (one request, if it has at most 1,000 entries) tells
-        // where its stale directories start: a walk of a subtree larger than one request
-        // can read moves on from there, instead of listing its first keys again each time.
         let top = fresh(&d.path).or_else(|| self.list_if_small(&d.path).ok().flatten());
         let start_after = match top {
-            Some(s) => {
-                let stale = s
-                    .entries
-                    .iter()
-                    .filter(|(_, l)| matches!(l, Listed::Dir))
-                    .find(|(name, _)| fresh(&join(&d.path, name)).is_none());
-                match stale {
-                    Some((name, _)) => Some(name.clone()),
-                    None => return crate::tree::walk(self, dir, dir_id, max_entries),
-                }
-            }
-            None => None,
+            Some(s) => s
+                .entries
+                .iter()
+                .filter(|(_, l)| matches!(l, Listed::Dir))
+                .filter(|(name, _)| resume.as_ref().is_none_or(|r| name > r))
+                .find(|(name, _)| fresh(&join(&d.path, name)).is_none())
+                .map(|(name, _)| Some(name.clone())),
+            None => Some(None),
         };
-        // (On failure the walk lists what it can, or serves what is kept, unreachable.)
-        self.relist_subtree(&d.path, start_after.as_deref(), max_entries as usize);
-        crate::tree::walk(self, dir, dir_id, max_entries)
+        if let Some(start_after) = start_after {
+            // (On failure the walk lists what it can, or serves what is kept, unreachable.)
+            self.relist_subtree(&d.path, start_after.as_deref(), max_entries as usize);
+        }
+        let after = resume.as_deref().map(str::as_bytes);
+        let dirs = crate::tree::walk_from(self, dir, dir_id, max_entries, after)?;
+        // The last directory of the top given: where the next call goes on from.
+        let last = dirs.first().and_then(|top| {
+            dirs[1..].iter().rev().find_map(|d| {
+                top.entries
+                    .iter()
+                    .find(|e| e.entry.attr.file_id == d.file_id)
+                    .and_then(|e| String::from_utf8(e.name.clone()).ok())
+            })
+        });
+        self.walks.lock().given(&d.path, last);
+        Ok(dirs)
     }
 
     fn readdir(&self, dir: Handle, cookie: u64, max_entries: u32) -> Result<crate::DirPage> {
@@ -611,6 +626,46 @@ impl Origin for S3Origin {
 impl Drop for S3Origin {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A walk that asks for the same directory's subtree within this time goes on from where
+/// the last reply ended.
+pub const WALK_RESUME: Duration = Duration::from_secs(2);
+
+/// Walks in progress: by top directory, the last of its directories given and when.
+#[derive(Default)]
+struct Walks(std::collections::HashMap<String, (String, Instant)>);
+
+impl Walks {
+    /// Most walks remembered.
+    const MAX: usize = 64;
+
+    /// Where a walk from `top` goes on from: after the directory given last, if that was
+    /// within [`WALK_RESUME`].
+    fn resume(&self, top: &str) -> Option<String> {
+        self.0
+            .get(top)
+            .filter(|(_, at)| at.elapsed() < WALK_RESUME)
+            .map(|(name, _)| name.clone())
+    }
+
+    /// A reply from `top` ended with its directory `last` (`None`: it reached the end, or
+    /// gave none of them; the next walk starts over).
+    fn given(&mut self, top: &str, last: Option<String>) {
+        match last {
+            Some(name) => {
+                if self.0.len() >= Self::MAX {
+                    self.0.retain(|_, (_, at)| at.elapsed() < WALK_RESUME);
+                }
+                if self.0.len() < Self::MAX {
+                    self.0.insert(top.to_string(), (name, Instant::now()));
+                }
+            }
+            None => {
+                self.0.remove(top);
+            }
+        }
     }
 }
 
