@@ -247,6 +247,27 @@ pub fn stats(a: StatsArgs) -> CliResult<()> {
         n("listings_read_ahead"),
         n("tree_requests")
     );
+    if n("files_fetched_ahead") > 0 {
+        println!(
+            "  files fetched ahead of readers walking a directory: {}",
+            n("files_fetched_ahead")
+        );
+    }
+    let l = &v["listings"];
+    if l.is_object() {
+        let f = |k: &str| l[k].as_f64().unwrap_or(0.0);
+        let u = |k: &str| l[k].as_u64().unwrap_or(0);
+        println!(
+            "  S3 listings: trusted {} s, answered from up to {} s old while relisted              (oldest lately {:.1} s); {} LIST requests ({:.1}/s lately, limit {}/s); {}              reader(s) waited for one",
+            f("ttl_secs"),
+            f("max_stale_secs"),
+            f("max_age_served_secs"),
+            u("list_requests"),
+            f("list_rate"),
+            f("list_rate_limit"),
+            u("waited")
+        );
+    }
     println!(
         "  writes: {} sent ({}), {} queued not yet on the server",
         n("writes"),

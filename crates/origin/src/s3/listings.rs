@@ -4,9 +4,11 @@
 //! sorted snapshot: common prefixes are directories, keys are files, the `DIR/` marker
 //! itself is not an entry, a directory shadows a file of the same name, and names that
 //! cannot be path components are left out. A snapshot answers lookups and `readdir` while
-//! it is fresh (`--metadata-ttl`, forever with `--immutable`), and at any age while the
-//! store is unreachable, also after a remount: each snapshot is written to
-//! `STATE/listings/<hash>` (atomically; a torn or foreign file is ignored).
+//! it is fresh (`--metadata-ttl`, forever with `--immutable`), past that up to
+//! `--metadata-max-stale` while it is listed again (module `refresher`), and at any age
+//! while the store is unreachable, also after a remount: each snapshot is written to
+//! `STATE/listings/<hash>` (in place, behind a checksum: a torn or foreign file is
+//! ignored).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
