@@ -41,6 +41,9 @@ pub(crate) struct DirState {
     /// Names made or removed through this client so far: a listing fetched while one
     /// was made does not hold it, and must not replace the listing that does.
     edits: u64,
+    /// Listings kept so far: a listing whose fetch began before another was kept may be
+    /// the older of the two, and must not replace it (nor drop the names it holds).
+    kept: u64,
 }
 
 impl DirState {
@@ -58,6 +61,12 @@ impl DirState {
     pub(crate) fn keep_listing(&mut self, listing: Arc<Listing>) {
         self.listing = Some(listing);
         self.stale = false;
+        self.kept += 1;
+    }
+
+    /// How many listings were kept so far.
+    pub(crate) fn kept(&self) -> u64 {
+        self.kept
     }
 
     /// The kept listing, if any, with a change made through this client (it stays as

@@ -260,10 +260,11 @@ impl NodeState {
         self.dir.keep_listing(listing);
     }
 
-    /// How many names were made or removed through this client so far (a listing
-    /// fetched across a change is not kept: `Superblock::listing`).
-    pub(crate) fn local_edits(&self) -> u64 {
-        self.dir.edits()
+    /// How many names were made or removed through this client so far, and how many
+    /// listings were kept (a listing fetched across either is not kept:
+    /// `Superblock::listing`).
+    pub(crate) fn local_edits(&self) -> (u64, u64) {
+        (self.dir.edits(), self.dir.kept())
     }
 
     /// A name made here (through the origin, or while it is unreachable): listed and

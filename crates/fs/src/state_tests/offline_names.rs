@@ -533,17 +533,24 @@ fn while_names_wait_a_break_of_a_name_made_here_does_not_remove_it() {
     assert!(told_f());
 }
 
-#[test]
-fn a_listing_fetched_while_a_name_is_made_here_does_not_drop_it() {
+/// An offline rig whose root was listed, then broken by another client's change of
+/// `name` (the listing is fetched again at its next use); and the root's file id.
+fn listed_then_changed_elsewhere(name: &[u8]) -> (Rig, u64) {
     let (r, _reg, _) = offline_rig(b"f");
     r.fs.listing(ROOT_INO).unwrap();
-    // Another client's change: the listing is fetched again at its next use.
     let root_id = r.fs.getattr(ROOT_INO).unwrap().attr.file_id;
     r.fs.sb.apply_breaks(vec![hoardfs_origin::Break::Entry {
         dir_id: root_id,
-        name: b"theirs".to_vec(),
+        name: name.to_vec(),
         file_id: Some(0x999),
     }]);
+    (r, root_id)
+}
+
+#[test]
+fn a_listing_fetched_while_a_name_is_made_here_does_not_drop_it() {
+    // Another client's change: the listing is fetched again at its next use.
+    let (r, _) = listed_then_changed_elsewhere(b"theirs");
     // A name made while the listing is on its way (the background lister's, say): the
     // listing, read before it, does not hold it.
     let fs = r.fs.clone();
@@ -715,4 +722,32 @@ fn a_logged_change_of_the_roots_attributes_is_dropped_and_listed_not_retried() {
     let done = r.fs.reintegrate();
     assert_eq!((done.sent, done.conflicts, done.left), (0, 1, 0));
     assert_eq!(r.fs.conflicts()[0].path, "/");
+}
+
+#[test]
+fn an_older_listing_finished_late_does_not_replace_a_newer_one() {
+    let (r, root_id) = listed_then_changed_elsewhere(b"other");
+    // A listing on its way (the background lister's, say) while another client makes a
+    // name, and a newer listing fetched and the name looked up here meanwhile: the older
+    // one, finished last, must not replace the newer one and drop the name.
+    let (fs, export) = (r.fs.clone(), r.export.clone());
+    let looked_up = Arc::new(Mutex::new(None));
+    let got = looked_up.clone();
+    *r.origin.after_readdir.lock() = Some(Box::new(move || {
+        std::fs::write(export.join("other"), b"theirs").unwrap();
+        fs.sb.apply_breaks(vec![hoardfs_origin::Break::Entry {
+            dir_id: root_id,
+            name: b"other".to_vec(),
+            file_id: None,
+        }]);
+        fs.listing(ROOT_INO).unwrap();
+        *got.lock() = Some(fs.lookup(ROOT_INO, b"other").unwrap().ino);
+    }));
+    r.fs.listing(ROOT_INO).unwrap();
+    let other = looked_up
+        .lock()
+        .expect("looked up during the older listing");
+    offline(&r, true);
+    assert_eq!(r.fs.lookup(ROOT_INO, b"other").unwrap().ino, other);
+    assert!(root_names(&r).contains(&b"other".to_vec()));
 }

@@ -64,7 +64,9 @@ impl Superblock {
         }
         // Nor are names made or removed here while it was fetched (an offline one perhaps
         // not yet in the log): served once, but the names and listing kept, which have
-        // them, stay.
+        // them, stay. Nor is a listing kept meanwhile by another fetch (the background
+        // lister's, a walk's) replaced by this one, which may be the older: a name looked
+        // up since would be dropped.
         if st.local_edits() != edits {
             return Ok(listing);
         }
