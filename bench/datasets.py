@@ -191,8 +191,37 @@ def dataset_a(a, g, work, sub, local, row):
     row("local", "epoch2_random", epoch(local, "random")[0])
 
 
+def dataset_b_listings(a, g, work, sub, local, row):
+    """hoardfs over dataset B, names only (--wide-listing-only): cold `ls -lR`, the
+    daemon's memory and the listings kept on disk per object, `ls -lR` after a remount."""
+    d = tempfile.mkdtemp(dir=work)
+    m, c = os.path.join(d, "m"), os.path.join(d, "c")
+    root = os.path.join(m, sub)
+    objects = a.wide_prefixes * a.wide_objects
+    common.drop_caches()
+    common.hoardfs_mount(a, g, m, c)
+    rss0 = daemon_rss(m)
+    n0 = lists(g)
+    row("hoardfs", "wide_ls_cold", ls_lr(root))
+    row("hoardfs", "wide_ls_cold_lists", lists(g) - n0)
+    row("hoardfs", "wide_rss_per_object", (daemon_rss(m) - rss0) / objects)
+    listings = [os.path.join(dp, "listings") for dp, dirs, _ in os.walk(os.path.join(c, "s3"))
+                if "listings" in dirs]
+    row("hoardfs", "wide_listing_bytes_per_object", sum(du(x) for x in listings) / objects)
+    common.umount(m)
+    common.drop_caches()
+    common.hoardfs_mount(a, g, m, c)
+    row("hoardfs", "wide_ls_fresh", ls_lr(root))
+    common.umount(m)
+    shutil.rmtree(d, ignore_errors=True)
+    common.drop_caches()
+    row("local", "wide_ls", ls_lr(local))
+
+
 def dataset_b(a, g, work, sub, local, row):
     """hoardfs over dataset B: revalidation at scale."""
+    if a.wide_listing_only:
+        return dataset_b_listings(a, g, work, sub, local, row)
     d = tempfile.mkdtemp(dir=work)
     m, c = os.path.join(d, "m"), os.path.join(d, "c")
     root = os.path.join(m, sub)
@@ -279,6 +308,8 @@ def main():
     ap.add_argument("--systems", default="hoardfs,rclone,s3fs")
     ap.add_argument("--skip-wide", action="store_true")
     ap.add_argument("--skip-a", action="store_true", help="dataset B only")
+    ap.add_argument("--wide-listing-only", action="store_true",
+                    help="dataset B: names only (no epochs), for 10^5 objects and more")
     a = ap.parse_args()
     if common.plotted_only(a, plot):
         return
@@ -298,7 +329,8 @@ def main():
                        check=True, env=common.rclone_env(g))
         if not a.skip_wide:
             src_b = os.path.join(work, "b")
-            make_tree(src_b, a.wide_prefixes, a.wide_objects, 4 * KiB, 16 * KiB, 2)
+            lo, hi = (64, 256) if a.wide_listing_only else (4 * KiB, 16 * KiB)
+            make_tree(src_b, a.wide_prefixes, a.wide_objects, lo, hi, 2)
             t0 = time.time()
             subprocess.run(["rclone", "copy", src_b, f"G:{BUCKET}/b", "--transfers", "32"],
                            check=True, env=common.rclone_env(g))
