@@ -286,6 +286,16 @@ impl<'a> OfflineNames<'a> {
         dir_wanted: bool,
         why: String,
     ) -> FsResult<()> {
+        retried(|| self.remove_once(parent, name, dir_wanted, why.clone()))
+    }
+
+    fn remove_once(
+        &self,
+        parent: crate::Ino,
+        name: &[u8],
+        dir_wanted: bool,
+        why: String,
+    ) -> FsResult<()> {
         use hoardfs_origin::{FileKind, WireError};
         let off = self.off;
         let dir = self.sb.node(parent)?;
@@ -341,6 +351,9 @@ impl<'a> OfflineNames<'a> {
                     g.become_removal(is_dir, base.version).map_err(kept)?;
                 }
             }
+            // Made here, and sent back since its attributes were read: the node is the
+            // origin's object now, under another id.
+            None if base.file_id & LOCAL_ID != 0 => return Err(FsError::SentMeanwhile),
             None if off.keeps_new() => {
                 off.log
                     .at_origin(
@@ -476,6 +489,11 @@ impl<'a> OfflineNames<'a> {
             .log
             .get(src_attr.file_id)
             .filter(|p| !p.lock().is_gone());
+        if change.is_none() && src_attr.file_id & LOCAL_ID != 0 {
+            // Made here, and sent back since its attributes were read: the node is the
+            // origin's object now, under another id.
+            return Err(FsError::SentMeanwhile);
+        }
         let (created, half_sent) = change.as_ref().map_or((false, false), |p| {
             let g = p.lock();
             let r = g.record();

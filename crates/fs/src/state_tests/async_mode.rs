@@ -132,3 +132,72 @@ fn a_file_renamed_written_and_replaced_is_removed_without_a_conflict() {
     assert!(!r.export.join("f").exists());
     assert_eq!(std::fs::read(r.export.join("r")).unwrap(), b"other");
 }
+
+#[test]
+fn a_change_whose_directory_moved_here_after_its_pass_was_planned_waits_for_the_move() {
+    use crate::offline::reintegrate::order::ready;
+    use crate::offline::reintegrate::send_back::{ChangeSender, Sending};
+    let (r, reg, _) = async_rig();
+    r.fs.listing(ROOT_INO).unwrap();
+    let a = r.fs.mkdir(ROOT_INO, b"a", 0o755, ME).unwrap().ino;
+    assert_eq!(r.fs.reintegrate().left, 0);
+    create(&r, &reg, a, "f", b"made in a");
+    // A pass is planned: the file in `a` waits for nothing...
+    let off = r.fs.sb.offline_writes().unwrap();
+    let planned = ready(&off.log.records());
+    assert_eq!(planned.len(), 1);
+    // ... and `a` is renamed here before a sender takes the file's change.
+    r.fs.rename(ROOT_INO, b"a", ROOT_INO, b"b", 0).unwrap();
+    let (p, rec) = &planned[0];
+    let writing = |_| false;
+    let sent = ChangeSender::new(&r.fs.sb, off, &writing)
+        .send_back(p, rec, &[p.seq].into())
+        .unwrap();
+    // The file's path names `b`, which the origin has yet to have: planned again, not
+    // taken for a directory removed on the server.
+    assert!(matches!(sent, Sending::Replanned));
+    assert!(r.fs.conflicts().is_empty(), "{:?}", r.fs.conflicts());
+    assert!(!r.export.join("b").exists());
+    let done = r.fs.reintegrate();
+    assert_eq!((done.sent, done.conflicts, done.left), (2, 0, 0));
+    assert_eq!(std::fs::read(r.export.join("b/f")).unwrap(), b"made in a");
+    assert!(!r.export.join("a").exists());
+}
+
+#[test]
+fn files_renamed_while_their_creation_is_being_sent_back_are_renamed_on_the_origin() {
+    // Git's lock files: made, written, renamed over at once, while the keeper sends the
+    // log every moment.
+    let (r, reg, _) = async_rig();
+    r.fs.listing(ROOT_INO).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                r.fs.trickle();
+            }
+        });
+        for i in 0..200 {
+            let lock = format!("ref{i}.lock");
+            create(&r, &reg, ROOT_INO, &lock, format!("commit {i}").as_bytes());
+            r.fs.rename(
+                ROOT_INO,
+                lock.as_bytes(),
+                ROOT_INO,
+                format!("ref{i}").as_bytes(),
+                0,
+            )
+            .unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    assert_eq!(r.fs.reintegrate().left, 0);
+    assert!(r.fs.conflicts().is_empty(), "{:?}", r.fs.conflicts());
+    for i in 0..200 {
+        assert_eq!(
+            std::fs::read(r.export.join(format!("ref{i}"))).unwrap(),
+            format!("commit {i}").as_bytes()
+        );
+        assert!(!r.export.join(format!("ref{i}.lock")).exists());
+    }
+}

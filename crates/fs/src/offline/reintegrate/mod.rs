@@ -6,7 +6,9 @@
 //! lies in to be in place and for a directory above it to move; a directory's removal
 //! for the changes that leave it); passes repeat while they make progress, and moves that
 //! wait for each other are broken by parking one object under a temporary name in the
-//! root (`CycleBreaker`). Each change goes back in its own steps (`crate::offline::reintegrate::send_back`).
+//! root (`CycleBreaker`). A change whose names changed here after its pass was planned
+//! (a directory above it renamed meanwhile, with `--write-back=async`) is not sent by that
+//! pass but planned again. Each change goes back in its own steps (`crate::offline::reintegrate::send_back`).
 //! Conflicts are logged and listed by `hoardfs conflicts`. A file sent back is fetched
 //! again into the cache at its new version, so that it can be changed offline again.
 //! Nothing is dropped: a change that cannot be sent for any other reason (permissions, a
@@ -38,9 +40,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::offline::cml::{Conflict, Pending, now_secs};
+use crate::offline::cml::{Conflict, Pending, Record, now_secs};
 use crate::offline::reintegrate::order::{CycleBreaker, ready};
-use crate::offline::reintegrate::send_back::{ChangeSender, Outcome};
+use crate::offline::reintegrate::send_back::{ChangeSender, Outcome, Sending};
 
 use crate::FsError;
 use crate::Ino;
@@ -69,6 +71,9 @@ struct Pass {
     sent: Vec<Ino>,
     /// The origin went away during the pass.
     stopped: bool,
+    /// A change was moved here while the pass went (a directory above it renamed): it
+    /// is planned again.
+    replanned: bool,
 }
 
 /// Whether a file (by node) is open for writing here: the one thing reintegration asks
@@ -145,7 +150,7 @@ impl<'a> Reintegration<'a> {
             let ready_now = ready(&records);
             let now: Vec<_> = ready_now
                 .iter()
-                .filter(|p| !self.held(p))
+                .filter(|(p, _)| !self.held(p))
                 .cloned()
                 .collect();
             if now.is_empty() && !ready_now.is_empty() {
@@ -169,11 +174,12 @@ impl<'a> Reintegration<'a> {
                 done: r,
                 sent: inos,
                 stopped,
+                replanned,
             } = self.send_pass(&now);
             total.sent += r.sent;
             total.conflicts += r.conflicts;
             sent.extend(inos);
-            if stopped || r.sent + r.conflicts == 0 {
+            if stopped || (r.sent + r.conflicts == 0 && !replanned) {
                 break;
             }
         }
@@ -196,9 +202,10 @@ impl<'a> Reintegration<'a> {
 
     /// Sends the changes `now` (independent of each other), [`SENDERS`] at a time; returns
     /// what was done, the nodes of files sent, and whether the origin went away.
-    fn send_pass(&self, now: &[Arc<Pending>]) -> Pass {
+    fn send_pass(&self, now: &[(Arc<Pending>, Record)]) -> Pass {
         let off = self.off;
-        let sending: HashSet<u64> = now.iter().map(|p| p.seq).collect();
+        let sending: HashSet<u64> = now.iter().map(|(p, _)| p.seq).collect();
+        let replanned = std::sync::atomic::AtomicBool::new(false);
         let next = std::sync::atomic::AtomicUsize::new(0);
         let stopped = std::sync::atomic::AtomicBool::new(false);
         let totals = parking_lot::Mutex::new((Reintegrated::default(), Vec::new()));
@@ -210,7 +217,9 @@ impl<'a> Reintegration<'a> {
                 scope.spawn(|| {
                     loop {
                         let i = next.fetch_add(1, Ordering::SeqCst);
-                        let Some(p) = now.get(i) else { return };
+                        let Some((p, planned)) = now.get(i) else {
+                            return;
+                        };
                         if stopped.load(Ordering::SeqCst) {
                             continue;
                         }
@@ -219,10 +228,11 @@ impl<'a> Reintegration<'a> {
                         let by = std::sync::Arc::new(p.lock().record().sender());
                         let _by = hoardfs_origin::caller::enter(by);
                         let outcome = ChangeSender::new(self.sb, self.off, self.writing)
-                            .send_back(p, &sending);
+                            .send_back(p, planned, &sending);
                         let mut t = totals.lock();
                         match outcome {
-                            Ok(Some((outcome, noted))) => {
+                            Ok(Sending::Went(went)) => {
+                                let (outcome, noted) = *went;
                                 if let Some(c) = &noted {
                                     record(c);
                                     t.0.conflicts += 1;
@@ -239,7 +249,8 @@ impl<'a> Reintegration<'a> {
                                     }
                                 }
                             }
-                            Ok(None) => {}
+                            Ok(Sending::Waits) => {}
+                            Ok(Sending::Replanned) => replanned.store(true, Ordering::SeqCst),
                             Err(FsError::Offline(why)) => {
                                 tracing::debug!("reintegration paused: {why}");
                                 stopped.store(true, Ordering::SeqCst);
@@ -261,6 +272,7 @@ impl<'a> Reintegration<'a> {
             done,
             sent,
             stopped: stopped.load(Ordering::SeqCst),
+            replanned: replanned.load(Ordering::SeqCst),
         }
     }
 

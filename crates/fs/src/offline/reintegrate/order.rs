@@ -30,8 +30,9 @@ pub(crate) fn parking(seq: u64) -> Vec<Vec<u8>> {
 /// 5. it sets a directory's permissions or times while changes inside it wait.
 ///
 /// Chains of renames that wait for each other (a swap) are broken by
-/// `CycleBreaker::break_cycle`.
-pub(crate) fn ready(records: &[(Arc<Pending>, Record)]) -> Vec<Arc<Pending>> {
+/// `CycleBreaker::break_cycle`. Each comes with its record as planned: a change whose
+/// names changed here since (a directory above it renamed) is planned again, not sent.
+pub(crate) fn ready(records: &[(Arc<Pending>, Record)]) -> Vec<(Arc<Pending>, Record)> {
     let mut vacating: HashMap<&[Vec<u8>], u64> = HashMap::new();
     let mut placing: HashSet<&[Vec<u8>]> = HashSet::new();
     let mut moving: HashSet<&[Vec<u8>]> = HashSet::new();
@@ -80,7 +81,7 @@ pub(crate) fn ready(records: &[(Arc<Pending>, Record)]) -> Vec<Arc<Pending>> {
                     && holding.contains(r.path.as_slice()));
             !waits
         })
-        .map(|(p, _)| p.clone())
+        .map(|(p, r)| (p.clone(), r.clone()))
         .collect()
 }
 

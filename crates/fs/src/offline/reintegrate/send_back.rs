@@ -58,6 +58,16 @@ pub(crate) enum Outcome {
     Conflict(Conflict),
 }
 
+/// What became of one change in a pass.
+pub(crate) enum Sending {
+    /// Sent (or written to a conflict copy, noted).
+    Went(Box<(Outcome, Option<Conflict>)>),
+    /// Done already, or cannot be done yet.
+    Waits,
+    /// Its names changed here since the pass was planned: planned again.
+    Replanned,
+}
+
 /// How a rename went back.
 enum Moved {
     /// The object is where the change says (perhaps under a conflict name: noted).
@@ -90,17 +100,43 @@ impl<'a> ChangeSender<'a> {
     }
 
     /// Sends one change back (under its lock, so writes to the object wait): its move,
-    /// then its creation, content or removal, then its permission bits and times. `None`
-    /// if it was done already, or cannot be done yet. `sending`: the changes of this pass.
+    /// then its creation, content or removal, then its permission bits and times.
+    /// `planned`: its record when the pass was planned (`ready`); `sending`: the changes
+    /// of this pass.
     pub(crate) fn send_back(
         &self,
         p: &Pending,
+        planned: &Record,
+        sending: &HashSet<u64>,
+    ) -> FsResult<Sending> {
+        let g = p.lock();
+        if g.is_gone() {
+            return Ok(Sending::Waits);
+        }
+        // Moved here since the pass was planned (a directory above it renamed: its path
+        // now names a place the origin has yet to have): what it waits for is worked out
+        // again. (Its names change only under its lock, held from here on.)
+        let rec = g.record();
+        if rec.path != planned.path
+            || rec.origin_loc() != planned.origin_loc()
+            || rec.kind != planned.kind
+        {
+            return Ok(Sending::Replanned);
+        }
+        Ok(match self.send_locked(p, g, sending)? {
+            Some(went) => Sending::Went(Box::new(went)),
+            None => Sending::Waits,
+        })
+    }
+
+    /// [`ChangeSender::send_back`] under the change's lock `g`: `None` if it was done
+    /// already, or cannot be done yet.
+    fn send_locked(
+        &self,
+        p: &Pending,
+        mut g: parking_lot::MutexGuard<'_, Inner>,
         sending: &HashSet<u64>,
     ) -> FsResult<Option<(Outcome, Option<Conflict>)>> {
-        let mut g = p.lock();
-        if g.is_gone() {
-            return Ok(None);
-        }
         // A change of the export root's own attributes (logged by an earlier build) has
         // no path to be sent to: it is dropped, and listed.
         if g.record().path.is_empty() {
