@@ -640,6 +640,52 @@ fn a_walk_of_many_prefixes_costs_a_listing_per_thousand_keys_not_one_per_directo
 }
 
 #[test]
+fn a_tier_watches_many_directories_at_a_listing_per_thousand_keys_a_round() {
+    // 40 prefixes used by a client of a tier: every period the tier lists them again to
+    // turn outside changes into callbacks, in one listing of their subtree, not 40.
+    require_fuse();
+    let Some(g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    let t = scratch();
+    let src = t.path().join("src");
+    for i in 0..40 {
+        let d = src.join(format!("p{i:02}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("f"), format!("{i}")).unwrap();
+    }
+    copy_up(&g, &src, "w");
+    let tier = g.serve_tier(0, &t.path().join("tier"), &["--metadata-ttl", "0.5"]);
+    let a = Mount::with_cache(
+        &tier.addr,
+        &t.path().join("a"),
+        &t.path().join("ca"),
+        &["--insecure-plaintext"],
+    );
+    for i in 0..40 {
+        assert_eq!(list(&a.p(&format!("w/p{i:02}"))).unwrap().len(), 1);
+        assert_eq!(
+            read(&a.p(&format!("w/p{i:02}/f"))).unwrap(),
+            format!("{i}").as_bytes()
+        );
+    }
+    let lists = g.s3_requests("ListObjectsV2");
+    std::thread::sleep(Duration::from_secs(3));
+    let spent = g.s3_requests("ListObjectsV2") - lists;
+    // About six rounds of 42 watched directories: a listing or two each (one per
+    // directory would be about 250).
+    assert!(
+        spent <= 20,
+        "{spent} listings in 3 s to watch 42 directories"
+    );
+    // And the watch still sees another client's change.
+    g.put("w/p33/f", b"changed");
+    assert_soon("the client sees the outside change", || {
+        has_content(&a.p("w/p33/f"), b"changed")
+    });
+}
+
+#[test]
 fn listings_past_their_ttl_are_answered_while_revalidated_in_the_background() {
     // 40 prefixes of 3 objects, read, then read again past the TTL: no reader waits for
     // a listing, the revalidation costs far fewer listings than there are directories,

@@ -28,6 +28,7 @@ pub mod location;
 mod modify;
 pub mod nodes;
 mod options;
+pub mod poller;
 pub mod refresher;
 mod resolve;
 mod staging;
@@ -500,7 +501,7 @@ impl Origin for S3Origin {
             return false;
         }
         *self.sink.lock() = Some(sink.clone());
-        let poller = watch::Poller {
+        let poller = poller::Poller {
             client: self.client.clone(),
             location: self.opts.location.clone(),
             listings: self.listings.clone(),

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::client::S3Client;
+use super::client::{S3Client, S3Result};
 use super::listings::Listings;
 use super::location::S3Location;
 use super::nodes::NodeTable;
@@ -70,7 +70,8 @@ impl Plan {
         }
     }
 
-    fn covers(&self, prefix: &str) -> bool {
+    /// Whether it lists directory `prefix`.
+    pub fn covers(&self, prefix: &str) -> bool {
         match self {
             Plan::Dir(p) => p == prefix,
             Plan::Tree { top, .. } => prefix.starts_with(top.as_str()),
@@ -459,22 +460,7 @@ impl Inner {
             table: &self.parts.table,
             sink: sink.as_ref(),
         };
-        let root = self.parts.location.dir_prefix("");
-        let path_of = |prefix: &str| {
-            prefix
-                .strip_prefix(root.as_str())
-                .unwrap_or("")
-                .trim_end_matches('/')
-                .to_string()
-        };
-        let r = match plan {
-            Plan::Dir(p) => relister.relist(&path_of(p)).map(|_| 1),
-            Plan::Tree { top, pages } => relister
-                // (No time budget: nobody waits on it.)
-                .relist_tree(&path_of(top), None, (pages + 1) * PAGE, None)
-                .map(|()| self.parts.listings.fresh_under(top)),
-        };
-        match r {
+        match carry_out(&relister, plan) {
             Ok(n) => {
                 self.refreshed.fetch_add(n as u64, Relaxed);
             }
@@ -482,6 +468,26 @@ impl Inner {
                 self.failures.fetch_add(1, Relaxed);
                 tracing::debug!("listing {plan:?} again: {e}");
             }
+        }
+    }
+}
+
+/// Sends `plan`'s request through `relister` (which reports what changed); returns the
+/// number of directories listed.
+pub fn carry_out(relister: &Relister<'_>, plan: &Plan) -> S3Result<usize> {
+    let root = relister.location.dir_prefix("");
+    let path_of = |prefix: &str| {
+        prefix
+            .strip_prefix(root.as_str())
+            .unwrap_or("")
+            .trim_end_matches('/')
+            .to_string()
+    };
+    match plan {
+        Plan::Dir(p) => relister.relist(&path_of(p)).map(|_| 1),
+        // (No time budget: nobody waits on it.)
+        Plan::Tree { top, pages } => {
+            relister.relist_tree(&path_of(top), None, (pages + 1) * PAGE, None)
         }
     }
 }

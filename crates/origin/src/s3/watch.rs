@@ -4,14 +4,14 @@
 //! directory per period replaces a HEAD per file per client: the store's load no longer
 //! grows with the number of clients.
 //!
-//! Watched directories: those listed, or with names looked up, most recently (at most
-//! [`MAX_WATCHED`]); the others are forgotten and a client that still holds their
-//! entries revalidates by time when its callback expires.
+//! Watched directories ([`Watched`]): those listed, or with names looked up, most
+//! recently (at most [`MAX_WATCHED`]); the others are forgotten and a client that still
+//! holds their entries revalidates by time when its callback expires. Every listing goes
+//! through a [`Relister`], whoever asks (a reader, the refresher, the tier's
+//! `super::poller::Poller`), so that no change is absorbed unreported.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
 use hoardfs_proto::{Break, FileKind};
 use parking_lot::Mutex;
@@ -47,62 +47,9 @@ impl Watched {
         }
     }
 
-    fn list(&self) -> Vec<String> {
+    /// The directories watched now.
+    pub fn list(&self) -> Vec<String> {
         self.dirs.lock().0.keys().cloned().collect()
-    }
-}
-
-/// What the poller needs of the origin.
-pub struct Poller {
-    /// The store.
-    pub client: Arc<S3Client>,
-    /// Bucket and prefix.
-    pub location: S3Location,
-    /// The origin's listings.
-    pub listings: Arc<Listings>,
-    /// The origin's handle table.
-    pub table: Arc<NodeTable>,
-    /// Directories in use.
-    pub watched: Arc<Watched>,
-    /// Where breaks go.
-    pub sink: BreakSink,
-    /// Set when the origin is dropped.
-    pub stop: Arc<AtomicBool>,
-    /// Time between rounds.
-    pub period: Duration,
-}
-
-impl Poller {
-    /// Runs rounds until stopped.
-    pub fn run(self) {
-        while !self.stop.load(Ordering::Relaxed) {
-            let start = Instant::now();
-            for dir in self.watched.list() {
-                if self.stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                self.poll(&dir);
-            }
-            let left = self.period.saturating_sub(start.elapsed());
-            // Sleeps in slices so that a dropped origin stops its poller soon.
-            let until = Instant::now() + left.max(Duration::from_millis(50));
-            while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(50).min(until - Instant::now()));
-            }
-        }
-    }
-
-    fn poll(&self, dir: &str) {
-        let relister = Relister {
-            client: &self.client,
-            location: &self.location,
-            listings: &self.listings,
-            table: &self.table,
-            sink: Some(&self.sink),
-        };
-        if let Err(e) = relister.relist(dir) {
-            tracing::debug!("watching {dir:?}: {e}");
-        }
     }
 }
 
@@ -163,13 +110,14 @@ impl Relister<'_> {
     /// the listing of every directory it covers whole, reporting what changed in each as
     /// [`Relister::relist`] does: a walk of a tree of many small directories then costs a request per
     /// 1,000 keys instead of one per directory (goofys lists a prefix the same way).
+    /// Returns the number of directories kept.
     pub fn relist_tree(
         &self,
         dir: &str,
         start_after: Option<&str>,
         max_keys: usize,
         budget: Option<std::time::Duration>,
-    ) -> super::client::S3Result<()> {
+    ) -> super::client::S3Result<usize> {
         let started = std::time::Instant::now();
         let top = self.location.dir_prefix(dir);
         let changes = self.listings.changes();
@@ -200,9 +148,10 @@ impl Relister<'_> {
         let ordered = objects.windows(2).all(|w| w[0].0 < w[1].0);
         let usable = ordered || (complete && after.is_none());
         if !usable {
-            return Ok(());
+            return Ok(0);
         }
         let dirs = Snapshot::tree_from_flat(&top, &objects, complete, after.is_none());
+        let kept = dirs.len();
         for (prefix, snap) in dirs {
             let Some(path) = prefix
                 .strip_prefix(self.location.dir_prefix("").as_str())
@@ -214,7 +163,7 @@ impl Relister<'_> {
             let snap = self.listings.install(&prefix, snap, changes);
             self.report(&path, old.as_deref(), &snap);
         }
-        Ok(())
+        Ok(kept)
     }
 }
 

@@ -1,25 +1,34 @@
 //! Directory listings of the bucket, kept in memory and on disk.
 //!
-//! A listing is every page of `ListObjectsV2(prefix=DIR/, delimiter=/)` folded into one
-//! sorted snapshot: common prefixes are directories, keys are files, the `DIR/` marker
-//! itself is not an entry, a directory shadows a file of the same name, and names that
-//! cannot be path components are left out. A snapshot answers lookups and `readdir` while
-//! it is fresh (`--metadata-ttl`, forever with `--immutable`), past that up to
-//! `--metadata-max-stale` while it is listed again (module `refresher`), and at any age
-//! while the store is unreachable, also after a remount: each snapshot is written to
-//! `STATE/listings/<hash>` (in place, behind a checksum: a torn or foreign file is
-//! ignored).
+//! A listing ([`Snapshot`], module `snapshot`) is every page of
+//! `ListObjectsV2(prefix=DIR/, delimiter=/)` folded into one sorted snapshot. A snapshot
+//! answers lookups and `readdir` while it is fresh (`--metadata-ttl`, forever with
+//! `--immutable`), past that up to `--metadata-max-stale` while it is listed again
+//! (module `refresher`), and at any age while the store is unreachable, also after a
+//! remount: each is kept on disk (module `disk`), as are names looked up one by one
+//! (module `seen`). This module owns what is in memory: which listings may be served
+//! ([`Listings::usable`]), which are due for a listing again, and the changes made
+//! through this origin that void them.
 
-use std::collections::{BTreeMap, HashMap};
+mod disk;
+mod seen;
+mod snapshot;
+mod versions;
+
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 
-use super::client::{ObjectInfo, S3Client, S3Error, S3Result};
-use super::location::valid_name;
+use crate::s3::client::{S3Client, S3Error, S3Result};
+use disk::SnapshotFiles;
+use seen::SeenNames;
+use snapshot::now_unix;
+pub use snapshot::{Listed, Snapshot};
+pub use versions::DirVersion;
+use versions::Versions;
 
 /// Most entries one directory may have (beyond it listing fails rather than exhaust memory).
 pub const MAX_ENTRIES: usize = 2_000_000;
@@ -29,138 +38,6 @@ const PAGE: usize = 1000;
 const MEM_SNAPSHOTS: usize = 4096;
 /// An unchanged listing is written to disk again at most this often.
 const DISK_REFRESH: Duration = Duration::from_secs(30);
-/// Format tag of the files on disk.
-const DISK_MAGIC: &str = "hoardfs-s3-listing-3";
-/// The log of names looked up is started afresh beyond this size.
-const SEEN_LOG_MAX: u64 = 64 << 20;
-
-/// What a name in a directory is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Listed {
-    /// An object.
-    File(ObjectInfo),
-    /// A common prefix (or a marker object).
-    Dir,
-}
-
-/// One directory's listing.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Snapshot {
-    /// Entries sorted by name.
-    pub entries: Vec<(String, Listed)>,
-    /// When it was listed (seconds since the epoch).
-    pub listed_at: i64,
-    /// When this mount first saw the directory's names as they are here (nanoseconds
-    /// since the epoch; 0 until kept): the directory's mtime, so that the kernel's copy
-    /// of a listing is dropped when a revalidation finds other names.
-    pub changed_at: i64,
-}
-
-impl Snapshot {
-    /// Folds listing pages of `prefix` into a snapshot.
-    pub fn from_pages(prefix: &str, pages: Vec<super::client::ListPage>) -> Snapshot {
-        let mut m: BTreeMap<String, Listed> = BTreeMap::new();
-        for page in pages {
-            for (key, info) in page.objects {
-                if let Some(name) = key.strip_prefix(prefix)
-                    && valid_name(name)
-                    && !matches!(m.get(name), Some(Listed::Dir))
-                {
-                    m.insert(name.to_string(), Listed::File(info));
-                }
-            }
-            for p in page.prefixes {
-                if let Some(name) = p.strip_prefix(prefix).and_then(|n| n.strip_suffix('/'))
-                    && valid_name(name)
-                {
-                    m.insert(name.to_string(), Listed::Dir);
-                }
-            }
-        }
-        Snapshot {
-            entries: m.into_iter().collect(),
-            listed_at: now_unix(),
-            changed_at: 0,
-        }
-    }
-
-    /// A hash of the names and kinds listed (the directory's version).
-    pub fn names_hash(&self) -> u64 {
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
-        for (name, l) in &self.entries {
-            h.update(name.as_bytes());
-            h.update(&[0, matches!(l, Listed::Dir) as u8]);
-        }
-        h.digest()
-    }
-
-    /// The listings of directory `top` (a prefix: empty or ending in `/`) and of every
-    /// directory below it, folded from the keys of one listing without delimiter, in key
-    /// order, by the rules of [`Snapshot::from_pages`]. With `complete` false the keys end
-    /// somewhere in the middle, and only the directories whose keys all came are returned
-    /// (keys under one prefix are contiguous in key order, so those are the directories
-    /// the last key is not under; never `top`). With `from_start` false the keys start
-    /// after some key under `top` (a listing with `start-after` a name in it): `top` is
-    /// not returned either. Returned as (prefix, snapshot).
-    pub fn tree_from_flat(
-        top: &str,
-        objects: &[(String, ObjectInfo)],
-        complete: bool,
-        from_start: bool,
-    ) -> Vec<(String, Snapshot)> {
-        let mut dirs: BTreeMap<String, BTreeMap<String, Listed>> = BTreeMap::new();
-        dirs.insert(top.to_string(), BTreeMap::new());
-        for (key, info) in objects {
-            let Some(rest) = key.strip_prefix(top) else {
-                continue;
-            };
-            let parts: Vec<&str> = rest.split('/').collect();
-            let mut dir = top.to_string();
-            for (i, part) in parts.iter().enumerate() {
-                if i + 1 == parts.len() {
-                    // A file, or (empty: the key ends in `/`) the marker of `dir`.
-                    if valid_name(part) {
-                        let m = dirs.entry(dir.clone()).or_default();
-                        if !matches!(m.get(*part), Some(Listed::Dir)) {
-                            m.insert(part.to_string(), Listed::File(info.clone()));
-                        }
-                    }
-                    break;
-                }
-                if !valid_name(part) {
-                    break; // no path leads below a name that cannot be one
-                }
-                dirs.entry(dir.clone())
-                    .or_default()
-                    .insert(part.to_string(), Listed::Dir);
-                dir = format!("{dir}{part}/");
-                dirs.entry(dir.clone()).or_default();
-            }
-        }
-        let last = objects.last().map(|(k, _)| k.as_str());
-        let listed_at = now_unix();
-        dirs.into_iter()
-            .filter(|(prefix, _)| from_start || prefix != top)
-            .filter(|(prefix, _)| complete || last.is_some_and(|k| !k.starts_with(prefix.as_str())))
-            .map(|(prefix, m)| {
-                let snap = Snapshot {
-                    entries: m.into_iter().collect(),
-                    listed_at,
-                    changed_at: 0,
-                };
-                (prefix, snap)
-            })
-            .collect()
-    }
-
-    /// The entry called `name`.
-    pub fn get(&self, name: &str) -> Option<&Listed> {
-        self.entries
-            .binary_search_by(|(n, _)| n.as_str().cmp(name))
-            .ok()
-            .map(|i| &self.entries[i].1)
-    }
-}
 
 struct Held {
     snap: Arc<Snapshot>,
@@ -174,17 +51,15 @@ struct Held {
     stored: Option<Instant>,
 }
 
-/// The listing store. Locks: `mem`, `seen` and `writing` are leaves; `writing` is held
-/// across one listing's disk write only; `mem` is never held across a
-/// request or a disk write, `seen` only across an append to its log.
+/// The listing store. Locks: `mem`, `expired` and `versions` are leaves (as are the
+/// locks of `disk` and `seen`); `mem` is never held across a request or a disk write.
 pub struct Listings {
     mem: Mutex<(HashMap<String, Held>, u64)>,
     /// Names resolved one by one (outside any listing), for offline lookups after a
-    /// remount: loaded from `seen.log` at the first need, appended to as they come.
-    seen: Mutex<Option<HashMap<String, Listed>>>,
-    disk: Option<PathBuf>,
-    /// Held while a listing is written to disk.
-    writing: Mutex<()>,
+    /// remount.
+    seen: SeenNames,
+    /// The listings kept on disk.
+    disk: SnapshotFiles,
     ttl: Duration,
     /// How old a listing may be and still be served while it is listed again in the
     /// background (at least `ttl`).
@@ -196,20 +71,8 @@ pub struct Listings {
     /// The latest changes by prefix: runs of consecutive counts of one prefix (a write
     /// stream to one directory is one entry).
     expired: Mutex<ExpiredLog>,
-    /// Each directory's names hash and `changed_at` as last listed, for its attributes
-    /// (never evicted with the snapshots, so a directory's version does not flip back).
-    versions: Mutex<HashMap<String, DirVersion>>,
-}
-
-/// What a directory's attributes are made of, as this mount last listed it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DirVersion {
-    /// [`Snapshot::names_hash`].
-    pub hash: u64,
-    /// [`Snapshot::changed_at`].
-    pub changed_at: i64,
-    /// Entries listed.
-    pub entries: usize,
+    /// Each directory's names hash and `changed_at` as last listed, for its attributes.
+    versions: Mutex<Versions>,
 }
 
 /// Changes through this origin by prefix, for [`Listings::changed_since`].
@@ -223,8 +86,6 @@ struct ExpiredLog {
 
 /// Runs of changes of names remembered by prefix ([`Listings::changed_since`]).
 const EXPIRED_LOG: usize = 4096;
-/// Directories whose version is remembered at most (beyond, the memory starts afresh).
-const VERSIONS_MAX: usize = 1 << 20;
 
 impl Listings {
     /// A store keeping snapshots under `disk` (if any), fresh for `ttl` and served while
@@ -235,20 +96,17 @@ impl Listings {
         max_stale: Duration,
         immutable: bool,
     ) -> Listings {
-        if let Some(d) = &disk {
-            let _ = super::staging::private_dir(d);
-        }
+        let disk = SnapshotFiles::new(disk);
         Listings {
             mem: Mutex::new((HashMap::new(), 0)),
-            seen: Mutex::new(None),
+            seen: SeenNames::new(disk.dir()),
             disk,
-            writing: Mutex::new(()),
             ttl,
             max_stale: max_stale.max(ttl),
             immutable,
             changes: std::sync::atomic::AtomicU64::new(0),
             expired: Mutex::new(ExpiredLog::default()),
-            versions: Mutex::new(HashMap::new()),
+            versions: Mutex::new(Versions::default()),
         }
     }
 
@@ -277,7 +135,7 @@ impl Listings {
             }
         }
         // Not in memory: a snapshot on disk young enough (a remount within the bound).
-        let snap = self.load(prefix)?;
+        let snap = self.disk.load(prefix)?;
         let listed = listed_instant(&snap, now);
         let age = self.age(listed, now)?;
         self.known_version(prefix, &snap);
@@ -324,29 +182,12 @@ impl Listings {
             .collect()
     }
 
-    /// Listings under `top` (itself included) kept in memory and fresh.
-    pub fn fresh_under(&self, top: &str) -> usize {
-        let now = Instant::now();
-        let g = self.mem.lock();
-        g.0.iter()
-            .filter(|(p, h)| p.starts_with(top) && self.age(h.listed, now) == Some(Age::Fresh))
-            .count()
-    }
-
     /// Entries listed under each of `tops` (directory prefixes), counted over every
     /// directory this mount has listed: what one listing without delimiter of each would
     /// read, about.
     pub fn entries_under(&self, tops: &[String]) -> Vec<usize> {
         let v = self.versions.lock();
-        let mut out = vec![0; tops.len()];
-        for (prefix, version) in v.iter() {
-            for (n, top) in out.iter_mut().zip(tops) {
-                if prefix.starts_with(top.as_str()) {
-                    *n += version.entries;
-                }
-            }
-        }
-        out
+        tops.iter().map(|top| v.entries_under(top)).collect()
     }
 
     /// Records the version of a listing loaded from disk (kept by an earlier mount), if
@@ -355,14 +196,14 @@ impl Listings {
         if snap.changed_at == 0 {
             return;
         }
-        let mut v = self.versions.lock();
-        if v.len() < VERSIONS_MAX {
-            v.entry(prefix.to_string()).or_insert(DirVersion {
+        self.versions.lock().insert_if_absent(
+            prefix,
+            DirVersion {
                 hash: snap.names_hash(),
                 changed_at: snap.changed_at,
                 entries: snap.entries.len(),
-            });
-        }
+            },
+        );
     }
 
     /// The last listing of `prefix`, whatever its age (for when the store is unreachable).
@@ -370,7 +211,7 @@ impl Listings {
         if let Some(h) = self.mem.lock().0.get(prefix) {
             return Some(h.snap.clone());
         }
-        let snap = self.load(prefix)?;
+        let snap = self.disk.load(prefix)?;
         self.known_version(prefix, &snap);
         let listed = listed_instant(&snap, Instant::now());
         let snap = Arc::new(snap);
@@ -449,7 +290,7 @@ impl Listings {
         });
         self.hold(prefix, snap.clone(), Some(Instant::now()));
         if !on_disk {
-            self.store(prefix, &snap);
+            self.disk.store(prefix, &snap);
             if let Some(h) = self.mem.lock().0.get_mut(prefix) {
                 h.stored = Some(Instant::now());
             }
@@ -495,22 +336,18 @@ impl Listings {
                 .duration_since(UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos().min(i64::MAX as u128) as i64),
         };
-        let mut v = self.versions.lock();
-        if v.len() >= VERSIONS_MAX {
-            v.clear();
-        }
         let version = DirVersion {
             hash,
             changed_at: snap.changed_at,
             entries: snap.entries.len(),
         };
-        v.insert(prefix.to_string(), version);
+        self.versions.lock().insert(prefix, version);
         snap
     }
 
     /// Directory `prefix` as this mount last listed it (no disk or network).
     pub fn version(&self, prefix: &str) -> Option<DirVersion> {
-        self.versions.lock().get(prefix).copied()
+        self.versions.lock().get(prefix)
     }
 
     /// Makes the kept listing of `prefix` out of date, in memory and on disk.
@@ -519,10 +356,8 @@ impl Listings {
             h.listed = None;
             h.stored = None;
         }
-        if let Some(p) = self.path(prefix) {
-            // A snapshot on disk must not look fresh to a remount either.
-            let _ = std::fs::remove_file(p);
-        }
+        // A snapshot on disk must not look fresh to a remount either.
+        self.disk.remove(prefix);
     }
 
     /// The listing of `prefix` changed (through this origin): the next use lists again.
@@ -548,58 +383,12 @@ impl Listings {
 
     /// Records that `path` (a full key path) was found to be `l` by a lookup.
     pub fn remember(&self, path: &str, l: &Listed) {
-        let mut g = self.seen.lock();
-        let m = g.get_or_insert_with(|| self.load_seen());
-        if m.get(path) == Some(l) {
-            return;
-        }
-        m.insert(path.to_string(), l.clone());
-        let Some(log) = self.disk.as_ref().map(|d| d.join("seen.log")) else {
-            return;
-        };
-        if std::fs::metadata(&log).is_ok_and(|md| md.len() > SEEN_LOG_MAX) {
-            let _ = std::fs::remove_file(&log);
-        }
-        let Ok(rec) = postcard::to_stdvec(&(path, l)) else {
-            return;
-        };
-        let mut buf = (rec.len() as u32).to_le_bytes().to_vec();
-        buf.extend_from_slice(&rec);
-        use std::io::Write;
-        let _ = super::staging::private_file()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .and_then(|mut f| f.write_all(&buf));
+        self.seen.remember(path, l);
     }
 
     /// What a lookup last found at `path`, whatever its age.
     pub fn recall(&self, path: &str) -> Option<Listed> {
-        let mut g = self.seen.lock();
-        g.get_or_insert_with(|| self.load_seen()).get(path).cloned()
-    }
-
-    fn load_seen(&self) -> HashMap<String, Listed> {
-        let mut m = HashMap::new();
-        let Some(bytes) = self
-            .disk
-            .as_ref()
-            .and_then(|d| std::fs::read(d.join("seen.log")).ok())
-        else {
-            return m;
-        };
-        let mut rest = &bytes[..];
-        while rest.len() >= 4 {
-            let n = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
-            let Some(rec) = rest.get(4..4 + n) else {
-                break; // a torn last record
-            };
-            if let Ok((path, l)) = postcard::from_bytes::<(String, Listed)>(rec) {
-                m.insert(path, l);
-            }
-            rest = &rest[4 + n..];
-        }
-        m
+        self.seen.recall(path)
     }
 
     fn hold(&self, prefix: &str, snap: Arc<Snapshot>, listed: Option<Instant>) {
@@ -630,52 +419,6 @@ impl Listings {
             m.retain(|_, h| h.used > cut);
         }
     }
-
-    fn path(&self, prefix: &str) -> Option<PathBuf> {
-        let h = xxhash_rust::xxh3::xxh3_64(prefix.as_bytes());
-        Some(self.disk.as_ref()?.join(format!("{h:016x}")))
-    }
-
-    fn store(&self, prefix: &str, snap: &Snapshot) {
-        let Some(path) = self.path(prefix) else {
-            return;
-        };
-        let Ok(body) = postcard::to_stdvec(&(DISK_MAGIC, prefix, snap)) else {
-            return;
-        };
-        let mut bytes = xxhash_rust::xxh3::xxh3_64(&body).to_le_bytes().to_vec();
-        bytes.extend_from_slice(&body);
-        // Written in place, then cut to length (one writer at a time): a new file per
-        // listing written cost an inode created and one deleted each time, and a
-        // truncation to zero makes ext4 flush the file at close; the two were most of the
-        // cost of revalidating many directories. A write torn by a crash, or a shorter
-        // one over a longer, fails the checksum in front and is ignored like a missing
-        // file.
-        let _one = self.writing.lock();
-        let written = super::staging::private_file()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .and_then(|mut f| {
-                std::io::Write::write_all(&mut f, &bytes)?;
-                f.set_len(bytes.len() as u64)
-            });
-        if written.is_err() {
-            let _ = std::fs::remove_file(&path);
-            tracing::debug!("could not keep the listing of {prefix:?} on disk");
-        }
-    }
-
-    fn load(&self, prefix: &str) -> Option<Snapshot> {
-        let bytes = std::fs::read(self.path(prefix)?).ok()?;
-        let (sum, body) = bytes.split_first_chunk::<8>()?;
-        if u64::from_le_bytes(*sum) != xxhash_rust::xxh3::xxh3_64(body) {
-            return None;
-        }
-        let (magic, p, snap): (String, String, Snapshot) = postcard::from_bytes(body).ok()?;
-        (magic == DISK_MAGIC && p == prefix).then_some(snap)
-    }
 }
 
 /// How a kept listing may be used ([`Listings::usable`]).
@@ -695,103 +438,11 @@ fn listed_instant(snap: &Snapshot, now: Instant) -> Option<Instant> {
     now.checked_sub(Duration::from_secs(u64::try_from(age).ok()?))
 }
 
-fn now_unix() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::client::ListPage;
+    use super::snapshot::tests::info;
     use super::*;
-
-    fn info(size: u64) -> ObjectInfo {
-        ObjectInfo {
-            size,
-            etag: format!("e{size}"),
-            mtime: 1,
-        }
-    }
-
-    #[test]
-    fn pages_fold_into_one_sorted_listing() {
-        let pages = vec![
-            ListPage {
-                objects: vec![
-                    ("p/".into(), info(0)),
-                    ("p/b".into(), info(2)),
-                    ("p/..".into(), info(3)),
-                    ("p/same".into(), info(4)),
-                ],
-                prefixes: vec!["p/a/".into(), "p//".into()],
-                next: Some("t".into()),
-            },
-            ListPage {
-                objects: vec![("p/c".into(), info(5))],
-                prefixes: vec!["p/same/".into()],
-                next: None,
-            },
-        ];
-        let s = Snapshot::from_pages("p/", pages);
-        let names: Vec<&str> = s.entries.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["a", "b", "c", "same"]);
-        assert_eq!(
-            s.get("same"),
-            Some(&Listed::Dir),
-            "a directory shadows a file"
-        );
-        assert_eq!(s.get("b"), Some(&Listed::File(info(2))));
-        assert_eq!(s.get("zzz"), None);
-    }
-
-    #[test]
-    fn one_listing_without_delimiter_folds_into_the_listings_of_a_tree() {
-        let keys = |ks: &[&str]| -> Vec<(String, ObjectInfo)> {
-            ks.iter()
-                .map(|k| (k.to_string(), info(k.len() as u64)))
-                .collect()
-        };
-        // In key order, as a store returns them.
-        let objects = keys(&[
-            "p/a/", "p/a/b/c", "p/a/f", "p/a//x", "p/b", "p/b/g", "p/c/../h", "p/e",
-        ]);
-        let delimited = |prefix: &str| {
-            // What the delimiter listing of `prefix` would hold, from the same keys.
-            let mut page = ListPage::default();
-            for (k, i) in &objects {
-                let Some(rest) = k.strip_prefix(prefix) else {
-                    continue;
-                };
-                match rest.find('/') {
-                    Some(at) => {
-                        let p = format!("{prefix}{}", &rest[..=at]);
-                        if !page.prefixes.contains(&p) {
-                            page.prefixes.push(p);
-                        }
-                    }
-                    None => page.objects.push((k.clone(), i.clone())),
-                }
-            }
-            Snapshot::from_pages(prefix, vec![page]).entries
-        };
-        let tree = Snapshot::tree_from_flat("p/", &objects, true, true);
-        let prefixes: Vec<&str> = tree.iter().map(|(p, _)| p.as_str()).collect();
-        assert_eq!(prefixes, ["p/", "p/a/", "p/a/b/", "p/b/", "p/c/"]);
-        for (prefix, snap) in &tree {
-            assert_eq!(snap.entries, delimited(prefix), "{prefix}");
-        }
-        // Cut after "p/a/f": only directories the last key is not under are whole.
-        let cut = Snapshot::tree_from_flat("p/", &objects[..3], false, true);
-        let prefixes: Vec<&str> = cut.iter().map(|(p, _)| p.as_str()).collect();
-        assert_eq!(prefixes, ["p/a/b/"]);
-        assert!(Snapshot::tree_from_flat("p/", &[], false, true).is_empty());
-        // Started after "p/a" (its keys onwards): every directory but the top is whole.
-        let after = Snapshot::tree_from_flat("p/", &objects, true, false);
-        let prefixes: Vec<&str> = after.iter().map(|(p, _)| p.as_str()).collect();
-        assert_eq!(prefixes, ["p/a/", "p/a/b/", "p/b/", "p/c/"]);
-    }
+    use crate::s3::client::ListPage;
 
     #[test]
     fn a_change_voids_only_the_listings_of_its_directory_begun_before_it() {
@@ -836,7 +487,7 @@ mod tests {
             false,
         );
         a.hold("", Arc::new(snap), Some(Instant::now()));
-        a.store("", &a.any("").unwrap());
+        a.disk.store("", &a.any("").unwrap());
         // A new store (a remount) finds it fresh on disk within the TTL...
         let b = Listings::new(
             Some(d.path().into()),
@@ -870,7 +521,7 @@ mod tests {
         assert_eq!(r.recall("a/f"), Some(Listed::File(info(3))));
         assert_eq!(r.recall("a/g"), None);
         // Garbage on disk is ignored.
-        std::fs::write(c.path("x/").unwrap(), b"garbage").unwrap();
+        std::fs::write(c.disk.path("x/").unwrap(), b"garbage").unwrap();
         assert!(c.any("x/").is_none());
     }
 
@@ -953,7 +604,7 @@ mod tests {
             objects: vec![("p/f".into(), info(n))],
             ..ListPage::default()
         };
-        let file = l.path("p/").unwrap();
+        let file = l.disk.path("p/").unwrap();
         l.install("p/", Snapshot::from_pages("p/", vec![page(1)]), l.changes());
         // (Taken away behind its back: whether it is written again shows.)
         std::fs::remove_file(&file).unwrap();
@@ -978,8 +629,8 @@ mod tests {
         l.install("p/", Snapshot::from_pages("p/", vec![page(3)]), l.changes());
         // Expired by a change here, the file is gone; the next listing writes it again.
         l.expire("p/");
-        assert!(l.path("p/").unwrap().metadata().is_err());
+        assert!(l.disk.path("p/").unwrap().metadata().is_err());
         l.install("p/", Snapshot::from_pages("p/", vec![page(2)]), l.changes());
-        assert!(l.path("p/").unwrap().metadata().is_ok());
+        assert!(l.disk.path("p/").unwrap().metadata().is_ok());
     }
 }
