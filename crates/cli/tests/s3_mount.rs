@@ -579,6 +579,17 @@ fn walk_tree(root: &std::path::Path) -> Vec<(String, Option<Vec<u8>>)> {
     out
 }
 
+/// `n` prefixes `p0000/` … under `src`, each with `files` files `f0` … holding "I.J".
+fn write_prefixes(src: &Path, n: usize, files: usize) {
+    for i in 0..n {
+        let d = src.join(format!("p{i:04}"));
+        std::fs::create_dir_all(&d).unwrap();
+        for j in 0..files {
+            std::fs::write(d.join(format!("f{j}")), format!("{i}.{j}")).unwrap();
+        }
+    }
+}
+
 /// Puts the tree at `src` under `prefix` with rclone (another S3 client).
 fn copy_up(g: &Garage, src: &Path, prefix: &str) {
     let out = g
@@ -649,11 +660,7 @@ fn a_tier_watches_many_directories_at_a_listing_per_thousand_keys_a_round() {
     };
     let t = scratch();
     let src = t.path().join("src");
-    for i in 0..40 {
-        let d = src.join(format!("p{i:02}"));
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("f"), format!("{i}")).unwrap();
-    }
+    write_prefixes(&src, 40, 1);
     copy_up(&g, &src, "w");
     let tier = g.serve_tier(0, &t.path().join("tier"), &["--metadata-ttl", "0.5"]);
     let a = Mount::with_cache(
@@ -663,11 +670,9 @@ fn a_tier_watches_many_directories_at_a_listing_per_thousand_keys_a_round() {
         &["--insecure-plaintext"],
     );
     for i in 0..40 {
-        assert_eq!(list(&a.p(&format!("w/p{i:02}"))).unwrap().len(), 1);
-        assert_eq!(
-            read(&a.p(&format!("w/p{i:02}/f"))).unwrap(),
-            format!("{i}").as_bytes()
-        );
+        assert_eq!(list(&a.p(&format!("w/p{i:04}"))).unwrap().len(), 1);
+        let f = a.p(&format!("w/p{i:04}/f0"));
+        assert_eq!(read(&f).unwrap(), format!("{i}.0").as_bytes());
     }
     let lists = g.s3_requests("ListObjectsV2");
     std::thread::sleep(Duration::from_secs(3));
@@ -679,10 +684,55 @@ fn a_tier_watches_many_directories_at_a_listing_per_thousand_keys_a_round() {
         "{spent} listings in 3 s to watch 42 directories"
     );
     // And the watch still sees another client's change.
-    g.put("w/p33/f", b"changed");
+    g.put("w/p0033/f0", b"changed");
     assert_soon("the client sees the outside change", || {
-        has_content(&a.p("w/p33/f"), b"changed")
+        has_content(&a.p("w/p0033/f0"), b"changed")
     });
+}
+
+#[test]
+fn a_walk_under_a_parent_of_thousands_of_prefixes_lists_them_a_page_at_a_time() {
+    // A dataset laid out as 4,200 prefixes of one object: too many for the client to
+    // ask for the parent's subtree with each request, so it asks directory by directory;
+    // each directory is listed with the siblings after it.
+    require_fuse();
+    let Some(g) = Garage::start_or_skip(3) else {
+        return;
+    };
+    let t = scratch();
+    let src = t.path().join("src");
+    const N: usize = 4200;
+    write_prefixes(&src, N, 1);
+    let out = g
+        .rclone(0)
+        .args(["copy", "--transfers", "32"])
+        .arg(&src)
+        .arg(g.remote("wide"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rclone copy: {out:?}");
+    let (mnt, cache) = (t.path().join("m"), t.path().join("c"));
+    let m = g
+        .mount(0, "", &mnt, &cache, &["--metadata-ttl", "60"])
+        .unwrap();
+    let lists = g.s3_requests("ListObjectsV2");
+    let ls = std::process::Command::new("ls")
+        .arg("-lR")
+        .arg(m.p("wide"))
+        .output()
+        .unwrap();
+    assert!(ls.status.success(), "ls -lR: {ls:?}");
+    let text = String::from_utf8_lossy(&ls.stdout);
+    let files = text.lines().filter(|l| l.ends_with(" f0")).count();
+    assert_eq!(files, N, "every prefix's object listed");
+    let spent = g.s3_requests("ListObjectsV2") - lists;
+    // The parent (5 pages) and about one page per 1,000 keys after: one listing per
+    // directory would be 4,200.
+    assert!(
+        spent <= 40,
+        "{spent} listings for a walk of {N} directories"
+    );
+    m.unmount();
 }
 
 #[test]
@@ -696,13 +746,7 @@ fn listings_past_their_ttl_are_answered_while_revalidated_in_the_background() {
     };
     let t = scratch();
     let src = t.path().join("src");
-    for i in 0..40 {
-        let d = src.join(format!("p{i:02}"));
-        std::fs::create_dir_all(&d).unwrap();
-        for j in 0..3 {
-            std::fs::write(d.join(format!("f{j}")), format!("{i}.{j}")).unwrap();
-        }
-    }
+    write_prefixes(&src, 40, 3);
     copy_up(&g, &src, "ds");
     let (mnt, cache) = (t.path().join("m"), t.path().join("c"));
     let args = ["--metadata-ttl", "0.5", "--metadata-max-stale", "30"];
@@ -710,7 +754,7 @@ fn listings_past_their_ttl_are_answered_while_revalidated_in_the_background() {
     let read_all = |m: &Mount| {
         for i in 0..40 {
             for j in 0..3 {
-                let p = m.p(&format!("ds/p{i:02}/f{j}"));
+                let p = m.p(&format!("ds/p{i:04}/f{j}"));
                 assert_eq!(read(&p).unwrap(), format!("{i}.{j}").as_bytes());
             }
         }
@@ -735,12 +779,12 @@ fn listings_past_their_ttl_are_answered_while_revalidated_in_the_background() {
     assert!(spent <= 10, "{spent} listings to revalidate 40 directories");
     // Another client's overwrite is seen by a reader within the bound (here it is seen
     // within the TTL and a listing, as the directory is in use).
-    g.put("ds/p07/f1", b"changed");
-    if let Err(last) = reads_within(&m.p("ds/p07/f1"), b"changed", 5) {
+    g.put("ds/p0007/f1", b"changed");
+    if let Err(last) = reads_within(&m.p("ds/p0007/f1"), b"changed", 5) {
         panic!("the overwrite was not seen within 5 s: {last:?}");
     }
-    g.put("ds/p07/f1", b"7.1");
-    if let Err(last) = reads_within(&m.p("ds/p07/f1"), b"7.1", 5) {
+    g.put("ds/p0007/f1", b"7.1");
+    if let Err(last) = reads_within(&m.p("ds/p0007/f1"), b"7.1", 5) {
         panic!("the second overwrite was not seen within 5 s: {last:?}");
     }
     // Directories in use are kept younger than the bound while nobody reads them: a
@@ -770,10 +814,10 @@ fn listings_past_their_ttl_are_answered_while_revalidated_in_the_background() {
     // With no window past the TTL, a reader past it waits for the store.
     let args = ["--metadata-ttl", "0.2", "--metadata-max-stale", "0.2"];
     let m = g.mount(0, "", &mnt, &cache, &args).unwrap();
-    assert_eq!(read(&m.p("ds/p03/f0")).unwrap(), b"3.0");
+    assert_eq!(read(&m.p("ds/p0003/f0")).unwrap(), b"3.0");
     std::thread::sleep(Duration::from_millis(500));
-    g.put("ds/p03/f0", b"past the bound");
-    assert_eq!(read(&m.p("ds/p03/f0")).unwrap(), b"past the bound");
+    g.put("ds/p0003/f0", b"past the bound");
+    assert_eq!(read(&m.p("ds/p0003/f0")).unwrap(), b"past the bound");
     assert!(stats(&m)["listings"]["waited"].as_u64().unwrap() > 0);
     m.unmount();
 }

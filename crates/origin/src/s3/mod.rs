@@ -335,7 +335,11 @@ impl Origin for S3Origin {
     /// directories are all still fresh. A walk that asks from the same directory again
     /// (within [`WALK_RESUME`]) is given the directories after the last one it was given
     /// (`walks`): a walk larger than one reply moves on instead of getting its first
-    /// directories again each time.
+    /// directories again each time. A directory of a parent whose listing is kept (a
+    /// walker listed it) is listed together with the siblings after it, a page of keys
+    /// at a time ([`SIBLING_KEYS`]): a walker asks for the subtree of each directory of a
+    /// large parent in turn (the client does not ask for the parent's whole subtree,
+    /// which would come again with every request), and finds the next ones listed.
     fn read_tree(
         &self,
         dir: Handle,
@@ -350,6 +354,13 @@ impl Origin for S3Origin {
         // says where its stale directories start: the listing starts at the first one
         // after where the walk resumes.
         let fresh = |path: &str| self.served_listing(&self.opts.location.dir_prefix(path));
+        if !d.path.is_empty() && fresh(&d.path).is_none() {
+            let (parent, name) = split(&d.path);
+            if fresh(parent).is_some_and(|p| matches!(p.get(name), Some(Listed::Dir))) {
+                // (Keys after `parent/name`: its own first.)
+                self.relist_subtree(parent, Some(name), SIBLING_KEYS);
+            }
+        }
         let top = fresh(&d.path).or_else(|| self.list_if_small(&d.path).ok().flatten());
         let start_after = match top {
             Some(s) => s
@@ -629,6 +640,12 @@ impl Drop for S3Origin {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
+
+/// Keys listed at once for a directory and the siblings after it (one page): each
+/// directory it covers whole is kept, at most this many, well within the listings kept
+/// in memory (listing more at once would only push the first ones out before the walker
+/// reaches them).
+const SIBLING_KEYS: usize = 1000;
 
 /// A walk that asks for the same directory's subtree within this time goes on from where
 /// the last reply ended.
