@@ -25,10 +25,10 @@ fn pjdfstest_path() -> PathBuf {
     }
 }
 
-/// Features the mount has beyond the suite's baseline (`pjdfstest -l` lists them): not
-/// `posix_fallocate`, which hoardfs does not support yet (issue 40).
+/// Features the mount has beyond the suite's baseline (`pjdfstest -l` lists them).
 const CONFIG: &str = r#"
 [features]
+posix_fallocate = {}
 utime_now = {}
 utimensat = {}
 rename_ctime = {}

@@ -160,6 +160,83 @@ fn truncate_then_extend_reads_zeros_in_the_gap() {
     assert_content("client after extend, drop_caches", &r.m.p("f"), &want);
 }
 
+/// `fallocate(2)` on `f`.
+fn falloc(f: &File, mode: i32, offset: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fallocate on an open descriptor; no memory is passed.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, len as i64) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[test]
+fn fallocate_reaches_the_server_and_every_client_reads_what_it_made() {
+    let r = rig();
+    let data = bytes(9, 1 << 20);
+    put(&r.m.p("f"), &data);
+    let m2 = r.second_client(&[]);
+    assert_content("the second client caches it", &m2.p("f"), &data);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(r.m.p("f"))
+        .unwrap();
+    // Allocated past the end: the file grows, the new part reads as zeros.
+    falloc(&f, 0, 1 << 20, 8192).unwrap();
+    let mut want = data.clone();
+    want.resize((1 << 20) + 8192, 0);
+    assert_eq!(f.metadata().unwrap().len(), want.len() as u64, "fstat");
+    // A hole punched in the middle reads as zeros; the size stays.
+    let (hole, hole_len) = (12_288usize, 65_536usize);
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    falloc(&f, punch, hole as u64, hole_len as u64).unwrap();
+    want[hole..hole + hole_len].fill(0);
+    // Preallocated past the end without changing the size.
+    falloc(&f, libc::FALLOC_FL_KEEP_SIZE, want.len() as u64, 1 << 20).unwrap();
+    // A range zeroed (the page cache holds the file: it was just read).
+    let mut buf = vec![0u8; want.len()];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    let zeroed = 200_000usize..300_000;
+    falloc(
+        &f,
+        libc::FALLOC_FL_ZERO_RANGE,
+        zeroed.start as u64,
+        zeroed.len() as u64,
+    )
+    .unwrap();
+    want[zeroed].fill(0);
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_bytes_eq("read on the same descriptor", &buf, &want);
+    close_checked(f).unwrap();
+    assert_content("server", &r.srv("f"), &want);
+    let blocks = std::fs::metadata(r.srv("f")).unwrap().blocks() * 512;
+    assert!(
+        blocks >= (2 << 20) - hole_len as u64,
+        "the server's file holds {blocks} bytes of blocks: the preallocation is missing"
+    );
+    assert_content("this client", &r.m.p("f"), &want);
+    drop_caches();
+    assert_content("this client, page cache dropped", &r.m.p("f"), &want);
+    assert_soon("the other client sees it", || {
+        has_content(&m2.p("f"), &want)
+    });
+    // Modes the kernel does not pass to FUSE fail with EOPNOTSUPP, nothing changed.
+    let f = OpenOptions::new().write(true).open(r.m.p("f")).unwrap();
+    assert_errno(
+        "collapse range",
+        falloc(&f, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096),
+        libc::EOPNOTSUPP,
+    );
+    // A descriptor open for reading only cannot (EBADF, as on a local file system).
+    let ro = File::open(r.m.p("f")).unwrap();
+    assert_errno("read-only descriptor", falloc(&ro, 0, 0, 4096), libc::EBADF);
+    close_checked(f).unwrap();
+    assert_content("server, unchanged", &r.srv("f"), &want);
+}
+
 #[test]
 fn ftruncate_shrinks_and_never_resurrects_the_old_tail() {
     let r = rig();

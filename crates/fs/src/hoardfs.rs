@@ -337,6 +337,15 @@ impl HoardFs {
         retried(|| self.writes.setattr(&self.sb, ino, set))
     }
 
+    /// Allocates or deallocates space of the file open as `fh` (`fallocate(2)` with
+    /// `mode`, bits of [`hoardfs_origin::FALLOC_MODES`]), after the writes made before it.
+    pub fn fallocate(&self, fh: FileHandle, offset: u64, length: u64, mode: u32) -> FsResult<()> {
+        self.sb.check_writable()?;
+        let of = self.reads.open_file(fh)?;
+        self.writes.settle(of.node.ino);
+        self.writes.fallocate(&self.sb, &of, (offset, length), mode)
+    }
+
     /// Makes `ino`'s data (and with `!datasync` its metadata) durable on the origin. Fails
     /// (once) if writes to it were acknowledged by a server instance that may have lost
     /// them (module `durability`).

@@ -444,6 +444,56 @@ impl Writes {
         Ok(installed)
     }
 
+    /// Allocates or deallocates space of the file open as `of` (`fallocate(2)` with
+    /// `mode`) on the origin. The cached copy moves to the new version empty (the range
+    /// may read as zeros now, or the file be longer) and is fetched again if it was held
+    /// whole, as after a truncation. Not kept by the offline log: `Unsupported` while the
+    /// file's change is staged there or the origin is unreachable, so that
+    /// `posix_fallocate(3)` writes zeros instead, which the log keeps.
+    pub(crate) fn fallocate(
+        &self,
+        sb: &Superblock,
+        of: &OpenFile,
+        (offset, length): (u64, u64),
+        mode: u32,
+    ) -> FsResult<()> {
+        if !of.access.write {
+            return Err(FsError::BadHandle);
+        }
+        let node = &of.node;
+        if node.kind != hoardfs_origin::FileKind::File {
+            return Err(WireError::Invalid.into());
+        }
+        if Offline::of(sb).owns(node)
+            || sb.staged_change_of(node).is_some()
+            || !sb.origin().is_connected()
+        {
+            return Err(WireError::Unsupported.into());
+        }
+        let keep_whole = !sb.origin().publishes_on_close() && self.cached_whole(sb, node);
+        let (since, verifier) = (sb.callbacks().seq(), sb.verifier());
+        let attr = sb
+            .with_handle(node, |h| sb.origin().fallocate(h, offset, length, mode))
+            .map_err(|e| match e {
+                FsError::Offline(_) => WireError::Unsupported.into(),
+                e => e,
+            })?;
+        self.durability.wrote(node.ino, verifier, sb.verifier());
+        self.reset_object(sb, node, &attr);
+        let size = attr.size;
+        sb.install_attr(node, attr, since);
+        if keep_whole
+            && size <= REFETCH_AFTER_TRUNCATE
+            && let Err(e) = sb.prefetch(node.ino)
+        {
+            tracing::debug!(
+                ino = node.ino,
+                "refetching a file after fallocate failed: {e}"
+            );
+        }
+        Ok(())
+    }
+
     /// Whether the cache holds all of `node`'s file at its current version.
     fn cached_whole(&self, sb: &Superblock, node: &Node) -> bool {
         let (attr, object) = {

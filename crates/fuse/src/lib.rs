@@ -723,6 +723,27 @@ impl Filesystem for FuseBridge {
         modify::reply_empty(self.fs.fsync(ino.0, datasync), reply);
     }
 
+    fn fallocate(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let _caller = self.enter(req);
+        // (Never ENOSYS: the kernel would stop asking for the whole mount.)
+        let r = match u32::try_from(mode) {
+            Ok(mode) => self.fs.fallocate(fh.0, offset, length, mode),
+            Err(_) => Err(hoardfs_fs::FsError::Origin(
+                hoardfs_origin::WireError::Unsupported,
+            )),
+        };
+        modify::reply_empty(r, reply);
+    }
+
     fn fsyncdir(
         &self,
         req: &Request,

@@ -18,9 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use hoardfs_proto::{
-    Attr, Break, Caller, DirEntry, Entry, FileKind, Handle, Identities, LockHolder, LockKind,
-    LockRange, LockType, Owner, RENAME_EXCHANGE, RENAME_NOREPLACE, ServerCounters, SetAttrs,
-    StatFs, TimeSet, Timestamp, TreeDir, WireError,
+    Attr, Break, Caller, DirEntry, Entry, FALLOC_COLLAPSE_RANGE, FALLOC_INSERT_RANGE,
+    FALLOC_KEEP_SIZE, FALLOC_MODES, FALLOC_PUNCH_HOLE, FALLOC_ZERO_RANGE, FileKind, Handle,
+    Identities, LockHolder, LockKind, LockRange, LockType, Owner, RENAME_EXCHANGE,
+    RENAME_NOREPLACE, ServerCounters, SetAttrs, StatFs, TimeSet, Timestamp, TreeDir, WireError,
 };
 
 pub mod caller;
@@ -495,6 +496,13 @@ pub trait Origin: Send + Sync + 'static {
     fn write(&self, handle: Handle, offset: u64, data: &[u8], append: bool) -> Result<WriteReply> {
         let _ = (handle, offset, data, append);
         read_only()
+    }
+    /// Allocates or deallocates space of a file as `fallocate(2)` with `mode` (bits of
+    /// [`hoardfs_proto::FALLOC_MODES`]); returns the attributes afterwards. `Unsupported`
+    /// where the origin cannot (an object store).
+    fn fallocate(&self, handle: Handle, offset: u64, length: u64, mode: u32) -> Result<Attr> {
+        let _ = (handle, offset, length, mode);
+        Err(OriginError::Fs(WireError::Unsupported))
     }
     /// A file descriptor of the object was closed: origins that publish writes only as
     /// a whole (S3) do it now. Returns the version the object had before and its

@@ -31,8 +31,8 @@ pub use msg::*;
 /// Version 5 added [`msg::Op::ReadTree`]; version 6 a [`Caller`] on every request,
 /// [`msg::Op::Access`], `Attr::acl` and the server's [`Identities`] in `Hello`; version 7
 /// file locks ([`msg::Op::Lock`], [`msg::Op::TestLock`], [`msg::Op::UnlockAll`],
-/// [`msg::Op::CancelLock`]).
-pub const PROTOCOL_VERSION: u32 = 7;
+/// [`msg::Op::CancelLock`]); version 8 [`msg::Op::Fallocate`].
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Oldest protocol version a server still accepts from clients (a connection speaks the
 /// client's version; requests it does not know are never sent on it). Clients need a

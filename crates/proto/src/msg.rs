@@ -435,7 +435,38 @@ pub enum Op {
         /// Id of the waiting request.
         request: u64,
     },
+    /// Allocates or deallocates space of a file as `fallocate(2)` with `mode` (0, or
+    /// [`FALLOC_KEEP_SIZE`], [`FALLOC_PUNCH_HOLE`], [`FALLOC_ZERO_RANGE`],
+    /// [`FALLOC_COLLAPSE_RANGE`], [`FALLOC_INSERT_RANGE`] as the server's file system
+    /// takes them). Answered with the attributes afterwards.
+    Fallocate {
+        /// Regular file.
+        handle: Handle,
+        /// Start of the range.
+        offset: u64,
+        /// Length of the range (not zero).
+        length: u64,
+        /// `fallocate(2)` mode bits.
+        mode: u32,
+    },
 }
+
+/// `fallocate` mode: do not change the file's size.
+pub const FALLOC_KEEP_SIZE: u32 = 0x01;
+/// `fallocate` mode: deallocate the range (with [`FALLOC_KEEP_SIZE`]): it reads as zeros.
+pub const FALLOC_PUNCH_HOLE: u32 = 0x02;
+/// `fallocate` mode: remove the range, the rest of the file moving down.
+pub const FALLOC_COLLAPSE_RANGE: u32 = 0x08;
+/// `fallocate` mode: the range reads as zeros (allocated).
+pub const FALLOC_ZERO_RANGE: u32 = 0x10;
+/// `fallocate` mode: insert a hole of the range's length, the rest moving up.
+pub const FALLOC_INSERT_RANGE: u32 = 0x20;
+/// Every `fallocate` mode bit a request may carry.
+pub const FALLOC_MODES: u32 = FALLOC_KEEP_SIZE
+    | FALLOC_PUNCH_HOLE
+    | FALLOC_COLLAPSE_RANGE
+    | FALLOC_ZERO_RANGE
+    | FALLOC_INSERT_RANGE;
 
 /// `renameat2` flag: fail with `Exists` instead of replacing the target.
 pub const RENAME_NOREPLACE: u32 = 1;

@@ -62,6 +62,7 @@ fn modifies(op: &Op) -> bool {
             | Op::Rename { .. }
             | Op::SetAttr { .. }
             | Op::Write { .. }
+            | Op::Fallocate { .. }
             | Op::SetXattr { .. }
             | Op::RemoveXattr { .. }
     )
@@ -358,6 +359,17 @@ fn run(
             hoardfs_proto::buffers::give(data);
             none()
         }),
+        Op::Fallocate {
+            handle,
+            offset,
+            length,
+            mode,
+        } => (
+            origin
+                .fallocate(handle, offset, length, mode)
+                .map(|attr| Reply::Attr(setid_cleared(shared, origin, handle, attr))),
+            none(),
+        ),
         Op::Fsync { handle, datasync } => done(origin.fsync(handle, datasync)),
         Op::GetXattr { handle, name } => xattr(origin.getxattr(handle, &name)),
         Op::ListXattr { handle } => xattr(origin.listxattr(handle)),
@@ -417,21 +429,7 @@ fn write(
     append: bool,
 ) -> Result<Reply, OriginError> {
     let w = origin.write(handle, offset, data, append)?;
-    let attr = match shared.cfg.id_map.setid_left_after_write(&w.attr) {
-        Some(mode) => {
-            let clear = SetAttrs {
-                mode: Some(mode),
-                ..SetAttrs::default()
-            };
-            // The bytes are written: a failure here must not report the write as failed
-            // (a retried append would land twice).
-            origin.setattr(handle, &clear).unwrap_or_else(|e| {
-                tracing::warn!("cannot clear set-id bits after a write: {e}");
-                w.attr
-            })
-        }
-        None => w.attr,
-    };
+    let attr = setid_cleared(shared, origin, handle, w.attr);
     Ok(Reply::Written {
         len: w.written,
         offset: w.offset,
@@ -456,6 +454,28 @@ fn flush(origin: &dyn Origin, handle: Handle) -> Result<Reply, OriginError> {
 
 /// A setattr (already mapped); then, if a change of owner left set-id bits on a regular
 /// file that the mapping does not allow, clears them.
+/// The attributes `attr` of a file just changed, after clearing the set-id bits the
+/// change left that the mapping says a change clears. The change is made: a failure here
+/// must not report it as failed (a retried append would land twice).
+fn setid_cleared(
+    shared: &Shared,
+    origin: &dyn Origin,
+    handle: Handle,
+    attr: hoardfs_proto::Attr,
+) -> hoardfs_proto::Attr {
+    let Some(mode) = shared.cfg.id_map.setid_left_after_write(&attr) else {
+        return attr;
+    };
+    let clear = SetAttrs {
+        mode: Some(mode),
+        ..SetAttrs::default()
+    };
+    origin.setattr(handle, &clear).unwrap_or_else(|e| {
+        tracing::warn!("cannot clear set-id bits after a write: {e}");
+        attr
+    })
+}
+
 fn setattr(
     shared: &Shared,
     origin: &dyn Origin,

@@ -242,6 +242,10 @@ impl Origin for Scripted {
         self.reachable()?;
         self.inner.setattr(handle, set)
     }
+    fn fallocate(&self, handle: Handle, offset: u64, length: u64, mode: u32) -> Result<Attr> {
+        self.reachable()?;
+        self.inner.fallocate(handle, offset, length, mode)
+    }
     fn fsync(&self, handle: Handle, datasync: bool) -> Result<()> {
         self.reachable()?;
         self.inner.fsync(handle, datasync)

@@ -479,3 +479,20 @@ pub(super) fn create(r: &Rig, reg: &Registrar, parent: Ino, name: &str, data: &[
     r.fs.release(o.fh);
     e.ino
 }
+
+#[test]
+fn fallocate_reaches_the_origin_and_is_unsupported_while_it_is_unreachable() {
+    // (So that `posix_fallocate` writes zeros instead, which the offline log keeps.)
+    let (r, reg, f) = offline_rig_with(b"0123", crate::WriteBack::Close);
+    let o = r.fs.open(f, WRITE, &|file| reg.register(file)).unwrap();
+    r.fs.fallocate(o.fh, 0, 8192, 0).unwrap();
+    assert_eq!(std::fs::metadata(r.export.join("f")).unwrap().len(), 8192);
+    assert_eq!(r.fs.getattr(f).unwrap().attr.size, 8192);
+    r.origin.offline.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        r.fs.fallocate(o.fh, 0, 16384, 0),
+        Err(FsError::Origin(hoardfs_origin::WireError::Unsupported))
+    ));
+    r.fs.release(o.fh);
+    assert_eq!(std::fs::metadata(r.export.join("f")).unwrap().len(), 8192);
+}

@@ -594,6 +594,11 @@ impl Origin for LocalOrigin {
         self.write_data(handle, offset, data, append)
     }
 
+    fn fallocate(&self, handle: Handle, offset: u64, length: u64, mode: u32) -> Result<Attr> {
+        self.act()?;
+        self.allocate(handle, offset, length, mode)
+    }
+
     fn fsync(&self, handle: Handle, datasync: bool) -> Result<()> {
         self.act()?;
         self.sync(handle, datasync)

@@ -1,4 +1,5 @@
-//! Data and attribute changes of the local export: `write`, `setattr` and `fsync`.
+//! Data and attribute changes of the local export: `write`, `fallocate`, `setattr` and
+//! `fsync`.
 //!
 //! Writable descriptors are kept in a second bounded [`super::files::OpenFiles`] cache,
 //! opened by re-opening the handle's `O_PATH` descriptor through `/proc/self/fd`. Writes and
@@ -132,20 +133,7 @@ impl LocalOrigin {
         {
             return Err(werr(e));
         }
-        let mut post = sys::fstat(file.as_raw_fd()).map_err(werr)?;
-        // A write stamped with a coarse time can move the mtime back to before one this
-        // server set (`outside`), to a version a client may hold for other bytes: forward
-        // again.
-        let post_ns = (post.st_mtime as i64)
-            .saturating_mul(1_000_000_000)
-            .saturating_add(post.st_mtime_nsec as i64);
-        if node.bumped_to() != 0 && post_ns <= node.bumped_to() {
-            // A repair for the export (setting an explicit mtime needs the owner's or the
-            // server's privilege, which the writer may not have).
-            self.for_export(|| super::outside::move_mtime(&node, file.as_raw_fd()))?
-                .map_err(werr)?;
-            post = sys::fstat(file.as_raw_fd()).map_err(werr)?;
-        }
+        let post = self.stat_after_change(&node, &file)?;
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.bytes_written
             .fetch_add(written as u64, Ordering::Relaxed);
@@ -155,6 +143,65 @@ impl LocalOrigin {
             pre_version: sys::version_of(&pre),
             attr: self.attr(&post, file.as_raw_fd()),
         })
+    }
+
+    /// The file's status after a change of its content through `file`. A change stamped
+    /// with a coarse time can move the mtime back to before one this server set
+    /// (`outside`), to a version a client may hold for other bytes: forward again.
+    fn stat_after_change(&self, node: &Node, file: &File) -> Result<libc::stat> {
+        let post = sys::fstat(file.as_raw_fd()).map_err(werr)?;
+        let post_ns = (post.st_mtime as i64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(post.st_mtime_nsec as i64);
+        if node.bumped_to() == 0 || post_ns > node.bumped_to() {
+            return Ok(post);
+        }
+        // A repair for the export (setting an explicit mtime needs the owner's or the
+        // server's privilege, which the writer may not have).
+        self.for_export(|| super::outside::move_mtime(node, file.as_raw_fd()))?
+            .map_err(werr)?;
+        sys::fstat(file.as_raw_fd()).map_err(werr)
+    }
+
+    /// [`crate::Origin::fallocate`]: `fallocate(2)` on a writable descriptor opened as the
+    /// caller, under the file's write lock; returns the attributes afterwards.
+    pub(super) fn allocate(
+        &self,
+        handle: Handle,
+        offset: u64,
+        length: u64,
+        mode: u32,
+    ) -> Result<Attr> {
+        self.check_writable()?;
+        let node = self.handles.get(handle)?;
+        match node.kind {
+            FileKind::File => {}
+            FileKind::Dir => return Err(WireError::IsDir.into()),
+            _ => return Err(WireError::Invalid.into()),
+        }
+        if mode & !hoardfs_proto::FALLOC_MODES != 0 {
+            return Err(WireError::Unsupported.into());
+        }
+        let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(length)) else {
+            return Err(WireError::TooBig.into());
+        };
+        if len == 0 {
+            return Err(WireError::Invalid.into());
+        }
+        if off.checked_add(len).is_none() {
+            return Err(WireError::TooBig.into());
+        }
+        let file = self.open_writable(handle.id, &node)?;
+        node.note_io();
+        let _guard = self.locks.lock(&node);
+        // SAFETY: fallocate on a descriptor we own; no memory is passed.
+        let r = unsafe { libc::fallocate(file.as_raw_fd(), mode as i32, off, len) };
+        if r != 0 {
+            return Err(werr(io::Error::last_os_error()));
+        }
+        let post = self.stat_after_change(&node, &file)?;
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        Ok(self.attr(&post, file.as_raw_fd()))
     }
 
     /// [`crate::Origin::setattr`]: size, then mode, then owner, then times; returns the

@@ -596,6 +596,19 @@ impl Origin for RemoteOrigin {
         }
     }
 
+    fn fallocate(&self, handle: Handle, offset: u64, length: u64, mode: u32) -> Result<Attr> {
+        let op = Op::Fallocate {
+            handle,
+            offset,
+            length,
+            mode,
+        };
+        match self.request(op)? {
+            (Reply::Attr(a), d) if d.is_empty() => Ok(a),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     fn fsync(&self, handle: Handle, datasync: bool) -> Result<()> {
         self.done(Op::Fsync { handle, datasync }, &[])
     }

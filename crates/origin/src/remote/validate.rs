@@ -95,7 +95,7 @@ impl Expect {
             Op::Create { .. } => Expect::Entry(Some(FileKind::File)),
             Op::MkDir { .. } => Expect::Entry(Some(FileKind::Dir)),
             Op::Symlink { .. } => Expect::Entry(Some(FileKind::Symlink)),
-            Op::GetAttr { .. } | Op::SetAttr { .. } => Expect::Attr,
+            Op::GetAttr { .. } | Op::SetAttr { .. } | Op::Fallocate { .. } => Expect::Attr,
             Op::ReadDir {
                 cookie,
                 max_entries,
