@@ -100,6 +100,18 @@ impl LocalOrigin {
         }
     }
 
+    /// The regular file `handle` names, in a writable export (`IsDir` for a directory,
+    /// `Invalid` for anything else).
+    fn writable_file(&self, handle: Handle) -> Result<Arc<Node>> {
+        self.check_writable()?;
+        let node = self.handles.get(handle)?;
+        match node.kind {
+            FileKind::File => Ok(node),
+            FileKind::Dir => Err(WireError::IsDir.into()),
+            _ => Err(WireError::Invalid.into()),
+        }
+    }
+
     /// [`crate::Origin::write`]: regular files only, under the file's write lock.
     pub(super) fn write_data(
         &self,
@@ -108,13 +120,7 @@ impl LocalOrigin {
         data: &[u8],
         append: bool,
     ) -> Result<WriteReply> {
-        self.check_writable()?;
-        let node = self.handles.get(handle)?;
-        match node.kind {
-            FileKind::File => {}
-            FileKind::Dir => return Err(WireError::IsDir.into()),
-            _ => return Err(WireError::Invalid.into()),
-        }
+        let node = self.writable_file(handle)?;
         let len = u32::try_from(data.len()).map_err(|_| WireError::Invalid)?;
         let file = self.open_writable(handle.id, &node)?;
         node.note_io();
@@ -172,13 +178,7 @@ impl LocalOrigin {
         length: u64,
         mode: u32,
     ) -> Result<Attr> {
-        self.check_writable()?;
-        let node = self.handles.get(handle)?;
-        match node.kind {
-            FileKind::File => {}
-            FileKind::Dir => return Err(WireError::IsDir.into()),
-            _ => return Err(WireError::Invalid.into()),
-        }
+        let node = self.writable_file(handle)?;
         if mode & !hoardfs_proto::FALLOC_MODES != 0 {
             return Err(WireError::Unsupported.into());
         }
