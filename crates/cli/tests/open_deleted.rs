@@ -95,6 +95,30 @@ fn a_file_replaced_by_a_rename_keeps_working_where_it_is_open() {
 /// `rm` right after a writer and a reader closed: the kernel sends releases after `close`
 /// returned, so the removal may arrive first; it must not hide the file as an open one
 /// (a hidden name on the server, and in listings while the server is unreachable).
+/// A directory replaced by a rename, or removed, while a descriptor of it is open here
+/// answers `fstat` with a link count of 0, as on a local file system (xfstests
+/// generic/035), not `ESTALE`.
+#[test]
+fn a_directory_replaced_or_removed_while_open_reports_no_links() {
+    let r = rig();
+    std::fs::create_dir(r.m.p("dir1")).unwrap();
+    std::fs::create_dir(r.m.p("dir2")).unwrap();
+    let d = File::open(r.m.p("dir2")).unwrap();
+    assert_eq!(d.metadata().unwrap().nlink(), 2);
+    std::fs::rename(r.m.p("dir1"), r.m.p("dir2")).unwrap();
+    assert_eq!(d.metadata().unwrap().nlink(), 0, "the replaced directory");
+    std::fs::remove_dir(r.m.p("dir2")).unwrap();
+    std::fs::create_dir(r.m.p("dir3")).unwrap();
+    let e = File::open(r.m.p("dir3")).unwrap();
+    std::fs::remove_dir(r.m.p("dir3")).unwrap();
+    assert_eq!(e.metadata().unwrap().nlink(), 0, "the removed directory");
+    assert!(!r.srv("dir2").exists() && !r.srv("dir3").exists());
+    // A new directory of either name is a directory of its own.
+    std::fs::create_dir(r.m.p("dir3")).unwrap();
+    assert_eq!(std::fs::metadata(r.m.p("dir3")).unwrap().nlink(), 2);
+    drop((d, e));
+}
+
 #[test]
 fn a_file_removed_right_after_its_close_is_not_hidden() {
     let r = rig_with(|_| {}, &[], &[]);

@@ -337,6 +337,9 @@ impl Names {
         })?;
         dir.state.lock().remove_local_entry(name);
         if let Some(child) = child.and_then(|c| sb.nodes().get(c)) {
+            if dir_wanted {
+                gone_dir(sb, &child);
+            }
             // Its link count changed.
             sb.expire_attr(&child);
             // A symbolic link's last name is gone, and with it the object: its id (an
@@ -459,6 +462,9 @@ impl Names {
                 }
             }
             if let Some(n) = sb.nodes().get(r) {
+                if flags & RENAME_EXCHANGE == 0 && n.kind == FileKind::Dir {
+                    gone_dir(sb, &n);
+                }
                 sb.expire_attr(&n);
             }
         }
@@ -468,4 +474,18 @@ impl Names {
         sb.dir_changed(dir);
         sb.dir_changed(new_dir);
     }
+}
+
+/// Directory `node` was removed through this client (by `rmdir`, or replaced by a rename):
+/// a directory has no other name, so the origin no longer has it. A descriptor still open
+/// on it answers `fstat` with its last attributes and a link count of zero, as a local
+/// file system does, instead of `ESTALE` from a handle the origin no longer knows; its id
+/// (an inode number, reused) must not lead a new object to this node.
+fn gone_dir(sb: &Superblock, node: &Node) {
+    let file_id = {
+        let mut st = node.state.lock();
+        st.mark_deleted();
+        st.attr().file_id
+    };
+    sb.nodes().unbind_file_id(node.ino, file_id);
 }
