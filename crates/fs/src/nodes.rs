@@ -42,8 +42,9 @@ pub struct NodeState {
     name: Vec<u8>,
     /// Kernel lookup count.
     lookups: u64,
-    /// Listing and names seen (directories only).
-    dir: DirState,
+    /// Listing and names seen (directories only: made at the first use, so that a file's
+    /// node does not carry one).
+    dir: Option<Box<DirState>>,
     /// Cached object, opens and passthrough registration (regular files).
     pub(crate) opens: OpenState,
     /// The origin no longer has the object (its last name was removed elsewhere while it
@@ -56,7 +57,7 @@ pub struct NodeState {
     /// Changed here while the origin was unreachable and not yet sent back
     /// (`--offline-writes`): its content, name or attributes (what it sets overrides the
     /// origin's).
-    local: Option<LocalChange>,
+    local: Option<Box<LocalChange>>,
     /// The cached copy was whole before writes it could not follow: fetched again when
     /// the writer closes the file.
     refetch: bool,
@@ -86,7 +87,7 @@ impl NodeState {
 
     /// Last attributes seen, with the local size and mtime of a file changed offline.
     fn attr_with_change(&self) -> Attr {
-        let Some(l) = self.local else {
+        let Some(l) = self.local.as_deref().copied() else {
             return self.attr;
         };
         let mut a = self.attr;
@@ -133,7 +134,7 @@ impl NodeState {
     /// Whether the file's content is a change not yet sent back to the origin (staged
     /// here).
     pub fn is_local(&self) -> bool {
-        self.local.is_some_and(|l| l.size.is_some())
+        self.local.as_ref().is_some_and(|l| l.size.is_some())
     }
 
     /// Whether the object has any change not yet sent back (content, name or attributes).
@@ -179,8 +180,10 @@ impl NodeState {
     /// Replaces the attributes. The one rule for listings: a listing is kept only while
     /// the directory's version and size stay those it was seen with.
     fn set_attr(&mut self, attr: Attr) {
-        if self.attr.version != attr.version || self.attr.size != attr.size {
-            self.dir.drop_listing();
+        if (self.attr.version != attr.version || self.attr.size != attr.size)
+            && let Some(d) = &mut self.dir
+        {
+            d.drop_listing();
         }
         // An ACL change moves the ctime, as does any change of mode or owner.
         let a = &self.attr;
@@ -218,7 +221,7 @@ impl NodeState {
 
     /// The change made here that overrides the origin's attributes (`None`: none).
     fn set_local(&mut self, change: Option<LocalChange>) {
-        self.local = change;
+        self.local = change.map(Box::new);
     }
 
     /// A new handle (and the attributes that came with it) found by re-resolving the
@@ -238,12 +241,15 @@ impl NodeState {
     /// The object changed in a way that makes both attributes and listing out of date.
     pub(crate) fn contents_changed(&mut self) {
         self.freshness.expire();
-        self.dir.drop_listing();
+        if let Some(d) = &mut self.dir {
+            d.drop_listing();
+        }
     }
 
     /// The cached listing, if it can be reused without asking the origin.
     pub(crate) fn fresh_listing(&self, config: &FsConfig) -> Option<Arc<Listing>> {
         self.dir
+            .as_ref()?
             .listing()
             .filter(|l| self.freshness.listing_fresh(l.fetched, config))
             .cloned()
@@ -252,27 +258,28 @@ impl NodeState {
     /// The cached listing whatever its age, even out of date (served while the origin is
     /// unreachable).
     pub(crate) fn last_listing(&self) -> Option<Arc<Listing>> {
-        self.dir.last().cloned()
+        self.dir.as_ref()?.last().cloned()
     }
 
     /// Keeps a freshly fetched listing.
     pub(crate) fn keep_listing(&mut self, listing: Arc<Listing>) {
-        self.dir.keep_listing(listing);
+        self.dir_mut().keep_listing(listing);
     }
 
     /// How many names were made or removed through this client so far, and how many
     /// listings were kept (a listing fetched across either is not kept:
     /// `Superblock::listing`).
     pub(crate) fn local_edits(&self) -> (u64, u64) {
-        (self.dir.edits(), self.dir.kept())
+        self.dir.as_ref().map_or((0, 0), |d| (d.edits(), d.kept()))
     }
 
     /// A name made here (through the origin, or while it is unreachable): listed and
     /// looked up from now on (the kept listing, if any, gains the entry).
     pub(crate) fn add_local_entry(&mut self, entry: hoardfs_origin::DirEntry, ino: Ino) {
-        self.dir.edited();
-        self.dir.add_child(&entry.name, ino);
-        self.dir.patch_listing(|entries| {
+        let d = self.dir_mut();
+        d.edited();
+        d.add_child(&entry.name, ino);
+        d.patch_listing(|entries| {
             entries.retain(|e| e.name != entry.name);
             entries.push(entry);
         });
@@ -281,10 +288,10 @@ impl NodeState {
     /// A name removed here (through the origin, or while it is unreachable): gone from
     /// the names seen and from the kept listing.
     pub(crate) fn remove_local_entry(&mut self, name: &[u8]) {
-        self.dir.edited();
-        self.dir.remove_child(name);
-        self.dir
-            .patch_listing(|entries| entries.retain(|e| e.name != name));
+        let d = self.dir_mut();
+        d.edited();
+        d.remove_child(name);
+        d.patch_listing(|entries| entries.retain(|e| e.name != name));
     }
 
     /// Its last name was removed here while it was open: it is kept under a hidden name
@@ -354,22 +361,31 @@ impl NodeState {
 
     /// The node of `name` in this directory, as last seen.
     pub(crate) fn child(&self, name: &[u8]) -> Option<Ino> {
-        self.dir.child(name)
+        self.dir.as_ref()?.child(name)
     }
 
     /// This directory's `name` refers to node `ino`.
     pub(crate) fn add_child(&mut self, name: &[u8], ino: Ino) {
-        self.dir.add_child(name, ino);
+        self.dir_mut().add_child(name, ino);
     }
 
     /// This directory no longer has `name`.
     pub(crate) fn remove_child(&mut self, name: &[u8]) {
-        self.dir.remove_child(name);
+        if let Some(d) = &mut self.dir {
+            d.remove_child(name);
+        }
     }
 
     /// Keeps only the names `listed` holds.
     pub(crate) fn retain_children(&mut self, listed: &std::collections::HashSet<&[u8]>) {
-        self.dir.retain_children(listed);
+        if let Some(d) = &mut self.dir {
+            d.retain_children(listed);
+        }
+    }
+
+    /// The directory's state, made at its first use.
+    fn dir_mut(&mut self) -> &mut DirState {
+        self.dir.get_or_insert_with(Default::default)
     }
 }
 
@@ -501,7 +517,7 @@ impl NodeTable {
                 parent,
                 name,
                 lookups: 0,
-                dir: DirState::default(),
+                dir: None,
                 opens: OpenState::default(),
                 deleted: false,
                 unlinked_here: false,
@@ -660,8 +676,10 @@ impl NodeTable {
         };
         // The kept listing of its directory names the origin's object from now on (a
         // listing served later must not make a node of the id and handle it had here).
-        if let Some(p) = self.get(parent) {
-            p.state.lock().dir.patch_listing(|entries| {
+        if let Some(p) = self.get(parent)
+            && let Some(d) = &mut p.state.lock().dir
+        {
+            d.patch_listing(|entries| {
                 for e in entries.iter_mut() {
                     if e.name == name && e.entry.attr.file_id == local_id {
                         e.entry = entry.clone();

@@ -61,8 +61,8 @@ pub type S3Result<T> = Result<T, S3Error>;
 pub struct ObjectInfo {
     /// Size in bytes.
     pub size: u64,
-    /// ETag without quotes.
-    pub etag: String,
+    /// ETag without quotes (shared by the listing that saw it and the handle table).
+    pub etag: std::sync::Arc<str>,
     /// Last modification, seconds since the epoch.
     pub mtime: i64,
 }
@@ -359,7 +359,7 @@ impl S3Client {
             for c in parsed.contents {
                 let info = ObjectInfo {
                     size: c.size.unwrap_or(0),
-                    etag: c.etag.unwrap_or_default().trim_matches('"').to_string(),
+                    etag: c.etag.unwrap_or_default().trim_matches('"').into(),
                     mtime: c.last_modified.as_deref().map(parse_iso8601).unwrap_or(0),
                 };
                 page.objects.push((c.key, info));
@@ -661,7 +661,7 @@ fn info_from_headers(h: &ureq::http::HeaderMap) -> S3Result<ObjectInfo> {
     let size = header(h, "content-length")
         .and_then(|s| s.parse::<u64>().ok())
         .ok_or_else(|| S3Error::Protocol("HEAD without a Content-Length".into()))?;
-    let etag = etag_of(h)?;
+    let etag = etag_of(h)?.into();
     let mtime = header(h, "last-modified")
         .map(|s| parse_http_date(&s))
         .unwrap_or(0);

@@ -122,7 +122,7 @@ impl Staging {
     fn attr_of(&self, path: &str, s: &Staged, o: &S3Origin) -> Attr {
         let info = ObjectInfo {
             size: s.size,
-            etag: String::new(),
+            etag: "".into(),
             mtime: now(),
         };
         o.file_attr(path, &info, s.version)
@@ -347,7 +347,7 @@ impl Staging {
         };
         let info = ObjectInfo {
             size: s.size,
-            etag,
+            etag: etag.into(),
             mtime: now(),
         };
         let pre = s.version;

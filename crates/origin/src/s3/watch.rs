@@ -251,7 +251,7 @@ mod tests {
                     let l = match e {
                         Some(e) => Listed::File(ObjectInfo {
                             size: 1,
-                            etag: e.to_string(),
+                            etag: (*e).into(),
                             mtime: 0,
                         }),
                         None => Listed::Dir,
@@ -322,7 +322,7 @@ mod tests {
                 .as_ref()
                 .unwrap()
                 .etag,
-            "new"
+            "new".into()
         );
     }
 }

@@ -155,7 +155,7 @@ pub(super) mod tests {
     pub(in crate::s3) fn info(size: u64) -> ObjectInfo {
         ObjectInfo {
             size,
-            etag: format!("e{size}"),
+            etag: format!("e{size}").into(),
             mtime: 1,
         }
     }
