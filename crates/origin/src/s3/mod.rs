@@ -337,7 +337,7 @@ impl Origin for S3Origin {
     /// (`walks`): a walk larger than one reply moves on instead of getting its first
     /// directories again each time. A directory of a parent whose listing is kept (a
     /// walker listed it) is listed together with the siblings after it, a page of keys
-    /// at a time ([`SIBLING_KEYS`]): a walker asks for the subtree of each directory of a
+    /// at a time (`SIBLING_KEYS`): a walker asks for the subtree of each directory of a
     /// large parent in turn (the client does not ask for the parent's whole subtree,
     /// which would come again with every request), and finds the next ones listed.
     fn read_tree(
