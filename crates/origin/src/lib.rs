@@ -406,6 +406,11 @@ pub trait Origin: Send + Sync + 'static {
         true
     }
 
+    /// Reports now, through the subscription's sink, every change this origin has
+    /// noticed but not reported yet (a local export: the inotify events queued). The
+    /// server calls it after each request and before its reply. Does nothing by default.
+    fn settle_changes(&self) {}
+
     /// How this origin revalidates directory listings in the background, if it does (an
     /// S3 origin: module `s3::refresher`), for `hoardfs stats`.
     fn listing_refresh(&self) -> Option<s3::refresher::RefreshStats> {

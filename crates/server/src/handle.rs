@@ -123,7 +123,10 @@ fn answer(shared: &Shared, conn: ConnId, id: u64, op: Op, data: Vec<u8>) -> Outg
             .file_ranges()
             .map(|r| r.read_range(*handle, *offset, *len, quiet));
         match range {
-            Some(Ok(Some(range))) => return Outgoing::file(id, range),
+            Some(Ok(Some(range))) => {
+                origin.settle_changes();
+                return Outgoing::file(id, range);
+            }
             None | Some(Ok(None)) => {}
             Some(Err(e)) => return Outgoing::new(id, Err(wire_error(e)), Vec::new()),
         }
@@ -136,6 +139,12 @@ fn answer(shared: &Shared, conn: ConnId, id: u64, op: Op, data: Vec<u8>) -> Outg
         _ => None,
     };
     let (result, out_data) = run(shared, origin, op, data);
+    // The breaks of every change made before this request's own go out ahead of its
+    // reply: a request that succeeded only after another client's change (an `O_EXCL`
+    // create after the other's unlink of a lock file, then an open of what the lock
+    // protects) must not find its cached copy still under a callback the other's
+    // earlier write broke.
+    origin.settle_changes();
     let result = result.map_err(wire_error);
     let files = match &result {
         Ok(r) => files_in(r),

@@ -523,6 +523,12 @@ impl Origin for LocalOrigin {
         self.subscribe_inotify(sink)
     }
 
+    fn settle_changes(&self) {
+        if let Some(sub) = self.watch.get() {
+            sub.settle();
+        }
+    }
+
     fn create(
         &self,
         parent: Handle,

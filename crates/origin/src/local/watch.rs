@@ -16,7 +16,9 @@
 //! directories are watched (beyond, as when the kernel's watch limit is reached, every
 //! client is told to revalidate everything). It exits when the [`Subscription`] is dropped
 //! (with its `LocalOrigin`), woken through an eventfd. Locks: `state` and `sink` are
-//! leaves, never held across `inotify_add_watch`, `fstatat` or a sink call.
+//! leaves, never held across `inotify_add_watch`, `fstatat` or a sink call; `reading` is
+//! held across a read of the descriptor, its translation and its sink call (taken before
+//! `state` and `sink`).
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -68,6 +70,9 @@ struct Watcher {
     root_dev: u64,
     sink: Mutex<BreakSink>,
     state: Mutex<State>,
+    /// Held while events are read from the descriptor and reported, by the reader thread
+    /// or by [`Subscription::settle`]: batches are reported in the order they were read.
+    reading: Mutex<()>,
     stop: AtomicBool,
     all_pending: AtomicBool,
     warned: AtomicBool,
@@ -116,6 +121,7 @@ impl Subscription {
             root_dev,
             sink: Mutex::new(sink),
             state: Mutex::new(State::default()),
+            reading: Mutex::new(()),
             stop: AtomicBool::new(false),
             all_pending: AtomicBool::new(false),
             warned: AtomicBool::new(false),
@@ -178,6 +184,32 @@ impl Subscription {
     #[cfg(test)]
     pub(crate) fn watched(&self) -> usize {
         self.watcher.state.lock().by_wd.len()
+    }
+
+    /// Reports, from the calling thread, every event queued on the descriptor now (the
+    /// changes made before this call): the server calls it after each request and before
+    /// its reply, so that a client whose request succeeded only after another client's
+    /// change (its `O_EXCL` create after the other's unlink of a lock file) has the breaks
+    /// of the changes made before that change ahead of the reply, not after it. A read
+    /// that finds nothing costs one system call.
+    pub fn settle(&self) {
+        let w = &self.watcher;
+        let _one = w.reading.lock();
+        let mut buf = [0u8; 8192];
+        loop {
+            // SAFETY: the buffer is valid for its length; the descriptor is non-blocking.
+            let n =
+                unsafe { libc::read(w.inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return;
+            }
+            let mut batch = Batch::default();
+            w.translate(parse(&buf[..n as usize]), &mut batch);
+            if !batch.breaks.is_empty() {
+                let sink = w.sink.lock().clone();
+                sink(batch.breaks);
+            }
+        }
     }
 
     /// Replaces the sink.
@@ -305,8 +337,11 @@ impl Watcher {
                 unsafe { libc::read(self.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
             }
             let mut batch = Batch::default();
+            // (Held until the batch is reported: a `settle` meanwhile reports after it.)
+            let reading = self.reading.lock();
             if fds[0].revents != 0 {
-                // SAFETY: the buffer is valid for its length.
+                // SAFETY: the buffer is valid for its length (non-blocking: a `settle` may
+                // have read the events first).
                 let n = unsafe {
                     libc::read(self.inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len())
                 };
@@ -326,6 +361,7 @@ impl Watcher {
                 let sink = self.sink.lock().clone();
                 sink(batch.breaks);
             }
+            drop(reading);
         }
     }
 
