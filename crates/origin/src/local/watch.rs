@@ -197,18 +197,11 @@ impl Subscription {
         let _one = w.reading.lock();
         let mut buf = [0u8; 8192];
         loop {
-            // SAFETY: the buffer is valid for its length; the descriptor is non-blocking.
-            let n =
-                unsafe { libc::read(w.inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n <= 0 {
+            let mut batch = Batch::default();
+            if !w.read_events(&mut buf, &mut batch) {
                 return;
             }
-            let mut batch = Batch::default();
-            w.translate(parse(&buf[..n as usize]), &mut batch);
-            if !batch.breaks.is_empty() {
-                let sink = w.sink.lock().clone();
-                sink(batch.breaks);
-            }
+            w.report(batch);
         }
     }
 
@@ -340,14 +333,8 @@ impl Watcher {
             // (Held until the batch is reported: a `settle` meanwhile reports after it.)
             let reading = self.reading.lock();
             if fds[0].revents != 0 {
-                // SAFETY: the buffer is valid for its length (non-blocking: a `settle` may
-                // have read the events first).
-                let n = unsafe {
-                    libc::read(self.inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len())
-                };
-                if n > 0 {
-                    self.translate(parse(&buf[..n as usize]), &mut batch);
-                }
+                // (A `settle` may have read the events first.)
+                self.read_events(&mut buf, &mut batch);
             }
             if self.all_pending.load(Ordering::Acquire)
                 && last_all.is_none_or(|t| t.elapsed() >= ALL_INTERVAL)
@@ -357,11 +344,28 @@ impl Watcher {
                 // Everything else in the batch is implied.
                 batch.breaks = vec![Break::All];
             }
-            if !batch.breaks.is_empty() {
-                let sink = self.sink.lock().clone();
-                sink(batch.breaks);
-            }
+            self.report(batch);
             drop(reading);
+        }
+    }
+
+    /// Reads the events queued on the (non-blocking) descriptor, as many as `buf` holds,
+    /// into `batch`; false if there were none. Called under `reading`.
+    fn read_events(&self, buf: &mut [u8], batch: &mut Batch) -> bool {
+        // SAFETY: the buffer is valid for its length.
+        let n = unsafe { libc::read(self.inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            return false;
+        }
+        self.translate(parse(&buf[..n as usize]), batch);
+        true
+    }
+
+    /// Hands `batch`'s breaks, if any, to the sink. Called under `reading`.
+    fn report(&self, batch: Batch) {
+        if !batch.breaks.is_empty() {
+            let sink = self.sink.lock().clone();
+            sink(batch.breaks);
         }
     }
 

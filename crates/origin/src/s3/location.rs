@@ -63,6 +63,14 @@ impl S3Location {
             format!("{}{path}/", self.prefix)
         }
     }
+
+    /// The path of the directory whose key prefix is `prefix` ([`S3Location::dir_prefix`]
+    /// undone); `None` outside the root.
+    pub fn dir_path(&self, prefix: &str) -> Option<String> {
+        prefix
+            .strip_prefix(self.prefix.as_str())
+            .map(|p| p.trim_end_matches('/').to_string())
+    }
 }
 
 impl std::fmt::Display for S3Location {

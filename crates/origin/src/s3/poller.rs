@@ -54,9 +54,8 @@ impl Poller {
         }
     }
 
-    /// Lists every watched directory once, by the cheapest plans; returns the requests'
-    /// plans sent (for tests).
-    pub fn round(&self) -> usize {
+    /// Lists every watched directory once, by the cheapest plans.
+    fn round(&self) {
         let relister = Relister {
             client: &self.client,
             location: &self.location,
@@ -75,17 +74,14 @@ impl Poller {
                 (prefix, at)
             })
             .collect();
-        let mut sent = 0;
         while let Some(p) = plan(&wanted, &root, |tops| self.listings.entries_under(tops)) {
             if self.stop.load(Ordering::Relaxed) {
                 break;
             }
             wanted.retain(|prefix, _| !p.covers(prefix));
-            sent += 1;
             if let Err(e) = carry_out(&relister, &p) {
                 tracing::debug!("watching {p:?}: {e}");
             }
         }
-        sent
     }
 }

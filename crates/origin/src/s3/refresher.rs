@@ -475,14 +475,7 @@ impl Inner {
 /// Sends `plan`'s request through `relister` (which reports what changed); returns the
 /// number of directories listed.
 pub fn carry_out(relister: &Relister<'_>, plan: &Plan) -> S3Result<usize> {
-    let root = relister.location.dir_prefix("");
-    let path_of = |prefix: &str| {
-        prefix
-            .strip_prefix(root.as_str())
-            .unwrap_or("")
-            .trim_end_matches('/')
-            .to_string()
-    };
+    let path_of = |prefix: &str| relister.location.dir_path(prefix).unwrap_or_default();
     match plan {
         Plan::Dir(p) => relister.relist(&path_of(p)).map(|_| 1),
         // (No time budget: nobody waits on it.)

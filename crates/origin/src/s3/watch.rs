@@ -153,10 +153,7 @@ impl Relister<'_> {
         let dirs = Snapshot::tree_from_flat(&top, &objects, complete, after.is_none());
         let kept = dirs.len();
         for (prefix, snap) in dirs {
-            let Some(path) = prefix
-                .strip_prefix(self.location.dir_prefix("").as_str())
-                .map(|p| p.trim_end_matches('/').to_string())
-            else {
+            let Some(path) = self.location.dir_path(&prefix) else {
                 continue;
             };
             let old = self.sink.and_then(|_| self.listings.any(&prefix));
