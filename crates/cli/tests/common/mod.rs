@@ -556,6 +556,22 @@ pub fn gone(p: &Path) -> Result<(), String> {
 }
 
 /// `Ok(())` if stat of `p` gives size `want.len()` and reading it gives `want`.
+/// Reads a whole file, or the error's errno.
+pub fn read_errno(p: &Path) -> Result<Vec<u8>, i32> {
+    std::fs::read(p).map_err(|e| e.raw_os_error().unwrap_or(-1))
+}
+
+/// Whether `p` reads as `want` within `secs` seconds; else what it read last.
+pub fn reads_within(p: &Path, want: &[u8], secs: u64) -> Result<(), Result<Vec<u8>, i32>> {
+    if wait_until(std::time::Duration::from_secs(secs), || {
+        read_errno(p).is_ok_and(|d| d == want)
+    }) {
+        Ok(())
+    } else {
+        Err(read_errno(p))
+    }
+}
+
 pub fn has_content(p: &Path, want: &[u8]) -> Result<(), String> {
     let md = std::fs::metadata(p).map_err(|e| format!("stat {}: {e}", p.display()))?;
     if md.len() != want.len() as u64 {
